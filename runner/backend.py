@@ -1,0 +1,282 @@
+"""The only module that imports llama_cpp: model, context, batch, decode, logits, KV, tokenizer.
+
+One llama.cpp context holds `num_slots` sequences (n_seq_max) with one KV stream each
+(kv_unified off), so each slot owns a window of llama_n_ctx_seq() positions. The batch is a
+llama_batch whose arrays are numpy buffers owned here, filled with slice assignments.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import llama_cpp as llama
+
+from runner.errors import BackendError, NoKvSlot
+from runner.scheduler import BatchEntry
+
+logger = logging.getLogger("multiseq.llama")
+
+_GGML_LOG_LEVELS = {3: logging.WARNING, 4: logging.ERROR}  # ggml's WARN and ERROR
+_init_lock = threading.Lock()
+_log_callback = None  # kept referenced: llama.cpp calls it for the life of the process
+_PIECE_BUFFER_BYTES = 256
+_DECODE_NO_KV_SLOT = 1
+
+
+def _forward_llama_log(level: int, text: bytes, _user_data) -> None:
+    python_level = _GGML_LOG_LEVELS.get(level)
+    if python_level is not None and text:
+        logger.log(python_level, text.decode("utf-8", "replace").rstrip())
+
+
+def _init_llama_once() -> None:
+    global _log_callback
+    with _init_lock:
+        if _log_callback is None:
+            _log_callback = llama.llama_log_callback(_forward_llama_log)
+            llama.llama_log_set(_log_callback, None)
+            llama.llama_backend_init()
+
+
+class _BatchBuffers:
+    """A llama_batch whose arrays are numpy buffers; each token belongs to one sequence."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.tokens = np.zeros(capacity, dtype=np.int32)
+        self.positions = np.zeros(capacity, dtype=np.int32)
+        self.num_seq_ids = np.ones(capacity, dtype=np.int32)
+        self.seq_ids = np.zeros(capacity, dtype=np.int32)
+        self.outputs = np.zeros(capacity, dtype=np.int8)
+        seq_id_pointer = ctypes.POINTER(llama.llama_seq_id)
+        base = self.seq_ids.ctypes.data
+        item = self.seq_ids.itemsize
+        self._seq_id_rows = (seq_id_pointer * capacity)(
+            *(ctypes.cast(base + index * item, seq_id_pointer) for index in range(capacity)))
+        self.batch = llama.llama_batch()
+        self.batch.token = self.tokens.ctypes.data_as(ctypes.POINTER(llama.llama_token))
+        self.batch.embd = None
+        self.batch.pos = self.positions.ctypes.data_as(ctypes.POINTER(llama.llama_pos))
+        self.batch.n_seq_id = self.num_seq_ids.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
+        self.batch.seq_id = self._seq_id_rows
+        self.batch.logits = self.outputs.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))
+
+    def fill(self, entries: list[BatchEntry]) -> int:
+        """Write the entries into the batch; return the number of output rows requested.
+
+        Built as Python lists and copied in with one assignment per array: cheaper than
+        several small numpy writes per entry when most entries are a single token."""
+        tokens: list[int] = []
+        positions: list[int] = []
+        seq_ids: list[int] = []
+        output_indices: list[int] = []
+        for entry in entries:
+            length = len(entry.tokens)
+            tokens += entry.tokens
+            positions += range(entry.start_pos, entry.start_pos + length)
+            seq_ids += [entry.seq.slot] * length
+            if entry.wants_output:
+                output_indices.append(len(tokens) - 1)
+        count = len(tokens)
+        assert count <= self.capacity, "a step never holds more than n_batch tokens"
+        self.tokens[:count] = tokens
+        self.positions[:count] = positions
+        self.seq_ids[:count] = seq_ids
+        self.outputs[:count] = 0
+        self.outputs[output_indices] = 1
+        self.batch.n_tokens = count
+        return len(output_indices)
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    description: str
+    n_vocab: int
+    n_ctx_train: int
+    add_bos: bool
+    chat_template: str | None  # the template llama.cpp will apply (a name or the GGUF's own)
+
+
+class LlamaBackend:
+    """A model and one context with `num_slots` sequences, driven a step at a time."""
+
+    def __init__(self, model_path: str, num_slots: int, slot_ctx: int, n_batch: int, threads: int,
+                 chat_template: str | None = None) -> None:
+        _init_llama_once()
+        self.num_slots = num_slots
+        self.n_batch = n_batch
+        self._model = self._load_model(model_path)
+        self._vocab = llama.llama_model_get_vocab(self._model)
+        self._ctx = self._new_context(num_slots, slot_ctx, n_batch, threads)
+        self._memory = llama.llama_get_memory(self._ctx)
+        self.n_vocab = llama.llama_vocab_n_tokens(self._vocab)
+        # llama.cpp rounds each slot's window up to a multiple of 256; the runner enforces the
+        # size that was asked for, so a run behaves the same whatever the rounding.
+        self.allocated_window = llama.llama_n_ctx_seq(self._ctx)
+        self.window = min(slot_ctx, self.allocated_window)
+        self.can_shift = bool(llama.llama_memory_can_shift(self._memory))
+        self.add_bos = bool(llama.llama_vocab_get_add_bos(self._vocab))
+        self._template = self._choose_template(chat_template)
+        self._batch = _BatchBuffers(n_batch)
+        self._piece_cache: dict[int, bytes] = {}
+        self._piece_buffer = ctypes.create_string_buffer(_PIECE_BUFFER_BYTES)
+        self._end_of_generation_tokens: list[int] | None = None
+        self.last_decode_seconds = 0.0  # the llama_decode call alone, without filling the batch
+
+    # --- set-up ----------------------------------------------------------------------------
+
+    @staticmethod
+    def _load_model(model_path: str):
+        params = llama.llama_model_default_params()
+        model = llama.llama_model_load_from_file(str(model_path).encode(), params)
+        if not model:
+            raise BackendError(f"llama.cpp could not load the model file {model_path}")
+        return model
+
+    def _new_context(self, num_slots: int, slot_ctx: int, n_batch: int, threads: int):
+        params = llama.llama_context_default_params()
+        params.n_ctx = num_slots * slot_ctx
+        params.n_batch = n_batch
+        params.n_ubatch = n_batch
+        params.n_seq_max = num_slots
+        params.kv_unified = False  # one KV stream per slot: attention never scans other slots
+        params.n_threads = threads
+        params.n_threads_batch = threads
+        ctx = llama.llama_init_from_model(self._model, params)
+        if not ctx:
+            llama.llama_model_free(self._model)
+            raise BackendError(f"llama.cpp could not create a context of {num_slots} x {slot_ctx} tokens")
+        return ctx
+
+    def _choose_template(self, override: str | None) -> str | None:
+        if override:
+            return override
+        embedded = llama.llama_model_chat_template(self._model, None)
+        return embedded.decode("utf-8") if embedded else None
+
+    def set_fallback_template(self, name: str | None) -> None:
+        """Use `name` (a llama.cpp built-in template) when the GGUF carries no template."""
+        if self._template is None:
+            self._template = name
+
+    def info(self) -> ModelInfo:
+        buffer = ctypes.create_string_buffer(256)
+        llama.llama_model_desc(self._model, buffer, len(buffer))
+        return ModelInfo(
+            description=buffer.value.decode("utf-8", "replace"),
+            n_vocab=self.n_vocab,
+            n_ctx_train=llama.llama_model_n_ctx_train(self._model),
+            add_bos=self.add_bos,
+            chat_template=self._template,
+        )
+
+    def close(self) -> None:
+        if self._ctx:
+            llama.llama_free(self._ctx)
+            self._ctx = None
+        if self._model:
+            llama.llama_model_free(self._model)
+            self._model = None
+
+    # --- text ------------------------------------------------------------------------------
+
+    def tokenize(self, text: str) -> list[int]:
+        """Text -> tokens, with the model's BOS and special tokens parsed (as llama-server does)."""
+        data = text.encode("utf-8")
+        capacity = len(data) + 8
+        tokens = (llama.llama_token * capacity)()
+        count = llama.llama_tokenize(self._vocab, data, len(data), tokens, capacity, True, True)
+        if count < 0:
+            capacity = -count
+            tokens = (llama.llama_token * capacity)()
+            count = llama.llama_tokenize(self._vocab, data, len(data), tokens, capacity, True, True)
+        if count < 0:
+            raise BackendError("tokenization failed")
+        return tokens[:count]
+
+    def token_bytes(self, token: int) -> bytes:
+        """The bytes a generated token stands for; special tokens render as nothing."""
+        piece = self._piece_cache.get(token)
+        if piece is None:
+            length = llama.llama_token_to_piece(self._vocab, token, self._piece_buffer, _PIECE_BUFFER_BYTES, 0, False)
+            if length < 0:
+                bigger = ctypes.create_string_buffer(-length)
+                length = llama.llama_token_to_piece(self._vocab, token, bigger, -length, 0, False)
+                piece = bigger.raw[:length]
+            else:
+                piece = self._piece_buffer.raw[:length]
+            self._piece_cache[token] = piece
+        return piece
+
+    def is_end_of_generation(self, token: int) -> bool:
+        return bool(llama.llama_vocab_is_eog(self._vocab, token))
+
+    def end_of_generation_tokens(self) -> list[int]:
+        """Every end-of-generation token (EOS, EOT, ...): what ignore_eos forbids sampling."""
+        if self._end_of_generation_tokens is None:
+            self._end_of_generation_tokens = [
+                token for token in range(self.n_vocab) if llama.llama_vocab_is_eog(self._vocab, token)]
+        return self._end_of_generation_tokens
+
+    def render_chat(self, messages: tuple[dict, ...]) -> str:
+        """Chat messages -> prompt text in the model's template, ending where the model speaks."""
+        if self._template is None:
+            raise BackendError("this model has no chat template; give a prompt instead of messages, or a chat template")
+        encoded = [(m["role"].encode("utf-8"), m["content"].encode("utf-8")) for m in messages]
+        chat = (llama.llama_chat_message * len(encoded))(
+            *(llama.llama_chat_message(role=role, content=content) for role, content in encoded))
+        template = self._template.encode("utf-8")
+        capacity = 2 * sum(len(role) + len(content) for role, content in encoded) + 256
+        for _attempt in range(2):
+            buffer = ctypes.create_string_buffer(capacity)
+            length = llama.llama_chat_apply_template(template, chat, len(encoded), True, buffer, capacity)
+            if length < 0:
+                raise BackendError(f"llama.cpp does not support the chat template {self._template[:40]!r}")
+            if length <= capacity:
+                return buffer.raw[:length].decode("utf-8", "replace")
+            capacity = length
+        raise BackendError("the chat template output kept growing")
+
+    # --- the step --------------------------------------------------------------------------
+
+    def decode(self, entries: list[BatchEntry]) -> np.ndarray:
+        """One llama_decode over the entries; the logits rows of the entries that want output,
+        in entry order, as a (rows, n_vocab) view valid until the next decode."""
+        num_outputs = self._batch.fill(entries)
+        started = time.perf_counter()
+        code = llama.llama_decode(self._ctx, self._batch.batch)
+        self.last_decode_seconds = time.perf_counter() - started
+        if code == _DECODE_NO_KV_SLOT:
+            raise NoKvSlot("llama_decode found no KV slot for the batch")
+        if code != 0:
+            raise BackendError(f"llama_decode failed with code {code}")
+        if num_outputs == 0:
+            return np.empty((0, self.n_vocab), dtype=np.float32)
+        pointer = llama.llama_get_logits(self._ctx)
+        return np.ctypeslib.as_array(pointer, shape=(num_outputs, self.n_vocab))
+
+    # --- KV of one slot --------------------------------------------------------------------
+
+    def clear_slot(self, slot: int) -> None:
+        llama.llama_memory_seq_rm(self._memory, slot, -1, -1)
+
+    def shift_slot(self, slot: int, keep: int, discard: int, n_past: int) -> None:
+        """Drop positions [keep, keep+discard) and move the rest back by `discard`."""
+        llama.llama_memory_seq_rm(self._memory, slot, keep, keep + discard)
+        llama.llama_memory_seq_add(self._memory, slot, keep + discard, n_past, -discard)
+
+    def slot_pos_max(self, slot: int) -> int:
+        """The largest position in the slot's KV, -1 when empty."""
+        return llama.llama_memory_seq_pos_max(self._memory, slot)
+
+
+def open_reference_llama(model_path: str, n_ctx: int, threads: int):
+    """llama-cpp-python's own one-request-at-a-time `Llama`, for comparisons in bench/."""
+    _init_llama_once()
+    return llama.Llama(model_path=str(model_path), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
+                       n_batch=512, verbose=False)

@@ -1,0 +1,152 @@
+"""A fake backend: a byte-level "model" that runs in microseconds and checks the runner.
+
+Tokens 0..255 are bytes, then BOS and EOS. The fake keeps each slot's KV as a list of tokens
+and asserts what llama.cpp would need: positions continue where the slot's KV ends, no slot
+outgrows its window, at most n_batch tokens per decode. Its next-token logits depend only on
+the sequence's own state, like a real model's, so batching must not change any output.
+
+What it "generates" after a prompt: a scripted reply when the prompt text was registered in
+`replies` (EOS after it), otherwise bytes cycling from the last token. With `noisy=True`
+the logits get a seeded random component so that sampling has a real distribution to draw from.
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+
+from runner.errors import NoKvSlot
+
+BOS = 256
+EOS = 257
+VOCAB = 512  # bytes, BOS, EOS and unused ids; a multiple of 16 so the sampler's block path runs
+PEAK = 20.0  # greedy and low-temperature sampling follow the script
+NOISY_PEAK = 2.0  # with noise of the same size, sampling has many likely tokens
+
+
+@dataclass
+class DecodeCall:
+    """What one decode saw: (slot, number of tokens, is_prefill) per entry, in batch order."""
+
+    entries: list[tuple[int, int, bool]]
+    num_tokens: int
+    decoding_slots: list[int]  # slots whose entry is a generated token
+    slots_with_pending_token: list[int]  # slots that had a sampled token not yet fed back
+
+
+class FakeBackend:
+    def __init__(self, num_slots: int = 4, window: int = 256, n_batch: int = 64, replies: dict[str, str] | None = None,
+                 noisy: bool = False, can_shift: bool = True, decode_delay: float = 0.0,
+                 no_kv_slot_above: int | None = None) -> None:
+        self.num_slots = num_slots
+        self.window = window
+        self.n_batch = n_batch
+        self.n_vocab = VOCAB
+        self.can_shift = can_shift
+        self.add_bos = True
+        self.last_decode_seconds = 0.0
+        self.replies = {prompt: reply.encode("utf-8") for prompt, reply in (replies or {}).items()}
+        self.noisy = noisy
+        self.decode_delay = decode_delay
+        self.no_kv_slot_above = no_kv_slot_above  # simulate llama_decode returning 1 above this size
+        self.kv: list[list[int]] = [[] for _ in range(num_slots)]
+        # What the slot's sequence is, whatever shifting did to its KV: its prompt, and how
+        # many generated tokens were fed back.
+        self.prompts: list[list[int]] = [[] for _ in range(num_slots)]
+        self.num_generated_fed = [0] * num_slots
+        self.has_pending_token = [False] * num_slots
+        self.calls: list[DecodeCall] = []
+        self.shifts: list[tuple[int, int, int]] = []
+        self.closed = False
+
+    # --- text --------------------------------------------------------------------------------
+
+    def tokenize(self, text: str) -> list[int]:
+        return [BOS, *text.encode("utf-8")]
+
+    def render_chat(self, messages: tuple[dict, ...]) -> str:
+        return "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>"
+
+    def token_bytes(self, token: int) -> bytes:
+        return bytes([token]) if token < 256 else b""
+
+    def is_end_of_generation(self, token: int) -> bool:
+        return token == EOS
+
+    def end_of_generation_tokens(self) -> list[int]:
+        return [EOS]
+
+    # --- the model ---------------------------------------------------------------------------
+
+    def _next_token(self, slot: int) -> int:
+        prompt = bytes(t for t in self.prompts[slot] if t < 256).decode("utf-8", "replace")
+        reply = self.replies.get(prompt)
+        if reply is not None:
+            generated = self.num_generated_fed[slot]
+            return reply[generated] if generated < len(reply) else EOS
+        last = self.kv[slot][-1]
+        return (last + 1) % 256 if last < 256 else ord("a")
+
+    def _logits(self, slot: int) -> np.ndarray:
+        row = np.zeros(VOCAB, dtype=np.float32)
+        if self.noisy:
+            context = self.kv[slot]
+            seed = zlib.crc32(np.asarray(context[-4:] + [len(context)], dtype=np.int64).tobytes())
+            row += np.random.default_rng(seed).normal(0, 2.0, VOCAB).astype(np.float32)
+        row[self._next_token(slot)] += NOISY_PEAK if self.noisy else PEAK
+        return row
+
+    def decode(self, entries: list) -> np.ndarray:
+        started = time.perf_counter()
+        num_tokens = sum(len(entry.tokens) for entry in entries)
+        assert 0 < num_tokens <= self.n_batch, f"batch of {num_tokens} tokens exceeds n_batch {self.n_batch}"
+        slots = [entry.seq.slot for entry in entries]
+        assert slots == sorted(set(slots)), f"entries must be one per slot, in slot order: {slots}"
+        if self.no_kv_slot_above is not None and num_tokens > self.no_kv_slot_above:
+            raise NoKvSlot("fake: no KV slot")
+        self.calls.append(DecodeCall(
+            entries=[(entry.seq.slot, len(entry.tokens), entry.is_prefill) for entry in entries],
+            num_tokens=num_tokens,
+            decoding_slots=[entry.seq.slot for entry in entries if not entry.is_prefill],
+            slots_with_pending_token=[slot for slot in range(self.num_slots) if self.has_pending_token[slot]],
+        ))
+        rows = []
+        for entry in entries:
+            kv = self.kv[entry.seq.slot]
+            assert entry.start_pos == len(kv), f"slot {entry.seq.slot}: token at {entry.start_pos}, KV holds {len(kv)}"
+            kv.extend(entry.tokens)
+            assert len(kv) <= self.window, f"slot {entry.seq.slot} outgrew its {self.window}-token window"
+            if entry.is_prefill:
+                self.prompts[entry.seq.slot].extend(entry.tokens)
+            else:
+                self.num_generated_fed[entry.seq.slot] += 1
+            self.has_pending_token[entry.seq.slot] = entry.wants_output
+            if entry.wants_output:
+                rows.append(self._logits(entry.seq.slot))
+        if self.decode_delay:
+            time.sleep(self.decode_delay)
+        self.last_decode_seconds = time.perf_counter() - started
+        return np.array(rows, dtype=np.float32).reshape(len(rows), VOCAB)
+
+    # --- KV ----------------------------------------------------------------------------------
+
+    def clear_slot(self, slot: int) -> None:
+        self.kv[slot] = []
+        self.prompts[slot] = []
+        self.num_generated_fed[slot] = 0
+        self.has_pending_token[slot] = False
+
+    def shift_slot(self, slot: int, keep: int, discard: int, n_past: int) -> None:
+        assert n_past == len(self.kv[slot]), "shift must start from the slot's actual length"
+        del self.kv[slot][keep:keep + discard]
+        self.shifts.append((slot, keep, discard))
+
+    def slot_pos_max(self, slot: int) -> int:
+        return len(self.kv[slot]) - 1
+
+    def close(self) -> None:
+        self.closed = True
+
