@@ -35,6 +35,7 @@ class DecodeCall:
     num_tokens: int
     decoding_slots: list[int]  # slots whose entry is a generated token
     slots_with_pending_token: list[int]  # slots that had a sampled token not yet fed back
+    started_at: float
 
 
 class FakeBackend:
@@ -112,6 +113,7 @@ class FakeBackend:
             num_tokens=num_tokens,
             decoding_slots=[entry.seq.slot for entry in entries if not entry.is_prefill],
             slots_with_pending_token=[slot for slot in range(self.num_slots) if self.has_pending_token[slot]],
+            started_at=started,
         ))
         rows = []
         for entry in entries:
