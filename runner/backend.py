@@ -102,86 +102,43 @@ class ModelInfo:
     chat_template: str | None  # the template llama.cpp will apply (a name or the GGUF's own)
 
 
-class LlamaBackend:
-    """A model and one context with `num_slots` sequences, driven a step at a time."""
+class LlamaModel:
+    """A loaded GGUF: weights, vocabulary, chat template. Contexts are created on it."""
 
-    def __init__(self, model_path: str, num_slots: int, slot_ctx: int, n_batch: int, threads: int,
-                 chat_template: str | None = None) -> None:
+    def __init__(self, model_path: str, chat_template: str | None = None,
+                 chat_template_fallback: str | None = None) -> None:
         _init_llama_once()
-        self.num_slots = num_slots
-        self.n_batch = n_batch
-        self._model = self._load_model(model_path)
-        self._vocab = llama.llama_model_get_vocab(self._model)
-        self._ctx = self._new_context(num_slots, slot_ctx, n_batch, threads)
-        self._memory = llama.llama_get_memory(self._ctx)
+        params = llama.llama_model_default_params()
+        self.handle = llama.llama_model_load_from_file(str(model_path).encode(), params)
+        if not self.handle:
+            raise BackendError(f"llama.cpp could not load the model file {model_path}")
+        self.path = str(model_path)
+        self._vocab = llama.llama_model_get_vocab(self.handle)
         self.n_vocab = llama.llama_vocab_n_tokens(self._vocab)
-        # llama.cpp rounds each slot's window up to a multiple of 256; the runner enforces the
-        # size that was asked for, so a run behaves the same whatever the rounding.
-        self.allocated_window = llama.llama_n_ctx_seq(self._ctx)
-        self.window = min(slot_ctx, self.allocated_window)
-        self.can_shift = bool(llama.llama_memory_can_shift(self._memory))
         self.add_bos = bool(llama.llama_vocab_get_add_bos(self._vocab))
-        self._template = self._choose_template(chat_template)
-        self._batch = _BatchBuffers(n_batch)
+        embedded = llama.llama_model_chat_template(self.handle, None)
+        # An explicit template wins; then the GGUF's own; then the registry's fallback, for
+        # GGUFs without one (llama.cpp would otherwise pick chatml, wrong for Gemma).
+        self.chat_template = chat_template or (embedded.decode("utf-8") if embedded else chat_template_fallback)
         self._piece_cache: dict[int, bytes] = {}
         self._piece_buffer = ctypes.create_string_buffer(_PIECE_BUFFER_BYTES)
         self._end_of_generation_tokens: list[int] | None = None
-        self.last_decode_seconds = 0.0  # the llama_decode call alone, without filling the batch
-
-    # --- set-up ----------------------------------------------------------------------------
-
-    @staticmethod
-    def _load_model(model_path: str):
-        params = llama.llama_model_default_params()
-        model = llama.llama_model_load_from_file(str(model_path).encode(), params)
-        if not model:
-            raise BackendError(f"llama.cpp could not load the model file {model_path}")
-        return model
-
-    def _new_context(self, num_slots: int, slot_ctx: int, n_batch: int, threads: int):
-        params = llama.llama_context_default_params()
-        params.n_ctx = num_slots * slot_ctx
-        params.n_batch = n_batch
-        params.n_ubatch = n_batch
-        params.n_seq_max = num_slots
-        params.kv_unified = False  # one KV stream per slot: attention never scans other slots
-        params.n_threads = threads
-        params.n_threads_batch = threads
-        ctx = llama.llama_init_from_model(self._model, params)
-        if not ctx:
-            llama.llama_model_free(self._model)
-            raise BackendError(f"llama.cpp could not create a context of {num_slots} x {slot_ctx} tokens")
-        return ctx
-
-    def _choose_template(self, override: str | None) -> str | None:
-        if override:
-            return override
-        embedded = llama.llama_model_chat_template(self._model, None)
-        return embedded.decode("utf-8") if embedded else None
-
-    def set_fallback_template(self, name: str | None) -> None:
-        """Use `name` (a llama.cpp built-in template) when the GGUF carries no template."""
-        if self._template is None:
-            self._template = name
 
     def info(self) -> ModelInfo:
         buffer = ctypes.create_string_buffer(256)
-        llama.llama_model_desc(self._model, buffer, len(buffer))
+        llama.llama_model_desc(self.handle, buffer, len(buffer))
         return ModelInfo(
             description=buffer.value.decode("utf-8", "replace"),
             n_vocab=self.n_vocab,
-            n_ctx_train=llama.llama_model_n_ctx_train(self._model),
+            n_ctx_train=llama.llama_model_n_ctx_train(self.handle),
             add_bos=self.add_bos,
-            chat_template=self._template,
+            chat_template=self.chat_template,
         )
 
     def close(self) -> None:
-        if self._ctx:
-            llama.llama_free(self._ctx)
-            self._ctx = None
-        if self._model:
-            llama.llama_model_free(self._model)
-            self._model = None
+        if self.handle:
+            llama.llama_model_free(self.handle)
+            self.handle = None
 
     # --- text ------------------------------------------------------------------------------
 
@@ -198,7 +155,6 @@ class LlamaBackend:
         if count < 0:
             raise BackendError("tokenization failed")
         return tokens[:count]
-
     def token_bytes(self, token: int) -> bytes:
         """The bytes a generated token stands for; special tokens render as nothing."""
         piece = self._piece_cache.get(token)
@@ -225,22 +181,72 @@ class LlamaBackend:
 
     def render_chat(self, messages: tuple[dict, ...]) -> str:
         """Chat messages -> prompt text in the model's template, ending where the model speaks."""
-        if self._template is None:
+        if self.chat_template is None:
             raise BackendError("this model has no chat template; give a prompt instead of messages, or a chat template")
         encoded = [(m["role"].encode("utf-8"), m["content"].encode("utf-8")) for m in messages]
         chat = (llama.llama_chat_message * len(encoded))(
             *(llama.llama_chat_message(role=role, content=content) for role, content in encoded))
-        template = self._template.encode("utf-8")
+        template = self.chat_template.encode("utf-8")
         capacity = 2 * sum(len(role) + len(content) for role, content in encoded) + 256
         for _attempt in range(2):
             buffer = ctypes.create_string_buffer(capacity)
             length = llama.llama_chat_apply_template(template, chat, len(encoded), True, buffer, capacity)
             if length < 0:
-                raise BackendError(f"llama.cpp does not support the chat template {self._template[:40]!r}")
+                raise BackendError(f"llama.cpp does not support the chat template {self.chat_template[:40]!r}")
             if length <= capacity:
                 return buffer.raw[:length].decode("utf-8", "replace")
             capacity = length
         raise BackendError("the chat template output kept growing")
+
+
+
+class LlamaBackend:
+    """One llama.cpp context with `num_slots` sequences on a model, driven a step at a time."""
+
+    def __init__(self, model: LlamaModel, num_slots: int, slot_ctx: int, n_batch: int, threads: int,
+                 owns_model: bool = False) -> None:
+        self.model = model
+        self.num_slots = num_slots
+        self.n_batch = n_batch
+        self._owns_model = owns_model
+        self._ctx = self._new_context(num_slots, slot_ctx, n_batch, threads)
+        self._memory = llama.llama_get_memory(self._ctx)
+        self.n_vocab = model.n_vocab
+        self.add_bos = model.add_bos
+        # llama.cpp rounds each slot's window up to a multiple of 256; the runner enforces the
+        # size that was asked for, so a run behaves the same whatever the rounding.
+        self.allocated_window = llama.llama_n_ctx_seq(self._ctx)
+        self.window = min(slot_ctx, self.allocated_window)
+        self.can_shift = bool(llama.llama_memory_can_shift(self._memory))
+        self._batch = _BatchBuffers(n_batch)
+        self.last_decode_seconds = 0.0  # the llama_decode call alone, without filling the batch
+        # Text work needs only the model; the runner reaches it through the backend.
+        self.tokenize = model.tokenize
+        self.token_bytes = model.token_bytes
+        self.is_end_of_generation = model.is_end_of_generation
+        self.end_of_generation_tokens = model.end_of_generation_tokens
+        self.render_chat = model.render_chat
+
+    def _new_context(self, num_slots: int, slot_ctx: int, n_batch: int, threads: int):
+        params = llama.llama_context_default_params()
+        params.n_ctx = num_slots * slot_ctx
+        params.n_batch = n_batch
+        params.n_ubatch = n_batch
+        params.n_seq_max = num_slots
+        params.kv_unified = False  # one KV stream per slot: attention never scans other slots
+        params.n_threads = threads
+        params.n_threads_batch = threads
+        ctx = llama.llama_init_from_model(self.model.handle, params)
+        if not ctx:
+            raise BackendError(f"llama.cpp could not create a context of {num_slots} x {slot_ctx} tokens")
+        return ctx
+
+    def close(self) -> None:
+        if self._ctx:
+            llama.llama_free(self._ctx)
+            self._ctx = None
+        if self._owns_model:
+            self.model.close()
 
     # --- the step --------------------------------------------------------------------------
 

@@ -19,7 +19,7 @@ import queue
 import threading
 import time
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Protocol
 
 import numpy as np
@@ -63,11 +63,12 @@ class Backend(Protocol):
 class RequestHandle:
     """What submit() returns: iterate it for text pieces (when streaming), or wait for result()."""
 
-    def __init__(self, request_id: str, stream: bool) -> None:
+    def __init__(self, request_id: str, stream: bool, on_finish: Callable[[Result], None] | None = None) -> None:
         self.id = request_id
         self._pieces: queue.SimpleQueue | None = queue.SimpleQueue() if stream else None
         self._done = threading.Event()
         self._result: Result | None = None
+        self._on_finish = on_finish
 
     def emit(self, text: str) -> None:
         if self._pieces is not None and text:
@@ -78,6 +79,8 @@ class RequestHandle:
         self._done.set()
         if self._pieces is not None:
             self._pieces.put(_END_OF_STREAM)
+        if self._on_finish is not None:
+            self._on_finish(result)
 
     @property
     def done(self) -> bool:
@@ -135,9 +138,13 @@ class Runner:
 
     # --- public API ------------------------------------------------------------------------
 
-    def submit(self, request: Request, stream: bool = False) -> RequestHandle:
+    def submit(self, request: Request, stream: bool = False,
+               on_finish: Callable[[Result], None] | None = None) -> RequestHandle:
         """Queue a request from any thread and return its handle at once.
 
+        stream=True makes the handle iterable over text pieces as they are produced.
+        on_finish is called with the Result when the request ends, on the runner's thread
+        (keep it short: put the result in a queue, say).
         A request that cannot run (bad prompt, a prompt that cannot fit, a duplicate id) gets
         its error result on the handle right away; nothing else is disturbed."""
         with self._lock:
@@ -149,7 +156,7 @@ class Runner:
             is_duplicate = request_id in self._known_ids
             if not is_duplicate:
                 self._known_ids.add(request_id)
-        handle = RequestHandle(request_id, stream)
+        handle = RequestHandle(request_id, stream, on_finish)
         if is_duplicate:
             handle.finish(_failed_result(request_id, FinishReason.ERROR,
                                          f"request id {request_id!r} is already waiting or running"))
@@ -435,10 +442,12 @@ class Runner:
 
 def _open_llama_backend(config: RunnerConfig) -> Backend:
     import models
-    from runner.backend import LlamaBackend
+    from runner.backend import LlamaBackend, LlamaModel
 
     resolved = models.resolve(config.model)
-    backend = LlamaBackend(str(resolved.path), config.parallel, config.slot_ctx, config.n_batch, config.threads,
-                           chat_template=config.chat_template)
-    backend.set_fallback_template(resolved.chat_template_fallback)
-    return backend
+    model = LlamaModel(str(resolved.path), config.chat_template, resolved.chat_template_fallback)
+    try:
+        return LlamaBackend(model, config.parallel, config.slot_ctx, config.n_batch, config.threads, owns_model=True)
+    except BaseException:
+        model.close()
+        raise
