@@ -282,7 +282,10 @@ class LlamaBackend:
 
 
 def open_reference_llama(model_path: str, n_ctx: int, threads: int):
-    """llama-cpp-python's own one-request-at-a-time `Llama`, for comparisons in bench/."""
+    """llama-cpp-python's own one-request-at-a-time `Llama`, for comparisons in bench/.
+
+    Flash attention is on, as the runner's context gets it ("auto" resolves to enabled on
+    CPU), so both run the same kernels; `Llama`'s own default turns it off."""
     _init_llama_once()
     return llama.Llama(model_path=str(model_path), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
-                       n_batch=512, verbose=False)
+                       n_batch=512, flash_attn=True, verbose=False)
