@@ -7,7 +7,7 @@ candidates of a 262k-entry row, as a few vectorized calls over all rows:
   the row is cut into blocks; the k blocks with the largest maxima hold every one of the row's
   k largest values (any value outside them is at most the k-th largest block maximum, and the
   k block maxima themselves are k values at least that large), so an exact top-k only has to
-  look at k blocks instead of the whole row.
+  look at k blocks instead of sorting the whole row.
 
 The rest (top-p, min-p, temperature, the draw) works on k candidates per row. The filters run
 in llama.cpp's order, so a request samples from the same distribution it would in llama-server:
@@ -24,7 +24,7 @@ import numpy as np
 from runner.config import SamplingParams
 
 _MIN_BLOCK = 16
-_MAX_BLOCK = 256
+_MAX_BLOCK = 32  # measured: 32-entry blocks are fastest for 16 rows of a 262k vocabulary
 # The block trick pays only when the k blocks it keeps are a small share of all blocks.
 _BLOCK_SHARE = 4
 
@@ -111,11 +111,15 @@ def top_k_sorted(matrix: np.ndarray, top_k: int) -> tuple[np.ndarray, np.ndarray
     block = _block_size(vocab_size)
     num_blocks = vocab_size // block if block else 0
     if block and top_k * _BLOCK_SHARE <= num_blocks:
-        blocks = matrix.reshape(num_rows, num_blocks, block)
-        block_max = blocks.max(axis=2)
+        # Block b holds the entries b, b + num_blocks, b + 2 * num_blocks, ...: a strided
+        # partition, so that the block maxima are an element-wise max over contiguous rows
+        # of the (block, num_blocks) view, which numpy vectorizes (a max over short
+        # contiguous runs would cost ten times more).
+        view = matrix.reshape(num_rows, block, num_blocks)
+        block_max = view.max(axis=1)
         top_blocks = np.argpartition(block_max, num_blocks - top_k, axis=1)[:, num_blocks - top_k:]
-        pool = np.take_along_axis(blocks, top_blocks[:, :, None], axis=1).reshape(num_rows, top_k * block)
-        pool_ids = (top_blocks[:, :, None] * block + np.arange(block)).reshape(num_rows, top_k * block)
+        pool = np.take_along_axis(view, top_blocks[:, None, :], axis=2).reshape(num_rows, block * top_k)
+        pool_ids = (top_blocks[:, None, :] + num_blocks * np.arange(block)[None, :, None]).reshape(num_rows, -1)
     else:
         pool, pool_ids = matrix, None
     if top_k < pool.shape[1]:
