@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import queue
@@ -18,7 +19,9 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, Trans
 from rich.table import Table
 
 import models
-from cli.prompts import PromptItem, ResultWriter, item_error_record, read_jsonl, result_record
+from cli.dashboard import REFRESH_SECONDS, open_display
+from cli.prompts import (PromptFormat, PromptItem, ResultWriter, TextMode, detect_format, duplicate_ids,
+                         keep_succeeded_lines, read_prompts, record_for)
 from cli.summary import render_summary, summarize
 from runner import BackendError, Result, Runner, RunnerConfig, SamplingParams
 from runner.config import DEFAULT_MIN_P, DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P, OverflowPolicy
@@ -114,6 +117,10 @@ def _resolve_model(name: str) -> models.ResolvedModel:
 @click.argument("prompts_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
               help="Results file (JSON lines). Default: standard output.")
+@click.option("--format", "prompt_format", type=click.Choice([f.value for f in PromptFormat]),
+              help="Input format; detected from the file when not given.")
+@click.option("--text-mode", type=click.Choice([m.value for m in TextMode]), default="chat", show_default=True,
+              help="Plain-text lines as chat messages, or as raw text to continue.")
 @click.option("-m", "--model", default=models.DEFAULT_MODEL, show_default=True,
               help="Registry model name or path to a .gguf file.")
 @click.option("-np", "--parallel", default=8, show_default=True, type=click.IntRange(1, 256),
@@ -139,13 +146,24 @@ def _resolve_model(name: str) -> models.ResolvedModel:
               show_default=True, help="A prompt longer than the slot window: slide it, or reject it.")
 @click.option("--order", type=click.Choice(["finish", "input"]), default="finish", show_default=True,
               help="Write results as they finish, or in input order.")
+@click.option("--resume", is_flag=True, help="Skip ids already finished in --output; run the rest and append.")
+@click.option("--strict", is_flag=True, help="Stop before running if any line is bad.")
+@click.option("--stats-json", type=click.Path(dir_okay=False, path_type=Path), help="Write the run summary as JSON.")
+@click.option("--dashboard/--no-dashboard", default=None,
+              help="Live view of the slots. Default: on when standard error is a terminal.")
 @click.option("-v", "--verbose", is_flag=True, help="Show llama.cpp warnings.")
-def batch_run(prompts_file: Path, output: Path | None, model: str, parallel: int, slot_ctx: int, max_tokens: int,
-              temperature: float, top_k: int, top_p: float, min_p: float, repeat_penalty: float, seed: int | None,
-              stop: tuple[str, ...], ignore_eos: bool, threads: int, n_keep: int, n_discard: int, overflow: str,
-              order: str, verbose: bool) -> None:
-    """Run every prompt in PROMPTS_FILE (JSON lines: {"id"?, "prompt" | "messages", ...})
-    and write one result per line. A summary goes to standard error."""
+def batch_run(prompts_file: Path, output: Path | None, prompt_format: str | None, text_mode: str, model: str,
+              parallel: int, slot_ctx: int, max_tokens: int, temperature: float, top_k: int, top_p: float,
+              min_p: float, repeat_penalty: float, seed: int | None, stop: tuple[str, ...], ignore_eos: bool,
+              threads: int, n_keep: int, n_discard: int, overflow: str, order: str, resume: bool, strict: bool,
+              stats_json: Path | None, dashboard: bool | None, verbose: bool) -> None:
+    """Run every prompt in PROMPTS_FILE and write one result per line.
+
+    PROMPTS_FILE is JSON lines ({"id"?, "prompt" | "messages", ...}), plain text (one prompt
+    per line) or an OpenAI Batch API input file; results follow the same format (OpenAI Batch
+    output for OpenAI input). A summary goes to standard error. Exit code: 0 when every item
+    succeeded, 1 when some failed or were cancelled, 2 for a usage or input error, 130 when
+    interrupted."""
     logging.getLogger("multiseq.llama").setLevel(logging.WARNING if verbose else logging.ERROR)
     try:
         defaults = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
@@ -154,20 +172,31 @@ def batch_run(prompts_file: Path, output: Path | None, model: str, parallel: int
                               n_discard=n_discard, overflow=overflow, seed=seed)
     except ValueError as error:
         raise click.UsageError(str(error)) from None
-    items = read_jsonl(prompts_file, defaults)
+    if resume and output is None:
+        raise click.UsageError("--resume needs --output: the file to resume")
+    file_format = PromptFormat(prompt_format) if prompt_format else detect_format(prompts_file)
+    items = read_prompts(prompts_file, file_format, defaults, TextMode(text_mode))
+    _check_items(items, strict)
+    done_ids = keep_succeeded_lines(output) if resume else set()
+    pending = [item for item in items if item.id not in done_ids]
     resolved = _resolve_model(model)
     try:
         runner = Runner(config)
     except (BackendError, models.ModelError) as error:
         raise click.ClickException(str(error)) from None
     with runner:
-        stderr.print(f"[bold]multiseq[/] {resolved.name}: {parallel} slots x {runner.window} tokens, "
-                     f"{threads} threads, {len(items)} prompts")
-        with _open_output(output) as stream:
-            writer = ResultWriter(stream, [item.id for item in items], keep_input_order=order == "input")
-            results, interrupted, wall = _run_items(runner, items, writer)
-        summary = summarize(results, sum(not item.is_valid for item in items), runner.stats(), wall)
+        skipped = f", {len(items) - len(pending)} already done" if resume else ""
+        stderr.print(f"[bold]multiseq[/] {resolved.name}: {parallel} slots x {runner.window} tokens, {threads} threads, "
+                     f"{len(pending)} {file_format.value} prompts{skipped}")
+        with _open_output(output, append=resume) as stream:
+            writer = ResultWriter(stream, [item.id for item in pending], keep_input_order=order == "input")
+            run = BatchRun(runner, pending, writer, file_format, resolved.name)
+            with open_display(len(pending), runner, stderr, dashboard) as display:
+                results, interrupted, wall = run.execute(display)
+        summary = summarize(results, sum(not item.is_valid for item in pending), runner.stats(), wall)
     stderr.print(render_summary(summary))
+    if stats_json:
+        stats_json.write_text(json.dumps(summary, indent=2) + "\n")
     if interrupted:
         stderr.print("[yellow]interrupted: finished and partial results were written[/]")
         sys.exit(EXIT_INTERRUPTED)
@@ -175,50 +204,83 @@ def batch_run(prompts_file: Path, output: Path | None, model: str, parallel: int
         sys.exit(EXIT_SOME_FAILED)
 
 
+def _check_items(items: list[PromptItem], strict: bool) -> None:
+    """Problems with the file as a whole stop the run before anything runs."""
+    duplicates = duplicate_ids(items)
+    if duplicates:
+        raise click.UsageError("duplicate ids in the input: " + "; ".join(duplicates[:5]))
+    bad = [item.error for item in items if not item.is_valid]
+    if strict and bad:
+        raise click.UsageError(f"{len(bad)} bad line(s), nothing was run (--strict):\n" + "\n".join(bad[:20]))
+
+
 @contextmanager
-def _open_output(output: Path | None):
+def _open_output(output: Path | None, append: bool):
     if output is None:
         yield sys.stdout
     else:
-        with output.open("w", encoding="utf-8") as stream:
+        with output.open("a" if append else "w", encoding="utf-8") as stream:
             yield stream
 
 
-def _run_items(runner: Runner, items: list[PromptItem], writer: ResultWriter) -> tuple[list[Result], bool, float]:
-    """Submit every valid item, write each result as it arrives; the first Ctrl-C cancels
-    everything (partial results are still written), a second one exits at once."""
-    finished: queue.SimpleQueue = queue.SimpleQueue()  # SimpleQueue.put is safe in a signal handler
-    interrupted = False
+class BatchRun:
+    """One batch-run: submit every valid item, write each result as it arrives; the first
+    Ctrl-C cancels everything (partial results are still written), a second exits at once."""
 
-    def on_sigint(_signum, _frame) -> None:
-        nonlocal interrupted
-        if interrupted:
+    def __init__(self, runner: Runner, items: list[PromptItem], writer: ResultWriter, file_format: PromptFormat,
+                 model_name: str) -> None:
+        self.runner = runner
+        self.items = items
+        self.writer = writer
+        self.file_format = file_format
+        self.model_name = model_name
+        self.finished: queue.SimpleQueue = queue.SimpleQueue()  # SimpleQueue.put is safe in a signal handler
+        self.interrupted = False
+
+    def _on_sigint(self, _signum, _frame) -> None:
+        if self.interrupted:
             os._exit(EXIT_INTERRUPTED)
-        interrupted = True
-        finished.put(_INTERRUPT)
+        self.interrupted = True
+        self.finished.put(_INTERRUPT)
 
-    in_main_thread = threading.current_thread() is threading.main_thread()  # signals need the main thread
-    previous_handler = signal.signal(signal.SIGINT, on_sigint) if in_main_thread else None
-    started = time.perf_counter()
-    try:
-        for item in items:
+    def execute(self, display) -> tuple[list[Result], bool, float]:
+        in_main_thread = threading.current_thread() is threading.main_thread()  # signals need the main thread
+        previous_handler = signal.signal(signal.SIGINT, self._on_sigint) if in_main_thread else None
+        started = time.perf_counter()
+        try:
+            results = self._collect(display)
+        finally:
+            if in_main_thread:
+                signal.signal(signal.SIGINT, previous_handler)
+            self.writer.flush_pending()
+        return results, self.interrupted, time.perf_counter() - started
+
+    def _collect(self, display) -> list[Result]:
+        by_id = {item.id: item for item in self.items}
+        for item in self.items:
             if not item.is_valid:
-                writer.write(item_error_record(item))
-        valid = [item for item in items if item.is_valid]
+                self._write(item, None, display)
+        valid = [item for item in self.items if item.is_valid]
         for item in valid:
-            runner.submit(item.request, on_finish=finished.put)
-        results = []
+            self.runner.submit(item.request, on_finish=self.finished.put)
+        results: list[Result] = []
         while len(results) < len(valid):
-            message = finished.get()
+            try:
+                message = self.finished.get(timeout=REFRESH_SECONDS)
+            except queue.Empty:
+                display.tick()
+                continue
             if message is _INTERRUPT:
-                runner.cancel_all()
+                self.runner.cancel_all()
                 continue
             results.append(message)
-            writer.write(result_record(message))
-    finally:
-        if in_main_thread:
-            signal.signal(signal.SIGINT, previous_handler)
-    return results, interrupted, time.perf_counter() - started
+            self._write(by_id[message.id], message, display)
+        return results
+
+    def _write(self, item: PromptItem, result: Result | None, display) -> None:
+        self.writer.write(record_for(self.file_format, item, result, self.model_name))
+        display.note_written()
+        display.tick()
 
 
 if __name__ == "__main__":

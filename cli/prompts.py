@@ -1,19 +1,43 @@
-"""Prompt files in, result lines out.
+"""Prompt files in, result lines out, in three formats detected per file.
 
-A prompt file becomes a list of PromptItems, one per non-blank line. A line that cannot run
-(malformed JSON, a field of the wrong type, an empty prompt) is an item with an error that
-names its line number, so the rest of the file still runs.
+- jsonl: {"id"?, "prompt" | "messages", per-item sampling fields}; ids default to the line number.
+- text: one prompt per line; ids are line numbers.
+- openai: the OpenAI Batch API input format (custom_id, method, url, body); results are
+  written in the OpenAI Batch output format, so tools that read those files read ours.
+
+A line that cannot run (malformed JSON, a field of the wrong type, an empty prompt) becomes a
+PromptItem with an error naming its line number, so the rest of the file still runs.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import tempfile
+import time
+import uuid
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from runner import Request, Result, SamplingParams
+from runner import FinishReason, Request, Result, SamplingParams
+
+
+class PromptFormat(str, Enum):
+    JSONL = "jsonl"
+    TEXT = "text"
+    OPENAI = "openai"
+
+
+class TextMode(str, Enum):
+    CHAT = "chat"  # each line is a user message, rendered with the chat template
+    COMPLETION = "completion"  # each line is raw text to continue
+
+
+CHAT_URL = "/v1/chat/completions"
+COMPLETIONS_URL = "/v1/completions"
 
 
 @dataclass(frozen=True)
@@ -22,11 +46,18 @@ class PromptItem:
     id: str
     request: Request | None
     error: str | None = None  # why this line cannot run
+    is_chat: bool = False  # for OpenAI output: a chat.completion rather than a text_completion
 
     @property
     def is_valid(self) -> bool:
         return self.request is not None
 
+
+class ItemError(ValueError):
+    """One line's problem, said in words a user can act on."""
+
+
+# --- fields and their types -----------------------------------------------------------------
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
@@ -52,11 +83,9 @@ SAMPLING_FIELDS = {
     "stop": (_is_stop, "a string or a list of strings"),
     "ignore_eos": (lambda value: isinstance(value, bool), "true or false"),
 }
-_ITEM_FIELDS = {"id", "prompt", "messages"}
-
-
-class ItemError(ValueError):
-    """One line's problem, said in words a user can act on."""
+_JSONL_FIELDS = {"id", "prompt", "messages"}
+# OpenAI body fields that carry no meaning here but appear in every real file.
+_OPENAI_IGNORED_FIELDS = {"model", "user", "metadata", "store"}
 
 
 def sampling_overrides(fields: dict[str, Any]) -> dict[str, Any]:
@@ -93,41 +122,138 @@ def _item_id(value: Any, line_number: int) -> str:
         return str(line_number)
     if isinstance(value, (str, int)) and not isinstance(value, bool) and str(value):
         return str(value)
-    raise ItemError(f"'id' must be a string or an integer, got {json.dumps(value)}")
+    raise ItemError(f"id must be a string or an integer, got {json.dumps(value)}")
 
+
+def _json_object(text: str) -> dict[str, Any]:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ItemError(f"not valid JSON ({error.msg} at column {error.colno})") from None
+    if not isinstance(data, dict):
+        raise ItemError("each line must be a JSON object")
+    return data
+
+
+def _reject_unknown(fields: set[str], known: set[str]) -> None:
+    unknown = sorted(fields - known)
+    if unknown:
+        raise ItemError(f"unknown field {unknown[0]!r}")
+
+
+# --- readers --------------------------------------------------------------------------------
 
 def parse_jsonl_line(text: str, line_number: int, defaults: SamplingParams) -> PromptItem:
     """One JSONL line: {"id"?, "prompt" | "messages", per-item sampling fields}."""
     item_id = str(line_number)
     try:
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as error:
-            raise ItemError(f"not valid JSON ({error.msg} at column {error.colno})") from None
-        if not isinstance(data, dict):
-            raise ItemError("each line must be a JSON object")
+        data = _json_object(text)
         item_id = _item_id(data.get("id"), line_number)
-        unknown = sorted(set(data) - _ITEM_FIELDS - set(SAMPLING_FIELDS))
-        if unknown:
-            raise ItemError(f"unknown field {unknown[0]!r}")
+        _reject_unknown(set(data), _JSONL_FIELDS | set(SAMPLING_FIELDS))
         overrides = sampling_overrides({name: data[name] for name in SAMPLING_FIELDS if name in data})
         request = build_request(item_id, data.get("prompt"), data.get("messages"), overrides, defaults)
-        return PromptItem(line_number, item_id, request)
+        return PromptItem(line_number, item_id, request, is_chat="messages" in data)
     except ItemError as error:
         return PromptItem(line_number, item_id, None, f"line {line_number}: {error}")
 
 
-def read_jsonl(path: Path, defaults: SamplingParams) -> list[PromptItem]:
+def parse_text_line(text: str, line_number: int, defaults: SamplingParams, mode: TextMode) -> PromptItem:
+    item_id = str(line_number)
+    prompt = text.rstrip("\r\n")
+    if mode is TextMode.CHAT:
+        request = Request(messages=[{"role": "user", "content": prompt}], id=item_id, sampling=defaults)
+    else:
+        request = Request(prompt=prompt, id=item_id, sampling=defaults)
+    return PromptItem(line_number, item_id, request, is_chat=mode is TextMode.CHAT)
+
+
+def parse_openai_line(text: str, line_number: int, defaults: SamplingParams) -> PromptItem:
+    """One OpenAI Batch API input line: {custom_id, method, url, body}."""
+    item_id = str(line_number)
+    is_chat = False
+    try:
+        data = _json_object(text)
+        item_id = _item_id(data.get("custom_id"), line_number)
+        _reject_unknown(set(data), {"custom_id", "method", "url", "body"})
+        if data.get("method", "POST") != "POST":
+            raise ItemError(f"method must be POST, got {json.dumps(data.get('method'))}")
+        url = data.get("url")
+        if url not in (CHAT_URL, COMPLETIONS_URL):
+            raise ItemError(f"url must be {CHAT_URL} or {COMPLETIONS_URL}, got {json.dumps(url)}")
+        is_chat = url == CHAT_URL
+        body = data.get("body")
+        if not isinstance(body, dict):
+            raise ItemError("'body' must be an object")
+        request = _openai_request(item_id, body, is_chat, defaults)
+        return PromptItem(line_number, item_id, request, is_chat=is_chat)
+    except ItemError as error:
+        return PromptItem(line_number, item_id, None, f"line {line_number}: {error}", is_chat=is_chat)
+
+
+def _openai_request(item_id: str, body: dict[str, Any], is_chat: bool, defaults: SamplingParams) -> Request:
+    content_field = "messages" if is_chat else "prompt"
+    if content_field not in body:
+        raise ItemError(f"'body' needs {content_field!r} for this url")
+    fields = dict(body)
+    if "max_completion_tokens" in fields:  # the newer name of max_tokens in the chat API
+        fields.setdefault("max_tokens", fields.pop("max_completion_tokens"))
+    if fields.pop("n", 1) != 1:
+        raise ItemError("only n=1 is supported")
+    known = {content_field} | set(SAMPLING_FIELDS) | _OPENAI_IGNORED_FIELDS
+    _reject_unknown(set(fields), known)
+    overrides = sampling_overrides({name: fields[name] for name in SAMPLING_FIELDS if name in fields})
+    return build_request(item_id, fields.get("prompt"), fields.get("messages"), overrides, defaults)
+
+
+def detect_format(path: Path) -> PromptFormat:
+    """JSON objects with a custom_id are OpenAI Batch input; other JSON objects are JSONL;
+    anything else is plain text. Decided on the first non-blank line."""
+    with path.open(encoding="utf-8") as handle:
+        for line in handle:
+            if line.strip():
+                try:
+                    data = json.loads(line)
+                except json.JSONDecodeError:
+                    return PromptFormat.TEXT
+                if not isinstance(data, dict):
+                    return PromptFormat.TEXT
+                return PromptFormat.OPENAI if "custom_id" in data else PromptFormat.JSONL
+    return PromptFormat.JSONL
+
+
+def read_prompts(path: Path, prompt_format: PromptFormat, defaults: SamplingParams,
+                 text_mode: TextMode = TextMode.CHAT) -> list[PromptItem]:
     items = []
     with path.open(encoding="utf-8") as handle:
         for line_number, line in enumerate(handle, start=1):
-            if line.strip():
+            if not line.strip():
+                continue
+            if prompt_format is PromptFormat.JSONL:
                 items.append(parse_jsonl_line(line, line_number, defaults))
+            elif prompt_format is PromptFormat.OPENAI:
+                items.append(parse_openai_line(line, line_number, defaults))
+            else:
+                items.append(parse_text_line(line, line_number, defaults, text_mode))
     return items
 
 
+def duplicate_ids(items: list[PromptItem]) -> list[str]:
+    """Ids that appear on more than one line, each with its line numbers."""
+    lines_by_id: dict[str, list[int]] = {}
+    for item in items:
+        lines_by_id.setdefault(item.id, []).append(item.line_number)
+    return [f"{item_id!r} (lines {', '.join(map(str, lines))})"
+            for item_id, lines in lines_by_id.items() if len(lines) > 1]
+
+
+# --- result records -------------------------------------------------------------------------
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)
+
+
 def result_record(result: Result) -> dict[str, Any]:
-    """A finished request as one JSON-ready object."""
+    """A finished request as one JSON-ready object (the jsonl and text formats)."""
     timings = result.timings
     return {
         "id": result.id,
@@ -155,8 +281,79 @@ def item_error_record(item: PromptItem) -> dict[str, Any]:
             "prompt_tokens": 0, "completion_tokens": 0}
 
 
-def _rounded(value: float | None) -> float | None:
-    return None if value is None else round(value, 4)
+def _openai_body(item: PromptItem, result: Result, model_name: str) -> dict[str, Any]:
+    usage = {"prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens,
+             "total_tokens": result.prompt_tokens + result.completion_tokens}
+    created = int(time.time())
+    reason = result.finish_reason.value
+    if item.is_chat:
+        return {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion", "created": created,
+                "model": model_name, "usage": usage,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": result.text},
+                             "logprobs": None, "finish_reason": reason}]}
+    return {"id": f"cmpl-{uuid.uuid4().hex[:24]}", "object": "text_completion", "created": created,
+            "model": model_name, "usage": usage,
+            "choices": [{"index": 0, "text": result.text, "logprobs": None, "finish_reason": reason}]}
+
+
+def openai_record(item: PromptItem, result: Result | None, model_name: str) -> dict[str, Any]:
+    """One OpenAI Batch output line. A request that produced something is a 200 response
+    (a cancelled one has finish_reason "cancelled"); one that failed or never started has a
+    null response and an error object."""
+    record = {"id": f"batch_req_{uuid.uuid4().hex[:24]}", "custom_id": item.id, "response": None, "error": None}
+    if result is None:
+        record["error"] = {"code": "invalid_request", "message": item.error}
+    elif result.finish_reason is FinishReason.ERROR or (
+            result.finish_reason is FinishReason.CANCELLED and result.error is not None):
+        code = "cancelled" if result.finish_reason is FinishReason.CANCELLED else "server_error"
+        record["error"] = {"code": code, "message": result.error}
+    else:
+        record["response"] = {"status_code": 200, "request_id": f"req_{uuid.uuid4().hex[:24]}",
+                              "body": _openai_body(item, result, model_name)}
+    return record
+
+
+def record_for(prompt_format: PromptFormat, item: PromptItem, result: Result | None, model_name: str) -> dict:
+    """The output line for an item, in the file's format."""
+    if prompt_format is PromptFormat.OPENAI:
+        return openai_record(item, result, model_name)
+    return item_error_record(item) if result is None else result_record(result)
+
+
+def record_id(record: dict[str, Any]) -> str:
+    return str(record["custom_id"] if "custom_id" in record else record["id"])
+
+
+def record_succeeded(record: dict[str, Any]) -> bool:
+    """A line of an earlier run's output that finished successfully (stop or length)."""
+    if "custom_id" in record:
+        response = record.get("response") or {}
+        choices = (response.get("body") or {}).get("choices") or [{}]
+        return response.get("status_code") == 200 and choices[0].get("finish_reason") in ("stop", "length")
+    return record.get("error") is None and record.get("finish_reason") in ("stop", "length")
+
+
+def keep_succeeded_lines(path: Path) -> set[str]:
+    """For --resume: rewrite the output file with only its successful lines (atomically, so a
+    crash leaves the old file) and return their ids. Failed, cancelled and torn lines go, so
+    their ids run again and each id ends up in the file once."""
+    if not path.exists():
+        return set()
+    kept_lines, kept_ids = [], set()
+    with path.open(encoding="utf-8") as handle:
+        for line in handle:
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line torn by a killed run
+            if isinstance(record, dict) and record_succeeded(record) and record_id(record) not in kept_ids:
+                kept_ids.add(record_id(record))
+                kept_lines.append(line if line.endswith("\n") else line + "\n")
+    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".resume")
+    with os.fdopen(descriptor, "w", encoding="utf-8") as out:
+        out.writelines(kept_lines)
+    os.replace(temporary, path)
+    return kept_ids
 
 
 class ResultWriter:
@@ -174,10 +371,15 @@ class ResultWriter:
         if not self._keep_input_order:
             self._write_line(record)
             return
-        self._pending[self._position[record["id"]]] = record
+        self._pending[self._position[record_id(record)]] = record
         while self._next_position in self._pending:
             self._write_line(self._pending.pop(self._next_position))
             self._next_position += 1
+
+    def flush_pending(self) -> None:
+        """Write whatever input-order lines still wait (an interrupted run ends with gaps)."""
+        for position in sorted(self._pending):
+            self._write_line(self._pending.pop(position))
 
     def _write_line(self, record: dict[str, Any]) -> None:
         self._stream.write(json.dumps(record, ensure_ascii=False) + "\n")

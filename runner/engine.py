@@ -29,13 +29,15 @@ from runner.errors import BackendError, NoKvSlot
 from runner.scheduler import PromptDoesNotFit, Scheduler, StepPlan, fit_prompt
 from runner.sequence import FinishReason, Request, Result, Sequence, SequenceStatus, Timings
 from runner.sampling import SequenceSampler, sample_rows
-from runner.stats import RunStats, StatsRecorder
+from runner.stats import RunnerSnapshot, RunStats, SlotSnapshot, StatsRecorder
 
 logger = logging.getLogger("multiseq.runner")
 
 CANCELLED_BEFORE_START = "Cancelled: the request was cancelled before it started"
 _END_OF_STREAM = object()
 _IDLE_STEP_SECONDS = 0.001
+_TAIL_PIECES = 48  # enough recent pieces to show the end of the text being generated
+_TAIL_CHARS = 120
 
 
 class Backend(Protocol):
@@ -158,15 +160,14 @@ class Runner:
                 self._known_ids.add(request_id)
         handle = RequestHandle(request_id, stream, on_finish)
         if is_duplicate:
-            handle.finish(_failed_result(request_id, FinishReason.ERROR,
-                                         f"request id {request_id!r} is already waiting or running"))
+            self._reject(handle, f"request id {request_id!r} is already waiting or running")
             return handle
         try:
             seq = self._new_sequence(request, request_id, handle)
         except Exception as error:  # noqa: BLE001 - any failure here belongs to this request alone
             with self._lock:
                 self._known_ids.discard(request_id)
-            handle.finish(_failed_result(request_id, FinishReason.ERROR, str(error)))
+            self._reject(handle, str(error))
             return handle
         with self._lock:
             self._stats.note_submit(seq.submitted_at)
@@ -175,6 +176,12 @@ class Runner:
         if self._autostart:
             self._ensure_worker()
         return handle
+
+    def _reject(self, handle: RequestHandle, message: str) -> None:
+        """End a request that could not even be queued."""
+        with self._lock:
+            self._stats.note_finish(time.perf_counter(), FinishReason.ERROR.value)
+        handle.finish(_failed_result(handle.id, FinishReason.ERROR, message))
 
     def run_batch(self, requests: Iterable[Request]) -> list[Result]:
         """Run requests to completion and return their results in input order.
@@ -225,6 +232,42 @@ class Runner:
     def stats(self) -> RunStats:
         with self._lock:
             return self._stats.snapshot()
+
+    def snapshot(self) -> RunnerSnapshot:
+        """Every slot and counter at this moment, as plain values (for a dashboard)."""
+        now = time.perf_counter()
+        with self._lock:
+            slots = [self._slot_snapshot(slot, seq, now) for slot, seq in enumerate(self.scheduler.slots)]
+            finished = self._stats.finished_by_reason
+            return RunnerSnapshot(
+                slots=slots,
+                num_waiting=len(self.scheduler.waiting),
+                num_running=len(self.scheduler.running),
+                num_succeeded=finished[FinishReason.STOP.value] + finished[FinishReason.LENGTH.value],
+                num_failed=finished[FinishReason.ERROR.value],
+                num_cancelled=finished[FinishReason.CANCELLED.value],
+                recent_tokens_per_s=self._stats.recent_tokens_per_s(now),
+                stats=self._stats.snapshot(),
+            )
+
+    def _slot_snapshot(self, slot: int, seq: Sequence | None, now: float) -> SlotSnapshot:
+        if seq is None:
+            return SlotSnapshot(slot, None, "idle", 0, 0, 0, self.window, None, "", False)
+        rate = None
+        if seq.first_token_at is not None and now > seq.first_token_at:
+            rate = len(seq.output_tokens) / (now - seq.first_token_at)
+        return SlotSnapshot(
+            slot=slot,
+            request_id=seq.id,
+            phase=seq.status.value,
+            prompt_tokens=len(seq.prompt_tokens),
+            generated_tokens=len(seq.output_tokens),
+            context_used=seq.n_past,
+            window=self.window,
+            tokens_per_s=rate,
+            text_tail="".join(seq.text_parts[-_TAIL_PIECES:])[-_TAIL_CHARS:],
+            is_slid=seq.is_truncated,
+        )
 
     def reset_stats(self) -> None:
         with self._lock:
@@ -388,7 +431,7 @@ class Runner:
             self.backend.clear_slot(seq.slot)
         self.scheduler.release(seq)
         self._known_ids.discard(seq.id)
-        self._stats.note_finish(seq.finished_at)
+        self._stats.note_finish(seq.finished_at, reason.value)
         seq.sink.finish(seq.to_result())
 
     def _finish_cancelled(self) -> None:

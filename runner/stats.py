@@ -9,10 +9,13 @@ riding along cost little), a step of prompt tokens only counts as a prefill step
 from __future__ import annotations
 
 import time
+from collections import Counter, deque
 from dataclasses import dataclass, field
 
 # The buckets of one step's wall time, in the order the loop spends it.
 STEP_PHASES = ("schedule", "decode", "sample", "postprocess")
+# "Throughput now" is measured over this many recent seconds.
+RECENT_WINDOW_S = 3.0
 
 
 @dataclass(frozen=True)
@@ -56,13 +59,25 @@ class StatsRecorder:
         self.first_submit_at: float | None = None
         self.last_finish_at: float | None = None
         self.phase_seconds = dict.fromkeys(STEP_PHASES, 0.0)
+        self.finished_by_reason: Counter[str] = Counter()
+        self._recent: deque[tuple[float, int]] = deque()  # (time, generated tokens so far) per step
 
     def note_submit(self, now: float) -> None:
         if self.first_submit_at is None:
             self.first_submit_at = now
 
-    def note_finish(self, now: float) -> None:
+    def note_finish(self, now: float, reason: str) -> None:
         self.last_finish_at = now
+        self.finished_by_reason[reason] += 1
+
+    def recent_tokens_per_s(self, now: float) -> float | None:
+        """Generated tokens per second over the last RECENT_WINDOW_S seconds."""
+        while self._recent and self._recent[0][0] < now - RECENT_WINDOW_S:
+            self._recent.popleft()
+        if len(self._recent) < 2:
+            return None
+        (start, first), (end, last) = self._recent[0], self._recent[-1]
+        return (last - first) / (end - start) if end > start else None
 
     def add_phase(self, phase: str, seconds: float) -> None:
         self.phase_seconds[phase] += seconds
@@ -72,6 +87,7 @@ class StatsRecorder:
         """One llama_decode: its time, what it held, and how many tokens it generated."""
         self.num_steps += 1
         self.generated_tokens += num_generated
+        self._recent.append((time.perf_counter(), self.generated_tokens))
         self.prompt_tokens += num_prefill_tokens
         if num_decode_tokens:
             self.num_decode_steps += 1
@@ -103,3 +119,37 @@ class StatsRecorder:
 
 def _ratio(numerator: float, denominator: float) -> float | None:
     return numerator / denominator if denominator > 0 else None
+
+
+@dataclass(frozen=True)
+class SlotSnapshot:
+    """One slot at one moment, for a display."""
+
+    slot: int
+    request_id: str | None  # None: the slot is idle
+    phase: str  # "prefill", "decode" or "idle"
+    prompt_tokens: int
+    generated_tokens: int
+    context_used: int  # tokens in the slot's KV
+    window: int
+    tokens_per_s: float | None
+    text_tail: str
+    is_slid: bool  # its prompt was slid or its generation shifted
+
+
+@dataclass(frozen=True)
+class RunnerSnapshot:
+    """The whole runner at one moment: plain values a display can render without locks."""
+
+    slots: list[SlotSnapshot]
+    num_waiting: int
+    num_running: int
+    num_succeeded: int
+    num_failed: int
+    num_cancelled: int
+    recent_tokens_per_s: float | None
+    stats: RunStats
+
+    @property
+    def num_finished(self) -> int:
+        return self.num_succeeded + self.num_failed + self.num_cancelled

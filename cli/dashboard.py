@@ -1,0 +1,165 @@
+"""The live view of a batch run: a pure render(snapshot) and the displays that drive it.
+
+render() turns a RunnerSnapshot (plain values from the engine) and the run's progress into a
+rich renderable, with no state and no I/O, so it can be tested on a made-up snapshot. The
+displays (dashboard, single progress bar, nothing) are what batch-run ticks while it waits.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.progress_bar import ProgressBar
+from rich.table import Table
+from rich.text import Text
+
+from runner import Runner
+from runner.stats import RunnerSnapshot, SlotSnapshot
+
+REFRESH_SECONDS = 0.25
+_PHASE_STYLES = {"prefill": "yellow", "decode": "green", "idle": "dim"}
+_CONTEXT_BAR_WIDTH = 12
+
+
+@dataclass(frozen=True)
+class RunProgress:
+    total: int  # items in the file (this run)
+    written: int  # result lines written so far
+    elapsed_s: float
+
+
+def _rate(value: float | None) -> str:
+    return "–" if value is None else f"{value:,.1f}"
+
+
+def _eta(progress: RunProgress) -> str:
+    if progress.written == 0 or progress.written >= progress.total:
+        return "–" if progress.written == 0 else "0s"
+    seconds = progress.elapsed_s / progress.written * (progress.total - progress.written)
+    minutes, seconds = divmod(int(seconds), 60)
+    return f"{minutes}m{seconds:02d}s" if minutes else f"{seconds}s"
+
+
+def _slot_row(slot: SlotSnapshot) -> list:
+    phase = Text(slot.phase, style=_PHASE_STYLES.get(slot.phase, ""))
+    if slot.request_id is None:
+        return [str(slot.slot), "", phase, "", "", "", "", "", ""]
+    context = Table.grid(padding=(0, 1))
+    context.add_row(ProgressBar(total=slot.window, completed=slot.context_used, width=_CONTEXT_BAR_WIDTH),
+                    f"{slot.context_used}/{slot.window}")
+    tail = Text(slot.text_tail.replace("\n", " ⏎ ")[-48:], no_wrap=True, overflow="ellipsis")
+    return [str(slot.slot), slot.request_id, phase, str(slot.prompt_tokens), str(slot.generated_tokens), context,
+            _rate(slot.tokens_per_s), tail, Text("slid", style="magenta") if slot.is_slid else ""]
+
+
+def render(snapshot: RunnerSnapshot, progress: RunProgress) -> Group:
+    """The dashboard for one moment of a run: slots, queue and progress, throughput."""
+    slots = Table(title="slots", title_justify="left", expand=True)
+    for name, justify in (("#", "right"), ("id", "left"), ("phase", "left"), ("prompt", "right"),
+                          ("gen", "right"), ("context", "left"), ("tok/s", "right"), ("text", "left"),
+                          ("", "left")):
+        slots.add_column(name, justify=justify, no_wrap=True, ratio=3 if name == "text" else None)
+    for slot in snapshot.slots:
+        slots.add_row(*_slot_row(slot))
+
+    queue = Table.grid(padding=(0, 2))
+    queue.add_row(
+        f"waiting [bold]{snapshot.num_waiting}[/]", f"running [bold]{snapshot.num_running}[/]",
+        f"done [bold green]{snapshot.num_succeeded}[/]", f"failed [bold red]{snapshot.num_failed}[/]",
+        f"cancelled [bold yellow]{snapshot.num_cancelled}[/]")
+    bar = Table.grid(padding=(0, 2))
+    bar.add_row(ProgressBar(total=max(progress.total, 1), completed=progress.written, width=40),
+                f"{progress.written}/{progress.total}", f"ETA {_eta(progress)}", f"elapsed {progress.elapsed_s:.0f}s")
+
+    stats = snapshot.stats
+    throughput = Table.grid(padding=(0, 2))
+    throughput.add_row(
+        f"now [bold]{_rate(snapshot.recent_tokens_per_s)}[/] tok/s",
+        f"run [bold]{_rate(stats.aggregate_tokens_per_s)}[/] tok/s",
+        f"seqs/step [bold]{_rate(stats.avg_seqs_per_decode_step)}[/]",
+        f"prefill [bold]{_rate(stats.prefill_tokens_per_s)}[/] tok/s",
+        f"decode [bold]{_rate(stats.decode_tokens_per_s)}[/] tok/s")
+    return Group(slots, queue, bar, throughput)
+
+
+class _Display:
+    """What batch-run does while it waits for results: nothing, by default."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.written = 0
+        self.started = time.perf_counter()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        pass
+
+    def note_written(self, count: int = 1) -> None:
+        self.written += count
+
+    def tick(self) -> None:
+        pass
+
+
+class DashboardDisplay(_Display):
+    """The live dashboard on stderr, refreshed a few times a second."""
+
+    def __init__(self, total: int, runner: Runner, console: Console) -> None:
+        super().__init__(total)
+        self._runner = runner
+        self._live = Live(console=console, auto_refresh=False, transient=False)
+        self._last_refresh = 0.0
+
+    def _progress(self) -> RunProgress:
+        return RunProgress(self.total, self.written, time.perf_counter() - self.started)
+
+    def __enter__(self):
+        self._live.__enter__()
+        self.tick()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._live.update(render(self._runner.snapshot(), self._progress()), refresh=True)
+        self._live.__exit__(*exc_info)
+
+    def tick(self) -> None:
+        now = time.perf_counter()
+        if now - self._last_refresh >= REFRESH_SECONDS:
+            self._last_refresh = now
+            self._live.update(render(self._runner.snapshot(), self._progress()), refresh=True)
+
+
+class ProgressDisplay(_Display):
+    """A single progress bar on stderr, for a terminal without the dashboard."""
+
+    def __init__(self, total: int, console: Console) -> None:
+        super().__init__(total)
+        self._progress = Progress(TextColumn("multiseq"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                                  console=console, transient=False)
+        self._task = self._progress.add_task("run", total=total)
+
+    def __enter__(self):
+        self._progress.__enter__()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._progress.__exit__(*exc_info)
+
+    def note_written(self, count: int = 1) -> None:
+        super().note_written(count)
+        self._progress.advance(self._task, count)
+
+
+def open_display(total: int, runner: Runner, console: Console, dashboard: bool | None) -> _Display:
+    """The dashboard when asked (default: when stderr is a terminal), else a progress bar on
+    a terminal, else nothing."""
+    on_terminal = console.is_terminal
+    if dashboard if dashboard is not None else on_terminal:
+        return DashboardDisplay(total, runner, console)
+    return ProgressDisplay(total, console) if on_terminal else _Display(total)
