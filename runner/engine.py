@@ -293,6 +293,11 @@ class Runner:
 
     # --- the worker ------------------------------------------------------------------------
 
+    def start(self) -> None:
+        """Start the worker thread (submit() does it unless the runner was made with
+        autostart=False, which lets a caller queue requests before anything runs)."""
+        self._ensure_worker()
+
     def _ensure_worker(self) -> None:
         with self._lock:
             if self._worker is None:

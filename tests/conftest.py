@@ -35,7 +35,7 @@ def gemma():
     model.close()
 
 
-def real_runner(model, parallel: int, slot_ctx: int = 512, n_batch: int = 512, **config):
+def real_runner(model, parallel: int, slot_ctx: int = 512, n_batch: int = 512, autostart: bool = True, **config):
     """A Runner over a new context on an already loaded model."""
     from runner import Runner, RunnerConfig
     from runner.backend import LlamaBackend
@@ -43,4 +43,4 @@ def real_runner(model, parallel: int, slot_ctx: int = 512, n_batch: int = 512, *
     settings = dict(model=model.path, parallel=parallel, slot_ctx=slot_ctx, n_batch=n_batch, threads=THREADS, seed=0)
     settings.update(config)
     backend = LlamaBackend(model, parallel, slot_ctx, n_batch, THREADS)
-    return Runner(RunnerConfig(**settings), backend=backend)
+    return Runner(RunnerConfig(**settings), backend=backend, autostart=autostart)
