@@ -35,12 +35,14 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from anywhere
 
 import models  # noqa: E402
-from bench.workloads import Workload, standard_workloads  # noqa: E402
+from bench import peers  # noqa: E402
+from bench.workloads import Workload, short_prompts, standard_workloads  # noqa: E402
 from runner import Request, Runner, RunnerConfig, SamplingParams  # noqa: E402
-from runner.backend import LlamaBackend, LlamaModel  # noqa: E402
+from runner.backend import LlamaBackend, LlamaModel, open_reference_llama  # noqa: E402
 
-ALL_SYSTEMS = ("multiseq", "llama-server", "llama-cpp-python", "llama-batched-bench")
+ALL_SYSTEMS = ("multiseq", "llama-server", "llama-cpp-python", "llama-batched-bench", "memory")
 SLOT_CTX = 1024  # per slot: the longest workload needs ~470 tokens (prompt + generation)
+MEMORY_CHECKPOINT = 200
 
 
 def log(message: str) -> None:
@@ -99,7 +101,105 @@ def run_multiseq(model: LlamaModel, workload: Workload, parallel: int, threads: 
     }
 
 
+def resident_mb() -> float:
+    with open("/proc/self/status", encoding="ascii") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmRSS in /proc/self/status")
+
+
+def run_memory(model: LlamaModel, parallel: int, threads: int, num_requests: int, checkpoint: int) -> dict:
+    """Resident memory at request `checkpoint` and at the last of a long run of short requests:
+    a runner that leaks per request grows between the two."""
+    prompts = short_prompts(num_requests)
+    marks: dict[int, float] = {}
+    finished = 0
+
+    def on_finish(_result) -> None:
+        nonlocal finished
+        finished += 1
+        if finished in (checkpoint, num_requests):
+            marks[finished] = resident_mb()
+
+    config = RunnerConfig(model=model.path, parallel=parallel, slot_ctx=SLOT_CTX, threads=threads, seed=0)
+    backend = LlamaBackend(model, parallel, SLOT_CTX, config.n_batch, threads)
+    with Runner(config, backend=backend) as runner:
+        handles = [runner.submit(Request(prompt=prompt, sampling=SamplingParams(max_tokens=16, seed=index)),
+                                 on_finish=on_finish)
+                   for index, prompt in enumerate(prompts)]
+        for handle in handles:
+            handle.result()
+        del handles
+    growth = marks[num_requests] / marks[checkpoint] - 1
+    return {"system": "multiseq memory", "parallel": parallel, "num_requests": num_requests,
+            "checkpoint_request": checkpoint, "rss_mb_at_checkpoint": marks[checkpoint],
+            "rss_mb_at_end": marks[num_requests], "rss_growth": growth}
+
+
+def request_seeds(workload: Workload) -> list[int | None]:
+    return [request_seed(workload, index) for index in range(len(workload.prompts))]
+
+
+def peer_sampling(workload: Workload) -> dict:
+    return {key: value for key, value in workload.sampling.items() if key != "seed"}
+
+
+def run_peers(systems: list[str], model: LlamaModel, workload: Workload, args: argparse.Namespace):
+    """The peers on the same workload, one figure at a time: llama-server, sequential
+    llama-cpp-python, and the batched-bench ceiling (greedy workloads only: it does not sample)."""
+    needs_tools = {"llama-server", "llama-batched-bench"} & set(systems)
+    tools = peers.ensure_llama_tools(log=log) if needs_tools else None
+    if "llama-server" in systems:
+        for parallel in (int(p) for p in args.server_parallel.split(",")):
+            log(f"[{workload.name}] llama-server -np {parallel} ...")
+            yield peers.run_llama_server(tools, model.path, workload.prompts, workload.max_tokens, parallel,
+                                         args.threads, SLOT_CTX, peer_sampling(workload), log=log,
+                                         seeds=request_seeds(workload))
+    if "llama-cpp-python" in systems:
+        log(f"[{workload.name}] llama-cpp-python sequential ...")
+        reference = open_reference_llama(model.path, SLOT_CTX, args.threads)
+        try:
+            yield peers.run_sequential_llama(reference, workload.prompts, workload.max_tokens, peer_sampling(workload),
+                                             banned_tokens=model.end_of_generation_tokens(),
+                                             seeds=request_seeds(workload))
+        finally:
+            reference.close()
+    if "llama-batched-bench" in systems and workload.is_greedy:
+        batch_sizes = sorted({int(p) for p in args.parallel.split(",")} | {int(p) for p in args.server_parallel.split(",")})
+        prompt_tokens = round(np.mean([len(model.tokenize(prompt)) for prompt in workload.prompts]))
+        log(f"[{workload.name}] llama-batched-bench B={batch_sizes} ...")
+        yield peers.run_batched_bench(tools, model.path, batch_sizes, prompt_tokens, workload.max_tokens,
+                                      args.threads, log=log)
+
+
+def ratios(figures: list[dict]) -> dict[str, float]:
+    """multiseq's aggregate rate over each peer's, at the same parallelism where it has one."""
+    ours = {f["parallel"]: f["tokens_per_s"] for f in figures if f["system"] == "multiseq"}
+    found: dict[str, float] = {}
+    for figure in figures:
+        if figure["system"] == "llama-server" and figure["parallel"] in ours:
+            found[f"multiseq_np{figure['parallel']}_vs_llama_server_np{figure['parallel']}"] = \
+                ours[figure["parallel"]] / figure["tokens_per_s"]
+        elif figure["system"] == "llama-cpp-python sequential":
+            for parallel, rate in ours.items():
+                found[f"multiseq_np{parallel}_vs_llama_cpp_python_sequential"] = rate / figure["tokens_per_s"]
+        elif figure["system"] == "llama-batched-bench":
+            for row in figure["rows"]:
+                if row["batch"] in ours:
+                    found[f"multiseq_np{row['batch']}_vs_batched_bench_tg_B{row['batch']}"] = \
+                        ours[row["batch"]] / row["tg_tokens_per_s"]
+    return found
+
+
 def _figure_line(model_name: str, workload: str, figure: dict) -> str:
+    if figure["system"] == "multiseq memory":
+        return (f"{model_name:13} {workload:14} resident memory {figure['rss_mb_at_checkpoint']:.0f} MB at request "
+                f"{figure['checkpoint_request']}, {figure['rss_mb_at_end']:.0f} MB at request {figure['num_requests']}: "
+                f"{100 * figure['rss_growth']:+.1f}%")
+    if figure["system"] == "llama-batched-bench":
+        rows = ", ".join(f"B={row['batch']} {row['tg_tokens_per_s']:.1f}" for row in figure["rows"])
+        return f"{model_name:13} {workload:14} llama-batched-bench decode tok/s: {rows}"
     label = figure["system"] + (f" -np {figure['parallel']}" if "parallel" in figure else "")
     extra = ""
     if figure.get("outside_decode_share") is not None:
@@ -117,6 +217,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--server-parallel", default="8,16", help="llama-server slot counts")
     parser.add_argument("--prompts", type=int, default=64, help="requests per workload")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--memory-requests", type=int, default=2000, help="length of the memory run")
     return parser.parse_args(argv)
 
 
@@ -140,7 +241,18 @@ def main(argv: list[str] | None = None) -> dict:
                     log(f"[{model_name} {workload_name}] multiseq -np {parallel} ...")
                     figures.append(run_multiseq(model, workload, parallel, args.threads))
                     print(_figure_line(model_name, workload_name, figures[-1]), flush=True)
-            report["results"].setdefault(model_name, {})[workload_name] = figures
+            for figure in run_peers(systems, model, workload, args):
+                figures.append(figure)
+                print(_figure_line(model_name, workload_name, figure), flush=True)
+            report["results"].setdefault(model_name, {})[workload_name] = {"figures": figures,
+                                                                          "ratios": ratios(figures)}
+            for name, value in ratios(figures).items():
+                print(f"{model_name:13} {workload_name:14} {name}: {value:.2f}", flush=True)
+        if "memory" in systems:
+            log(f"[{model_name}] memory over {args.memory_requests} requests at -np 16 ...")
+            figure = run_memory(model, 16, args.threads, args.memory_requests, MEMORY_CHECKPOINT)
+            report["results"].setdefault(model_name, {})["memory"] = figure
+            print(_figure_line(model_name, "memory", figure), flush=True)
         model.close()
     print(json.dumps(report))
     return report

@@ -189,7 +189,8 @@ class Runner:
         Failed and cancelled requests are results too: check result.ok / result.error. A
         request cancelled before it started has finish_reason "cancelled" and an error, never
         an empty successful answer."""
-        handles = [self.submit(request) for request in requests]
+        with self._lock:  # the loop admits nothing until every request is queued, in order
+            handles = [self.submit(request) for request in requests]
         try:
             return [handle.result() for handle in handles]
         except BaseException:
