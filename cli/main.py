@@ -186,8 +186,10 @@ def batch_run(prompts_file: Path, output: Path | None, prompt_format: str | None
         raise click.ClickException(str(error)) from None
     with runner:
         skipped = f", {len(items) - len(pending)} already done" if resume else ""
-        stderr.print(f"[bold]multiseq[/] {resolved.name}: {parallel} slots x {runner.window} tokens, {threads} threads, "
-                     f"{len(pending)} {file_format.value} prompts{skipped}")
+        allocated = runner.backend.allocated_window
+        rounding = f" (llama.cpp allocates {allocated})" if allocated != runner.window else ""
+        stderr.print(f"[bold]multiseq[/] {resolved.name}: {parallel} slots x {runner.window} tokens{rounding}, "
+                     f"{threads} threads, {len(pending)} {file_format.value} prompts{skipped}")
         with _open_output(output, append=resume) as stream:
             writer = ResultWriter(stream, [item.id for item in pending], keep_input_order=order == "input")
             run = BatchRun(runner, pending, writer, file_format, resolved.name)

@@ -11,7 +11,6 @@ import ctypes
 import logging
 import threading
 import time
-from dataclasses import dataclass
 
 import numpy as np
 import llama_cpp as llama
@@ -93,15 +92,6 @@ class _BatchBuffers:
         return len(output_indices)
 
 
-@dataclass(frozen=True)
-class ModelInfo:
-    description: str
-    n_vocab: int
-    n_ctx_train: int
-    add_bos: bool
-    chat_template: str | None  # the template llama.cpp will apply (a name or the GGUF's own)
-
-
 class LlamaModel:
     """A loaded GGUF: weights, vocabulary, chat template. Contexts are created on it."""
 
@@ -123,17 +113,6 @@ class LlamaModel:
         self._piece_cache: dict[int, bytes] = {}
         self._piece_buffer = ctypes.create_string_buffer(_PIECE_BUFFER_BYTES)
         self._end_of_generation_tokens: list[int] | None = None
-
-    def info(self) -> ModelInfo:
-        buffer = ctypes.create_string_buffer(256)
-        llama.llama_model_desc(self.handle, buffer, len(buffer))
-        return ModelInfo(
-            description=buffer.value.decode("utf-8", "replace"),
-            n_vocab=self.n_vocab,
-            n_ctx_train=llama.llama_model_n_ctx_train(self.handle),
-            add_bos=self.add_bos,
-            chat_template=self.chat_template,
-        )
 
     def close(self) -> None:
         if self.handle:

@@ -149,7 +149,3 @@ class RunnerSnapshot:
     num_cancelled: int
     recent_tokens_per_s: float | None
     stats: RunStats
-
-    @property
-    def num_finished(self) -> int:
-        return self.num_succeeded + self.num_failed + self.num_cancelled

@@ -35,6 +35,24 @@ def record_steps(runner) -> list[list[str]]:
     return steps
 
 
+def run_with_consumers(runner, handles, on_piece) -> list:
+    """Start the runner with one thread draining each streaming handle; on_piece(index,
+    handle, piece, count) sees every piece. Returns the results in handle order."""
+
+    def consume(index: int, handle) -> None:
+        for count, piece in enumerate(handle, start=1):
+            on_piece(index, handle, piece, count)
+
+    consumers = [threading.Thread(target=consume, args=(index, handle)) for index, handle in enumerate(handles)]
+    for consumer in consumers:
+        consumer.start()
+    runner.start()
+    results = [handle.result(timeout=60) for handle in handles]
+    for consumer in consumers:
+        consumer.join(timeout=10)
+    return results
+
+
 def test_cancel_all_at_the_first_token_stops_two_in_flight_and_drains_four_queued(smollm):
     with real_runner(smollm, parallel=2, autostart=False) as runner:
         handles = [runner.submit(Request(prompt=f"Story {index}:", id=f"c{index}", sampling=greedy(100)), stream=True)
@@ -42,20 +60,13 @@ def test_cancel_all_at_the_first_token_stops_two_in_flight_and_drains_four_queue
         pieces: dict[str, list[str]] = {handle.id: [] for handle in handles}
         cancelled = threading.Event()
 
-        def consume(handle) -> None:
-            for piece in handle:
-                pieces[handle.id].append(piece)
-                if not cancelled.is_set():
-                    runner.cancel_all()
-                    cancelled.set()
+        def on_piece(_index, handle, piece, _count) -> None:
+            pieces[handle.id].append(piece)
+            if not cancelled.is_set():
+                runner.cancel_all()
+                cancelled.set()
 
-        consumers = [threading.Thread(target=consume, args=(handle,)) for handle in handles]
-        for consumer in consumers:
-            consumer.start()
-        runner.start()
-        results = [handle.result(timeout=60) for handle in handles]
-        for consumer in consumers:
-            consumer.join(timeout=10)
+        results = run_with_consumers(runner, handles, on_piece)
         assert_all_slots_free_and_empty(runner)
     in_flight, queued = results[:2], results[2:]
     assert all(r.finish_reason is FinishReason.CANCELLED and r.error is None for r in in_flight)
@@ -71,19 +82,11 @@ def test_cancelling_one_in_flight_request_leaves_the_others_exact(smollm):
         with real_runner(smollm, parallel=3, autostart=False) as runner:
             handles = [runner.submit(Request(prompt=p, sampling=greedy(40)), stream=True) for p in prompts]
 
-            def consume(handle, is_victim: bool) -> None:
-                for count, _ in enumerate(handle, start=1):
-                    if is_victim and count == 5:
-                        assert runner.cancel(handle.id)
+            def on_piece(index, handle, _piece, count) -> None:
+                if cancel_middle and index == 1 and count == 5:
+                    assert runner.cancel(handle.id)
 
-            consumers = [threading.Thread(target=consume, args=(handle, cancel_middle and index == 1))
-                         for index, handle in enumerate(handles)]
-            for consumer in consumers:
-                consumer.start()
-            runner.start()
-            results = [handle.result(timeout=60) for handle in handles]
-            for consumer in consumers:
-                consumer.join(timeout=10)
+            results = run_with_consumers(runner, handles, on_piece)
             assert_all_slots_free_and_empty(runner)
         return results
 
