@@ -261,10 +261,8 @@ class LlamaBackend:
 
 
 def open_reference_llama(model_path: str, n_ctx: int, threads: int):
-    """llama-cpp-python's own one-request-at-a-time `Llama`, for comparisons in bench/.
-
-    Flash attention is on, as the runner's context gets it ("auto" resolves to enabled on
-    CPU), so both run the same kernels; `Llama`'s own default turns it off."""
+    """llama-cpp-python's own one-request-at-a-time `Llama`, as its users create it (its
+    defaults, so flash attention off), with the same threads, for comparisons in bench/."""
     _init_llama_once()
     return llama.Llama(model_path=str(model_path), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
-                       n_batch=512, flash_attn=True, verbose=False)
+                       verbose=False)
