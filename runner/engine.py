@@ -102,8 +102,9 @@ class RequestHandle:
             yield piece
 
 
-def _failed_result(request_id: str, reason: FinishReason, error: str) -> Result:
-    return Result(id=request_id, text="", finish_reason=reason, prompt_tokens=0, completion_tokens=0,
+def _rejected_result(request_id: str, error: str) -> Result:
+    """The result of a request that failed before it could even be queued."""
+    return Result(id=request_id, text="", finish_reason=FinishReason.ERROR, prompt_tokens=0, completion_tokens=0,
                   timings=Timings(None, None, None, None, 0.0), error=error)
 
 
@@ -181,7 +182,7 @@ class Runner:
         """End a request that could not even be queued."""
         with self._lock:
             self._stats.note_finish(time.perf_counter(), FinishReason.ERROR.value)
-        handle.finish(_failed_result(handle.id, FinishReason.ERROR, message))
+        handle.finish(_rejected_result(handle.id, message))
 
     def run_batch(self, requests: Iterable[Request]) -> list[Result]:
         """Run requests to completion and return their results in input order.
