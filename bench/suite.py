@@ -36,9 +36,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a scri
 
 import models  # noqa: E402
 from bench import peers  # noqa: E402
+from cli.summary import percentile  # noqa: E402
 from bench.workloads import Workload, short_prompts, standard_workloads  # noqa: E402
 from runner import Request, Runner, RunnerConfig, SamplingParams  # noqa: E402
-from runner.backend import LlamaBackend, LlamaModel, open_reference_llama  # noqa: E402
+from runner.backend import LlamaModel, open_reference_llama  # noqa: E402
 
 ALL_SYSTEMS = ("multiseq", "llama-server", "llama-cpp-python", "llama-batched-bench", "memory")
 SLOT_CTX = 1024  # per slot: the longest workload needs ~470 tokens (prompt + generation)
@@ -55,10 +56,6 @@ def request_seed(workload: Workload, index: int) -> int | None:
     return None if base is None else base + index
 
 
-def _percentile(values: list[float], percent: float) -> float | None:
-    return float(np.percentile(values, percent)) if values else None
-
-
 def multiseq_requests(workload: Workload) -> list[Request]:
     fields = {key: value for key, value in workload.sampling.items() if key != "seed"}
     return [Request(prompt=prompt, id=f"b{index}",
@@ -69,10 +66,9 @@ def multiseq_requests(workload: Workload) -> list[Request]:
 
 def run_multiseq(model: LlamaModel, workload: Workload, parallel: int, threads: int) -> dict:
     """One workload through a fresh runner: aggregate rate, TTFT, and the step profile."""
-    backend = LlamaBackend(model, parallel, SLOT_CTX, max(512, parallel), threads)
     config = RunnerConfig(model=model.path, parallel=parallel, slot_ctx=SLOT_CTX, n_batch=max(512, parallel),
                           threads=threads, seed=0)
-    with Runner(config, backend=backend) as runner:
+    with Runner.on_model(model, config) as runner:
         runner.run_batch([Request(prompt="Warm up.", sampling=SamplingParams(max_tokens=4))])
         runner.reset_stats()
         started = time.perf_counter()
@@ -95,10 +91,10 @@ def run_multiseq(model: LlamaModel, workload: Workload, parallel: int, threads: 
         "prompt_tokens": sum(r.prompt_tokens for r in results),
         "wall_s": wall,
         "tokens_per_s": generated / wall,
-        "ttft_p50_s": _percentile(ttfts, 50),
-        "ttft_p95_s": _percentile(ttfts, 95),
-        "ttft_from_admission_p50_s": _percentile(admitted_ttfts, 50),
-        "ttft_from_admission_p95_s": _percentile(admitted_ttfts, 95),
+        "ttft_p50_s": percentile(ttfts, 50),
+        "ttft_p95_s": percentile(ttfts, 95),
+        "ttft_from_admission_p50_s": percentile(admitted_ttfts, 50),
+        "ttft_from_admission_p95_s": percentile(admitted_ttfts, 95),
         "decode_tokens_per_s": stats.decode_tokens_per_s,
         "prefill_tokens_per_s": stats.prefill_tokens_per_s,
         "avg_seqs_per_decode_step": stats.avg_seqs_per_decode_step,
@@ -129,8 +125,7 @@ def run_memory(model: LlamaModel, parallel: int, threads: int, num_requests: int
             marks[finished] = resident_mb()
 
     config = RunnerConfig(model=model.path, parallel=parallel, slot_ctx=SLOT_CTX, threads=threads, seed=0)
-    backend = LlamaBackend(model, parallel, SLOT_CTX, config.n_batch, threads)
-    with Runner(config, backend=backend) as runner:
+    with Runner.on_model(model, config) as runner:
         handles = [runner.submit(Request(prompt=prompt, sampling=SamplingParams(max_tokens=16, seed=index)),
                                  on_finish=on_finish)
                    for index, prompt in enumerate(prompts)]

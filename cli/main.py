@@ -95,20 +95,21 @@ def _fetch_progress():
         yield report
 
 
-def _fetch_with_progress(name: str, force: bool = False) -> Path:
+def _with_fetch_progress(call):
+    """Run a models call that may fetch, showing its progress; its error becomes one line."""
     try:
         with _fetch_progress() as report:
-            return models.fetch(name, force=force, progress=report)
+            return call(report)
     except models.ModelError as error:
         raise click.ClickException(str(error)) from None
+
+
+def _fetch_with_progress(name: str, force: bool = False) -> Path:
+    return _with_fetch_progress(lambda report: models.fetch(name, force=force, progress=report))
 
 
 def _resolve_model(name: str) -> models.ResolvedModel:
-    try:
-        with _fetch_progress() as report:
-            return models.resolve(name, progress=report)
-    except models.ModelError as error:
-        raise click.ClickException(str(error)) from None
+    return _with_fetch_progress(lambda report: models.resolve(name, progress=report))
 
 
 # --- batch-run -----------------------------------------------------------------------------

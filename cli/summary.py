@@ -10,7 +10,7 @@ from rich.table import Table
 from runner import Result, RunStats
 
 
-def _percentile(values: list[float], percent: float) -> float | None:
+def percentile(values: list[float], percent: float) -> float | None:
     return float(np.percentile(values, percent)) if values else None
 
 
@@ -28,8 +28,8 @@ def summarize(results: list[Result], num_invalid: int, stats: RunStats, wall_s: 
         "generated_tokens": generated,
         "wall_s": wall_s,
         "tokens_per_s": generated / wall_s if wall_s > 0 else None,
-        "ttft_p50_s": _percentile(ttfts, 50),
-        "ttft_p95_s": _percentile(ttfts, 95),
+        "ttft_p50_s": percentile(ttfts, 50),
+        "ttft_p95_s": percentile(ttfts, 95),
         "decode_tokens_per_s": stats.decode_tokens_per_s,
         "prefill_tokens_per_s": stats.prefill_tokens_per_s,
         "avg_seqs_per_decode_step": stats.avg_seqs_per_decode_step,

@@ -130,6 +130,13 @@ class Runner:
         self._worker: threading.Thread | None = None
         self._closing = False
 
+    @classmethod
+    def on_model(cls, model, config: RunnerConfig, autostart: bool = True) -> Runner:
+        """A runner with a new context on an already loaded runner.backend.LlamaModel, which
+        it does not free on close: many runners (say, at different parallelism) can share one
+        loaded model."""
+        return cls(config, backend=_llama_backend(model, config, owns_model=False), autostart=autostart)
+
     def _clamped_n_discard(self) -> int:
         n_discard = self.config.n_discard
         if n_discard >= self.window:
@@ -490,14 +497,21 @@ class Runner:
         return int(state[0]) | (int(state[1]) << 32)
 
 
+def _llama_backend(model, config: RunnerConfig, owns_model: bool) -> Backend:
+    """A context on a loaded model, sized and threaded as the config says."""
+    from runner.backend import LlamaBackend
+
+    return LlamaBackend(model, config.parallel, config.slot_ctx, config.n_batch, config.threads, owns_model=owns_model)
+
+
 def _open_llama_backend(config: RunnerConfig) -> Backend:
     import models
-    from runner.backend import LlamaBackend, LlamaModel
+    from runner.backend import LlamaModel
 
     resolved = models.resolve(config.model)
     model = LlamaModel(str(resolved.path), config.chat_template, resolved.chat_template_fallback)
     try:
-        return LlamaBackend(model, config.parallel, config.slot_ctx, config.n_batch, config.threads, owns_model=True)
+        return _llama_backend(model, config, owns_model=True)
     except BaseException:
         model.close()
         raise

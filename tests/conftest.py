@@ -38,9 +38,7 @@ def gemma():
 def real_runner(model, parallel: int, slot_ctx: int = 512, n_batch: int = 512, autostart: bool = True, **config):
     """A Runner over a new context on an already loaded model."""
     from runner import Runner, RunnerConfig
-    from runner.backend import LlamaBackend
 
     settings = dict(model=model.path, parallel=parallel, slot_ctx=slot_ctx, n_batch=n_batch, threads=THREADS, seed=0)
     settings.update(config)
-    backend = LlamaBackend(model, parallel, slot_ctx, n_batch, THREADS)
-    return Runner(RunnerConfig(**settings), backend=backend, autostart=autostart)
+    return Runner.on_model(model, RunnerConfig(**settings), autostart=autostart)
