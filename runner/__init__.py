@@ -1,18 +1,27 @@
 """multiseq's library: continuous batching of many prompts over one llama.cpp context.
 
-    from runner import Runner, RunnerConfig, Request, SamplingParams
+The public API is re-exported by the top-level package:
+
+    from multiseq import Runner, RunnerConfig, Request, SamplingParams
 
     with Runner(RunnerConfig(model="smollm2-135m", parallel=8)) as runner:
         results = runner.run_batch([Request(prompt="Hello"), Request(prompt="Bonjour")])
+
+Modules: config (RunnerConfig, SamplingParams), request (Request, Result), sequence (one
+request's state), scheduler (queue, slots, plan), batch (what a step hands the backend),
+engine (the thread-free step loop), runner (the threaded front end), backend (the only
+llama.cpp importer), sampling, detok, stats, pytest_plugin.
 """
 
-from runner.config import OverflowPolicy, RunnerConfig, SamplingParams
-from runner.engine import CANCELLED_BEFORE_START, RequestHandle, Runner
-from runner.errors import BackendError
-from runner.sequence import FinishReason, Request, Result, Timings
-from runner.stats import RunStats
+from .config import OverflowPolicy, RunnerConfig, SamplingParams
+from .engine import CANCELLED_BEFORE_START, Engine, StepOutput, TextPiece
+from .errors import BackendError
+from .request import FinishReason, Request, Result, Timings
+from .runner import RequestHandle, Runner
+from .stats import RunnerSnapshot, RunStats
 
 __all__ = [
-    "BackendError", "CANCELLED_BEFORE_START", "FinishReason", "OverflowPolicy", "Request", "RequestHandle",
-    "Result", "RunStats", "Runner", "RunnerConfig", "SamplingParams", "Timings",
+    "BackendError", "CANCELLED_BEFORE_START", "Engine", "FinishReason", "OverflowPolicy", "Request",
+    "RequestHandle", "Result", "RunStats", "Runner", "RunnerConfig", "RunnerSnapshot", "SamplingParams",
+    "StepOutput", "TextPiece", "Timings",
 ]

@@ -15,8 +15,8 @@ import time
 import numpy as np
 import llama_cpp as llama
 
-from runner.errors import BackendError, NoKvSlot
-from runner.scheduler import BatchEntry
+from .batch import BatchEntry
+from .errors import BackendError, NoKvSlot
 
 logger = logging.getLogger("multiseq.llama")
 
@@ -78,7 +78,7 @@ class _BatchBuffers:
             length = len(entry.tokens)
             tokens += entry.tokens
             positions += range(entry.start_pos, entry.start_pos + length)
-            seq_ids += [entry.seq.slot] * length
+            seq_ids += [entry.slot] * length
             if entry.wants_output:
                 output_indices.append(len(tokens) - 1)
         count = len(tokens)
@@ -259,10 +259,3 @@ class LlamaBackend:
         """The largest position in the slot's KV, -1 when empty."""
         return llama.llama_memory_seq_pos_max(self._memory, slot)
 
-
-def open_reference_llama(model_path: str, n_ctx: int, threads: int):
-    """llama-cpp-python's own one-request-at-a-time `Llama`, as its users create it (its
-    defaults, so flash attention off), with the same threads, for comparisons in bench/."""
-    _init_llama_once()
-    return llama.Llama(model_path=str(model_path), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
-                       verbose=False)

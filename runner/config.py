@@ -1,10 +1,17 @@
-"""Configuration of the runner and of each request's sampling, validated when built."""
+"""Configuration of the runner and of each request's sampling, validated when built.
+
+These dataclasses are the one source of defaults: the command line reads its defaults from
+them (`default_of`), so the library and `multiseq batch-run` behave the same when not told
+otherwise.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
 # llama.cpp's defaults, so that a request without settings samples as llama-server would.
 DEFAULT_TEMPERATURE = 0.8
@@ -26,6 +33,20 @@ def _require(condition: bool, message: str) -> None:
         raise ValueError(message)
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def default_of(cls: type, name: str) -> Any:
+    """The default of one field of a config dataclass (for the command line's options)."""
+    for item in dataclasses.fields(cls):
+        if item.name == name:
+            if item.default is not dataclasses.MISSING:
+                return item.default
+            return item.default_factory()
+    raise KeyError(f"{cls.__name__} has no field {name!r}")
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How one request generates. temperature 0 means greedy (argmax).
@@ -34,32 +55,29 @@ class SamplingParams:
     temperature, then a draw from the seeded generator of that request.
     """
 
-    max_tokens: int = 128
+    max_tokens: int = 256
     temperature: float = DEFAULT_TEMPERATURE
     top_k: int = DEFAULT_TOP_K  # 0 disables top-k
     top_p: float = DEFAULT_TOP_P  # 1.0 disables top-p
     min_p: float = DEFAULT_MIN_P  # 0.0 disables min-p
     repeat_penalty: float = 1.0  # 1.0 disables the penalty
     repeat_last_n: int = DEFAULT_REPEAT_LAST_N
-    seed: int | None = None  # None: derived from the runner's seed and the request's arrival
+    seed: int | None = None  # None: derived from the runner's seed and the request's id
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
 
     def __post_init__(self) -> None:
-        if isinstance(self.stop, str):
-            object.__setattr__(self, "stop", (self.stop,))
-        else:
-            object.__setattr__(self, "stop", tuple(self.stop))
-        _require(isinstance(self.max_tokens, int) and self.max_tokens >= 1,
+        object.__setattr__(self, "stop", (self.stop,) if isinstance(self.stop, str) else tuple(self.stop))
+        _require(_is_int(self.max_tokens) and self.max_tokens >= 1,
                  f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
         _require(self.temperature >= 0, f"temperature must be >= 0, got {self.temperature!r}")
-        _require(isinstance(self.top_k, int) and self.top_k >= 0, f"top_k must be an integer >= 0, got {self.top_k!r}")
+        _require(_is_int(self.top_k) and self.top_k >= 0, f"top_k must be an integer >= 0, got {self.top_k!r}")
         _require(0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p!r}")
         _require(0 <= self.min_p <= 1, f"min_p must be in [0, 1], got {self.min_p!r}")
         _require(self.repeat_penalty > 0, f"repeat_penalty must be > 0, got {self.repeat_penalty!r}")
-        _require(isinstance(self.repeat_last_n, int) and self.repeat_last_n >= 0,
+        _require(_is_int(self.repeat_last_n) and self.repeat_last_n >= 0,
                  f"repeat_last_n must be an integer >= 0, got {self.repeat_last_n!r}")
-        _require(self.seed is None or (isinstance(self.seed, int) and 0 <= self.seed < 2**64),
+        _require(self.seed is None or (_is_int(self.seed) and 0 <= self.seed < 2**64),
                  f"seed must be an integer in [0, 2**64), got {self.seed!r}")
         _require(all(isinstance(s, str) and s for s in self.stop), f"stop strings must be non-empty strings, got {self.stop!r}")
 
@@ -93,11 +111,11 @@ class RunnerConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "overflow", OverflowPolicy(self.overflow))
-        _require(isinstance(self.parallel, int) and self.parallel >= 1, f"parallel must be >= 1, got {self.parallel!r}")
-        _require(isinstance(self.slot_ctx, int) and self.slot_ctx >= 16, f"slot_ctx must be >= 16 tokens, got {self.slot_ctx!r}")
-        _require(isinstance(self.n_batch, int) and self.n_batch >= self.parallel,
+        _require(_is_int(self.parallel) and self.parallel >= 1, f"parallel must be >= 1, got {self.parallel!r}")
+        _require(_is_int(self.slot_ctx) and self.slot_ctx >= 16, f"slot_ctx must be >= 16 tokens, got {self.slot_ctx!r}")
+        _require(_is_int(self.n_batch) and self.n_batch >= self.parallel,
                  f"n_batch ({self.n_batch}) must be at least parallel ({self.parallel}) so every slot can decode each step")
-        _require(isinstance(self.threads, int) and self.threads >= 1, f"threads must be >= 1, got {self.threads!r}")
-        _require(isinstance(self.n_keep, int) and 0 <= self.n_keep < self.slot_ctx // 2,
+        _require(_is_int(self.threads) and self.threads >= 1, f"threads must be >= 1, got {self.threads!r}")
+        _require(_is_int(self.n_keep) and 0 <= self.n_keep < self.slot_ctx // 2,
                  f"n_keep must be in [0, slot_ctx/2) = [0, {self.slot_ctx // 2}), got {self.n_keep!r}")
-        _require(isinstance(self.n_discard, int) and self.n_discard >= 0, f"n_discard must be >= 0, got {self.n_discard!r}")
+        _require(_is_int(self.n_discard) and self.n_discard >= 0, f"n_discard must be >= 0, got {self.n_discard!r}")

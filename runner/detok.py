@@ -21,8 +21,10 @@ class IncrementalDetokenizer:
         return self._decoder.decode(piece)
 
     def flush(self) -> str:
-        """Whatever is still held at the end: an incomplete character becomes U+FFFD."""
-        return self._decoder.decode(b"", final=True)
+        """The end of the stream. Bytes of a character that never completed (generation
+        stopped inside it) are dropped: they would only show as U+FFFD."""
+        self._decoder.reset()
+        return ""
 
 
 class StopMatcher:
@@ -48,6 +50,11 @@ class StopMatcher:
         keep = self._longest_partial_match(buffer)
         self._held = buffer[len(buffer) - keep:]
         return buffer[: len(buffer) - keep], False
+
+    @property
+    def held(self) -> str:
+        """Text received but not yet safe to emit: it may be the start of a stop string."""
+        return self._held
 
     def flush(self) -> str:
         held, self._held = self._held, ""

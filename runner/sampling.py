@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from runner.config import SamplingParams
+from .config import SamplingParams
 
 _MIN_BLOCK = 16
 _MAX_BLOCK = 32  # measured: 32-entry blocks are fastest for 16 rows of a 262k vocabulary

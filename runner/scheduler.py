@@ -1,7 +1,8 @@
 """The scheduler: who waits, who holds which slot, and what goes into the next batch.
 
-Pure Python over Sequence objects; it never touches the model. The engine asks it, under
-the engine's lock, to admit waiting sequences, plan a step, slide windows, and free slots.
+Pure Python over Sequence objects; it never touches the model. It moves sequences between
+the waiting queue and the slots (their own state changes through Sequence's methods) and
+plans each step.
 """
 
 from __future__ import annotations
@@ -10,8 +11,9 @@ from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from runner.config import OverflowPolicy
-from runner.sequence import Sequence, SequenceStatus
+from .batch import BatchEntry
+from .config import OverflowPolicy
+from .sequence import Sequence, SequenceStatus
 
 
 class PromptDoesNotFit(ValueError):
@@ -47,57 +49,66 @@ def fit_prompt(tokens: list[int], window: int, n_keep: int, max_tokens: int, pol
     return PromptFit(kept, len(tokens) - len(kept))
 
 
-@dataclass(frozen=True)
-class BatchEntry:
-    """The tokens of one sequence in one step, at consecutive positions from start_pos."""
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """One sequence's part of a step: the batch entry, and whether it is prompt tokens
+    (rather than the sequence's newest generated token)."""
 
     seq: Sequence
-    tokens: list[int]
-    start_pos: int
-    wants_output: bool  # logits are needed for the last token (decoding, or prompt's end)
-    is_prefill: bool  # prompt tokens, rather than the sequence's newest generated token
+    entry: BatchEntry
+    is_prefill: bool
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.entry.tokens)
 
 
 @dataclass(frozen=True)
 class StepPlan:
-    """One llama_decode call: entries ordered by slot, at most one entry per slot.
+    """One llama_decode call: chunks ordered by slot, at most one per slot.
 
     Ordering by slot matters: with one KV stream per slot, llama.cpp groups sequences into a
     micro-batch only while their ids are consecutive in batch order."""
 
-    entries: list[BatchEntry]
+    chunks: list[Chunk]
+
+    @property
+    def entries(self) -> list[BatchEntry]:
+        return [chunk.entry for chunk in self.chunks]
 
     @property
     def num_tokens(self) -> int:
-        return sum(len(entry.tokens) for entry in self.entries)
+        return sum(chunk.num_tokens for chunk in self.chunks)
 
     @property
     def num_decode_tokens(self) -> int:
-        return sum(1 for entry in self.entries if not entry.is_prefill)
+        return sum(1 for chunk in self.chunks if not chunk.is_prefill)
 
     @property
     def num_prefill_tokens(self) -> int:
-        return sum(len(entry.tokens) for entry in self.entries if entry.is_prefill)
+        return sum(chunk.num_tokens for chunk in self.chunks if chunk.is_prefill)
 
     @property
     def output_seqs(self) -> list[Sequence]:
         """Sequences that get a logits row, in row order."""
-        return [entry.seq for entry in self.entries if entry.wants_output]
+        return [chunk.seq for chunk in self.chunks if chunk.entry.wants_output]
 
     def __bool__(self) -> bool:
-        return bool(self.entries)
+        return bool(self.chunks)
 
     def with_halved_prefill(self) -> StepPlan | None:
         """The same step with every prompt chunk halved, for a retry when the KV had no room;
         None when no chunk can shrink any more."""
-        if all(len(entry.tokens) <= 1 or not entry.is_prefill for entry in self.entries):
+        if all(chunk.num_tokens <= 1 or not chunk.is_prefill for chunk in self.chunks):
             return None
-        entries = []
-        for entry in self.entries:
-            if entry.is_prefill and len(entry.tokens) > 1:
-                entry = BatchEntry(entry.seq, entry.tokens[: len(entry.tokens) // 2], entry.start_pos, False, True)
-            entries.append(entry)
-        return StepPlan(entries)
+        chunks = []
+        for chunk in self.chunks:
+            if chunk.is_prefill and chunk.num_tokens > 1:
+                entry = chunk.entry
+                half = BatchEntry(entry.slot, entry.tokens[: len(entry.tokens) // 2], entry.start_pos, False)
+                chunk = Chunk(chunk.seq, half, True)
+            chunks.append(chunk)
+        return StepPlan(chunks)
 
 
 @dataclass(frozen=True)
@@ -155,19 +166,17 @@ class Scheduler:
         for slot, holder in enumerate(self.slots):
             if holder is None and self.waiting:
                 seq = self.waiting.popleft()
-                seq.slot = slot
-                seq.status = SequenceStatus.PREFILLING
-                seq.admitted_at = now
+                seq.admit(slot, now)
                 self.slots[slot] = seq
                 admitted.append(seq)
         return admitted
 
     def release(self, seq: Sequence) -> None:
-        """Free the slot of a finished sequence (its KV must already be cleared)."""
-        if seq.slot is not None:
-            assert self.slots[seq.slot] is seq
+        """Take a finished sequence out of its slot or out of the queue."""
+        if seq.slot is not None and self.slots[seq.slot] is seq:
             self.slots[seq.slot] = None
-        seq.status = SequenceStatus.FINISHED
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
 
     def drain_waiting(self) -> list[Sequence]:
         """Take every waiting sequence out of the queue (for cancel_all)."""
@@ -175,28 +184,26 @@ class Scheduler:
         self.waiting.clear()
         return drained
 
-    def remove_waiting(self, seq: Sequence) -> None:
-        self.waiting.remove(seq)
-
     # --- the step ------------------------------------------------------------------------
 
     def plan(self) -> StepPlan:
         """One token for every decoding sequence, then prompt chunks in arrival order, up to
         max_batch_tokens in all."""
-        entries: dict[int, BatchEntry] = {}
+        chunks: dict[int, Chunk] = {}
         for seq in self.running:
             if seq.status is SequenceStatus.DECODING:
-                entries[seq.slot] = BatchEntry(seq, [seq.last_token], seq.n_past, True, False)
-        budget = self.max_batch_tokens - len(entries)
+                chunks[seq.slot] = Chunk(seq, BatchEntry(seq.slot, [seq.last_token], seq.n_past, True), False)
+        budget = self.max_batch_tokens - len(chunks)
         for seq in self._prefilling_in_arrival_order():
             if budget <= 0:
                 break
             length = min(seq.num_prompt_remaining, budget)
             start = seq.num_prefilled
-            chunk = seq.prompt_tokens[start:start + length]
-            entries[seq.slot] = BatchEntry(seq, chunk, seq.n_past, start + length == len(seq.prompt_tokens), True)
+            tokens = seq.prompt_tokens[start:start + length]
+            is_last = start + length == len(seq.prompt_tokens)
+            chunks[seq.slot] = Chunk(seq, BatchEntry(seq.slot, tokens, seq.n_past, is_last), True)
             budget -= length
-        return StepPlan([entries[slot] for slot in sorted(entries)])
+        return StepPlan([chunks[slot] for slot in sorted(chunks)])
 
     def _prefilling_in_arrival_order(self) -> list[Sequence]:
         prefilling = [seq for seq in self.running if seq.status is SequenceStatus.PREFILLING]

@@ -1,96 +1,18 @@
-"""Requests, results, and the Sequence that owns all of one request's state while it runs."""
+"""The Sequence: all of one request's state while it waits, prefills and decodes in a slot.
+
+Its methods are the only code that changes that state; the scheduler moves sequences between
+the queue and the slots, and the engine calls these methods with what each step produced.
+"""
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from enum import Enum
-from typing import Protocol
 
-from runner.config import OverflowPolicy, SamplingParams
-from runner.detok import TextAssembler
-from runner.sampling import SequenceSampler
-
-CHAT_ROLES = ("system", "user", "assistant")
-
-
-@dataclass(frozen=True)
-class Request:
-    """One prompt (a string, or chat messages rendered with the model's template) to complete.
-
-    `n_keep` and `overflow` override the runner's sliding settings for this request only.
-    """
-
-    prompt: str | None = None
-    messages: tuple[dict, ...] | None = None
-    id: str | None = None  # None: the runner assigns "req-N" in arrival order
-    sampling: SamplingParams = field(default_factory=SamplingParams)
-    n_keep: int | None = None
-    overflow: OverflowPolicy | None = None
-
-    def __post_init__(self) -> None:
-        if (self.prompt is None) == (self.messages is None):
-            raise ValueError("a request needs exactly one of prompt or messages")
-        if self.prompt is not None and (not isinstance(self.prompt, str) or not self.prompt):
-            raise ValueError("prompt must be a non-empty string")
-        if self.messages is not None:
-            object.__setattr__(self, "messages", tuple(self.messages))
-            _check_messages(self.messages)
-        if self.id is not None and not isinstance(self.id, str):
-            object.__setattr__(self, "id", str(self.id))
-        if self.overflow is not None:
-            object.__setattr__(self, "overflow", OverflowPolicy(self.overflow))
-        if self.n_keep is not None and (not isinstance(self.n_keep, int) or self.n_keep < 0):
-            raise ValueError(f"n_keep must be an integer >= 0, got {self.n_keep!r}")
-
-
-def _check_messages(messages: tuple[dict, ...]) -> None:
-    if not messages:
-        raise ValueError("messages must not be empty")
-    for index, message in enumerate(messages):
-        if not isinstance(message, dict) or set(message) - {"role", "content"}:
-            raise ValueError(f"message {index} must be an object with only 'role' and 'content'")
-        if message.get("role") not in CHAT_ROLES:
-            raise ValueError(f"message {index} has role {message.get('role')!r}; expected one of {', '.join(CHAT_ROLES)}")
-        if not isinstance(message.get("content"), str):
-            raise ValueError(f"message {index} content must be a string")
-
-
-class FinishReason(str, Enum):
-    STOP = "stop"  # end-of-generation token or a stop string
-    LENGTH = "length"  # max_tokens reached, or the slot's window was full and could not shift
-    CANCELLED = "cancelled"
-    ERROR = "error"
-
-
-@dataclass(frozen=True)
-class Timings:
-    queue_wait_s: float | None  # submitted -> given a slot
-    ttft_s: float | None  # submitted -> first generated token
-    prefill_tokens_per_s: float | None  # prompt tokens / (slot given -> prompt fully decoded)
-    decode_tokens_per_s: float | None  # tokens after the first / (first token -> finished)
-    total_s: float
-
-
-@dataclass(frozen=True)
-class Result:
-    """How one request ended. `ok` is true for stop and length; cancelled requests keep the
-    text they produced, and a request cancelled before it started has an error saying so."""
-
-    id: str
-    text: str
-    finish_reason: FinishReason
-    prompt_tokens: int
-    completion_tokens: int
-    timings: Timings
-    error: str | None = None
-    truncated: bool = False  # the prompt was slid or the generation was shifted
-    prompt_tokens_dropped: int = 0
-    tokens_shifted_out: int = 0
-
-    @property
-    def ok(self) -> bool:
-        return self.finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
+from .config import OverflowPolicy, SamplingParams
+from .detok import TextAssembler
+from .request import FinishReason, Result, Timings
+from .sampling import SequenceSampler
 
 
 class SequenceStatus(Enum):
@@ -100,25 +22,17 @@ class SequenceStatus(Enum):
     FINISHED = "finished"
 
 
-class ResultSink(Protocol):
-    """Where a sequence's text pieces and final result go (a request handle)."""
-
-    def emit(self, text: str) -> None: ...
-
-    def finish(self, result: Result) -> None: ...
-
-
 class Sequence:
-    """Everything about one request while it waits, prefills and decodes in a slot."""
+    """One request in the engine: its prompt, its slot's KV accounting, its output so far."""
 
-    def __init__(self, request_id: str, prompt_tokens: list[int], sampler: SequenceSampler, sink: ResultSink,
-                 n_keep: int, overflow: OverflowPolicy, submitted_at: float | None = None) -> None:
+    def __init__(self, request_id: str, prompt_tokens: list[int], sampler: SequenceSampler, n_keep: int,
+                 overflow: OverflowPolicy, prompt_tokens_dropped: int = 0, submitted_at: float | None = None) -> None:
         self.id = request_id
         self.prompt_tokens = prompt_tokens
         self.sampler = sampler
-        self.sink = sink
         self.n_keep = n_keep
         self.overflow = overflow
+        self.prompt_tokens_dropped = prompt_tokens_dropped
         self.assembler = TextAssembler(sampler.params.stop)
         self.status = SequenceStatus.WAITING
         self.slot: int | None = None
@@ -126,10 +40,10 @@ class Sequence:
         self.text_parts: list[str] = []
         self.num_prefilled = 0  # prompt tokens already decoded into the slot's KV
         self.n_past = 0  # tokens in the slot's KV; the next token goes at this position
-        self.prompt_tokens_dropped = 0
         self.tokens_shifted_out = 0
         self.is_cancel_requested = False
         self.is_window_exhausted = False  # the window filled up and could not slide
+        self.has_reached_stop_string = False
         self.finish_reason: FinishReason | None = None
         self.error: str | None = None
         self.submitted_at = time.perf_counter() if submitted_at is None else submitted_at
@@ -137,6 +51,8 @@ class Sequence:
         self.prefilled_at: float | None = None
         self.first_token_at: float | None = None
         self.finished_at: float | None = None
+
+    # --- derived state -------------------------------------------------------------------
 
     @property
     def params(self) -> SamplingParams:
@@ -156,12 +72,85 @@ class Sequence:
         return self.status is SequenceStatus.FINISHED
 
     @property
+    def is_running(self) -> bool:
+        return self.status in (SequenceStatus.PREFILLING, SequenceStatus.DECODING)
+
+    @property
     def is_truncated(self) -> bool:
         return self.prompt_tokens_dropped > 0 or self.tokens_shifted_out > 0 or self.is_window_exhausted
 
     @property
     def text(self) -> str:
         return "".join(self.text_parts)
+
+    # --- transitions -----------------------------------------------------------------------
+
+    def admit(self, slot: int, now: float) -> None:
+        """Waiting -> prefilling in `slot`."""
+        assert self.status is SequenceStatus.WAITING
+        self.slot = slot
+        self.status = SequenceStatus.PREFILLING
+        self.admitted_at = now
+
+    def record_decoded(self, num_tokens: int, is_prefill: bool, now: float) -> None:
+        """A step put num_tokens of this sequence into its slot's KV."""
+        self.n_past += num_tokens
+        if is_prefill:
+            self.num_prefilled += num_tokens
+            if self.num_prompt_remaining == 0:
+                self.status = SequenceStatus.DECODING
+                self.prefilled_at = now
+
+    def record_shift(self, discard: int) -> None:
+        """The slot's KV dropped `discard` positions after n_keep and moved the rest back."""
+        self.n_past -= discard
+        self.tokens_shifted_out += discard
+
+    def append_token(self, token: int, piece: bytes, is_end_of_generation: bool,
+                     now: float) -> tuple[str, FinishReason | None]:
+        """Take one sampled token: the text it makes ready to emit, and why the sequence ends
+        here (None while it goes on)."""
+        self.sampler.accept(token)
+        self.output_tokens.append(token)
+        if self.first_token_at is None:
+            self.first_token_at = now
+        if is_end_of_generation and not self.params.ignore_eos:
+            return "", FinishReason.STOP
+        text, self.has_reached_stop_string = self.assembler.feed(piece)
+        if text:
+            self.text_parts.append(text)
+        if self.has_reached_stop_string:
+            return text, FinishReason.STOP
+        if len(self.output_tokens) >= self.params.max_tokens:
+            return text, FinishReason.LENGTH
+        return text, None
+
+    def request_cancel(self) -> None:
+        self.is_cancel_requested = True
+
+    def exhaust_window(self) -> None:
+        """The window is full and cannot slide: the sequence ends as length, truncated."""
+        self.is_window_exhausted = True
+
+    def finish(self, reason: FinishReason, error: str | None, now: float) -> str:
+        """End the sequence; return the held text this releases.
+
+        Held text (a possible stop-string start) is released when generation ends by itself
+        or fails; never after a stop string, and never on cancel, so that nothing is emitted
+        for a request after cancel() returned."""
+        assert not self.is_finished
+        releases_held_text = (self.status is not SequenceStatus.WAITING and reason is not FinishReason.CANCELLED
+                              and not self.has_reached_stop_string)
+        text = self.assembler.flush() if releases_held_text else ""
+        if text:
+            self.text_parts.append(text)
+        self.status = SequenceStatus.FINISHED
+        self.finish_reason = reason
+        self.error = error
+        self.finished_at = now
+        return text
+
+    # --- reporting -------------------------------------------------------------------------
 
     def timings(self) -> Timings:
         end = self.finished_at if self.finished_at is not None else time.perf_counter()

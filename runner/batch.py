@@ -1,0 +1,46 @@
+"""The boundary between the engine and a backend: what one step hands over, and what the
+engine needs from a backend (runner.backend.LlamaBackend is the real one; the tests have a fake).
+
+A backend sees slots, tokens and positions only; it never sees a request or a Sequence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+
+@dataclass(frozen=True, slots=True)
+class BatchEntry:
+    """One slot's tokens in one llama_decode, at consecutive positions from start_pos."""
+
+    slot: int
+    tokens: list[int]
+    start_pos: int
+    wants_output: bool  # a logits row is needed for the last token
+
+
+class Backend(Protocol):
+    """Exactly what the engine uses of a model and its context."""
+
+    window: int  # the per-slot window the engine must enforce
+    can_shift: bool  # whether a slot's KV positions can be moved (generation shift)
+    add_bos: bool  # whether tokenize() puts a BOS token first
+    last_decode_seconds: float  # time of the last decode() call's llama_decode alone
+
+    def tokenize(self, text: str) -> list[int]: ...
+    def render_chat(self, messages: tuple[dict, ...]) -> str: ...
+    def token_bytes(self, token: int) -> bytes: ...
+    def is_end_of_generation(self, token: int) -> bool: ...
+    def end_of_generation_tokens(self) -> list[int]: ...
+
+    def decode(self, entries: list[BatchEntry]) -> np.ndarray:
+        """One llama_decode over entries in slot order: the logits rows of the entries that
+        want output, in entry order. Raises NoKvSlot when a smaller batch may fit, and
+        BackendError when the decode failed for good."""
+
+    def clear_slot(self, slot: int) -> None: ...
+    def shift_slot(self, slot: int, keep: int, discard: int, n_past: int) -> None: ...
+    def close(self) -> None: ...

@@ -1,0 +1,98 @@
+"""What a caller hands the runner (Request) and what it gets back (Result)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+from .config import OverflowPolicy, SamplingParams
+
+CHAT_ROLES = ("system", "user", "assistant")
+
+
+@dataclass(frozen=True)
+class Request:
+    """One prompt (a string, or chat messages rendered with the model's template) to complete.
+
+    `n_keep` and `overflow` override the runner's sliding settings for this request only.
+    """
+
+    prompt: str | None = None
+    messages: tuple[dict, ...] | None = None
+    id: str | None = None  # None: the runner assigns "req-N" in arrival order
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    n_keep: int | None = None
+    overflow: OverflowPolicy | None = None
+
+    def __post_init__(self) -> None:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("a request needs exactly one of prompt or messages")
+        if self.prompt is not None and (not isinstance(self.prompt, str) or not self.prompt):
+            raise ValueError("prompt must be a non-empty string")
+        if self.messages is not None:
+            object.__setattr__(self, "messages", tuple(self.messages))
+            _check_messages(self.messages)
+        if self.id is not None and not isinstance(self.id, str):
+            object.__setattr__(self, "id", str(self.id))
+        if self.overflow is not None:
+            object.__setattr__(self, "overflow", OverflowPolicy(self.overflow))
+        if self.n_keep is not None and (not isinstance(self.n_keep, int) or self.n_keep < 0):
+            raise ValueError(f"n_keep must be an integer >= 0, got {self.n_keep!r}")
+
+
+def _check_messages(messages: tuple[dict, ...]) -> None:
+    if not messages:
+        raise ValueError("messages must not be empty")
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict) or set(message) - {"role", "content"}:
+            raise ValueError(f"message {index} must be an object with only 'role' and 'content'")
+        if message.get("role") not in CHAT_ROLES:
+            raise ValueError(f"message {index} has role {message.get('role')!r}; expected one of {', '.join(CHAT_ROLES)}")
+        if not isinstance(message.get("content"), str):
+            raise ValueError(f"message {index} content must be a string")
+
+
+class FinishReason(str, Enum):
+    STOP = "stop"  # end-of-generation token or a stop string
+    LENGTH = "length"  # max_tokens reached, or the slot's window was full and could not shift
+    CANCELLED = "cancelled"
+    ERROR = "error"
+
+
+@dataclass(frozen=True)
+class Timings:
+    queue_wait_s: float | None  # submitted -> given a slot
+    ttft_s: float | None  # submitted -> first generated token
+    prefill_tokens_per_s: float | None  # prompt tokens / (slot given -> prompt fully decoded)
+    decode_tokens_per_s: float | None  # tokens after the first / (first token -> finished)
+    total_s: float
+
+
+NO_TIMINGS = Timings(None, None, None, None, 0.0)
+
+
+@dataclass(frozen=True)
+class Result:
+    """How one request ended. `ok` is true for stop and length; cancelled requests keep the
+    text they produced, and a request cancelled before it started has an error saying so."""
+
+    id: str
+    text: str
+    finish_reason: FinishReason
+    prompt_tokens: int
+    completion_tokens: int
+    timings: Timings
+    error: str | None = None
+    truncated: bool = False  # the prompt was slid or the generation was shifted
+    prompt_tokens_dropped: int = 0
+    tokens_shifted_out: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
+
+    @classmethod
+    def rejected(cls, request_id: str, error: str) -> Result:
+        """The result of a request that failed before it could even be queued."""
+        return cls(id=request_id, text="", finish_reason=FinishReason.ERROR, prompt_tokens=0, completion_tokens=0,
+                   timings=NO_TIMINGS, error=error)

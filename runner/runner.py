@@ -1,0 +1,287 @@
+"""Runner: the threaded front end of the engine.
+
+One worker thread owns the engine and the model. submit(), cancel() and cancel_all() may be
+called from any thread; they touch the engine under one lock, which the worker also holds
+while it schedules a step and while it applies the step's output, but never while llama.cpp
+decodes. So a cancel lands either before a step is scheduled or before its output is applied,
+and in both cases nothing more is emitted for that request once cancel() returns.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+
+from .batch import Backend
+from .config import RunnerConfig
+from .engine import Engine, StepOutput
+from .request import Request, Result
+from .stats import RunnerSnapshot, RunStats
+
+logger = logging.getLogger("multiseq.runner")
+
+_END_OF_STREAM = object()
+_IDLE_STEP_SECONDS = 0.001
+
+
+class RequestHandle:
+    """What submit() returns: iterate it for text pieces (when streaming), or wait for result()."""
+
+    def __init__(self, request_id: str, stream: bool, on_finish: Callable[[Result], None] | None = None) -> None:
+        self.id = request_id
+        self._pieces: queue.SimpleQueue | None = queue.SimpleQueue() if stream else None
+        self._done = threading.Event()
+        self._result: Result | None = None
+        self._on_finish = on_finish
+
+    def emit(self, text: str) -> None:
+        if self._pieces is not None and text:
+            self._pieces.put(text)
+
+    def finish(self, result: Result) -> None:
+        self._result = result
+        self._done.set()
+        if self._pieces is not None:
+            self._pieces.put(_END_OF_STREAM)
+        if self._on_finish is not None:
+            self._on_finish(result)
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def result(self, timeout: float | None = None) -> Result:
+        """The final Result; request failures are in result.error, never raised."""
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"request {self.id} still running after {timeout} s")
+        assert self._result is not None
+        return self._result
+
+    def __iter__(self) -> Iterator[str]:
+        if self._pieces is None:
+            raise RuntimeError("submit(request, stream=True) to iterate over text pieces")
+        while (piece := self._pieces.get()) is not _END_OF_STREAM:
+            yield piece
+
+
+class Runner:
+    """Continuous batching over one llama.cpp context with `config.parallel` slots, driven by
+    a worker thread; usable from any thread."""
+
+    def __init__(self, config: RunnerConfig | None = None, backend: Backend | None = None,
+                 autostart: bool = True) -> None:
+        self.config = config or RunnerConfig()
+        self.engine = Engine(self.config, backend if backend is not None else _open_llama_backend(self.config))
+        self._lock = threading.Condition()
+        self._handles: dict[str, RequestHandle] = {}  # every request waiting or running, by id
+        self._num_submitted = 0
+        self._autostart = autostart
+        self._worker: threading.Thread | None = None
+        self._closing = False
+        self._closed = False
+
+    @classmethod
+    def on_model(cls, model, config: RunnerConfig, autostart: bool = True) -> Runner:
+        """A runner with a new context on an already loaded runner.backend.LlamaModel, which
+        it does not free on close: many runners (say, at different parallelism) can share one
+        loaded model."""
+        return cls(config, backend=_llama_backend(model, config, owns_model=False), autostart=autostart)
+
+    @property
+    def backend(self) -> Backend:
+        return self.engine.backend
+
+    @property
+    def window(self) -> int:
+        """The per-slot window in tokens (prompt plus generation) that the runner enforces."""
+        return self.engine.window
+
+    # --- public API ------------------------------------------------------------------------
+
+    def submit(self, request: Request, stream: bool = False,
+               on_finish: Callable[[Result], None] | None = None) -> RequestHandle:
+        """Queue a request from any thread and return its handle at once.
+
+        stream=True makes the handle iterable over text pieces as they are produced.
+        on_finish is called with the Result when the request ends, on the runner's thread
+        (keep it short: put the result in a queue, say).
+        A request that cannot run (bad prompt, a prompt that cannot fit, a duplicate id) gets
+        its error result on the handle right away; nothing else is disturbed."""
+        with self._lock:
+            if self._closing:
+                raise RuntimeError("the runner is closed")
+            request_id = request.id if request.id is not None else f"req-{self._num_submitted}"
+            self._num_submitted += 1
+            handle = RequestHandle(request_id, stream, on_finish)
+            if request_id in self._handles:
+                self._reject(handle, f"request id {request_id!r} is already waiting or running")
+                return handle
+            self._handles[request_id] = handle
+        try:
+            seq = self.engine.new_sequence(request, request_id)  # tokenizing needs no lock
+        except Exception as error:  # noqa: BLE001 - any failure here belongs to this request alone
+            with self._lock:
+                del self._handles[request_id]
+                self._reject(handle, str(error))
+            return handle
+        with self._lock:
+            self.engine.add(seq)
+            self._lock.notify_all()
+        if self._autostart:
+            self._ensure_worker()
+        return handle
+
+    def _reject(self, handle: RequestHandle, message: str) -> None:
+        """End a request that could not even be queued (called under the lock)."""
+        self.engine.record_rejection()
+        handle.finish(Result.rejected(handle.id, message))
+
+    def run_batch(self, requests: Iterable[Request]) -> list[Result]:
+        """Run requests to completion and return their results in input order.
+
+        Failed and cancelled requests are results too: check result.ok / result.error. A
+        request cancelled before it started has finish_reason "cancelled" and an error, never
+        an empty successful answer."""
+        with self._lock:  # the loop admits nothing until every request is queued, in order
+            handles = [self.submit(request) for request in requests]
+        try:
+            return [handle.result() for handle in handles]
+        except BaseException:
+            for handle in handles:
+                self.cancel(handle.id)
+            raise
+
+    def cancel(self, request_id: str) -> bool:
+        """Cancel one request. A waiting one ends with a Cancelled error and never runs; a
+        running one stops at the next step boundary, keeping its text, with finish_reason
+        "cancelled". Returns False (and logs) when the id is unknown or already finished."""
+        with self._lock:
+            found = self.engine.abort(request_id)
+            self._deliver(self.engine.take_output())
+            self._lock.notify_all()
+        if not found:
+            logger.info("cancel(%r): no such waiting or running request", request_id)
+        return found
+
+    def cancel_all(self) -> int:
+        """Cancel everything at once: waiting requests are drained with a Cancelled error and
+        running ones stop at the next step boundary. No request waiting at the time of the call
+        is admitted afterwards; requests submitted after it returns run normally.
+        Returns how many requests were cancelled."""
+        with self._lock:
+            count = self.engine.abort_all()
+            self._deliver(self.engine.take_output())
+            self._lock.notify_all()
+            return count
+
+    def stats(self) -> RunStats:
+        with self._lock:
+            return self.engine.stats.snapshot()
+
+    def snapshot(self) -> RunnerSnapshot:
+        """Every slot and counter at this moment, as plain values (for a dashboard)."""
+        with self._lock:
+            return self.engine.snapshot(time.perf_counter())
+
+    def reset_stats(self) -> None:
+        with self._lock:
+            self.engine.stats.reset()
+
+    def close(self) -> None:
+        """Cancel whatever is left, stop the worker thread and free the model. Idempotent."""
+        if self._closed:
+            return
+        self.cancel_all()
+        with self._lock:
+            self._closing = True
+            self._lock.notify_all()
+        if self._worker is not None:
+            self._worker.join()
+        while self._has_work():  # without a worker (autostart off), finish the cancellations here
+            self.step()
+        self.backend.close()
+        self._closed = True
+
+    def __enter__(self) -> Runner:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    # --- the worker ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the worker thread (submit() does it unless the runner was made with
+        autostart=False, which lets a caller queue requests, or call step(), before anything runs)."""
+        self._ensure_worker()
+
+    def _ensure_worker(self) -> None:
+        with self._lock:
+            if self._worker is None:
+                self._worker = threading.Thread(target=self._loop, name="multiseq-runner", daemon=True)
+                self._worker.start()
+
+    def _has_work(self) -> bool:
+        with self._lock:
+            return self.engine.has_work
+
+    def _loop(self) -> None:
+        while True:
+            with self._lock:
+                while not self.engine.has_work and not self._closing:
+                    self._lock.wait()
+                if self._closing and not self.engine.has_work:
+                    return
+            try:
+                if not self.step():
+                    time.sleep(_IDLE_STEP_SECONDS)  # work exists but none could be planned yet
+            except Exception as error:  # noqa: BLE001 - a bug must fail requests, not kill the loop
+                logger.exception("runner step failed")
+                with self._lock:
+                    self.engine.fail_running(f"internal error: {error}")
+                    self._deliver(self.engine.take_output())
+
+    def step(self) -> bool:
+        """Run one step of the engine and deliver what it produced; False when there was
+        nothing to decode. The worker calls this; without a worker, a caller may."""
+        with self._lock:
+            plan = self.engine.schedule()
+            self._deliver(self.engine.take_output())
+        if not plan:
+            return False
+        executed = self.engine.execute(plan)  # llama_decode and sampling, without the lock
+        with self._lock:
+            self.engine.update(executed)
+            self._deliver(self.engine.take_output())
+        return True
+
+    def _deliver(self, output: StepOutput) -> None:
+        """Hand text pieces and results to their handles (under the lock, so that a cancel
+        that returned is never followed by a piece of that request)."""
+        for piece in output.pieces:
+            self._handles[piece.request_id].emit(piece.text)
+        for result in output.finished:
+            self._handles.pop(result.id).finish(result)
+
+
+def _llama_backend(model, config: RunnerConfig, owns_model: bool) -> Backend:
+    """A context on a loaded model, sized and threaded as the config says."""
+    from .backend import LlamaBackend
+
+    return LlamaBackend(model, config.parallel, config.slot_ctx, config.n_batch, config.threads, owns_model=owns_model)
+
+
+def _open_llama_backend(config: RunnerConfig) -> Backend:
+    from .. import models
+    from .backend import LlamaModel
+
+    resolved = models.resolve(config.model)
+    model = LlamaModel(str(resolved.path), config.chat_template, resolved.chat_template_fallback)
+    try:
+        return _llama_backend(model, config, owns_model=True)
+    except BaseException:
+        model.close()
+        raise
