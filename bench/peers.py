@@ -25,9 +25,10 @@ runner), full-size SWA cache and flash attention "auto" (the values of
 llama_context_default_params(), which our runner uses). Each function returns
 a flat dict of figures (tokens/s over wall time, TTFT p50/p95, ...).
 
-Only stdlib (plus numpy for percentiles) is used; ``llama_cpp`` is never
-imported here - the caller passes a ready ``Llama`` object to
-``run_sequential_llama``.
+Only stdlib and numpy are used, except for ``open_reference_llama``, which
+creates llama-cpp-python's own ``Llama``: that class is the peer being
+measured, so it is imported here, where only the benchmark uses it (the
+library itself reaches llama.cpp through runner/backend.py alone).
 """
 
 from __future__ import annotations
@@ -610,6 +611,14 @@ class _BanAndCount:
         self.calls += 1
         scores[self.banned] = -np.inf
         return scores
+
+
+def open_reference_llama(model_path: str, n_ctx: int, threads: int):
+    """llama-cpp-python's own one-request-at-a-time ``Llama``, as its users
+    create it (its defaults, so flash attention off), with the same threads."""
+    from llama_cpp import Llama
+
+    return Llama(model_path=str(model_path), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, verbose=False)
 
 
 def run_sequential_llama(llama, prompts: list[str], max_tokens: int, sampling: dict,

@@ -28,18 +28,15 @@ import os
 import platform
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from anywhere
+import peers  # bench/ is the script's own folder, first on sys.path
+from workloads import Workload, short_prompts, standard_workloads
 
-import models  # noqa: E402
-from bench import peers  # noqa: E402
-from cli.summary import percentile  # noqa: E402
-from bench.workloads import Workload, short_prompts, standard_workloads  # noqa: E402
-from runner import Request, Runner, RunnerConfig, SamplingParams  # noqa: E402
-from runner.backend import LlamaModel, open_reference_llama  # noqa: E402
+from multiseq import Request, Runner, RunnerConfig, SamplingParams, models
+from multiseq.cli.summary import percentile
+from multiseq.runner.backend import LlamaModel
 
 ALL_SYSTEMS = ("multiseq", "llama-server", "llama-cpp-python", "llama-batched-bench", "memory")
 SLOT_CTX = 1024  # per slot: the longest workload needs ~470 tokens (prompt + generation)
@@ -159,7 +156,7 @@ def run_peers(systems: list[str], model: LlamaModel, workload: Workload, args: a
                                          seeds=request_seeds(workload))
     if "llama-cpp-python" in systems:
         log(f"[{workload.name}] llama-cpp-python sequential ...")
-        reference = open_reference_llama(model.path, SLOT_CTX, args.threads)
+        reference = peers.open_reference_llama(model.path, SLOT_CTX, args.threads)
         try:
             yield peers.run_sequential_llama(reference, workload.prompts, workload.max_tokens, peer_sampling(workload),
                                              banned_tokens=model.end_of_generation_tokens(),

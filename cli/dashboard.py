@@ -17,8 +17,8 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from runner import Runner
-from runner.stats import RunnerSnapshot, SlotSnapshot
+from ..runner import Runner
+from ..runner.stats import RunnerSnapshot, SlotSnapshot
 
 REFRESH_SECONDS = 0.25
 _PHASE_STYLES = {"prefill": "yellow", "decode": "green", "idle": "dim"}

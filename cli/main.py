@@ -18,13 +18,13 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 from rich.table import Table
 
-import models
-from cli.dashboard import REFRESH_SECONDS, open_display
-from cli.prompts import (PromptFormat, PromptItem, ResultWriter, TextMode, detect_format, duplicate_ids,
-                         keep_succeeded_lines, read_prompts, record_for)
-from cli.summary import render_summary, summarize
-from runner import BackendError, Result, Runner, RunnerConfig, SamplingParams
-from runner.config import DEFAULT_MIN_P, DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P, OverflowPolicy
+from .. import models
+from ..runner import BackendError, Result, Runner, RunnerConfig, SamplingParams
+from ..runner.config import OverflowPolicy, default_of
+from .dashboard import REFRESH_SECONDS, open_display
+from .reader import PromptFormat, PromptItem, TextMode, detect_format, duplicate_ids, read_prompts
+from .records import ResultWriter, keep_succeeded_lines, record_for
+from .summary import render_summary, summarize
 
 EXIT_SOME_FAILED = 1
 EXIT_INTERRUPTED = 130
@@ -124,26 +124,26 @@ def _resolve_model(name: str) -> models.ResolvedModel:
               help="Plain-text lines as chat messages, or as raw text to continue.")
 @click.option("-m", "--model", default=models.DEFAULT_MODEL, show_default=True,
               help="Registry model name or path to a .gguf file.")
-@click.option("-np", "--parallel", default=8, show_default=True, type=click.IntRange(1, 256),
+@click.option("-np", "--parallel", default=default_of(RunnerConfig, "parallel"), show_default=True, type=click.IntRange(1, 256),
               help="Sequences decoded together (slots).")
-@click.option("--slot-ctx", default=2048, show_default=True, type=click.IntRange(16),
+@click.option("--slot-ctx", default=default_of(RunnerConfig, "slot_ctx"), show_default=True, type=click.IntRange(16),
               help="Context tokens per slot (prompt + generation).")
-@click.option("-n", "--max-tokens", default=256, show_default=True, type=click.IntRange(1), help="Tokens to generate.")
-@click.option("--temperature", default=DEFAULT_TEMPERATURE, show_default=True, type=click.FloatRange(0),
+@click.option("-n", "--max-tokens", default=default_of(SamplingParams, "max_tokens"), show_default=True, type=click.IntRange(1), help="Tokens to generate.")
+@click.option("--temperature", default=default_of(SamplingParams, "temperature"), show_default=True, type=click.FloatRange(0),
               help="0 = greedy.")
-@click.option("--top-k", default=DEFAULT_TOP_K, show_default=True, type=click.IntRange(0), help="0 = off.")
-@click.option("--top-p", default=DEFAULT_TOP_P, show_default=True, type=click.FloatRange(0, 1, min_open=True))
-@click.option("--min-p", default=DEFAULT_MIN_P, show_default=True, type=click.FloatRange(0, 1))
-@click.option("--repeat-penalty", default=1.0, show_default=True, type=click.FloatRange(0, min_open=True))
+@click.option("--top-k", default=default_of(SamplingParams, "top_k"), show_default=True, type=click.IntRange(0), help="0 = off.")
+@click.option("--top-p", default=default_of(SamplingParams, "top_p"), show_default=True, type=click.FloatRange(0, 1, min_open=True))
+@click.option("--min-p", default=default_of(SamplingParams, "min_p"), show_default=True, type=click.FloatRange(0, 1))
+@click.option("--repeat-penalty", default=default_of(SamplingParams, "repeat_penalty"), show_default=True, type=click.FloatRange(0, min_open=True))
 @click.option("--seed", type=click.IntRange(0), help="Base seed: each request's seed derives from it and its id.")
 @click.option("--stop", multiple=True, help="Stop string (repeatable).")
 @click.option("--ignore-eos", is_flag=True, help="Never sample end-of-generation tokens.")
-@click.option("-t", "--threads", default=os.cpu_count() or 1, show_default=True, type=click.IntRange(1))
-@click.option("--n-keep", default=0, show_default=True, type=click.IntRange(0),
+@click.option("-t", "--threads", default=default_of(RunnerConfig, "threads"), show_default=True, type=click.IntRange(1))
+@click.option("--n-keep", default=default_of(RunnerConfig, "n_keep"), show_default=True, type=click.IntRange(0),
               help="Prompt tokens always kept when a window slides (besides BOS).")
-@click.option("--n-discard", default=0, show_default=True, type=click.IntRange(0),
+@click.option("--n-discard", default=default_of(RunnerConfig, "n_discard"), show_default=True, type=click.IntRange(0),
               help="Tokens dropped per generation shift; 0 = half of what follows n_keep.")
-@click.option("--overflow", type=click.Choice([policy.value for policy in OverflowPolicy]), default="slide",
+@click.option("--overflow", type=click.Choice([policy.value for policy in OverflowPolicy]), default=default_of(RunnerConfig, "overflow").value,
               show_default=True, help="A prompt longer than the slot window: slide it, or reject it.")
 @click.option("--order", type=click.Choice(["finish", "input"]), default="finish", show_default=True,
               help="Write results as they finish, or in input order.")

