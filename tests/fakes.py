@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from runner.errors import NoKvSlot
+from multiseq.runner.errors import NoKvSlot
 
 BOS = 256
 EOS = 257
@@ -104,30 +104,34 @@ class FakeBackend:
         started = time.perf_counter()
         num_tokens = sum(len(entry.tokens) for entry in entries)
         assert 0 < num_tokens <= self.n_batch, f"batch of {num_tokens} tokens exceeds n_batch {self.n_batch}"
-        slots = [entry.seq.slot for entry in entries]
+        slots = [entry.slot for entry in entries]
         assert slots == sorted(set(slots)), f"entries must be one per slot, in slot order: {slots}"
         if self.no_kv_slot_above is not None and num_tokens > self.no_kv_slot_above:
             raise NoKvSlot("fake: no KV slot")
+        # A slot with a sampled token not yet fed back is decoding: its entry is that token.
+        # Any other slot's entry is prompt tokens.
+        is_decode = [self.has_pending_token[entry.slot] for entry in entries]
         self.calls.append(DecodeCall(
-            entries=[(entry.seq.slot, len(entry.tokens), entry.is_prefill) for entry in entries],
+            entries=[(entry.slot, len(entry.tokens), not decode) for entry, decode in zip(entries, is_decode)],
             num_tokens=num_tokens,
-            decoding_slots=[entry.seq.slot for entry in entries if not entry.is_prefill],
+            decoding_slots=[entry.slot for entry, decode in zip(entries, is_decode) if decode],
             slots_with_pending_token=[slot for slot in range(self.num_slots) if self.has_pending_token[slot]],
             started_at=started,
         ))
         rows = []
-        for entry in entries:
-            kv = self.kv[entry.seq.slot]
-            assert entry.start_pos == len(kv), f"slot {entry.seq.slot}: token at {entry.start_pos}, KV holds {len(kv)}"
+        for entry, decode in zip(entries, is_decode):
+            kv = self.kv[entry.slot]
+            assert entry.start_pos == len(kv), f"slot {entry.slot}: token at {entry.start_pos}, KV holds {len(kv)}"
             kv.extend(entry.tokens)
-            assert len(kv) <= self.window, f"slot {entry.seq.slot} outgrew its {self.window}-token window"
-            if entry.is_prefill:
-                self.prompts[entry.seq.slot].extend(entry.tokens)
+            assert len(kv) <= self.window, f"slot {entry.slot} outgrew its {self.window}-token window"
+            if decode:
+                assert len(entry.tokens) == 1 and entry.wants_output, "a decoding slot feeds back exactly its token"
+                self.num_generated_fed[entry.slot] += 1
             else:
-                self.num_generated_fed[entry.seq.slot] += 1
-            self.has_pending_token[entry.seq.slot] = entry.wants_output
+                self.prompts[entry.slot].extend(entry.tokens)
+            self.has_pending_token[entry.slot] = entry.wants_output
             if entry.wants_output:
-                rows.append(self._logits(entry.seq.slot))
+                rows.append(self._logits(entry.slot))
         if self.decode_delay:
             time.sleep(self.decode_delay)
         self.last_decode_seconds = time.perf_counter() - started

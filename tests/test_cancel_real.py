@@ -6,8 +6,7 @@ import threading
 
 import pytest
 
-from conftest import real_runner
-from runner import CANCELLED_BEFORE_START, FinishReason, Request, SamplingParams
+from multiseq import CANCELLED_BEFORE_START, FinishReason, Request, SamplingParams
 
 pytestmark = pytest.mark.model
 
@@ -17,7 +16,7 @@ def greedy(max_tokens: int) -> SamplingParams:
 
 
 def assert_all_slots_free_and_empty(runner) -> None:
-    assert runner.scheduler.num_free_slots == runner.config.parallel
+    assert runner.engine.scheduler.num_free_slots == runner.config.parallel
     assert [runner.backend.slot_pos_max(slot) for slot in range(runner.config.parallel)] == \
         [-1] * runner.config.parallel
 
@@ -26,9 +25,10 @@ def record_steps(runner) -> list[list[str]]:
     """Wrap the backend's decode to note which requests were in each step's batch."""
     steps: list[list[str]] = []
     decode = runner.backend.decode
+    slots = runner.engine.scheduler.slots
 
     def recording_decode(entries):
-        steps.append([entry.seq.id for entry in entries])
+        steps.append([slots[entry.slot].id for entry in entries])
         return decode(entries)
 
     runner.backend.decode = recording_decode
@@ -53,7 +53,7 @@ def run_with_consumers(runner, handles, on_piece) -> list:
     return results
 
 
-def test_cancel_all_at_the_first_token_stops_two_in_flight_and_drains_four_queued(smollm):
+def test_cancel_all_at_the_first_token_stops_two_in_flight_and_drains_four_queued(smollm, real_runner):
     with real_runner(smollm, parallel=2, autostart=False) as runner:
         handles = [runner.submit(Request(prompt=f"Story {index}:", id=f"c{index}", sampling=greedy(100)), stream=True)
                    for index in range(6)]
@@ -75,7 +75,7 @@ def test_cancel_all_at_the_first_token_stops_two_in_flight_and_drains_four_queue
     assert all(r.completion_tokens == 0 and pieces[r.id] == [] for r in queued), "no queued prompt emitted a token"
 
 
-def test_cancelling_one_in_flight_request_leaves_the_others_exact(smollm):
+def test_cancelling_one_in_flight_request_leaves_the_others_exact(smollm, real_runner):
     prompts = ["The history of tea:", "How bridges are built:", "A walk in the forest:"]
 
     def run(cancel_middle: bool) -> list:
@@ -96,7 +96,7 @@ def test_cancelling_one_in_flight_request_leaves_the_others_exact(smollm):
     assert [cancelled[0].text, cancelled[2].text] == [untouched[0].text, untouched[2].text]
 
 
-def test_requests_from_four_threads_join_a_running_batch(smollm):
+def test_requests_from_four_threads_join_a_running_batch(smollm, real_runner):
     with real_runner(smollm, parallel=8) as runner:
         steps = record_steps(runner)
         early = [runner.submit(Request(prompt=f"Early {index}:", id=f"early{index}", sampling=greedy(60)))
@@ -121,7 +121,7 @@ def test_requests_from_four_threads_join_a_running_batch(smollm):
         "a late request decoded in the same step as an early one"
 
 
-def test_a_request_failing_at_admission_does_not_disturb_the_others(smollm):
+def test_a_request_failing_at_admission_does_not_disturb_the_others(smollm, real_runner):
     long_prompt = "word " * 600
 
     def texts(with_bad: bool) -> list[str]:

@@ -6,8 +6,7 @@ import threading
 import time
 
 from fakes import FakeBackend
-from runner import CANCELLED_BEFORE_START, FinishReason, Request, SamplingParams
-from test_scheduler import make_runner
+from multiseq import CANCELLED_BEFORE_START, FinishReason, Request, SamplingParams
 
 LONG = SamplingParams(max_tokens=40, temperature=0)
 
@@ -17,7 +16,7 @@ def run_steps(runner, count: int) -> None:
         runner.step()
 
 
-def test_cancelling_a_waiting_request_ends_it_with_an_error_and_it_never_runs():
+def test_cancelling_a_waiting_request_ends_it_with_an_error_and_it_never_runs(make_runner):
     backend = FakeBackend(num_slots=1)
     runner = make_runner(backend, autostart=False)
     running = runner.submit(Request(prompt="first", sampling=LONG))
@@ -35,7 +34,7 @@ def test_cancelling_a_waiting_request_ends_it_with_an_error_and_it_never_runs():
     runner.close()
 
 
-def test_cancelling_a_running_request_keeps_its_text_and_frees_its_slot_that_step():
+def test_cancelling_a_running_request_keeps_its_text_and_frees_its_slot_that_step(make_runner):
     backend = FakeBackend(num_slots=2)
     runner = make_runner(backend, autostart=False)
     victim = runner.submit(Request(prompt="victim", sampling=LONG))
@@ -46,14 +45,14 @@ def test_cancelling_a_running_request_keeps_its_text_and_frees_its_slot_that_ste
     result = victim.result(timeout=1)
     assert result.finish_reason is FinishReason.CANCELLED and result.error is None
     assert 1 <= result.completion_tokens <= 4 and len(result.text) == result.completion_tokens
-    assert backend.kv[0] == [] and runner.scheduler.slots[0] is None
+    assert backend.kv[0] == [] and runner.engine.scheduler.slots[0] is None
     while runner.step():
         pass
     assert other.result().ok and other.result().completion_tokens == LONG.max_tokens
     runner.close()
 
 
-def test_others_are_unaffected_by_a_cancel():
+def test_others_are_unaffected_by_a_cancel(make_runner):
     def texts(cancel: bool) -> list[str]:
         runner = make_runner(FakeBackend(num_slots=3), autostart=False)
         handles = [runner.submit(Request(prompt=f"text {index}", sampling=LONG)) for index in range(3)]
@@ -68,7 +67,7 @@ def test_others_are_unaffected_by_a_cancel():
     assert texts(cancel=True) == texts(cancel=False)
 
 
-def test_cancelling_an_unknown_or_finished_request_is_a_no_op_that_says_so(caplog):
+def test_cancelling_an_unknown_or_finished_request_is_a_no_op_that_says_so(caplog, make_runner):
     runner = make_runner(FakeBackend(), autostart=False)
     handle = runner.submit(Request(prompt="x", sampling=SamplingParams(max_tokens=1, temperature=0)))
     while runner.step():
@@ -81,7 +80,7 @@ def test_cancelling_an_unknown_or_finished_request_is_a_no_op_that_says_so(caplo
     runner.close()
 
 
-def test_cancel_all_drains_the_queue_and_stops_running_requests():
+def test_cancel_all_drains_the_queue_and_stops_running_requests(make_runner):
     backend = FakeBackend(num_slots=2)
     runner = make_runner(backend, autostart=False)
     handles = [runner.submit(Request(prompt=f"p{index}", sampling=LONG)) for index in range(6)]
@@ -96,7 +95,7 @@ def test_cancel_all_drains_the_queue_and_stops_running_requests():
     assert all(result.completion_tokens >= 1 for result in results[:2])
     assert all(result.error == CANCELLED_BEFORE_START for result in results[2:])
     assert len(backend.calls) == num_calls, "nothing was decoded after cancel_all"
-    assert backend.kv == [[], []] and runner.scheduler.num_free_slots == 2
+    assert backend.kv == [[], []] and runner.engine.scheduler.num_free_slots == 2
     after = runner.submit(Request(prompt="after", sampling=SamplingParams(max_tokens=3, temperature=0)))
     while runner.step():
         pass
@@ -104,7 +103,7 @@ def test_cancel_all_drains_the_queue_and_stops_running_requests():
     runner.close()
 
 
-def test_cancel_all_is_atomic_against_the_step_in_flight():
+def test_cancel_all_is_atomic_against_the_step_in_flight(make_runner):
     backend = FakeBackend(num_slots=2, decode_delay=0.02)
     runner = make_runner(backend)
     first = runner.submit(Request(prompt="p0", sampling=LONG), stream=True)
@@ -121,7 +120,7 @@ def test_cancel_all_is_atomic_against_the_step_in_flight():
     runner.close()
 
 
-def test_a_stream_ends_when_its_request_is_cancelled():
+def test_a_stream_ends_when_its_request_is_cancelled(make_runner):
     backend = FakeBackend(num_slots=1, decode_delay=0.005)
     runner = make_runner(backend)
     handle = runner.submit(Request(prompt="stream", sampling=SamplingParams(max_tokens=500, temperature=0)), stream=True)

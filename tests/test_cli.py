@@ -7,20 +7,12 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from cli.main import cli
+from multiseq.cli.main import cli
 
 pytestmark = pytest.mark.model
 
 
-def run_cli(*args: str):
-    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
-
-
-def read_lines(path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
-
-
-def test_batch_run_writes_one_result_per_prompt_and_a_summary(tmp_path):
+def test_batch_run_writes_one_result_per_prompt_and_a_summary(tmp_path, run_cli, read_jsonl):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("\n".join([
         json.dumps({"id": "a", "prompt": "The capital of France is"}),
@@ -31,14 +23,14 @@ def test_batch_run_writes_one_result_per_prompt_and_a_summary(tmp_path):
     result = run_cli("batch-run", str(prompts), "-o", str(out), "-np", "2", "-n", "8", "--temperature", "0",
                      "--slot-ctx", "256")
     assert result.exit_code == 0, result.output
-    records = {record["id"]: record for record in read_lines(out)}
+    records = {record["id"]: record for record in read_jsonl(out)}
     assert set(records) == {"a", "2", "chat"}
     assert records["2"]["completion_tokens"] == 3
     assert all(record["error"] is None and record["text"] for record in records.values())
     assert "throughput" in result.stderr and "decode rate" in result.stderr
 
 
-def test_batch_run_to_stdout_prints_only_results(tmp_path):
+def test_batch_run_to_stdout_prints_only_results(tmp_path, run_cli):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text(json.dumps({"prompt": "Hello"}) + "\n")
     result = run_cli("batch-run", str(prompts), "-n", "2", "--ignore-eos")
@@ -47,13 +39,13 @@ def test_batch_run_to_stdout_prints_only_results(tmp_path):
     assert json.loads(line)["completion_tokens"] == 2
 
 
-def test_a_bad_line_is_an_error_result_and_the_rest_runs(tmp_path):
+def test_a_bad_line_is_an_error_result_and_the_rest_runs(tmp_path, run_cli, read_jsonl):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"prompt": "fine"}\n{"prompt": 5}\nnot json\n{"prompt": "x", "max_tokens": "many"}\n')
     out = tmp_path / "out.jsonl"
     result = run_cli("batch-run", str(prompts), "-o", str(out), "-n", "2")
     assert result.exit_code == 1
-    records = {record["id"]: record for record in read_lines(out)}
+    records = {record["id"]: record for record in read_jsonl(out)}
     assert records["1"]["error"] is None
     assert "line 2" in records["2"]["error"] and "prompt" in records["2"]["error"]
     assert "line 3" in records["3"]["error"] and "JSON" in records["3"]["error"]
@@ -69,7 +61,7 @@ def test_unknown_model_is_one_clear_line(tmp_path):
         "Error: unknown model 'no-such-model': known models are gemma3-270m, smollm2-135m, or give a path to a .gguf file"]
 
 
-def test_models_path_prints_the_file(tmp_path):
+def test_models_path_prints_the_file(tmp_path, run_cli):
     result = run_cli("models", "path", "smollm2-135m")
     assert result.exit_code == 0 and result.stdout.strip().endswith("SmolLM2-135M-Instruct.Q4_1.gguf")
 

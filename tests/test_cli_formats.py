@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from test_cli import read_lines, run_cli
 
 pytestmark = pytest.mark.model
 
@@ -24,18 +23,18 @@ def write(path: Path, lines: list) -> Path:
     return path
 
 
-def test_plain_text_lines_are_prompts_with_line_number_ids(tmp_path):
+def test_plain_text_lines_are_prompts_with_line_number_ids(tmp_path, run_cli, read_jsonl):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("What is the capital of France?\n\nName a color.\nCount to three.\n")
     out = tmp_path / "out.jsonl"
     result = run_cli("batch-run", str(prompts), "-o", str(out), *FAST)
     assert result.exit_code == 0, result.output
-    records = read_lines(out)
+    records = read_jsonl(out)
     assert sorted(record["id"] for record in records) == ["1", "3", "4"]
     assert all(record["completion_tokens"] == 6 and record["text"] for record in records)
 
 
-def test_openai_batch_input_gives_openai_batch_output(tmp_path):
+def test_openai_batch_input_gives_openai_batch_output(tmp_path, run_cli, read_jsonl):
     prompts = write(tmp_path / "batch.jsonl", [
         {"custom_id": "chat-1", "method": "POST", "url": "/v1/chat/completions",
          "body": {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 5}},
@@ -46,7 +45,7 @@ def test_openai_batch_input_gives_openai_batch_output(tmp_path):
     out = tmp_path / "out.jsonl"
     result = run_cli("batch-run", str(prompts), "-o", str(out), *FAST)
     assert result.exit_code == 1, result.output  # the embeddings line failed
-    records = {record["custom_id"]: record for record in read_lines(out)}
+    records = {record["custom_id"]: record for record in read_jsonl(out)}
     chat, text, bad = records["chat-1"], records["text-1"], records["bad-1"]
     assert chat["id"].startswith("batch_req_") and chat["error"] is None
     assert chat["response"]["status_code"] == 200
@@ -60,24 +59,24 @@ def test_openai_batch_input_gives_openai_batch_output(tmp_path):
     assert bad["response"] is None and "line 3" in bad["error"]["message"] and "url" in bad["error"]["message"]
 
 
-def test_format_can_be_forced(tmp_path):
+def test_format_can_be_forced(tmp_path, run_cli, read_jsonl):
     prompts = write(tmp_path / "prompts.jsonl", [{"prompt": "a"}, {"prompt": "b"}])
     out = tmp_path / "out.jsonl"
     result = run_cli("batch-run", str(prompts), "-o", str(out), "--format", "text", "--text-mode", "completion", *FAST)
     assert result.exit_code == 0
-    assert sorted(record["id"] for record in read_lines(out)) == ["1", "2"]
+    assert sorted(record["id"] for record in read_jsonl(out)) == ["1", "2"]
 
 
-def test_input_order_keeps_the_file_order(tmp_path):
+def test_input_order_keeps_the_file_order(tmp_path, run_cli, read_jsonl):
     prompts = write(tmp_path / "prompts.jsonl",
                     [{"id": f"r{index}", "prompt": "Tell me a story.", "max_tokens": 12 - index} for index in range(8)])
     out = tmp_path / "out.jsonl"
     result = run_cli("batch-run", str(prompts), "-o", str(out), "--order", "input", *FAST[:2], "--ignore-eos")
     assert result.exit_code == 0
-    assert [record["id"] for record in read_lines(out)] == [f"r{index}" for index in range(8)]
+    assert [record["id"] for record in read_jsonl(out)] == [f"r{index}" for index in range(8)]
 
 
-def test_duplicate_ids_stop_the_run_before_anything_runs(tmp_path):
+def test_duplicate_ids_stop_the_run_before_anything_runs(tmp_path, run_cli):
     prompts = write(tmp_path / "prompts.jsonl", [{"id": "x", "prompt": "a"}, {"id": "y", "prompt": "b"},
                                                  {"id": "x", "prompt": "c"}])
     out = tmp_path / "out.jsonl"
@@ -87,7 +86,7 @@ def test_duplicate_ids_stop_the_run_before_anything_runs(tmp_path):
     assert not out.exists()
 
 
-def test_strict_stops_on_a_bad_line_and_says_which(tmp_path):
+def test_strict_stops_on_a_bad_line_and_says_which(tmp_path, run_cli):
     prompts = write(tmp_path / "prompts.jsonl", [{"prompt": "fine"}, '{"prompt": ', {"prompt": ""}])
     out = tmp_path / "out.jsonl"
     result = run_cli("batch-run", str(prompts), "-o", str(out), "--strict", *FAST)
@@ -95,7 +94,7 @@ def test_strict_stops_on_a_bad_line_and_says_which(tmp_path):
     assert "line 2" in result.stderr and "line 3" in result.stderr and not out.exists()
 
 
-def test_stats_json_holds_the_summary(tmp_path):
+def test_stats_json_holds_the_summary(tmp_path, run_cli):
     prompts = write(tmp_path / "prompts.jsonl", [{"prompt": "Hello"}, {"prompt": "World"}])
     stats = tmp_path / "stats.json"
     result = run_cli("batch-run", str(prompts), "-o", str(tmp_path / "out.jsonl"), "--stats-json", str(stats), *FAST)
@@ -103,12 +102,6 @@ def test_stats_json_holds_the_summary(tmp_path):
     summary = json.loads(stats.read_text())
     assert summary["succeeded"] == 2 and summary["generated_tokens"] == 12
     assert summary["ttft_p50_s"] > 0 and summary["tokens_per_s"] > 0 and "decode_tokens_per_s" in summary
-
-
-def start_batch_run(prompts: Path, out: Path, *extra: str) -> subprocess.Popen:
-    command = [sys.executable, "-m", "cli.main", "batch-run", str(prompts), "-o", str(out), *extra]
-    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            cwd=Path(__file__).resolve().parent.parent)
 
 
 def wait_for_lines(path: Path, count: int, timeout: float = 120) -> None:
@@ -120,19 +113,19 @@ def wait_for_lines(path: Path, count: int, timeout: float = 120) -> None:
     raise AssertionError(f"{path} never reached {count} lines")
 
 
-def test_ctrl_c_writes_finished_and_partial_results_then_resume_completes_each_id_once(tmp_path):
+def test_ctrl_c_writes_finished_and_partial_results_then_resume_completes_each_id_once(tmp_path, run_cli, read_jsonl, start_cli):
     ids = [f"item-{index}" for index in range(10)]
     prompts = write(tmp_path / "prompts.jsonl",
                     [{"id": item_id, "prompt": f"Story number {index}:", "max_tokens": 6 if index == 0 else 200}
                      for index, item_id in enumerate(ids)])
     out = tmp_path / "out.jsonl"
-    process = start_batch_run(prompts, out, "-np", "2", "--temperature", "0", "--ignore-eos", "--slot-ctx", "512",
+    process = start_cli("batch-run", str(prompts), "-o", str(out), "-np", "2", "--temperature", "0", "--ignore-eos", "--slot-ctx", "512",
                               "--no-dashboard")
     wait_for_lines(out, 1)  # item-0 finished; others are running or queued
     process.send_signal(signal.SIGINT)
     _, stderr = process.communicate(timeout=120)
     assert process.returncode == 130, stderr
-    first = {record["id"]: record for record in read_lines(out)}
+    first = {record["id"]: record for record in read_jsonl(out)}
     assert set(first) == set(ids), "every item has a line: finished, partial or cancelled"
     assert first["item-0"]["finish_reason"] == "length"
     cancelled = [record for record in first.values() if record["finish_reason"] == "cancelled"]
@@ -143,16 +136,16 @@ def test_ctrl_c_writes_finished_and_partial_results_then_resume_completes_each_i
     result = run_cli("batch-run", str(prompts), "-o", str(out), "--resume", "-np", "4", "-n", "5",
                      "--temperature", "0", "--ignore-eos", "--slot-ctx", "512")
     assert result.exit_code == 0, result.output
-    final = read_lines(out)
+    final = read_jsonl(out)
     assert sorted(record["id"] for record in final) == sorted(ids), "no id lost, none twice"
     assert all(record["finish_reason"] == "length" and record["error"] is None for record in final)
     assert {record["id"]: record["text"] for record in final}["item-0"] == first["item-0"]["text"]
 
 
-def test_a_second_ctrl_c_exits_at_once(tmp_path):
+def test_a_second_ctrl_c_exits_at_once(tmp_path, start_cli):
     prompts = write(tmp_path / "prompts.jsonl", [{"prompt": f"Long story {index}:"} for index in range(4)])
     out = tmp_path / "out.jsonl"
-    process = start_batch_run(prompts, out, "-np", "1", "-n", "2000", "--ignore-eos", "--no-dashboard")
+    process = start_cli("batch-run", str(prompts), "-o", str(out), "-np", "1", "-n", "2000", "--ignore-eos", "--no-dashboard")
     deadline = time.monotonic() + 60
     while process.poll() is None and not (out.exists() or time.monotonic() > deadline):
         time.sleep(0.05)
@@ -165,17 +158,15 @@ def test_a_second_ctrl_c_exits_at_once(tmp_path):
     assert time.monotonic() - started < 5
 
 
-def test_dashboard_on_a_real_terminal_shows_slots_and_completes(tmp_path):
+def test_dashboard_on_a_real_terminal_shows_slots_and_completes(tmp_path, read_jsonl, start_cli):
     import pty
 
     prompts = write(tmp_path / "prompts.jsonl", [{"id": f"d{index}", "prompt": f"Fact {index}:"} for index in range(12)])
     out = tmp_path / "out.jsonl"
     controller, terminal = pty.openpty()
-    command = [sys.executable, "-m", "cli.main", "batch-run", str(prompts), "-o", str(out), "-np", "4", "-n", "48",
-               "--ignore-eos", "--slot-ctx", "256"]
+    args = ["batch-run", str(prompts), "-o", str(out), "-np", "4", "-n", "48", "--ignore-eos", "--slot-ctx", "256"]
     env = dict(os.environ, COLUMNS="140", LINES="40", TERM="xterm-256color")
-    process = subprocess.Popen(command, stdin=terminal, stdout=terminal, stderr=terminal, env=env,
-                               cwd=Path(__file__).resolve().parent.parent)
+    process = start_cli(*args, stdin=terminal, stdout=terminal, stderr=terminal, env=env)
     os.close(terminal)
     screen = b""
     while True:
@@ -192,4 +183,4 @@ def test_dashboard_on_a_real_terminal_shows_slots_and_completes(tmp_path):
     assert process.returncode == 0, text[-2000:]
     assert "slots" in text and "phase" in text and "decode" in text and "tok/s" in text
     assert "\x1b[" in text, "rich drew the live view with terminal control codes"
-    assert len(read_lines(out)) == 12
+    assert len(read_jsonl(out)) == 12

@@ -6,8 +6,7 @@ from collections import Counter
 
 import pytest
 
-from conftest import real_runner
-from runner import FinishReason, Request, SamplingParams
+from multiseq import FinishReason, Request, SamplingParams
 
 pytestmark = pytest.mark.model
 
@@ -25,7 +24,7 @@ def slot_positions(runner) -> list[int]:
 
 
 @pytest.mark.parametrize("model_name", BOTH_MODELS)
-def test_a_prompt_over_the_slot_window_but_under_the_context_is_slid(request, model_name):
+def test_a_prompt_over_the_slot_window_but_under_the_context_is_slid(request, model_name, real_runner):
     model = request.getfixturevalue(model_name)
     assert WINDOW < len(model.tokenize(LONG_PROMPT)) < 4 * WINDOW
     with real_runner(model, parallel=4, slot_ctx=WINDOW) as runner:
@@ -38,7 +37,7 @@ def test_a_prompt_over_the_slot_window_but_under_the_context_is_slid(request, mo
 
 
 @pytest.mark.parametrize("model_name", BOTH_MODELS)
-def test_reject_fails_only_the_long_prompt(request, model_name):
+def test_reject_fails_only_the_long_prompt(request, model_name, real_runner):
     model = request.getfixturevalue(model_name)
     with real_runner(model, parallel=2, slot_ctx=WINDOW, overflow="reject") as runner:
         first, rejected, second = runner.run_batch([
@@ -66,7 +65,7 @@ def assert_readable(text: str) -> None:
 
 
 @pytest.mark.parametrize("model_name", BOTH_MODELS)
-def test_generation_of_three_windows_shifts_together_and_stays_readable(request, model_name):
+def test_generation_of_three_windows_shifts_together_and_stays_readable(request, model_name, real_runner):
     model = request.getfixturevalue(model_name)
     prompt = "Write a long story about a lighthouse keeper and a storm."
     requests = [Request(prompt=prompt, id=f"s{index}", sampling=greedy(3 * WINDOW)) for index in range(3)]
@@ -81,7 +80,7 @@ def test_generation_of_three_windows_shifts_together_and_stays_readable(request,
         assert len({result.text for result in results}) == 1
 
 
-def test_after_finished_failed_and_shifted_sequences_every_slot_is_empty_and_reused(smollm):
+def test_after_finished_failed_and_shifted_sequences_every_slot_is_empty_and_reused(smollm, real_runner):
     requests = [Request(prompt=LONG_PROMPT, sampling=greedy(4)),
                 Request(prompt=LONG_PROMPT, overflow="reject", sampling=greedy(4)),
                 Request(prompt="Shift me:", sampling=greedy(WINDOW + 40)),
@@ -90,7 +89,7 @@ def test_after_finished_failed_and_shifted_sequences_every_slot_is_empty_and_reu
     with real_runner(smollm, parallel=2, slot_ctx=WINDOW) as runner:
         results = runner.run_batch(requests)
         assert slot_positions(runner) == [-1, -1]
-        assert runner.scheduler.num_free_slots == 2
+        assert runner.engine.scheduler.num_free_slots == 2
         again = runner.run_batch([Request(prompt="Reused slot.", sampling=greedy(5)) for _ in range(2)])
         assert slot_positions(runner) == [-1, -1]
     assert [r.finish_reason for r in results] == [FinishReason.LENGTH, FinishReason.ERROR, FinishReason.LENGTH,
@@ -100,7 +99,7 @@ def test_after_finished_failed_and_shifted_sequences_every_slot_is_empty_and_reu
 
 
 @pytest.mark.parametrize("model_name", BOTH_MODELS)
-def test_sequences_that_do_not_shift_are_unaffected(request, model_name):
+def test_sequences_that_do_not_shift_are_unaffected(request, model_name, real_runner):
     model = request.getfixturevalue(model_name)
     near_full = prompt_of_at_least(model, WINDOW - 30)  # fills its window within the 40 shared steps
     prompt_length = len(model.tokenize(near_full))

@@ -5,10 +5,8 @@ from __future__ import annotations
 import pytest
 
 from fakes import FakeBackend
-from runner import FinishReason, Request, SamplingParams
-from runner.scheduler import PromptDoesNotFit, fit_prompt
-from runner.config import OverflowPolicy
-from test_scheduler import make_runner
+from multiseq import FinishReason, OverflowPolicy, Request, SamplingParams
+from multiseq.runner.scheduler import PromptDoesNotFit, fit_prompt
 
 WINDOW = 32
 
@@ -31,7 +29,7 @@ def test_fit_prompt_rejects_naming_both_sizes():
         fit_prompt(list(range(40)), window=WINDOW, n_keep=1, max_tokens=8, policy=OverflowPolicy.REJECT)
 
 
-def test_a_prompt_over_the_window_is_slid_and_says_so():
+def test_a_prompt_over_the_window_is_slid_and_says_so(make_runner):
     backend = FakeBackend(num_slots=2, window=WINDOW)
     with make_runner(backend) as runner:
         [result] = runner.run_batch([Request(prompt="x" * 50, sampling=SamplingParams(max_tokens=8, temperature=0))])
@@ -40,7 +38,7 @@ def test_a_prompt_over_the_window_is_slid_and_says_so():
     assert result.completion_tokens == 8
 
 
-def test_reject_fails_that_prompt_alone():
+def test_reject_fails_that_prompt_alone(make_runner):
     backend = FakeBackend(num_slots=2, window=WINDOW)
     requests = [
         Request(prompt="ok one", sampling=SamplingParams(max_tokens=4, temperature=0)),
@@ -53,14 +51,14 @@ def test_reject_fails_that_prompt_alone():
     assert rejected.finish_reason is FinishReason.ERROR and "51 tokens" in rejected.error and "32 tokens" in rejected.error
 
 
-def test_a_prompt_that_can_never_fit_is_an_error_for_that_request():
+def test_a_prompt_that_can_never_fit_is_an_error_for_that_request(make_runner):
     backend = FakeBackend(window=WINDOW)
     with make_runner(backend) as runner:
         [result] = runner.run_batch([Request(prompt="z" * 60, n_keep=30, sampling=SamplingParams(max_tokens=4))])
     assert result.finish_reason is FinishReason.ERROR and "n_keep" in result.error
 
 
-def test_generation_past_the_window_shifts_and_runs_to_max_tokens():
+def test_generation_past_the_window_shifts_and_runs_to_max_tokens(make_runner):
     backend = FakeBackend(num_slots=4, window=WINDOW)
     requests = [Request(prompt=f"s{index}", sampling=SamplingParams(max_tokens=3 * WINDOW, temperature=0))
                 for index in range(4)]
@@ -76,7 +74,7 @@ def test_generation_past_the_window_shifts_and_runs_to_max_tokens():
     assert backend.kv == [[], [], [], []]
 
 
-def test_n_keep_and_n_discard_are_honoured():
+def test_n_keep_and_n_discard_are_honoured(make_runner):
     backend = FakeBackend(num_slots=1, window=WINDOW)
     with make_runner(backend, n_keep=4, n_discard=6) as runner:
         [result] = runner.run_batch([Request(prompt="abcdef", sampling=SamplingParams(max_tokens=60, temperature=0))])
@@ -84,7 +82,7 @@ def test_n_keep_and_n_discard_are_honoured():
     assert {(keep, discard) for _, keep, discard in backend.shifts} == {(5, 6)}
 
 
-def test_n_discard_at_or_above_the_window_is_clamped_with_a_warning():
+def test_n_discard_at_or_above_the_window_is_clamped_with_a_warning(make_runner):
     backend = FakeBackend(num_slots=1, window=WINDOW)
     with pytest.warns(UserWarning, match="n_discard=100"):
         runner = make_runner(backend, n_discard=100)
@@ -94,7 +92,7 @@ def test_n_discard_at_or_above_the_window_is_clamped_with_a_warning():
     assert all(discard < WINDOW for _, _, discard in backend.shifts)
 
 
-def test_where_memory_cannot_shift_the_sequence_ends_as_length_and_truncated():
+def test_where_memory_cannot_shift_the_sequence_ends_as_length_and_truncated(make_runner):
     backend = FakeBackend(num_slots=2, window=WINDOW, can_shift=False)
     with make_runner(backend) as runner:
         long, short = runner.run_batch([
@@ -107,7 +105,7 @@ def test_where_memory_cannot_shift_the_sequence_ends_as_length_and_truncated():
     assert backend.kv == [[], []]
 
 
-def test_sequences_that_do_not_shift_are_unaffected_by_those_that_do():
+def test_sequences_that_do_not_shift_are_unaffected_by_those_that_do(make_runner):
     def short_texts(with_long: bool) -> list[str]:
         backend = FakeBackend(num_slots=3, window=WINDOW)
         requests = [Request(prompt="aa", sampling=SamplingParams(max_tokens=10, temperature=0)),

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from cli.dashboard import RunProgress, render
-from runner.stats import RunnerSnapshot, RunStats, SlotSnapshot
+from multiseq.cli.dashboard import RunProgress, render
+from multiseq.runner.stats import RunnerSnapshot, RunStats, SlotSnapshot
 
 
 def made_up_snapshot() -> RunnerSnapshot:

@@ -7,10 +7,11 @@ import subprocess
 import pytest
 from click.testing import CliRunner
 
-import models
-from cli.main import cli
+from multiseq import models
+from multiseq.cli.main import cli
 
 
+@pytest.mark.model
 def test_a_fetched_model_is_not_downloaded_again(monkeypatch):
     models.resolve("smollm2-135m")  # fetched on first use (a no-op when already there)
 

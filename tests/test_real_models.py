@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import real_runner
-from runner import FinishReason, Request, SamplingParams
+from multiseq import FinishReason, Request, SamplingParams
 
 pytestmark = pytest.mark.model
 
@@ -22,57 +21,66 @@ def greedy(max_tokens: int, **extra) -> SamplingParams:
     return SamplingParams(max_tokens=max_tokens, temperature=0, **extra)
 
 
-def run_texts(model, parallel: int, requests):
-    with real_runner(model, parallel) as runner:
-        results = runner.run_batch(requests)
-        return results, runner.stats(), [runner.backend.slot_pos_max(slot) for slot in range(parallel)]
+def slot_positions(runner) -> list[int]:
+    return [runner.backend.slot_pos_max(slot) for slot in range(runner.config.parallel)]
 
 
-def test_greedy_parallel_8_matches_parallel_1_and_keeps_8_slots_busy(smollm):
+def test_greedy_parallel_8_matches_parallel_1_and_keeps_8_slots_busy(smollm, real_runner):
     requests = [Request(prompt=prompt, id=f"p{index}", sampling=greedy(32, ignore_eos=True))
                 for index, prompt in enumerate(PROMPTS)]
-    sequential, _, _ = run_texts(smollm, 1, requests)
-    batched, stats, positions = run_texts(smollm, 8, requests)
+    sequential = real_runner(smollm, 1).run_batch(requests)
+    batched_runner = real_runner(smollm, 8)
+    batched = batched_runner.run_batch(requests)
     assert [r.text for r in batched] == [r.text for r in sequential]
     assert all(r.completion_tokens == 32 and r.text.strip() for r in batched)
-    assert stats.avg_seqs_per_decode_step > 4
-    assert positions == [-1] * 8, "every slot's KV is empty after the batch"
+    assert batched_runner.stats().avg_seqs_per_decode_step > 4
+    assert slot_positions(batched_runner) == [-1] * 8, "every slot's KV is empty after the batch"
 
 
-def test_stop_string_and_max_tokens(smollm):
-    stop_at_newline, five_tokens = run_texts(smollm, 2, [
+def test_stop_string_and_max_tokens(multiseq_runner):
+    stop_at_newline, five_tokens = multiseq_runner.run_batch([
         Request(prompt="List three fruits:\n1.", sampling=greedy(64, stop=("\n",))),
         Request(prompt="Count: one, two, three,", sampling=greedy(5, ignore_eos=True)),
-    ])[0]
+    ])
     assert stop_at_newline.finish_reason is FinishReason.STOP and "\n" not in stop_at_newline.text
     assert stop_at_newline.text.strip()
     assert five_tokens.finish_reason is FinishReason.LENGTH and five_tokens.completion_tokens == 5
 
 
-def test_seeds_reproduce_and_differ(smollm):
+def test_seeds_reproduce_and_differ(multiseq_runner):
     def sample(seed: int) -> str:
         sampling = SamplingParams(max_tokens=24, temperature=1.0, seed=seed, ignore_eos=True)
-        return run_texts(smollm, 2, [Request(prompt="Write a story about a dragon.", sampling=sampling)])[0][0].text
+        return multiseq_runner.run_batch([Request(prompt="Write a story about a dragon.", sampling=sampling)])[0].text
 
     assert sample(11) == sample(11)
     assert sample(11) != sample(12)
 
 
-def test_gemma_chat_is_rendered_in_gemma_turn_format(gemma):
+def test_a_multi_byte_character_cut_by_max_tokens_is_dropped_not_replaced(multiseq_runner):
+    prompt = "Party: 🎉🎉🎉🎂🎂🎂🎈🎈🎉🎂"
+    results = multiseq_runner.run_batch([Request(prompt=prompt, sampling=greedy(budget, ignore_eos=True))
+                                         for budget in range(1, 9)])
+    assert all("\ufffd" not in result.text for result in results)
+    longest = results[-1].text
+    assert all(longest.startswith(result.text) for result in results), "a shorter budget is a prefix, never U+FFFD"
+
+
+def test_gemma_chat_is_rendered_in_gemma_turn_format(gemma, real_runner):
     messages = ({"role": "user", "content": "Say hello."},)
     rendered = gemma.render_chat(messages)
     assert rendered == "<start_of_turn>user\nSay hello.<end_of_turn>\n<start_of_turn>model\n"
     # The turn markers are Gemma's special tokens, one token each, not text spelled out.
     assert len(gemma.tokenize("<start_of_turn>")) == 2  # BOS + the marker
-    [result] = run_texts(gemma, 2, [Request(messages=messages, sampling=greedy(16))])[0]
+    [result] = real_runner(gemma, 2).run_batch([Request(messages=messages, sampling=greedy(16))])
     assert result.ok and result.completion_tokens >= 1
     assert result.prompt_tokens == len(gemma.tokenize(rendered))
     assert "<end_of_turn>" not in result.text and "<start_of_turn>" not in result.text
 
 
-def test_gemma_batch_runs_every_prompt(gemma):
-    requests = [Request(prompt=prompt, sampling=greedy(12, ignore_eos=True)) for prompt in PROMPTS[:6]]
-    results, stats, positions = run_texts(gemma, 4, requests)
+def test_gemma_batch_runs_every_prompt(gemma, real_runner):
+    runner = real_runner(gemma, 4)
+    results = runner.run_batch([Request(prompt=prompt, sampling=greedy(12, ignore_eos=True)) for prompt in PROMPTS[:6]])
+    stats = runner.stats()
     assert all(r.ok and r.completion_tokens == 12 and r.text.strip() for r in results)
     assert stats.decode_tokens_per_s and stats.prefill_tokens_per_s
-    assert positions == [-1] * 4
+    assert slot_positions(runner) == [-1] * 4

@@ -8,8 +8,8 @@ from collections import deque
 import numpy as np
 import pytest
 
-from runner.config import SamplingParams
-from runner.sampling import SequenceSampler, apply_repeat_penalty, sample_rows, top_k_sorted
+from multiseq.runner.config import SamplingParams
+from multiseq.runner.sampling import SequenceSampler, apply_repeat_penalty, sample_rows, top_k_sorted
 
 
 def reference_distribution(logits: np.ndarray, params: SamplingParams) -> np.ndarray:

@@ -5,30 +5,23 @@ from __future__ import annotations
 import pytest
 
 from fakes import FakeBackend
-from runner import FinishReason, Request, Runner, RunnerConfig, SamplingParams
-from runner.config import OverflowPolicy
+from multiseq import FinishReason, OverflowPolicy, Request, RunnerConfig, SamplingParams
 
 GREEDY = SamplingParams(max_tokens=8, temperature=0)
-
-
-def make_runner(backend: FakeBackend, autostart: bool = True, **config) -> Runner:
-    settings = dict(parallel=backend.num_slots, slot_ctx=backend.window, n_batch=backend.n_batch, threads=1, seed=0)
-    settings.update(config)
-    return Runner(RunnerConfig(**settings), backend=backend, autostart=autostart)
 
 
 def prompts(count: int) -> list[Request]:
     return [Request(prompt=f"prompt number {index}", id=f"p{index}", sampling=GREEDY) for index in range(count)]
 
 
-def test_n_requests_in_give_n_results_out_in_input_order():
+def test_n_requests_in_give_n_results_out_in_input_order(make_runner):
     with make_runner(FakeBackend(num_slots=3)) as runner:
         results = runner.run_batch(prompts(10))
     assert [result.id for result in results] == [f"p{index}" for index in range(10)]
     assert all(result.ok and result.error is None for result in results)
 
 
-def test_max_tokens_is_respected_exactly():
+def test_max_tokens_is_respected_exactly(make_runner):
     requests = [Request(prompt="x" * (index + 1), sampling=SamplingParams(max_tokens=index + 1, temperature=0))
                 for index in range(6)]
     with make_runner(FakeBackend(num_slots=2)) as runner:
@@ -38,12 +31,12 @@ def test_max_tokens_is_respected_exactly():
     assert [len(result.text) for result in results] == [1, 2, 3, 4, 5, 6]  # one byte per token
 
 
-def test_slots_are_reused_and_their_kv_cleared():
+def test_slots_are_reused_and_their_kv_cleared(make_runner):
     backend = FakeBackend(num_slots=2)
     with make_runner(backend) as runner:
         results = runner.run_batch(prompts(6))
         assert all(result.ok for result in results)
-        assert runner.scheduler.num_free_slots == 2
+        assert runner.engine.scheduler.num_free_slots == 2
     used_slots = {slot for call in backend.calls for slot, _, _ in call.entries}
     assert used_slots == {0, 1}
     assert backend.kv == [[], []]
@@ -52,7 +45,7 @@ def test_slots_are_reused_and_their_kv_cleared():
     assert min(prefills_per_slot) >= 2, "each slot served more than one request"
 
 
-def test_every_step_holds_one_token_per_decoding_sequence_and_at_most_n_batch():
+def test_every_step_holds_one_token_per_decoding_sequence_and_at_most_n_batch(make_runner):
     backend = FakeBackend(num_slots=4, n_batch=16)
     requests = [Request(prompt="p" * (5 + 7 * index), sampling=SamplingParams(max_tokens=3 + index, temperature=0))
                 for index in range(9)]
@@ -66,7 +59,7 @@ def test_every_step_holds_one_token_per_decoding_sequence_and_at_most_n_batch():
             assert is_prefill or num_tokens == 1
 
 
-def test_a_long_prompt_is_prefilled_in_chunks_while_others_keep_decoding():
+def test_a_long_prompt_is_prefilled_in_chunks_while_others_keep_decoding(make_runner):
     backend = FakeBackend(num_slots=2, n_batch=8)
     runner = make_runner(backend, autostart=False)
     short = runner.submit(Request(prompt="ab", sampling=SamplingParams(max_tokens=20, temperature=0)))
@@ -80,7 +73,7 @@ def test_a_long_prompt_is_prefilled_in_chunks_while_others_keep_decoding():
     runner.close()
 
 
-def test_stop_string_ends_generation_and_is_not_emitted():
+def test_stop_string_ends_generation_and_is_not_emitted(make_runner):
     backend = FakeBackend(replies={"q": "The answer is 42.\nEND and more"})
     with make_runner(backend) as runner:
         [result] = runner.run_batch([Request(prompt="q", sampling=SamplingParams(max_tokens=50, stop=("END",), temperature=0))])
@@ -88,7 +81,7 @@ def test_stop_string_ends_generation_and_is_not_emitted():
     assert result.finish_reason is FinishReason.STOP
 
 
-def test_partial_stop_string_is_held_then_released():
+def test_partial_stop_string_is_held_then_released(make_runner):
     backend = FakeBackend(replies={"q": "ENTER END"})
     with make_runner(backend) as runner:
         handle = runner.submit(Request(prompt="q", sampling=SamplingParams(max_tokens=50, stop=("END",), temperature=0)),
@@ -96,10 +89,11 @@ def test_partial_stop_string_is_held_then_released():
         pieces = list(handle)
     assert "".join(pieces) == "ENTER "
     assert handle.result().text == "ENTER "
-    assert all("EN" != piece for piece in pieces[:2]), "'EN' is held until it cannot start 'END'"
+    # "E" and "EN" could start "END": they are held, then released with the "T" that rules it out.
+    assert pieces == ["ENT", "ER", " "]
 
 
-def test_streamed_pieces_never_hold_half_a_character():
+def test_streamed_pieces_never_hold_half_a_character(make_runner):
     reply = "héllo wörld ✓ 日本"
     backend = FakeBackend(replies={"q": reply})
     with make_runner(backend) as runner:
@@ -110,7 +104,7 @@ def test_streamed_pieces_never_hold_half_a_character():
     assert len(pieces) < len(reply.encode("utf-8")), "multi-byte characters came out whole, not byte by byte"
 
 
-def test_end_of_generation_finishes_with_stop_and_ignore_eos_keeps_going():
+def test_end_of_generation_finishes_with_stop_and_ignore_eos_keeps_going(make_runner):
     backend = FakeBackend(replies={"q": "hi"})
     with make_runner(backend) as runner:
         stopped, ignored = runner.run_batch([
@@ -122,7 +116,7 @@ def test_end_of_generation_finishes_with_stop_and_ignore_eos_keeps_going():
     assert ignored.text.startswith("hi")
 
 
-def test_seeded_sampling_is_reproducible_and_independent_of_batch_composition():
+def test_seeded_sampling_is_reproducible_and_independent_of_batch_composition(make_runner):
     def run(parallel: int, seeds: list[int]) -> list[str]:
         backend = FakeBackend(num_slots=parallel, noisy=True)
         requests = [Request(prompt=f"seed test {index}", id=f"s{index}",
@@ -139,7 +133,7 @@ def test_seeded_sampling_is_reproducible_and_independent_of_batch_composition():
     assert sum(a != b for a, b in zip(alone, reseeded)) >= 3
 
 
-def test_requests_without_seed_follow_the_runner_seed():
+def test_requests_without_seed_follow_the_runner_seed(make_runner):
     def run(runner_seed: int) -> list[str]:
         backend = FakeBackend(noisy=True)
         requests = [Request(prompt="same", id=f"r{index}", sampling=SamplingParams(max_tokens=16, temperature=1.5,
@@ -154,7 +148,7 @@ def test_requests_without_seed_follow_the_runner_seed():
     assert first != other
 
 
-def test_duplicate_id_while_running_is_an_error_for_that_request_only():
+def test_duplicate_id_while_running_is_an_error_for_that_request_only(make_runner):
     backend = FakeBackend(num_slots=2)
     runner = make_runner(backend, autostart=False)
     first = runner.submit(Request(prompt="a", id="same", sampling=GREEDY))
@@ -167,25 +161,29 @@ def test_duplicate_id_while_running_is_an_error_for_that_request_only():
     runner.close()
 
 
-def test_chat_messages_are_rendered_with_the_template():
+def test_chat_messages_are_rendered_with_the_template(make_runner):
     backend = FakeBackend(replies={"<user>hello<assistant>": "hey"})
     with make_runner(backend) as runner:
         [result] = runner.run_batch([Request(messages=[{"role": "user", "content": "hello"}], sampling=GREEDY)])
     assert result.text == "hey"
 
 
-def test_stats_count_decode_steps_and_concurrency():
+def test_stats_count_decode_steps_and_concurrency(make_runner):
     backend = FakeBackend(num_slots=4)
     with make_runner(backend) as runner:
         runner.run_batch(prompts(8))
         stats = runner.stats()
+    decode_calls = [call for call in backend.calls if call.decoding_slots]
     assert stats.generated_tokens == 8 * GREEDY.max_tokens
-    assert stats.avg_seqs_per_decode_step is not None and stats.avg_seqs_per_decode_step > 2
-    assert stats.num_decode_steps + 1 >= stats.num_steps - 2
+    assert stats.num_steps == len(backend.calls)
+    assert stats.num_decode_steps == len(decode_calls) < len(backend.calls), "prefill-only steps are not decode steps"
+    assert stats.avg_seqs_per_decode_step == sum(len(call.decoding_slots) for call in decode_calls) / len(decode_calls)
+    assert stats.avg_seqs_per_decode_step > 3
+    assert stats.prompt_tokens == 8 * len(FakeBackend().tokenize("prompt number 0"))
     assert set(stats.phase_seconds) == {"schedule", "decode", "sample", "postprocess"}
 
 
-def test_prefill_rate_is_unavailable_without_a_prefill_only_step():
+def test_prefill_rate_is_unavailable_without_a_prefill_only_step(make_runner):
     backend = FakeBackend(num_slots=1)
     runner = make_runner(backend, autostart=False)
     assert runner.stats().prefill_tokens_per_s is None
@@ -196,7 +194,7 @@ def test_prefill_rate_is_unavailable_without_a_prefill_only_step():
     runner.close()
 
 
-def test_no_kv_slot_halves_the_prompt_chunk_and_retries():
+def test_no_kv_slot_halves_the_prompt_chunk_and_retries(make_runner):
     backend = FakeBackend(num_slots=2, n_batch=32, no_kv_slot_above=6)
     with make_runner(backend) as runner:
         [result] = runner.run_batch([Request(prompt="y" * 20, sampling=GREEDY)])
@@ -220,3 +218,11 @@ def test_config_rejects_n_batch_below_parallel():
 
 def test_overflow_policy_accepts_strings():
     assert RunnerConfig(overflow="reject").overflow is OverflowPolicy.REJECT
+
+
+def test_a_character_cut_by_max_tokens_is_dropped_not_replaced(make_runner):
+    backend = FakeBackend(replies={"q": "日本"})  # three bytes, so three tokens, each
+    with make_runner(backend) as runner:
+        handle = runner.submit(Request(prompt="q", sampling=SamplingParams(max_tokens=4, temperature=0)), stream=True)
+        pieces = list(handle)
+    assert pieces == ["日"] and handle.result().text == "日"

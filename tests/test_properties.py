@@ -1,0 +1,82 @@
+"""Properties that must hold for any input: the stop-string matcher, prompt fitting, top-k."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import arrays
+
+from multiseq import OverflowPolicy
+from multiseq.runner.detok import StopMatcher
+from multiseq.runner.sampling import top_k_sorted
+from multiseq.runner.scheduler import PromptDoesNotFit, fit_prompt
+
+# A small alphabet makes stop strings, partial matches and overlaps common.
+TEXT = st.text(alphabet="abc\n", max_size=40)
+STOPS = st.lists(st.text(alphabet="abc\n", min_size=1, max_size=4), min_size=1, max_size=3)
+
+
+def split(text: str, cuts: list[int]) -> list[str]:
+    points = sorted({cut % (len(text) + 1) for cut in cuts} | {0, len(text)})
+    return [text[start:end] for start, end in zip(points, points[1:])]
+
+
+@given(TEXT, STOPS, st.lists(st.integers(0, 40), max_size=12))
+def test_emitted_plus_held_text_is_the_input_up_to_the_stop(text, stops, cuts):
+    matcher = StopMatcher(tuple(stops))
+    emitted, received, stopped = "", "", False
+    for piece in split(text, cuts):
+        received += piece
+        out, stopped = matcher.feed(piece)
+        emitted += out
+        if stopped:
+            break
+        assert emitted + matcher.held == received, "nothing is lost or invented while no stop was met"
+        assert not any(stop in emitted for stop in stops), "no stop string is ever emitted"
+    if stopped:
+        assert received.startswith(emitted) and any(received[len(emitted):].startswith(s) for s in stops)
+        assert not any(stop in emitted for stop in stops)
+    else:
+        assert emitted + matcher.flush() == text
+        assert not any(stop in text for stop in stops)
+
+
+@given(st.integers(0, 300), st.integers(16, 128), st.integers(0, 40), st.integers(1, 300),
+       st.sampled_from(list(OverflowPolicy)))
+def test_a_fitted_prompt_keeps_its_head_and_newest_tail_and_leaves_room(length, window, n_keep, max_tokens, policy):
+    tokens = list(range(1000, 1000 + length))
+    try:
+        fit = fit_prompt(tokens, window, n_keep, max_tokens, policy)
+    except PromptDoesNotFit:
+        room = max(1, min(max_tokens, window // 2))
+        assert length >= window and (policy is OverflowPolicy.REJECT or window - room - n_keep < 1)
+        return
+    if length < window:
+        assert fit.tokens == tokens and fit.num_dropped == 0
+        return
+    assert policy is OverflowPolicy.SLIDE
+    kept_tail = fit.tokens[n_keep:]
+    assert fit.tokens[:n_keep] == tokens[:n_keep]
+    assert kept_tail == tokens[length - len(kept_tail):], "the tail is the prompt's newest tokens"
+    assert fit.num_dropped == length - len(fit.tokens)
+    assert len(fit.tokens) + max(1, min(max_tokens, window // 2)) <= window
+
+
+VOCAB_SIZES = st.sampled_from([48, 64, 96, 500, 512, 1024, 4096])
+
+
+@settings(max_examples=150)
+@given(st.data())
+def test_top_k_is_exactly_the_k_largest_of_each_row(data):
+    vocab = data.draw(VOCAB_SIZES)
+    rows = data.draw(st.integers(1, 4))
+    top_k = data.draw(st.integers(1, min(vocab, 64)))
+    # Integers in a small range give many ties; floats give the general case.
+    elements = data.draw(st.sampled_from([st.integers(-5, 5).map(float),
+                                          st.floats(-30, 30, allow_nan=False, width=32)]))
+    matrix = data.draw(arrays(np.float32, (rows, vocab), elements=elements))
+    ids, values = top_k_sorted(matrix, top_k)
+    np.testing.assert_array_equal(values, -np.sort(-matrix, axis=1)[:, :top_k])
+    np.testing.assert_array_equal(np.take_along_axis(matrix, ids, axis=1), values)
+    assert all(len(set(row)) == top_k for row in ids.tolist()), "k distinct tokens"
