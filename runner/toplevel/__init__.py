@@ -6,11 +6,13 @@
         for result in runner.run_batch([Request(prompt="The sea is"), Request(prompt="The sky is")]):
             print(result.id, result.text)
 
-This file is the package's top (the repository root installs as `multiseq`); the library is
-multiseq.runner, the command line multiseq.cli, the model registry multiseq.models.
+This file installs as the top of the `multiseq` package (pyproject.toml maps it there); the
+library is multiseq.runner, the command line multiseq.cli, the model registry multiseq.models.
+It lives in runner/ rather than at the repository's root so that the repository itself is not a
+Python package (test runners would import it under its folder's name).
 """
 
-from .runner import (CANCELLED_BEFORE_START, BackendError, Engine, FinishReason, OverflowPolicy, Request,
+from multiseq.runner import (CANCELLED_BEFORE_START, BackendError, Engine, FinishReason, OverflowPolicy, Request,
                      RequestHandle, Result, Runner, RunnerConfig, RunnerSnapshot, RunStats, SamplingParams,
                      StepOutput, TextPiece, Timings)
 
