@@ -183,12 +183,12 @@ class LlamaBackend:
     """One llama.cpp context with `num_slots` sequences on a model, driven a step at a time."""
 
     def __init__(self, model: LlamaModel, num_slots: int, slot_ctx: int, n_batch: int, threads: int,
-                 owns_model: bool = False) -> None:
+                 owns_model: bool = False, swa_full: bool = True) -> None:
         self.model = model
         self.num_slots = num_slots
         self.n_batch = n_batch
         self._owns_model = owns_model
-        self._ctx = self._new_context(num_slots, slot_ctx, n_batch, threads)
+        self._ctx = self._new_context(num_slots, slot_ctx, n_batch, threads, swa_full)
         self._memory = llama.llama_get_memory(self._ctx)
         self.n_vocab = model.n_vocab
         self.add_bos = model.add_bos
@@ -206,8 +206,11 @@ class LlamaBackend:
         self.end_of_generation_tokens = model.end_of_generation_tokens
         self.render_chat = model.render_chat
 
-    def _new_context(self, num_slots: int, slot_ctx: int, n_batch: int, threads: int):
+    def _new_context(self, num_slots: int, slot_ctx: int, n_batch: int, threads: int, swa_full: bool):
         params = llama.llama_context_default_params()
+        # A full-size sliding-window cache (llama.cpp's default) never drops a slot's first
+        # positions, so every prefix a slot held stays reusable; a smaller one saves memory.
+        params.swa_full = swa_full
         params.n_ctx = num_slots * slot_ctx
         params.n_batch = n_batch
         params.n_ubatch = n_batch
@@ -250,6 +253,26 @@ class LlamaBackend:
     def clear_slot(self, slot: int) -> None:
         llama.llama_memory_seq_rm(self._memory, slot, -1, -1)
 
+    def reuse_prefix(self, slot: int, source_slot: int, length: int) -> bool:
+        """Make the slot's KV hold positions [0, length) of the source slot's.
+
+        Between two KV streams llama.cpp copies only whole streams (a partial range aborts
+        the process), so the whole stream is copied and then cut back to the prefix. The
+        copy itself is queued and done at the start of the next llama_decode, before that
+        decode writes anything. A sliding-window cache may have dropped the first positions
+        of a slot that ran far past them: then the prefix is not intact, and the slot is
+        cleared instead."""
+        if source_slot != slot:
+            llama.llama_memory_seq_cp(self._memory, source_slot, slot, -1, -1)
+        removed = llama.llama_memory_seq_rm(self._memory, slot, length, -1)
+        if length == 0:
+            return True
+        intact = (removed and llama.llama_memory_seq_pos_min(self._memory, slot) == 0
+                  and llama.llama_memory_seq_pos_max(self._memory, slot) == length - 1)
+        if not intact:
+            self.clear_slot(slot)
+        return intact
+
     def shift_slot(self, slot: int, keep: int, discard: int, n_past: int) -> None:
         """Drop positions [keep, keep+discard) and move the rest back by `discard`."""
         llama.llama_memory_seq_rm(self._memory, slot, keep, keep + discard)
@@ -258,4 +281,8 @@ class LlamaBackend:
     def slot_pos_max(self, slot: int) -> int:
         """The largest position in the slot's KV, -1 when empty."""
         return llama.llama_memory_seq_pos_max(self._memory, slot)
+
+    def slot_pos_min(self, slot: int) -> int:
+        """The smallest position in the slot's KV, -1 when empty."""
+        return llama.llama_memory_seq_pos_min(self._memory, slot)
 

@@ -41,6 +41,10 @@ class Backend(Protocol):
         want output, in entry order. Raises NoKvSlot when a smaller batch may fit, and
         BackendError when the decode failed for good."""
 
-    def clear_slot(self, slot: int) -> None: ...
+    def reuse_prefix(self, slot: int, source_slot: int, length: int) -> bool:
+        """Make `slot`'s KV hold exactly positions [0, length) of `source_slot`'s (copying the
+        KV when the slots differ; length 0 clears the slot). False when those positions are
+        not all there (the slot is then cleared)."""
+
     def shift_slot(self, slot: int, keep: int, discard: int, n_past: int) -> None: ...
     def close(self) -> None: ...

@@ -108,6 +108,7 @@ class RunnerConfig:
     overflow: OverflowPolicy = OverflowPolicy.SLIDE
     seed: int | None = None  # base seed for requests without one; None: fresh entropy
     chat_template: str | None = None  # overrides the model's template (a llama.cpp template name)
+    prefix_cache: bool = True  # reuse prompt prefixes already in some slot's KV instead of prefilling them
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "overflow", OverflowPolicy(self.overflow))

@@ -31,13 +31,11 @@ from .request import FinishReason, Request, Result
 from .sampling import SequenceSampler, sample_rows
 from .scheduler import Scheduler, StepPlan, fit_prompt
 from .sequence import Sequence, SequenceStatus
-from .stats import RunnerSnapshot, SlotSnapshot, StatsRecorder
+from .stats import RunnerSnapshot, StatsRecorder, runner_snapshot
 
 logger = logging.getLogger("multiseq.runner")
 
 CANCELLED_BEFORE_START = "Cancelled: the request was cancelled before it started"
-_TAIL_PIECES = 48  # enough recent pieces to show the end of the text being generated
-_TAIL_CHARS = 120
 
 
 @dataclass(frozen=True)
@@ -80,7 +78,8 @@ class Engine:
         self.config = config
         self.backend = backend
         self.window = backend.window
-        self.scheduler = Scheduler(config.parallel, config.n_batch, self.window, self._clamped_n_discard())
+        self.scheduler = Scheduler(config.parallel, config.n_batch, self.window, self._clamped_n_discard(),
+                                   prefix_cache=config.prefix_cache)
         self.stats = StatsRecorder()
         self._base_seed = config.seed if config.seed is not None else int.from_bytes(os.urandom(8), "little")
         self._outbox = StepOutput()
@@ -150,8 +149,10 @@ class Engine:
             seq.request_cancel()
         return len(drained) + len(running)
 
-    def fail_running(self, message: str) -> None:
-        for seq in self.scheduler.running:
+    def fail_all(self, message: str) -> None:
+        """End every waiting and running request with an error (after a bug in the step:
+        keeping them could make every later step fail the same way)."""
+        for seq in self.scheduler.drain_waiting() + self.scheduler.running:
             self._finish(seq, FinishReason.ERROR, message)
 
     @property
@@ -177,10 +178,28 @@ class Engine:
             if seq.is_cancel_requested:
                 self._finish(seq, FinishReason.CANCELLED)
         self._shift_full_windows()
-        self.scheduler.admit(time.perf_counter())
+        self._admit(time.perf_counter())
         plan = self.scheduler.plan()
         self.stats.add_phase("schedule", time.perf_counter() - started)
         return plan
+
+    def _admit(self, now: float) -> None:
+        """Admit waiting sequences, each into a slot whose KV starts with its reused prefix:
+        copied from another slot, or kept from the slot's last request. A prefix that is not
+        intact after all (a sliding-window cache may have overwritten its start) is dropped,
+        and the whole prompt is prefilled: a wrong reuse never becomes wrong text."""
+        for admission in self.scheduler.admit(now):
+            seq, placement = admission.seq, admission.placement
+            if not self.backend.reuse_prefix(placement.slot, placement.source_slot, placement.num_cached):
+                logger.info("prefix of %d tokens in slot %d is not intact; prefilling %s in full",
+                            placement.num_cached, placement.source_slot, seq.id)
+                seq.drop_cached_prefix()
+            self.stats.note_admission(len(seq.prompt_tokens), seq.num_cached)
+
+    def clear_prefix_cache(self) -> None:
+        """Forget every prefix kept in a free slot and clear that slot's KV."""
+        for slot in self.scheduler.forget_prefixes():
+            self.backend.reuse_prefix(slot, slot, 0)
 
     def execute(self, plan: StepPlan) -> Executed:
         """llama_decode the plan (on a full KV, halve the prompt chunks and retry), then sample
@@ -256,9 +275,10 @@ class Engine:
             return
         slot = seq.slot if seq.is_running else None
         self._emit(seq, seq.finish(reason, error, time.perf_counter()))
-        if slot is not None:
-            self.backend.clear_slot(slot)
-        self.scheduler.release(seq)
+        # A failed decode leaves the slot's KV in doubt: nothing of it is kept.
+        num_kept = self.scheduler.release(seq, reason is not FinishReason.ERROR, seq.finished_at)
+        if slot is not None and not self.backend.reuse_prefix(slot, slot, num_kept):
+            self.scheduler.prefixes.take(slot)  # not intact: the backend cleared it, keep nothing
         self.stats.note_finish(seq.finished_at, reason.value)
         self._outbox.finished.append(seq.to_result())
 
@@ -270,42 +290,11 @@ class Engine:
             shifts = []
         for shift in shifts:
             self.backend.shift_slot(shift.seq.slot, shift.keep, shift.discard, shift.seq.n_past)
-            shift.seq.record_shift(shift.discard)
+            shift.seq.record_shift(shift.keep, shift.discard)
         for seq in stuck:
             seq.exhaust_window()
             self._finish(seq, FinishReason.LENGTH)
 
-    # --- reporting -------------------------------------------------------------------------
-
     def snapshot(self, now: float) -> RunnerSnapshot:
         """Every slot and counter at this moment, as plain values (for a dashboard)."""
-        finished = self.stats.finished_by_reason
-        return RunnerSnapshot(
-            slots=[self._slot_snapshot(slot, seq, now) for slot, seq in enumerate(self.scheduler.slots)],
-            num_waiting=len(self.scheduler.waiting),
-            num_running=len(self.scheduler.running),
-            num_succeeded=finished[FinishReason.STOP.value] + finished[FinishReason.LENGTH.value],
-            num_failed=finished[FinishReason.ERROR.value],
-            num_cancelled=finished[FinishReason.CANCELLED.value],
-            recent_tokens_per_s=self.stats.recent_tokens_per_s(now),
-            stats=self.stats.snapshot(),
-        )
-
-    def _slot_snapshot(self, slot: int, seq: Sequence | None, now: float) -> SlotSnapshot:
-        if seq is None:
-            return SlotSnapshot(slot, None, "idle", 0, 0, 0, self.window, None, "", False)
-        rate = None
-        if seq.first_token_at is not None and now > seq.first_token_at:
-            rate = len(seq.output_tokens) / (now - seq.first_token_at)
-        return SlotSnapshot(
-            slot=slot,
-            request_id=seq.id,
-            phase=seq.status.value,
-            prompt_tokens=len(seq.prompt_tokens),
-            generated_tokens=len(seq.output_tokens),
-            context_used=seq.n_past,
-            window=self.window,
-            tokens_per_s=rate,
-            text_tail="".join(seq.text_parts[-_TAIL_PIECES:])[-_TAIL_CHARS:],
-            is_slid=seq.is_truncated,
-        )
+        return runner_snapshot(self.scheduler, self.stats, self.window, now)

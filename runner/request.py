@@ -83,6 +83,7 @@ class Result:
     completion_tokens: int
     timings: Timings
     error: str | None = None
+    prompt_tokens_cached: int = 0  # of prompt_tokens, how many were reused from a resident prefix
     truncated: bool = False  # the prompt was slid or the generation was shifted
     prompt_tokens_dropped: int = 0
     tokens_shifted_out: int = 0

@@ -186,6 +186,11 @@ class Runner:
         with self._lock:
             return self.engine.snapshot(time.perf_counter())
 
+    def clear_prefix_cache(self) -> None:
+        """Forget the prompt prefixes kept in idle slots (and clear their KV)."""
+        with self._lock:
+            self.engine.clear_prefix_cache()
+
     def reset_stats(self) -> None:
         with self._lock:
             self.engine.stats.reset()
@@ -241,7 +246,7 @@ class Runner:
             except Exception as error:  # noqa: BLE001 - a bug must fail requests, not kill the loop
                 logger.exception("runner step failed")
                 with self._lock:
-                    self.engine.fail_running(f"internal error: {error}")
+                    self.engine.fail_all(f"internal error: {error}")
                     self._deliver(self.engine.take_output())
 
     def step(self) -> bool:

@@ -10,10 +10,21 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
+from itertools import islice
+
+import numpy as np
 
 from .batch import BatchEntry
 from .config import OverflowPolicy
+from .prefix import MIN_COPY_TOKENS, MIN_WAIT_TOKENS, Placement, PrefixIndex, common_prefix_length
 from .sequence import Sequence, SequenceStatus
+
+# How far into the queue admission looks for a request that can start now, when the ones
+# before it wait for a prefix being prefilled (bounded: the queue may hold thousands).
+_LOOKAHEAD_PER_SLOT = 4
+
+
+_NONE = np.zeros(0, dtype=np.int32)
 
 
 class PromptDoesNotFit(ValueError):
@@ -112,6 +123,14 @@ class StepPlan:
 
 
 @dataclass(frozen=True)
+class Admission:
+    """A sequence given a slot, and the resident prefix it starts from."""
+
+    seq: Sequence
+    placement: Placement
+
+
+@dataclass(frozen=True)
 class Shift:
     """A generation shift of one slot: keep `keep` positions, drop the next `discard`."""
 
@@ -121,12 +140,15 @@ class Shift:
 
 
 class Scheduler:
-    def __init__(self, num_slots: int, max_batch_tokens: int, window: int, n_discard: int = 0) -> None:
+    def __init__(self, num_slots: int, max_batch_tokens: int, window: int, n_discard: int = 0,
+                 prefix_cache: bool = True) -> None:
         assert max_batch_tokens >= num_slots, "every slot must be able to decode each step"
         self.num_slots = num_slots
         self.max_batch_tokens = max_batch_tokens
         self.window = window
         self.n_discard = n_discard  # 0: half of what follows n_keep, as llama.cpp does
+        self.prefix_cache = prefix_cache
+        self.prefixes = PrefixIndex(num_slots)
         self.waiting: deque[Sequence] = deque()
         self.slots: list[Sequence | None] = [None] * num_slots
 
@@ -160,23 +182,72 @@ class Scheduler:
         assert seq.status is SequenceStatus.WAITING
         self.waiting.append(seq)
 
-    def admit(self, now: float) -> list[Sequence]:
-        """Give free slots to waiting sequences, lowest slot first, in arrival order."""
+    def admit(self, now: float) -> list[Admission]:
+        """Give free slots to waiting sequences in arrival order, each starting from the
+        longest prefix of its prompt that some slot's KV holds. A sequence whose prefix is
+        still being prefilled in another slot waits for it; the ones behind it may go first."""
         admitted = []
-        for slot, holder in enumerate(self.slots):
-            if holder is None and self.waiting:
-                seq = self.waiting.popleft()
-                seq.admit(slot, now)
-                self.slots[slot] = seq
-                admitted.append(seq)
+        for seq in list(islice(self.waiting, _LOOKAHEAD_PER_SLOT * self.num_slots)):
+            free = [slot for slot, holder in enumerate(self.slots) if holder is None]
+            if not free:
+                break
+            placement = self._place(seq, free)
+            if placement is None:
+                continue
+            seq.admit(placement.slot, now, placement.num_cached)
+            self.waiting.remove(seq)
+            self.prefixes.take(placement.slot)
+            self.slots[placement.slot] = seq
+            admitted.append(Admission(seq, placement))
         return admitted
 
-    def release(self, seq: Sequence) -> None:
-        """Take a finished sequence out of its slot or out of the queue."""
+    def _place(self, seq: Sequence, free: list[int]) -> Placement | None:
+        """The slot for seq and the prefix it reuses; None to wait for one being prefilled."""
+        if not self.prefix_cache:
+            return Placement(free[0], free[0], 0)
+        prompt = seq.prompt_array
+        most = len(prompt) - 1  # the last prompt token is always decoded: its logits start generation
+        resident = [0] * self.num_slots
+        in_flight = 0
+        for slot, holder in enumerate(self.slots):
+            if holder is None:
+                resident[slot] = min(common_prefix_length(self.prefixes.kept(slot), prompt), most)
+                continue
+            shared = min(common_prefix_length(holder.prompt_array, prompt), most)
+            resident[slot] = min(shared, holder.num_reusable_prompt_tokens)
+            if holder.status is SequenceStatus.PREFILLING:
+                in_flight = max(in_flight, shared)
+        best = max(range(self.num_slots), key=resident.__getitem__)
+        if in_flight >= resident[best] + MIN_WAIT_TOKENS:
+            return None
+        own = max(free, key=lambda slot: (resident[slot], -self.prefixes.last_used(slot)))
+        oldest = self.prefixes.least_recently_used(free)  # an empty slot, else the LRU prefix to evict
+        if resident[best] >= resident[own] + MIN_COPY_TOKENS:
+            return Placement(oldest, best, resident[best])
+        if resident[own] >= MIN_COPY_TOKENS:
+            return Placement(own, own, resident[own])
+        # Too little in common to be worth evicting another prompt for (a BOS, a template header).
+        return Placement(oldest, oldest, resident[oldest])
+
+    def release(self, seq: Sequence, keeps_prefix: bool, now: float) -> int:
+        """Take a finished sequence out of its slot or out of the queue. Returns how many
+        leading positions of its slot's KV stay, as a prefix later prompts may reuse (0: the
+        slot's KV must be cleared)."""
         if seq.slot is not None and self.slots[seq.slot] is seq:
             self.slots[seq.slot] = None
-        elif seq in self.waiting:
+            kept = seq.prompt_array[:seq.num_reusable_prompt_tokens] if self.prefix_cache and keeps_prefix else _NONE
+            self.prefixes.keep(seq.slot, kept, now)
+            return len(kept)
+        if seq in self.waiting:
             self.waiting.remove(seq)
+        return 0
+
+    def forget_prefixes(self) -> list[int]:
+        """Drop every kept prefix; returns the free slots whose KV must be cleared."""
+        slots = [slot for slot, holder in enumerate(self.slots) if holder is None and len(self.prefixes.kept(slot))]
+        for slot in slots:
+            self.prefixes.take(slot)
+        return slots
 
     def drain_waiting(self) -> list[Sequence]:
         """Take every waiting sequence out of the queue (for cancel_all)."""

@@ -9,6 +9,8 @@ from __future__ import annotations
 import time
 from enum import Enum
 
+import numpy as np
+
 from .config import OverflowPolicy, SamplingParams
 from .detok import TextAssembler
 from .request import FinishReason, Result, Timings
@@ -38,8 +40,11 @@ class Sequence:
         self.slot: int | None = None
         self.output_tokens: list[int] = []
         self.text_parts: list[str] = []
-        self.num_prefilled = 0  # prompt tokens already decoded into the slot's KV
+        self.num_prefilled = 0  # prompt tokens in the slot's KV (reused or decoded)
+        self.num_cached = 0  # prompt tokens reused from a prefix already in some slot's KV
+        self.num_intact_prompt = len(prompt_tokens)  # prompt tokens still at their positions after shifts
         self.n_past = 0  # tokens in the slot's KV; the next token goes at this position
+        self._prompt_array: np.ndarray | None = None
         self.tokens_shifted_out = 0
         self.is_cancel_requested = False
         self.is_window_exhausted = False  # the window filled up and could not slide
@@ -61,6 +66,19 @@ class Sequence:
     @property
     def num_prompt_remaining(self) -> int:
         return len(self.prompt_tokens) - self.num_prefilled
+
+    @property
+    def prompt_array(self) -> np.ndarray:
+        """The prompt as int32 tokens, for comparing prefixes."""
+        if self._prompt_array is None:
+            self._prompt_array = np.asarray(self.prompt_tokens, dtype=np.int32)
+        return self._prompt_array
+
+    @property
+    def num_reusable_prompt_tokens(self) -> int:
+        """Leading prompt tokens the slot's KV holds at their own positions: what another
+        request may reuse. A generation shift moves everything after n_keep."""
+        return min(self.num_prefilled, self.num_intact_prompt)
 
     @property
     def last_token(self) -> int:
@@ -85,12 +103,20 @@ class Sequence:
 
     # --- transitions -----------------------------------------------------------------------
 
-    def admit(self, slot: int, now: float) -> None:
-        """Waiting -> prefilling in `slot`."""
+    def admit(self, slot: int, now: float, num_cached: int = 0) -> None:
+        """Waiting -> prefilling in `slot`, whose KV already holds the first num_cached
+        prompt tokens (a reused prefix)."""
         assert self.status is SequenceStatus.WAITING
+        assert 0 <= num_cached < len(self.prompt_tokens), "the last prompt token is always decoded"
         self.slot = slot
         self.status = SequenceStatus.PREFILLING
         self.admitted_at = now
+        self.num_cached = self.num_prefilled = self.n_past = num_cached
+
+    def drop_cached_prefix(self) -> None:
+        """The reused prefix turned out not to be intact in the KV: prefill the whole prompt."""
+        assert self.status is SequenceStatus.PREFILLING and self.n_past == self.num_cached
+        self.num_cached = self.num_prefilled = self.n_past = 0
 
     def record_decoded(self, num_tokens: int, is_prefill: bool, now: float) -> None:
         """A step put num_tokens of this sequence into its slot's KV."""
@@ -101,10 +127,11 @@ class Sequence:
                 self.status = SequenceStatus.DECODING
                 self.prefilled_at = now
 
-    def record_shift(self, discard: int) -> None:
-        """The slot's KV dropped `discard` positions after n_keep and moved the rest back."""
+    def record_shift(self, keep: int, discard: int) -> None:
+        """The slot's KV dropped `discard` positions after `keep` and moved the rest back."""
         self.n_past -= discard
         self.tokens_shifted_out += discard
+        self.num_intact_prompt = min(self.num_intact_prompt, keep)
 
     def append_token(self, token: int, piece: bytes, is_end_of_generation: bool,
                      now: float) -> tuple[str, FinishReason | None]:
@@ -157,7 +184,7 @@ class Sequence:
         return Timings(
             queue_wait_s=_elapsed(self.submitted_at, self.admitted_at),
             ttft_s=_elapsed(self.submitted_at, self.first_token_at),
-            prefill_tokens_per_s=_rate(self.num_prefilled, self.admitted_at, self.prefilled_at),
+            prefill_tokens_per_s=_rate(self.num_prefilled - self.num_cached, self.admitted_at, self.prefilled_at),
             decode_tokens_per_s=_rate(len(self.output_tokens) - 1, self.first_token_at, self.finished_at),
             total_s=end - self.submitted_at,
         )
@@ -169,6 +196,7 @@ class Sequence:
             text=self.text,
             finish_reason=self.finish_reason,
             prompt_tokens=len(self.prompt_tokens) + self.prompt_tokens_dropped,
+            prompt_tokens_cached=self.num_cached,
             completion_tokens=len(self.output_tokens),
             timings=self.timings(),
             error=self.error,

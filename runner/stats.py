@@ -11,6 +11,11 @@ from __future__ import annotations
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .scheduler import Scheduler
+    from .sequence import Sequence
 
 # The buckets of one step's wall time, in the order the loop spends it.
 STEP_PHASES = ("schedule", "decode", "sample", "postprocess")
@@ -25,13 +30,26 @@ class RunStats:
     num_steps: int
     num_decode_steps: int
     generated_tokens: int
-    prompt_tokens: int
+    prompt_tokens: int  # prompt tokens computed (decoded); reused ones are not counted here
     wall_s: float  # first submission -> last finished request
     decode_tokens_per_s: float | None  # generated tokens / time of decode steps
     prefill_tokens_per_s: float | None  # None when no step held prompt tokens only
     aggregate_tokens_per_s: float | None  # generated tokens / wall time
     avg_seqs_per_decode_step: float | None
     phase_seconds: dict[str, float] = field(default_factory=dict)
+    num_admitted: int = 0
+    num_prefix_hits: int = 0  # admitted requests that started from a reused prefix
+    prompt_tokens_reused: int = 0  # prompt tokens taken from a prefix resident in the KV
+
+    @property
+    def prefix_hit_rate(self) -> float | None:
+        return self.num_prefix_hits / self.num_admitted if self.num_admitted else None
+
+    @property
+    def prompt_reuse_share(self) -> float | None:
+        """Of all prompt tokens admitted, the share that was reused rather than computed."""
+        total = self.prompt_tokens_reused + self.prompt_tokens
+        return self.prompt_tokens_reused / total if total else None
 
     @property
     def outside_decode_share(self) -> float | None:
@@ -59,12 +77,20 @@ class StatsRecorder:
         self.first_submit_at: float | None = None
         self.last_finish_at: float | None = None
         self.phase_seconds = dict.fromkeys(STEP_PHASES, 0.0)
+        self.num_admitted = 0
+        self.num_prefix_hits = 0
+        self.prompt_tokens_reused = 0
         self.finished_by_reason: Counter[str] = Counter()
         self._recent: deque[tuple[float, int]] = deque()  # (time, generated tokens so far) per step
 
     def note_submit(self, now: float) -> None:
         if self.first_submit_at is None:
             self.first_submit_at = now
+
+    def note_admission(self, num_prompt_tokens: int, num_cached: int) -> None:
+        self.num_admitted += 1
+        self.num_prefix_hits += num_cached > 0
+        self.prompt_tokens_reused += num_cached
 
     def note_finish(self, now: float, reason: str) -> None:
         self.last_finish_at = now
@@ -114,6 +140,9 @@ class StatsRecorder:
             aggregate_tokens_per_s=_ratio(self.generated_tokens, wall),
             avg_seqs_per_decode_step=_ratio(self.decode_step_seqs, self.num_decode_steps),
             phase_seconds=dict(self.phase_seconds),
+            num_admitted=self.num_admitted,
+            num_prefix_hits=self.num_prefix_hits,
+            prompt_tokens_reused=self.prompt_tokens_reused,
         )
 
 
@@ -135,6 +164,7 @@ class SlotSnapshot:
     tokens_per_s: float | None
     text_tail: str
     is_slid: bool  # its prompt was slid or its generation shifted
+    cached_tokens: int = 0  # prompt tokens reused from a resident prefix (an idle slot: tokens kept)
 
 
 @dataclass(frozen=True)
@@ -149,3 +179,46 @@ class RunnerSnapshot:
     num_cancelled: int
     recent_tokens_per_s: float | None
     stats: RunStats
+
+
+# Enough recent pieces to show the end of the text being generated.
+_TAIL_PIECES = 48
+_TAIL_CHARS = 120
+
+
+def runner_snapshot(scheduler: Scheduler, stats: StatsRecorder, window: int, now: float) -> RunnerSnapshot:
+    """Every slot and counter at this moment, as plain values."""
+    finished = stats.finished_by_reason
+    slots = [_slot_snapshot(slot, seq, window, now, len(scheduler.prefixes.kept(slot)))
+             for slot, seq in enumerate(scheduler.slots)]
+    return RunnerSnapshot(
+        slots=slots,
+        num_waiting=len(scheduler.waiting),
+        num_running=len(scheduler.running),
+        num_succeeded=finished["stop"] + finished["length"],
+        num_failed=finished["error"],
+        num_cancelled=finished["cancelled"],
+        recent_tokens_per_s=stats.recent_tokens_per_s(now),
+        stats=stats.snapshot(),
+    )
+
+
+def _slot_snapshot(slot: int, seq: Sequence | None, window: int, now: float, num_kept: int) -> SlotSnapshot:
+    if seq is None:
+        return SlotSnapshot(slot, None, "idle", 0, 0, num_kept, window, None, "", False, num_kept)
+    rate = None
+    if seq.first_token_at is not None and now > seq.first_token_at:
+        rate = len(seq.output_tokens) / (now - seq.first_token_at)
+    return SlotSnapshot(
+        slot=slot,
+        request_id=seq.id,
+        phase=seq.status.value,
+        prompt_tokens=len(seq.prompt_tokens),
+        generated_tokens=len(seq.output_tokens),
+        context_used=seq.n_past,
+        window=window,
+        tokens_per_s=rate,
+        text_tail="".join(seq.text_parts[-_TAIL_PIECES:])[-_TAIL_CHARS:],
+        is_slid=seq.is_truncated,
+        cached_tokens=seq.num_cached,
+    )

@@ -86,6 +86,24 @@ def real_runner():
         runner.close()
 
 
+def _assert_slots_hold_only_kept_prefixes(runner) -> None:
+    """Every slot is free, and its KV is exactly the prompt prefix the runner keeps in it for
+    later requests (nothing generated, nothing of a cancelled or failed request beyond that);
+    without the prefix cache, every slot is empty."""
+    scheduler, backend = runner.engine.scheduler, runner.backend
+    for slot in range(runner.config.parallel):
+        kept = len(scheduler.prefixes.kept(slot))
+        assert scheduler.slots[slot] is None, f"slot {slot} is still busy"
+        positions = (backend.slot_pos_min(slot), backend.slot_pos_max(slot))
+        assert positions == ((0, kept - 1) if kept else (-1, -1)), f"slot {slot} holds {positions}, keeps {kept}"
+
+
+@pytest.fixture
+def assert_slots_hold_only_kept_prefixes():
+    """assert_slots_hold_only_kept_prefixes(runner), for runners on real models."""
+    return _assert_slots_hold_only_kept_prefixes
+
+
 # --- the command line ------------------------------------------------------------------------
 
 @pytest.fixture

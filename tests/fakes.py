@@ -5,6 +5,11 @@ and asserts what llama.cpp would need: positions continue where the slot's KV en
 outgrows its window, at most n_batch tokens per decode. Its next-token logits depend only on
 the sequence's own state, like a real model's, so batching must not change any output.
 
+Reusing a prefix copies one slot's KV list into another and cuts it back, as llama.cpp does
+with a stream copy and seq_rm. With `sliding_window=W` the fake forgets positions more than W
+behind the newest one, as a sliding-window cache that is not full-size may do, so a reused
+prefix can be found not intact.
+
 What it "generates" after a prompt: a scripted reply when the prompt text was registered in
 `replies` (EOS after it), otherwise bytes cycling from the last token. With `noisy=True`
 the logits get a seeded random component so that sampling has a real distribution to draw from.
@@ -41,7 +46,7 @@ class DecodeCall:
 class FakeBackend:
     def __init__(self, num_slots: int = 4, window: int = 256, n_batch: int = 64, replies: dict[str, str] | None = None,
                  noisy: bool = False, can_shift: bool = True, decode_delay: float = 0.0,
-                 no_kv_slot_above: int | None = None) -> None:
+                 no_kv_slot_above: int | None = None, sliding_window: int | None = None) -> None:
         self.num_slots = num_slots
         self.window = window
         self.n_batch = n_batch
@@ -61,6 +66,9 @@ class FakeBackend:
         self.has_pending_token = [False] * num_slots
         self.calls: list[DecodeCall] = []
         self.shifts: list[tuple[int, int, int]] = []
+        self.reuses: list[tuple[int, int, int]] = []  # (slot, source slot, length) of every reused prefix
+        self.sliding_window = sliding_window
+        self.forgotten_below = [0] * num_slots  # positions the sliding window has dropped
         self.closed = False
 
     # --- text --------------------------------------------------------------------------------
@@ -124,6 +132,8 @@ class FakeBackend:
             assert entry.start_pos == len(kv), f"slot {entry.slot}: token at {entry.start_pos}, KV holds {len(kv)}"
             kv.extend(entry.tokens)
             assert len(kv) <= self.window, f"slot {entry.slot} outgrew its {self.window}-token window"
+            if self.sliding_window is not None:
+                self.forgotten_below[entry.slot] = max(self.forgotten_below[entry.slot], len(kv) - self.sliding_window)
             if decode:
                 assert len(entry.tokens) == 1 and entry.wants_output, "a decoding slot feeds back exactly its token"
                 self.num_generated_fed[entry.slot] += 1
@@ -144,14 +154,36 @@ class FakeBackend:
         self.prompts[slot] = []
         self.num_generated_fed[slot] = 0
         self.has_pending_token[slot] = False
+        self.forgotten_below[slot] = 0
+
+    def reuse_prefix(self, slot: int, source_slot: int, length: int) -> bool:
+        assert length <= len(self.prompts[source_slot]), "only prompt tokens are reused"
+        self.reuses.append((slot, source_slot, length))
+        intact = self.forgotten_below[source_slot] == 0 or length == 0
+        kept = self.kv[source_slot][:length] if intact else []
+        self.clear_slot(slot)
+        self.kv[slot] = list(kept)
+        self.prompts[slot] = list(kept)
+        return intact
 
     def shift_slot(self, slot: int, keep: int, discard: int, n_past: int) -> None:
         assert n_past == len(self.kv[slot]), "shift must start from the slot's actual length"
         del self.kv[slot][keep:keep + discard]
         self.shifts.append((slot, keep, discard))
 
+    def assert_free_slots_hold_only_kept_prompts(self, scheduler) -> None:
+        """Every slot is free and its KV is exactly the prompt prefix the scheduler keeps for
+        it: nothing generated, nothing beyond what a later request may reuse."""
+        for slot, holder in enumerate(scheduler.slots):
+            assert holder is None, f"slot {slot} is still busy"
+            kept = scheduler.prefixes.kept(slot).tolist()
+            assert self.kv[slot] == kept == self.prompts[slot][:len(kept)], f"slot {slot} holds {self.kv[slot]}"
+
     def slot_pos_max(self, slot: int) -> int:
         return len(self.kv[slot]) - 1
+
+    def slot_pos_min(self, slot: int) -> int:
+        return self.forgotten_below[slot] if self.kv[slot] else -1
 
     def close(self) -> None:
         self.closed = True

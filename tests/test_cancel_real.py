@@ -15,12 +15,6 @@ def greedy(max_tokens: int) -> SamplingParams:
     return SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
 
 
-def assert_all_slots_free_and_empty(runner) -> None:
-    assert runner.engine.scheduler.num_free_slots == runner.config.parallel
-    assert [runner.backend.slot_pos_max(slot) for slot in range(runner.config.parallel)] == \
-        [-1] * runner.config.parallel
-
-
 def record_steps(runner) -> list[list[str]]:
     """Wrap the backend's decode to note which requests were in each step's batch."""
     steps: list[list[str]] = []
@@ -53,7 +47,8 @@ def run_with_consumers(runner, handles, on_piece) -> list:
     return results
 
 
-def test_cancel_all_at_the_first_token_stops_two_in_flight_and_drains_four_queued(smollm, real_runner):
+def test_cancel_all_at_the_first_token_stops_two_in_flight_and_drains_four_queued(smollm, real_runner,
+                                                                                  assert_slots_hold_only_kept_prefixes):
     with real_runner(smollm, parallel=2, autostart=False) as runner:
         handles = [runner.submit(Request(prompt=f"Story {index}:", id=f"c{index}", sampling=greedy(100)), stream=True)
                    for index in range(6)]
@@ -67,7 +62,7 @@ def test_cancel_all_at_the_first_token_stops_two_in_flight_and_drains_four_queue
                 cancelled.set()
 
         results = run_with_consumers(runner, handles, on_piece)
-        assert_all_slots_free_and_empty(runner)
+        assert_slots_hold_only_kept_prefixes(runner)
     in_flight, queued = results[:2], results[2:]
     assert all(r.finish_reason is FinishReason.CANCELLED and r.error is None for r in in_flight)
     assert all(1 <= r.completion_tokens < 100 and r.text for r in in_flight)
@@ -75,7 +70,8 @@ def test_cancel_all_at_the_first_token_stops_two_in_flight_and_drains_four_queue
     assert all(r.completion_tokens == 0 and pieces[r.id] == [] for r in queued), "no queued prompt emitted a token"
 
 
-def test_cancelling_one_in_flight_request_leaves_the_others_exact(smollm, real_runner):
+def test_cancelling_one_in_flight_request_leaves_the_others_exact(smollm, real_runner,
+                                                                  assert_slots_hold_only_kept_prefixes):
     prompts = ["The history of tea:", "How bridges are built:", "A walk in the forest:"]
 
     def run(cancel_middle: bool) -> list:
@@ -87,7 +83,7 @@ def test_cancelling_one_in_flight_request_leaves_the_others_exact(smollm, real_r
                     assert runner.cancel(handle.id)
 
             results = run_with_consumers(runner, handles, on_piece)
-            assert_all_slots_free_and_empty(runner)
+            assert_slots_hold_only_kept_prefixes(runner)
         return results
 
     cancelled, untouched = run(cancel_middle=True), run(cancel_middle=False)
@@ -96,7 +92,7 @@ def test_cancelling_one_in_flight_request_leaves_the_others_exact(smollm, real_r
     assert [cancelled[0].text, cancelled[2].text] == [untouched[0].text, untouched[2].text]
 
 
-def test_requests_from_four_threads_join_a_running_batch(smollm, real_runner):
+def test_requests_from_four_threads_join_a_running_batch(smollm, real_runner, assert_slots_hold_only_kept_prefixes):
     with real_runner(smollm, parallel=8) as runner:
         steps = record_steps(runner)
         early = [runner.submit(Request(prompt=f"Early {index}:", id=f"early{index}", sampling=greedy(60)))
@@ -115,13 +111,14 @@ def test_requests_from_four_threads_join_a_running_batch(smollm, real_runner):
         for thread in threads:
             thread.join()
         results = [handle.result(timeout=60) for handle in early + late_handles]
-        assert_all_slots_free_and_empty(runner)
+        assert_slots_hold_only_kept_prefixes(runner)
     assert len(results) == 11 and all(r.ok for r in results)
     assert any(any(i.startswith("early") for i in step) and any(i.startswith("t") for i in step) for step in steps), \
         "a late request decoded in the same step as an early one"
 
 
-def test_a_request_failing_at_admission_does_not_disturb_the_others(smollm, real_runner):
+def test_a_request_failing_at_admission_does_not_disturb_the_others(smollm, real_runner,
+                                                                    assert_slots_hold_only_kept_prefixes):
     long_prompt = "word " * 600
 
     def texts(with_bad: bool) -> list[str]:
@@ -130,7 +127,7 @@ def test_a_request_failing_at_admission_does_not_disturb_the_others(smollm, real
             requests.insert(1, Request(prompt=long_prompt, overflow="reject", sampling=greedy(20)))
         with real_runner(smollm, parallel=2, slot_ctx=256) as runner:
             results = runner.run_batch(requests)
-            assert_all_slots_free_and_empty(runner)
+            assert_slots_hold_only_kept_prefixes(runner)
         if with_bad:
             assert results[1].finish_reason is FinishReason.ERROR and "reject" in results[1].error
             del results[1]

@@ -19,18 +19,15 @@ def greedy(max_tokens: int) -> SamplingParams:
     return SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
 
 
-def slot_positions(runner) -> list[int]:
-    return [runner.backend.slot_pos_max(slot) for slot in range(runner.config.parallel)]
-
-
 @pytest.mark.parametrize("model_name", BOTH_MODELS)
-def test_a_prompt_over_the_slot_window_but_under_the_context_is_slid(request, model_name, real_runner):
+def test_a_prompt_over_the_slot_window_but_under_the_context_is_slid(request, model_name, real_runner,
+                                                                     assert_slots_hold_only_kept_prefixes):
     model = request.getfixturevalue(model_name)
     assert WINDOW < len(model.tokenize(LONG_PROMPT)) < 4 * WINDOW
     with real_runner(model, parallel=4, slot_ctx=WINDOW) as runner:
         slid, short = runner.run_batch([Request(prompt=LONG_PROMPT, sampling=greedy(16)),
                                         Request(prompt="Hello there,", sampling=greedy(8))])
-        assert slot_positions(runner) == [-1] * 4
+        assert_slots_hold_only_kept_prefixes(runner)
     assert slid.ok and slid.truncated and slid.completion_tokens == 16 and slid.text.strip()
     assert slid.prompt_tokens > WINDOW and slid.prompt_tokens - slid.prompt_tokens_dropped + 16 <= WINDOW
     assert short.ok and not short.truncated
@@ -65,13 +62,14 @@ def assert_readable(text: str) -> None:
 
 
 @pytest.mark.parametrize("model_name", BOTH_MODELS)
-def test_generation_of_three_windows_shifts_together_and_stays_readable(request, model_name, real_runner):
+def test_generation_of_three_windows_shifts_together_and_stays_readable(request, model_name, real_runner,
+                                                                        assert_slots_hold_only_kept_prefixes):
     model = request.getfixturevalue(model_name)
     prompt = "Write a long story about a lighthouse keeper and a storm."
     requests = [Request(prompt=prompt, id=f"s{index}", sampling=greedy(3 * WINDOW)) for index in range(3)]
     with real_runner(model, parallel=3, slot_ctx=WINDOW) as runner:
         results = runner.run_batch(requests)  # same prompt length: all three shift in the same steps
-        assert slot_positions(runner) == [-1] * 3
+        assert_slots_hold_only_kept_prefixes(runner)
     for result in results:
         assert result.finish_reason is FinishReason.LENGTH and result.completion_tokens == 3 * WINDOW
         assert result.truncated and result.tokens_shifted_out >= WINDOW
@@ -80,7 +78,8 @@ def test_generation_of_three_windows_shifts_together_and_stays_readable(request,
         assert len({result.text for result in results}) == 1
 
 
-def test_after_finished_failed_and_shifted_sequences_every_slot_is_empty_and_reused(smollm, real_runner):
+def test_after_finished_failed_and_shifted_sequences_every_slot_keeps_only_its_prompt(smollm, real_runner,
+                                                                                     assert_slots_hold_only_kept_prefixes):
     requests = [Request(prompt=LONG_PROMPT, sampling=greedy(4)),
                 Request(prompt=LONG_PROMPT, overflow="reject", sampling=greedy(4)),
                 Request(prompt="Shift me:", sampling=greedy(WINDOW + 40)),
@@ -88,10 +87,10 @@ def test_after_finished_failed_and_shifted_sequences_every_slot_is_empty_and_reu
                 Request(prompt="The story goes", sampling=SamplingParams(max_tokens=64, temperature=0, stop=("e",)))]
     with real_runner(smollm, parallel=2, slot_ctx=WINDOW) as runner:
         results = runner.run_batch(requests)
-        assert slot_positions(runner) == [-1, -1]
+        assert_slots_hold_only_kept_prefixes(runner)
         assert runner.engine.scheduler.num_free_slots == 2
         again = runner.run_batch([Request(prompt="Reused slot.", sampling=greedy(5)) for _ in range(2)])
-        assert slot_positions(runner) == [-1, -1]
+        assert_slots_hold_only_kept_prefixes(runner)
     assert [r.finish_reason for r in results] == [FinishReason.LENGTH, FinishReason.ERROR, FinishReason.LENGTH,
                                                   FinishReason.LENGTH, FinishReason.STOP]
     assert results[2].tokens_shifted_out > 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fakes import FakeBackend
+from fakes import BOS, FakeBackend
 from multiseq import FinishReason, OverflowPolicy, Request, SamplingParams
 from multiseq.runner.scheduler import PromptDoesNotFit, fit_prompt
 
@@ -71,7 +71,7 @@ def test_generation_past_the_window_shifts_and_runs_to_max_tokens(make_runner):
     for index, (slot, _, _) in enumerate(backend.shifts):
         shift_steps.setdefault(slot, []).append(index)
     assert len(shift_steps) == 4
-    assert backend.kv == [[], [], [], []]
+    assert backend.kv == [[BOS]] * 4, "a shifted slot keeps only the prompt tokens still at their positions"
 
 
 def test_n_keep_and_n_discard_are_honoured(make_runner):
@@ -102,7 +102,7 @@ def test_where_memory_cannot_shift_the_sequence_ends_as_length_and_truncated(mak
     assert long.finish_reason is FinishReason.LENGTH and long.truncated and long.error is None
     assert long.completion_tokens == WINDOW - 5 + 1  # window filled: BOS + "long" + generated tokens
     assert short.ok and not short.truncated
-    assert backend.kv == [[], []]
+    backend.assert_free_slots_hold_only_kept_prompts(runner.engine.scheduler)
 
 
 def test_sequences_that_do_not_shift_are_unaffected_by_those_that_do(make_runner):

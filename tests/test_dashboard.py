@@ -11,11 +11,11 @@ from multiseq.runner.stats import RunnerSnapshot, RunStats, SlotSnapshot
 def made_up_snapshot() -> RunnerSnapshot:
     stats = RunStats(num_steps=120, num_decode_steps=110, generated_tokens=1500, prompt_tokens=900, wall_s=10.0,
                      decode_tokens_per_s=287.5, prefill_tokens_per_s=1210.0, aggregate_tokens_per_s=150.0,
-                     avg_seqs_per_decode_step=7.6)
+                     avg_seqs_per_decode_step=7.6, num_admitted=20, num_prefix_hits=15, prompt_tokens_reused=2700)
     slots = [
         SlotSnapshot(0, "story-7", "decode", 31, 120, 151, 256, 35.2, "the dragon flew over the\nharbor", True),
-        SlotSnapshot(1, "q-12", "prefill", 480, 0, 256, 512, None, "", False),
-        SlotSnapshot(2, None, "idle", 0, 0, 0, 256, None, "", False),
+        SlotSnapshot(1, "q-12", "prefill", 480, 0, 256, 512, None, "", False, cached_tokens=200),
+        SlotSnapshot(2, None, "idle", 0, 0, 0, 256, None, "", False, cached_tokens=190),
     ]
     return RunnerSnapshot(slots=slots, num_waiting=41, num_running=2, num_succeeded=17, num_failed=1,
                           num_cancelled=0, recent_tokens_per_s=301.4, stats=stats)
@@ -34,13 +34,16 @@ def test_render_shows_every_slot_with_phase_tokens_context_and_tail():
         assert expected in story_row, expected
     prefill_row = next(line for line in text.splitlines() if "q-12" in line)
     assert "prefill" in prefill_row and "256/512" in prefill_row and "slid" not in prefill_row
-    assert any(line.replace("│", " ").split()[:2] == ["2", "idle"] for line in text.splitlines())
+    assert "480 │    200" in prefill_row, "prompt tokens, then how many were reused"
+    idle_row = next(line for line in text.splitlines() if line.replace("│", " ").split()[:2] == ["2", "idle"])
+    assert "190 kept" in idle_row
 
 
 def test_render_shows_queue_progress_and_throughput():
     text = rendered_text()
     for expected in ("waiting 41", "running 2", "done 17", "failed 1", "cancelled 0", "18/61", "ETA 28s",
-                     "now 301.4 tok/s", "run 150.0 tok/s", "seqs/step 7.6", "prefill 1,210.0", "decode 287.5"):
+                     "now 301.4 tok/s", "run 150.0 tok/s", "seqs/step 7.6", "prefill 1,210.0", "decode 287.5",
+                     "prefix hits 75%", "prompt reused 75%"):
         assert expected in text, expected
 
 

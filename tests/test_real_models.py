@@ -21,11 +21,8 @@ def greedy(max_tokens: int, **extra) -> SamplingParams:
     return SamplingParams(max_tokens=max_tokens, temperature=0, **extra)
 
 
-def slot_positions(runner) -> list[int]:
-    return [runner.backend.slot_pos_max(slot) for slot in range(runner.config.parallel)]
-
-
-def test_greedy_parallel_8_matches_parallel_1_and_keeps_8_slots_busy(smollm, real_runner):
+def test_greedy_parallel_8_matches_parallel_1_and_keeps_8_slots_busy(smollm, real_runner,
+                                                                     assert_slots_hold_only_kept_prefixes):
     requests = [Request(prompt=prompt, id=f"p{index}", sampling=greedy(32, ignore_eos=True))
                 for index, prompt in enumerate(PROMPTS)]
     sequential = real_runner(smollm, 1).run_batch(requests)
@@ -34,7 +31,7 @@ def test_greedy_parallel_8_matches_parallel_1_and_keeps_8_slots_busy(smollm, rea
     assert [r.text for r in batched] == [r.text for r in sequential]
     assert all(r.completion_tokens == 32 and r.text.strip() for r in batched)
     assert batched_runner.stats().avg_seqs_per_decode_step > 4
-    assert slot_positions(batched_runner) == [-1] * 8, "every slot's KV is empty after the batch"
+    assert_slots_hold_only_kept_prefixes(batched_runner)
 
 
 def test_stop_string_and_max_tokens(multiseq_runner):
@@ -77,10 +74,10 @@ def test_gemma_chat_is_rendered_in_gemma_turn_format(gemma, real_runner):
     assert "<end_of_turn>" not in result.text and "<start_of_turn>" not in result.text
 
 
-def test_gemma_batch_runs_every_prompt(gemma, real_runner):
+def test_gemma_batch_runs_every_prompt(gemma, real_runner, assert_slots_hold_only_kept_prefixes):
     runner = real_runner(gemma, 4)
     results = runner.run_batch([Request(prompt=prompt, sampling=greedy(12, ignore_eos=True)) for prompt in PROMPTS[:6]])
     stats = runner.stats()
     assert all(r.ok and r.completion_tokens == 12 and r.text.strip() for r in results)
     assert stats.decode_tokens_per_s and stats.prefill_tokens_per_s
-    assert slot_positions(runner) == [-1] * 4
+    assert_slots_hold_only_kept_prefixes(runner)

@@ -31,7 +31,7 @@ def test_max_tokens_is_respected_exactly(make_runner):
     assert [len(result.text) for result in results] == [1, 2, 3, 4, 5, 6]  # one byte per token
 
 
-def test_slots_are_reused_and_their_kv_cleared(make_runner):
+def test_slots_are_reused_and_keep_only_their_prompt(make_runner):
     backend = FakeBackend(num_slots=2)
     with make_runner(backend) as runner:
         results = runner.run_batch(prompts(6))
@@ -39,7 +39,7 @@ def test_slots_are_reused_and_their_kv_cleared(make_runner):
         assert runner.engine.scheduler.num_free_slots == 2
     used_slots = {slot for call in backend.calls for slot, _, _ in call.entries}
     assert used_slots == {0, 1}
-    assert backend.kv == [[], []]
+    backend.assert_free_slots_hold_only_kept_prompts(runner.engine.scheduler)
     prefills_per_slot = [sum(1 for call in backend.calls for slot, _, is_prefill in call.entries
                              if is_prefill and slot == wanted) for wanted in (0, 1)]
     assert min(prefills_per_slot) >= 2, "each slot served more than one request"
@@ -179,7 +179,9 @@ def test_stats_count_decode_steps_and_concurrency(make_runner):
     assert stats.num_decode_steps == len(decode_calls) < len(backend.calls), "prefill-only steps are not decode steps"
     assert stats.avg_seqs_per_decode_step == sum(len(call.decoding_slots) for call in decode_calls) / len(decode_calls)
     assert stats.avg_seqs_per_decode_step > 3
-    assert stats.prompt_tokens == 8 * len(FakeBackend().tokenize("prompt number 0"))
+    prefilled = sum(n for call in backend.calls for _, n, is_prefill in call.entries if is_prefill)
+    assert stats.prompt_tokens == prefilled, "prompt tokens computed"
+    assert stats.prompt_tokens + stats.prompt_tokens_reused == 8 * len(FakeBackend().tokenize("prompt number 0"))
     assert set(stats.phase_seconds) == {"schedule", "decode", "sample", "postprocess"}
 
 

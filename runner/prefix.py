@@ -1,0 +1,82 @@
+"""Shared-prefix reuse: which prompt tokens each slot's KV holds, and where a new prompt
+should start from.
+
+With one KV stream per slot, a slot's KV is a row of positions 0..n-1. A running sequence's
+slot holds the part of its prompt decoded so far; a free slot keeps the prompt of the last
+request it served (its generated tokens are removed), so that a later request with the same
+start can reuse it. A new prompt starts from the longest common prefix found in any slot:
+  - in the free slot it is given: nothing to do but drop what follows the prefix;
+  - in another slot: llama.cpp copies that slot's whole KV stream into the free slot (the
+    copy runs inside the next llama_decode) and the copy is cut back to the prefix.
+The number of resident prefixes is bounded by the number of slots, so the index is one token
+array per slot, compared with numpy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+# A copy costs ~1-5 ms of llama_decode time; prefilling a few tokens in a batch costs less.
+MIN_COPY_TOKENS = 16
+# A request whose prompt shares at least this many more tokens with a prompt still being
+# prefilled than with anything resident waits for that prefill instead of computing them too.
+MIN_WAIT_TOKENS = 32
+
+_EMPTY = np.zeros(0, dtype=np.int32)
+
+
+def common_prefix_length(first: np.ndarray, second: np.ndarray) -> int:
+    """How many leading tokens the two arrays share."""
+    length = min(len(first), len(second))
+    if length == 0 or first[0] != second[0]:
+        return 0
+    mismatches = np.flatnonzero(first[:length] != second[:length])
+    return int(mismatches[0]) if mismatches.size else length
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where an admitted prompt goes: its slot, and the prefix it starts from, found in
+    `source_slot`'s KV (the slot itself when nothing needs copying)."""
+
+    slot: int
+    source_slot: int
+    num_cached: int
+
+    @property
+    def needs_copy(self) -> bool:
+        return self.source_slot != self.slot
+
+
+class PrefixIndex:
+    """The prompt tokens kept in free slots' KV, with when each was last used (for LRU)."""
+
+    def __init__(self, num_slots: int) -> None:
+        self._kept: list[np.ndarray] = [_EMPTY] * num_slots
+        self._last_used: list[float] = [0.0] * num_slots
+
+    def keep(self, slot: int, tokens: np.ndarray, now: float) -> None:
+        """A freed slot's KV holds `tokens` at positions 0..len-1."""
+        self._kept[slot] = tokens
+        self._last_used[slot] = now
+
+    def take(self, slot: int) -> np.ndarray:
+        """The tokens a free slot kept, now handed to a new sequence (which owns them)."""
+        tokens, self._kept[slot] = self._kept[slot], _EMPTY
+        self._last_used[slot] = 0.0  # an empty slot is the first to give away
+        return tokens
+
+    def kept(self, slot: int) -> np.ndarray:
+        return self._kept[slot]
+
+    def last_used(self, slot: int) -> float:
+        return self._last_used[slot]
+
+    def least_recently_used(self, slots: list[int]) -> int:
+        return min(slots, key=lambda slot: self._last_used[slot])
+
+    @property
+    def num_kept_tokens(self) -> int:
+        return sum(len(tokens) for tokens in self._kept)

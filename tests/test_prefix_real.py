@@ -1,0 +1,76 @@
+"""Shared-prefix reuse on real models: exact greedy text with and without it, on both models,
+including a Gemma 3 source slot that ran far past the prefix, and a KV that holds only what
+the prefix index says once requests end."""
+
+from __future__ import annotations
+
+import pytest
+
+from multiseq import Request, Runner, RunnerConfig, SamplingParams
+from multiseq.runner.backend import LlamaBackend
+
+pytestmark = pytest.mark.model
+
+BOTH_MODELS = ["smollm", "gemma"]
+SYSTEM = ("You are a support triage assistant. Read the ticket and answer with one word: bug, feature or "
+          "question. A bug is something that worked and broke, or never worked as documented. A feature is a "
+          "request for something new. A question asks how to use what exists. ") * 2
+TICKETS = ["The app crashes when I upload a photo.", "Please add a dark mode.", "How do I export my data?",
+           "Login fails since the last update.", "Could you support CSV import?", "Where is the settings page?",
+           "Sync stops after a minute.", "Is there an API for reports?"]
+
+
+def chat(ticket: str, max_tokens: int = 12) -> Request:
+    return Request(messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": ticket}],
+                   id=ticket, sampling=SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True))
+
+
+@pytest.mark.parametrize("model_name", BOTH_MODELS)
+def test_greedy_text_is_the_same_with_and_without_reuse(request, model_name, real_runner,
+                                                        assert_slots_hold_only_kept_prefixes):
+    model = request.getfixturevalue(model_name)
+    requests = [chat(ticket) for ticket in TICKETS]
+    plain_runner = real_runner(model, 4, prefix_cache=False)
+    plain = plain_runner.run_batch(requests)
+    reuse_runner = real_runner(model, 4)
+    reused = reuse_runner.run_batch(requests)
+    assert [r.text for r in reused] == [r.text for r in plain]
+    assert all(r.prompt_tokens_cached == 0 for r in plain)
+    assert sum(r.prompt_tokens_cached > 100 for r in reused) >= 7, "all but the first reuse the system prompt"
+    stats = reuse_runner.stats()
+    assert stats.prompt_tokens < plain_runner.stats().prompt_tokens / 3
+    assert_slots_hold_only_kept_prefixes(reuse_runner)
+    assert_slots_hold_only_kept_prefixes(plain_runner)
+    assert all(len(plain_runner.engine.scheduler.prefixes.kept(slot)) == 0 for slot in range(4))
+    reuse_runner.clear_prefix_cache()
+    assert [reuse_runner.backend.slot_pos_max(slot) for slot in range(4)] == [-1] * 4
+
+
+def far_past_the_prefix_then_reuse(runner, num_tokens: int) -> list:
+    """A long request decodes far past the shared prefix; a request submitted near its end
+    reuses the prefix from its slot. Returns both results."""
+    long = runner.submit(chat(TICKETS[0], max_tokens=num_tokens), stream=True)
+    for count, _ in enumerate(long, start=1):
+        if count == num_tokens - 20:
+            late = runner.submit(chat(TICKETS[1]))
+    return [long.result(), late.result()]
+
+
+def test_gemma_reuses_a_prefix_from_a_slot_that_ran_past_its_sliding_window(gemma, real_runner):
+    reuse = real_runner(gemma, 2, slot_ctx=1024)
+    long, late = far_past_the_prefix_then_reuse(reuse, 440)  # past position 512: Gemma's window
+    assert long.prompt_tokens + long.completion_tokens > 512 + 20
+    assert late.prompt_tokens_cached > 100
+    [alone] = real_runner(gemma, 2, slot_ctx=1024, prefix_cache=False).run_batch([chat(TICKETS[1])])
+    assert late.text == alone.text
+
+
+def test_gemma_prefix_dropped_by_a_small_sliding_window_cache_is_prefilled_instead(gemma, real_runner):
+    config = RunnerConfig(model=gemma.path, parallel=2, slot_ctx=1024, n_batch=64, threads=2, seed=0)
+    backend = LlamaBackend(gemma, 2, 1024, 64, 2, swa_full=False)  # its SWA cache holds 768 cells a slot
+    with Runner(config, backend=backend) as runner:
+        long, late = far_past_the_prefix_then_reuse(runner, 700)
+        assert long.prompt_tokens + long.completion_tokens > 768 + 20
+        assert late.prompt_tokens_cached == 0, "the prefix was not intact in the source slot: prefilled in full"
+    [alone] = real_runner(gemma, 2, slot_ctx=1024, prefix_cache=False).run_batch([chat(TICKETS[1])])
+    assert late.text == alone.text
