@@ -36,6 +36,10 @@ def _rate(value: float | None) -> str:
     return "–" if value is None else f"{value:,.1f}"
 
 
+def _share(value: float | None) -> str:
+    return "–" if value is None else f"{100 * value:.0f}%"
+
+
 def _eta(progress: RunProgress) -> str:
     if progress.written == 0 or progress.written >= progress.total:
         return "–" if progress.written == 0 else "0s"
@@ -46,13 +50,15 @@ def _eta(progress: RunProgress) -> str:
 
 def _slot_row(slot: SlotSnapshot) -> list:
     phase = Text(slot.phase, style=_PHASE_STYLES.get(slot.phase, ""))
-    if slot.request_id is None:
-        return [str(slot.slot), "", phase, "", "", "", "", "", ""]
+    if slot.request_id is None:  # an idle slot may keep the last prompt's prefix for reuse
+        kept = f"{slot.cached_tokens} kept" if slot.cached_tokens else ""
+        return [str(slot.slot), "", phase, "", "", "", kept, "", "", ""]
     context = Table.grid(padding=(0, 1))
     context.add_row(ProgressBar(total=slot.window, completed=slot.context_used, width=_CONTEXT_BAR_WIDTH),
                     f"{slot.context_used}/{slot.window}")
     tail = Text(slot.text_tail.replace("\n", " ⏎ ")[-48:], no_wrap=True, overflow="ellipsis")
-    return [str(slot.slot), slot.request_id, phase, str(slot.prompt_tokens), str(slot.generated_tokens), context,
+    return [str(slot.slot), slot.request_id, phase, str(slot.prompt_tokens), str(slot.cached_tokens or ""),
+            str(slot.generated_tokens), context,
             _rate(slot.tokens_per_s), tail, Text("slid", style="magenta") if slot.is_slid else ""]
 
 
@@ -60,9 +66,10 @@ def render(snapshot: RunnerSnapshot, progress: RunProgress) -> Group:
     """The dashboard for one moment of a run: slots, queue and progress, throughput."""
     slots = Table(title="slots", title_justify="left", expand=True)
     for name, justify in (("#", "right"), ("id", "left"), ("phase", "left"), ("prompt", "right"),
-                          ("gen", "right"), ("context", "left"), ("tok/s", "right"), ("text", "left"),
-                          ("", "left")):
-        slots.add_column(name, justify=justify, no_wrap=True, ratio=3 if name == "text" else None)
+                          ("reused", "right"), ("gen", "right"), ("context", "left"), ("tok/s", "right"),
+                          ("text", "left"), ("", "left")):
+        slots.add_column(name, justify=justify, no_wrap=True, ratio=3 if name == "text" else None,
+                         min_width=7 if name == "id" else None)
     for slot in snapshot.slots:
         slots.add_row(*_slot_row(slot))
 
@@ -82,7 +89,9 @@ def render(snapshot: RunnerSnapshot, progress: RunProgress) -> Group:
         f"run [bold]{_rate(stats.aggregate_tokens_per_s)}[/] tok/s",
         f"seqs/step [bold]{_rate(stats.avg_seqs_per_decode_step)}[/]",
         f"prefill [bold]{_rate(stats.prefill_tokens_per_s)}[/] tok/s",
-        f"decode [bold]{_rate(stats.decode_tokens_per_s)}[/] tok/s")
+        f"decode [bold]{_rate(stats.decode_tokens_per_s)}[/] tok/s",
+        f"prefix hits [bold]{_share(stats.prefix_hit_rate)}[/]",
+        f"prompt reused [bold]{_share(stats.prompt_reuse_share)}[/]")
     return Group(slots, queue, bar, throughput)
 
 

@@ -31,6 +31,7 @@ def result_record(result: Result) -> dict[str, Any]:
         "finish_reason": result.finish_reason.value,
         "error": result.error,
         "prompt_tokens": result.prompt_tokens,
+        "prompt_tokens_cached": result.prompt_tokens_cached,
         "completion_tokens": result.completion_tokens,
         "truncated": result.truncated,
         "prompt_tokens_dropped": result.prompt_tokens_dropped,
@@ -53,7 +54,8 @@ def item_error_record(item: PromptItem) -> dict[str, Any]:
 
 def _openai_body(item: PromptItem, result: Result, model_name: str) -> dict[str, Any]:
     usage = {"prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens,
-             "total_tokens": result.prompt_tokens + result.completion_tokens}
+             "total_tokens": result.prompt_tokens + result.completion_tokens,
+             "prompt_tokens_details": {"cached_tokens": result.prompt_tokens_cached}}
     created = int(time.time())
     reason = result.finish_reason.value
     if item.is_chat:

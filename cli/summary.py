@@ -34,6 +34,9 @@ def summarize(results: list[Result], num_invalid: int, stats: RunStats, wall_s: 
         "prefill_tokens_per_s": stats.prefill_tokens_per_s,
         "avg_seqs_per_decode_step": stats.avg_seqs_per_decode_step,
         "outside_decode_share": stats.outside_decode_share,
+        "prompt_tokens_computed": stats.prompt_tokens,
+        "prompt_tokens_reused": stats.prompt_tokens_reused,
+        "prefix_hit_rate": stats.prefix_hit_rate,
     }
 
 
@@ -43,6 +46,10 @@ def _fmt(value: Any, unit: str = "", digits: int = 1) -> str:
     if isinstance(value, float):
         return f"{value:,.{digits}f}{unit}"
     return f"{value:,}{unit}"
+
+
+def _percent(share: float | None) -> str:
+    return "n/a" if share is None else f"{100 * share:.0f}%"
 
 
 def render_summary(summary: dict[str, Any]) -> Table:
@@ -62,6 +69,9 @@ def render_summary(summary: dict[str, Any]) -> Table:
         ("decode rate", _fmt(summary["decode_tokens_per_s"], " tok/s")),
         ("prefill rate", _fmt(summary["prefill_tokens_per_s"], " tok/s")),
         ("avg sequences per decode step", _fmt(summary["avg_seqs_per_decode_step"], "", 2)),
+        ("prompt tokens computed / reused",
+         f"{_fmt(summary['prompt_tokens_computed'])} / {_fmt(summary['prompt_tokens_reused'])}"),
+        ("prefix hit rate", _percent(summary["prefix_hit_rate"])),
     ]
     for name, value in rows:
         table.add_row(name, value)
