@@ -353,6 +353,7 @@ def _stream_completion(base: str, body: dict, timeout_s: float) -> dict:
     t_sent = time.perf_counter()
     t_first = None
     final = None
+    pieces = []
     with _HTTP.open(req, timeout=timeout_s) as resp:
         for raw in resp:  # SSE: "data: {...}" lines separated by blank lines
             line = raw.strip()
@@ -366,6 +367,7 @@ def _stream_completion(base: str, body: dict, timeout_s: float) -> dict:
                 raise RuntimeError(f"llama-server error: {event['error']}")
             if t_first is None and event.get("content"):
                 t_first = time.perf_counter()
+            pieces.append(event.get("content", ""))
             if event.get("stop"):
                 final = event
                 t_done = time.perf_counter()
@@ -383,21 +385,33 @@ def _stream_completion(base: str, body: dict, timeout_s: float) -> dict:
         "prompt_n": int(timings.get("prompt_n", -1)),
         "tokens_evaluated": int(final.get("tokens_evaluated", -1)),
         "stop_type": final.get("stop_type"),
+        "text": "".join(pieces),
     }
 
 
-def _server_body(prompt: str, max_tokens: int, sampling: Mapping[str, Any]) -> dict:
+def _server_body(prompt: str, max_tokens: int, sampling: Mapping[str, Any],
+                 prompt_cache: bool = False) -> dict:
     # temperature <= 0 is greedy in llama-server without touching top_k: its
     # temperature sampler (llama_sampler_temp_impl) keeps only the arg-max
     # logit and sets all others to -inf, so the final "dist" draw is forced.
     return {"prompt": prompt, "n_predict": max_tokens, "ignore_eos": True,
-            "cache_prompt": False, "stream": True, **sampling}
+            "cache_prompt": prompt_cache, "stream": True, **sampling}
 
 
 def server_command(tools: LlamaTools, model_path, parallel: int, threads: int,
                    slot_ctx: int, port: int, flash_attn: str = "auto",
-                   swa_full: bool = True, extra_args: Sequence[str] = ()) -> list[str]:
-    """The llama-server command line used by ``run_llama_server``."""
+                   swa_full: bool = True, extra_args: Sequence[str] = (),
+                   prompt_cache: bool = False) -> list[str]:
+    """The llama-server command line used by ``run_llama_server``.
+
+    ``prompt_cache`` keeps llama-server's own defaults for prompt caching (each
+    slot reuses the common prefix of its last prompt; idle slots' prompts are
+    saved to a host-RAM cache); otherwise every kind of prompt caching is off."""
+    no_cache = [] if prompt_cache else [
+        # No prompt caching of any kind (requests also send cache_prompt:
+        # false): no host-RAM prompt cache, so no saving of idle slots on
+        # every new task, and no SWA context checkpoints (Gemma 3 has SWA).
+        "--no-cache-prompt", "--cache-ram", "0", "--ctx-checkpoints", "0"]
     return [
         str(tools.server), "-m", str(model_path),
         "-np", str(parallel), "-c", str(parallel * slot_ctx),
@@ -414,10 +428,7 @@ def server_command(tools: LlamaTools, model_path, parallel: int, threads: int,
         "-fa", flash_attn,
         *_swa_args(swa_full),
         "--no-webui",
-        # No prompt caching of any kind (requests also send cache_prompt:
-        # false): no host-RAM prompt cache, so no saving of idle slots on
-        # every new task, and no SWA context checkpoints (Gemma 3 has SWA).
-        "--no-cache-prompt", "--cache-ram", "0", "--ctx-checkpoints", "0",
+        *no_cache,
         "--log-verbosity", "2",  # warnings and errors only
         *extra_args,
     ]
@@ -427,7 +438,7 @@ def run_llama_server(tools: LlamaTools, model_path, prompts: list[str], max_toke
                      parallel: int, threads: int, slot_ctx: int, sampling: dict,
                      log=print, *, seeds: Sequence[int | None] | None = None,
                      flash_attn: str = "auto", swa_full: bool = True,
-                     extra_args: Sequence[str] = (),
+                     extra_args: Sequence[str] = (), prompt_cache: bool = False,
                      request_timeout_s: float = 600.0) -> dict:
     """Serve ``prompts`` through llama-server with ``parallel`` slots.
 
@@ -437,7 +448,8 @@ def run_llama_server(tools: LlamaTools, model_path, prompts: list[str], max_toke
     from the first request sent to the last final event (warm-up excluded).
     Raises if any request generated other than ``max_tokens`` tokens.
     ``seeds`` optionally gives each request its own seed; ``flash_attn`` /
-    ``swa_full`` / ``extra_args`` tune the server (see ``server_command``).
+    ``swa_full`` / ``extra_args`` / ``prompt_cache`` tune the server (see
+    ``server_command``). The figure's "texts" are the outputs in prompt order.
     """
     if not prompts:
         raise ValueError("no prompts")
@@ -445,7 +457,7 @@ def run_llama_server(tools: LlamaTools, model_path, prompts: list[str], max_toke
     port = _free_port()
     base = f"http://127.0.0.1:{port}"
     cmd = server_command(tools, model_path, parallel, threads, slot_ctx, port,
-                         flash_attn, swa_full, extra_args)
+                         flash_attn, swa_full, extra_args, prompt_cache)
     with tempfile.TemporaryDirectory(prefix="multiseq-server-") as tmp:
         log_path = Path(tmp) / "server.log"
         log("$ " + " ".join(cmd))
@@ -455,10 +467,11 @@ def run_llama_server(tools: LlamaTools, model_path, prompts: list[str], max_toke
                                     stdin=subprocess.DEVNULL)
         try:
             _wait_healthy(proc, base)
-            _stream_completion(base, _server_body(prompts[0], 4, samplings[0]),
+            warm_up = "Warm up." if prompt_cache else prompts[0]  # nothing of the workload cached
+            _stream_completion(base, _server_body(warm_up, 4, samplings[0]),
                                request_timeout_s)  # warm-up, not measured
             results = _drive_clients(base, prompts, max_tokens, parallel,
-                                     samplings, request_timeout_s)
+                                     samplings, request_timeout_s, prompt_cache)
         except Exception as exc:
             raise RuntimeError(f"llama-server run failed: {exc}\n"
                                f"--- server log tail ---\n{_tail(log_path)}") from exc
@@ -472,14 +485,15 @@ def run_llama_server(tools: LlamaTools, model_path, prompts: list[str], max_toke
                            f"{max_tokens} tokens (index, tokens_predicted, "
                            f"predicted_n, stop_type): {bad[:10]}")
     wall = max(r["t_done"] for r in results) - min(r["t_sent"] for r in results)
-    return _summary("llama-server", [r["ttft_s"] for r in results],
+    return _summary("llama-server" + (" prompt-cache" if prompt_cache else ""), [r["ttft_s"] for r in results],
                     sum(r["tokens_predicted"] for r in results),
                     sum(r["prompt_n"] for r in results), wall,
-                    parallel=parallel, command=" ".join(cmd))
+                    parallel=parallel, command=" ".join(cmd), texts=[r["text"] for r in results])
 
 
 def _drive_clients(base: str, prompts: list[str], max_tokens: int, parallel: int,
-                   samplings: Sequence[Mapping[str, Any]], timeout_s: float) -> list[dict]:
+                   samplings: Sequence[Mapping[str, Any]], timeout_s: float,
+                   prompt_cache: bool = False) -> list[dict]:
     """Send every prompt with exactly ``parallel`` concurrent client threads."""
     work: queue.Queue = queue.Queue()
     for item in enumerate(prompts):
@@ -495,7 +509,7 @@ def _drive_clients(base: str, prompts: list[str], max_tokens: int, parallel: int
                 return
             try:
                 results[idx] = _stream_completion(
-                    base, _server_body(prompt, max_tokens, samplings[idx]), timeout_s)
+                    base, _server_body(prompt, max_tokens, samplings[idx], prompt_cache), timeout_s)
             except BaseException as exc:  # surfaced in the caller's thread
                 errors.append(exc)
                 return

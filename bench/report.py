@@ -21,6 +21,12 @@ TARGETS = [
     ("gemma3-270m", "short-greedy", "multiseq_np16_vs_llama_cpp_python_sequential", 3.3),
     ("gemma3-270m", "short-sampled", "multiseq_np16_vs_llama_server_np16", 1.10),
     ("smollm2-135m", "short-greedy", "multiseq_np16_vs_llama_server_np16", 1.0),
+    ("smollm2-135m", "long-greedy", "multiseq_np16_vs_llama_server_np16", 1.10),
+    ("gemma3-270m", "long-greedy", "multiseq_np16_vs_llama_server_np16", 1.10),
+    ("smollm2-135m", "shared-prefix", "multiseq_np16_vs_llama_server_prompt_cache_np16", 1.5),
+    ("smollm2-135m", "shared-prefix", "multiseq_np16_vs_multiseq_no_prefix_cache_np16", 2.5),
+    ("gemma3-270m", "shared-prefix", "multiseq_np16_vs_llama_server_prompt_cache_np16", 1.5),
+    ("gemma3-270m", "shared-prefix", "multiseq_np16_vs_multiseq_no_prefix_cache_np16", 2.5),
 ]
 OUTSIDE_DECODE_LIMIT = 0.05
 MEMORY_GROWTH_LIMIT = 0.05
@@ -28,7 +34,7 @@ MEMORY_GROWTH_LIMIT = 0.05
 
 def _label(figure: dict) -> str:
     system = figure["system"]
-    return f"{system} -np {figure['parallel']}" if system in ("multiseq", "llama-server") else system
+    return f"{system} -np {figure['parallel']}" if "parallel" in figure else system
 
 
 def _ttft(figure: dict) -> str:
@@ -39,15 +45,18 @@ def _ttft(figure: dict) -> str:
 
 
 def workload_table(figures: list[dict]) -> list[str]:
-    lines = ["| system | tok/s | wall s | TTFT p50 / p95 s | outside llama_decode |", "|---|---:|---:|---:|---:|"]
+    lines = ["| system | tok/s | wall s | TTFT p50 / p95 s | outside llama_decode | prompt tokens computed |",
+             "|---|---:|---:|---:|---:|---:|"]
     for figure in figures:
         if figure["system"] == "llama-batched-bench":
             rows = ", ".join(f"B={row['batch']}: {row['tg_tokens_per_s']:.0f}" for row in figure["rows"])
             lines.append(f"| llama-batched-bench (decode only) | {rows} | | | |")
             continue
         outside = figure.get("outside_decode_share")
+        computed = figure.get("prompt_tokens_computed", figure.get("prompt_tokens"))
         lines.append(f"| {_label(figure)} | {figure['tokens_per_s']:.1f} | {figure['wall_s']:.1f} | {_ttft(figure)} | "
-                     f"{'' if outside is None else f'{100 * outside:.1f}%'} |")
+                     f"{'' if outside is None else f'{100 * outside:.1f}%'} | "
+                     f"{'' if computed is None else f'{computed:,}'} |")
     return lines
 
 
@@ -88,6 +97,9 @@ def main(path: str) -> None:
             ratios = ", ".join(f"{name} {value:.2f}" for name, value in entry["ratios"].items()
                                if "batched_bench" not in name)
             print(f"\nratios: {ratios}\n")
+            matches = ", ".join(f"{peer} {count}" for peer, count in entry.get("greedy_text_matches", {}).items())
+            if matches:
+                print(f"greedy texts equal to multiseq's: {matches}\n")
     checked = targets(results)
     print("| target | model, workload | needed | measured | met |\n|---|---|---:|---:|---|")
     for item in checked:

@@ -13,8 +13,13 @@ sources vendored in the pinned llama-cpp-python sdist, into ~/.cache/multiseq.
 
 Workloads: short-greedy (64 short prompts x 128 tokens, temperature 0), short-sampled (the
 same with temperature 0.8, top_k 40, top_p 0.95), long-greedy (64 prompts of 200-400 tokens x
-64 tokens). Every request generates exactly its token budget (EOS ignored), with the same
-threads for every system.
+64 tokens), shared-prefix (64 chats sharing a ~440-token system prompt, ~60 tokens of their
+own, x 48 tokens greedy, rendered with the model's template and sent as the same text to
+every system; llama-server runs it with its default prompt cache and with caching off, and
+multiseq also without its prefix cache). Every request generates exactly its token budget
+(EOS ignored), with the same threads for every system. On greedy workloads, the greedy texts
+of llama-server (prompt cache on) and of multiseq without prefix reuse are compared with
+multiseq's, request by request.
 
 Progress goes to stderr; each figure is printed as it is measured; the last line printed is
 one JSON object with every figure and the ratios of multiseq against each peer.
@@ -39,6 +44,10 @@ from multiseq.cli.summary import percentile
 from multiseq.runner.backend import LlamaModel
 
 ALL_SYSTEMS = ("multiseq", "llama-server", "llama-cpp-python", "llama-batched-bench", "memory")
+SHARED_PREFIX = "shared-prefix"
+SAME_PARALLELISM_PEERS = ("llama-server", "llama-server prompt-cache", "multiseq no-prefix-cache")
+# Compared with multiseq's greedy text, request by request (a speed-up must not change it).
+GREEDY_TEXT_PEERS = ("llama-server prompt-cache", "multiseq no-prefix-cache")
 SLOT_CTX = 1024  # per slot: the longest workload needs ~470 tokens (prompt + generation)
 MEMORY_CHECKPOINT = 200
 
@@ -61,10 +70,11 @@ def multiseq_requests(workload: Workload) -> list[Request]:
             for index, prompt in enumerate(workload.prompts)]
 
 
-def run_multiseq(model: LlamaModel, workload: Workload, parallel: int, threads: int) -> dict:
+def run_multiseq(model: LlamaModel, workload: Workload, parallel: int, threads: int,
+                 prefix_cache: bool = True) -> dict:
     """One workload through a fresh runner: aggregate rate, TTFT, and the step profile."""
     config = RunnerConfig(model=model.path, parallel=parallel, slot_ctx=SLOT_CTX, n_batch=max(512, parallel),
-                          threads=threads, seed=0)
+                          threads=threads, seed=0, prefix_cache=prefix_cache)
     with Runner.on_model(model, config) as runner:
         runner.run_batch([Request(prompt="Warm up.", sampling=SamplingParams(max_tokens=4))])
         runner.reset_stats()
@@ -81,7 +91,7 @@ def run_multiseq(model: LlamaModel, workload: Workload, parallel: int, threads: 
     admitted_ttfts = [r.timings.ttft_s - r.timings.queue_wait_s for r in results]
     phase_total = sum(stats.phase_seconds.values())
     return {
-        "system": "multiseq",
+        "system": "multiseq" if prefix_cache else "multiseq no-prefix-cache",
         "parallel": parallel,
         "num_requests": len(results),
         "generated_tokens": generated,
@@ -97,6 +107,10 @@ def run_multiseq(model: LlamaModel, workload: Workload, parallel: int, threads: 
         "avg_seqs_per_decode_step": stats.avg_seqs_per_decode_step,
         "step_profile_share": {phase: seconds / phase_total for phase, seconds in stats.phase_seconds.items()},
         "outside_decode_share": stats.outside_decode_share,
+        "prompt_tokens_computed": stats.prompt_tokens,
+        "prompt_tokens_reused": stats.prompt_tokens_reused,
+        "prefix_hit_rate": stats.prefix_hit_rate,
+        "texts": [r.text for r in results],
     }
 
 
@@ -149,11 +163,15 @@ def run_peers(systems: list[str], model: LlamaModel, workload: Workload, args: a
     needs_tools = {"llama-server", "llama-batched-bench"} & set(systems)
     tools = peers.ensure_llama_tools(log=log) if needs_tools else None
     if "llama-server" in systems:
+        # The shared-prefix workload is what llama-server's own prompt cache is for: it runs
+        # with its defaults (cache on) as well as with every kind of prompt caching off.
+        caches = (True, False) if workload.name == SHARED_PREFIX else (False,)
         for parallel in (int(p) for p in args.server_parallel.split(",")):
-            log(f"[{workload.name}] llama-server -np {parallel} ...")
-            yield peers.run_llama_server(tools, model.path, workload.prompts, workload.max_tokens, parallel,
-                                         args.threads, SLOT_CTX, peer_sampling(workload), log=log,
-                                         seeds=request_seeds(workload))
+            for prompt_cache in caches:
+                log(f"[{workload.name}] llama-server -np {parallel} prompt cache {'on' if prompt_cache else 'off'} ...")
+                yield peers.run_llama_server(tools, model.path, workload.prompts, workload.max_tokens, parallel,
+                                             args.threads, SLOT_CTX, peer_sampling(workload), log=log,
+                                             seeds=request_seeds(workload), prompt_cache=prompt_cache)
     if "llama-cpp-python" in systems:
         log(f"[{workload.name}] llama-cpp-python sequential ...")
         reference = peers.open_reference_llama(model.path, SLOT_CTX, args.threads)
@@ -171,13 +189,44 @@ def run_peers(systems: list[str], model: LlamaModel, workload: Workload, args: a
                                       args.threads, log=log)
 
 
+def run_systems(systems: list[str], model: LlamaModel, workload: Workload, args: argparse.Namespace):
+    """multiseq at each --parallel (and, on the shared-prefix workload, without its prefix
+    cache at the largest server parallelism), then the peers."""
+    if "multiseq" in systems:
+        for parallel in (int(p) for p in args.parallel.split(",")):
+            log(f"[{workload.name}] multiseq -np {parallel} ...")
+            yield run_multiseq(model, workload, parallel, args.threads)
+        if workload.name == SHARED_PREFIX:
+            parallel = max(int(p) for p in args.server_parallel.split(","))
+            log(f"[{workload.name}] multiseq -np {parallel} --no-prefix-cache ...")
+            yield run_multiseq(model, workload, parallel, args.threads, prefix_cache=False)
+    yield from run_peers(systems, model, workload, args)
+
+
+def without_texts(figure: dict) -> dict:
+    return {key: value for key, value in figure.items() if key != "texts"}
+
+
+def greedy_text_matches(figures: list[dict]) -> dict[str, str]:
+    """For each peer in GREEDY_TEXT_PEERS: how many of its texts equal multiseq's at the same
+    parallelism, as "equal/total"."""
+    ours = {f["parallel"]: f["texts"] for f in figures if f["system"] == "multiseq"}
+    found = {}
+    for figure in figures:
+        if figure["system"] in GREEDY_TEXT_PEERS and figure["parallel"] in ours:
+            equal = sum(a == b for a, b in zip(ours[figure["parallel"]], figure["texts"]))
+            found[f"{figure['system']} np{figure['parallel']}"] = f"{equal}/{len(figure['texts'])}"
+    return found
+
+
 def ratios(figures: list[dict]) -> dict[str, float]:
     """multiseq's aggregate rate over each peer's, at the same parallelism where it has one."""
     ours = {f["parallel"]: f["tokens_per_s"] for f in figures if f["system"] == "multiseq"}
     found: dict[str, float] = {}
     for figure in figures:
-        if figure["system"] == "llama-server" and figure["parallel"] in ours:
-            found[f"multiseq_np{figure['parallel']}_vs_llama_server_np{figure['parallel']}"] = \
+        peer = figure["system"].replace("-", "_").replace(" ", "_")
+        if figure["system"] in SAME_PARALLELISM_PEERS and figure["parallel"] in ours:
+            found[f"multiseq_np{figure['parallel']}_vs_{peer}_np{figure['parallel']}"] = \
                 ours[figure["parallel"]] / figure["tokens_per_s"]
         elif figure["system"] == "llama-cpp-python sequential":
             for parallel, rate in ours.items():
@@ -211,7 +260,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--systems", default=",".join(ALL_SYSTEMS))
     parser.add_argument("--models", default="gemma3-270m,smollm2-135m")
-    parser.add_argument("--workloads", default="short-greedy,short-sampled,long-greedy")
+    parser.add_argument("--workloads", default="short-greedy,short-sampled,long-greedy,shared-prefix")
     parser.add_argument("--parallel", default="1,8,16,32", help="multiseq slot counts")
     parser.add_argument("--server-parallel", default="8,16", help="llama-server slot counts")
     parser.add_argument("--prompts", type=int, default=64, help="requests per workload")
@@ -233,18 +282,14 @@ def main(argv: list[str] | None = None) -> dict:
         resolved = models.resolve(model_name)
         model = LlamaModel(str(resolved.path), chat_template_fallback=resolved.chat_template_fallback)
         for workload_name in args.workloads.split(","):
-            workload = workloads[workload_name]
+            workload = workloads[workload_name].rendered_for(model.render_chat)
             figures = []
-            if "multiseq" in systems:
-                for parallel in (int(p) for p in args.parallel.split(",")):
-                    log(f"[{model_name} {workload_name}] multiseq -np {parallel} ...")
-                    figures.append(run_multiseq(model, workload, parallel, args.threads))
-                    print(_figure_line(model_name, workload_name, figures[-1]), flush=True)
-            for figure in run_peers(systems, model, workload, args):
+            for figure in run_systems(systems, model, workload, args):
                 figures.append(figure)
                 print(_figure_line(model_name, workload_name, figure), flush=True)
-            report["results"].setdefault(model_name, {})[workload_name] = {"figures": figures,
-                                                                          "ratios": ratios(figures)}
+            report["results"].setdefault(model_name, {})[workload_name] = {
+                "figures": [without_texts(figure) for figure in figures], "ratios": ratios(figures),
+                "greedy_text_matches": greedy_text_matches(figures) if workload.is_greedy else {}}
             for name, value in ratios(figures).items():
                 print(f"{model_name:13} {workload_name:14} {name}: {value:.2f}", flush=True)
         if "memory" in systems:

@@ -37,13 +37,22 @@ _SENTENCE_PARTS = (
 @dataclass(frozen=True)
 class Workload:
     name: str
-    prompts: list[str]
+    prompts: list[str]  # raw text; for chat workloads, filled in per model from `chats`
     max_tokens: int
     sampling: dict = field(default_factory=dict)  # temperature, top_k, top_p, min_p, seed
+    chats: list[tuple[dict, ...]] | None = None  # chat messages, rendered with each model's template
 
     @property
     def is_greedy(self) -> bool:
         return self.sampling.get("temperature", 0) == 0
+
+    def rendered_for(self, render_chat) -> Workload:
+        """The workload with its chats rendered to prompt text by a model's template, so that
+        every system is sent the very same text."""
+        if self.chats is None:
+            return self
+        return Workload(self.name, [render_chat(chat) for chat in self.chats], self.max_tokens, self.sampling,
+                        self.chats)
 
 
 def short_prompts(count: int) -> list[str]:
@@ -63,6 +72,48 @@ def long_prompts(count: int, seed: int = 0) -> list[str]:
     return prompts
 
 
+_RULE_SUBJECTS = ["Crashes", "Wrong totals", "Slow pages", "Login problems", "Missing emails", "Broken exports",
+                  "Requests for dark mode", "Requests for new reports", "Questions about invoices",
+                  "Questions about passwords", "Data loss", "Layout glitches"]
+_RULE_ACTIONS = ["are labelled bug with priority high", "are labelled bug with priority medium",
+                 "are labelled feature and sent to the product team", "are labelled question and answered from the FAQ",
+                 "are labelled bug and need the app version", "are labelled question unless the user reports an error"]
+_TICKET_OPENINGS = ["Since this morning", "After the last update", "When I open the dashboard", "Every Monday",
+                    "On my phone", "For two of our users", "Since we moved offices", "Right after login"]
+_TICKET_PROBLEMS = ["the invoice totals are wrong by a few cents", "the export button does nothing",
+                    "the page takes a minute to load", "I cannot reset my password",
+                    "the app closes when I attach a photo", "we would like a weekly summary report",
+                    "the emails never arrive", "the charts overlap the menu"]
+_TICKET_ENDINGS = ["Can you help?", "Is this known?", "Please advise.", "Thanks in advance.", "This blocks our team.",
+                   "Not urgent, but annoying."]
+
+
+def triage_system_prompt() -> str:
+    """A long instruction shared by every request (~480 tokens on these models)."""
+    rules = [f"Rule {index + 1}: {subject} {_RULE_ACTIONS[index % len(_RULE_ACTIONS)]}."
+             for index, subject in enumerate(_RULE_SUBJECTS)]
+    guidance = ("Read the ticket carefully. Decide the label from the rules above, then explain your decision in "
+                "one short sentence that quotes the part of the ticket that decided it. Never invent details that "
+                "the ticket does not give. If two rules apply, the rule with the lower number wins. When the "
+                "ticket is unclear, choose question and say what is missing. ")
+    return ("You are the support triage assistant of a small software company. You label incoming tickets so "
+            "that the right team sees them first. " + " ".join(rules) + " " + guidance * 3).strip()
+
+
+def shared_prefix_chats(count: int, seed: int = 0) -> list[tuple[dict, ...]]:
+    """Chats that share the long triage instruction and differ in a short ticket (~60 tokens)."""
+    rng = random.Random(seed)
+    system = {"role": "system", "content": triage_system_prompt()}
+    chats = []
+    for index in range(count):
+        ticket = (f"Ticket {1000 + index} from customer {rng.randint(100, 999)}: {rng.choice(_TICKET_OPENINGS)} "
+                  f"{rng.choice(_TICKET_PROBLEMS)}, and {rng.choice(_TICKET_OPENINGS).lower()} "
+                  f"{rng.choice(_TICKET_PROBLEMS)}. We use the web app with {rng.randint(2, 40)} seats on the "
+                  f"{rng.choice(['basic', 'team', 'business'])} plan. {rng.choice(_TICKET_ENDINGS)}")
+        chats.append((system, {"role": "user", "content": ticket}))
+    return chats
+
+
 GREEDY = {"temperature": 0.0}
 # min_p is set to 0 so that no system's own default (llama-server's is 0.05) changes the filter.
 SAMPLED = {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.0, "seed": 1234}
@@ -75,5 +126,6 @@ def standard_workloads(num_prompts: int = 64) -> dict[str, Workload]:
             Workload("short-greedy", short_prompts(num_prompts), 128, GREEDY),
             Workload("short-sampled", short_prompts(num_prompts), 128, SAMPLED),
             Workload("long-greedy", long_prompts(num_prompts), 64, GREEDY),
+            Workload("shared-prefix", [], 48, GREEDY, chats=shared_prefix_chats(num_prompts)),
         )
     }
