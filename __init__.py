@@ -12,10 +12,10 @@ multiseq.runner, the command line multiseq.cli, the model registry multiseq.mode
 
 from .runner import (CANCELLED_BEFORE_START, BackendError, Engine, FinishReason, OverflowPolicy, Request,
                      RequestHandle, Result, Runner, RunnerConfig, RunnerSnapshot, RunStats, SamplingParams,
-                     StepOutput, TextPiece, Timings)
+                     StepOutput, TextPiece, Timings, TokenLogprob, TopLogprob)
 
 __all__ = [
     "BackendError", "CANCELLED_BEFORE_START", "Engine", "FinishReason", "OverflowPolicy", "Request",
     "RequestHandle", "Result", "RunStats", "Runner", "RunnerConfig", "RunnerSnapshot", "SamplingParams",
-    "StepOutput", "TextPiece", "Timings",
+    "StepOutput", "TextPiece", "Timings", "TokenLogprob", "TopLogprob",
 ]

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from multiseq.runner.config import SamplingParams
-from multiseq.runner.sampling import SequenceSampler, apply_repeat_penalty, sample_rows, top_k_sorted
+from multiseq.runner.sampling import SequenceSampler, apply_penalties, sample_rows, top_k_sorted
 
 
 def reference_distribution(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
@@ -90,7 +90,7 @@ def test_greedy_rows_take_the_argmax_beside_sampled_rows():
 
 def test_repeat_penalty_follows_llama_cpp():
     row = np.array([2.0, -2.0, 1.0, 4.0], dtype=np.float32)
-    apply_repeat_penalty(row, deque([0, 1, 1]), 2.0)
+    apply_penalties(row, deque([0, 1, 1]), SamplingParams(repeat_penalty=2.0))
     np.testing.assert_array_equal(row, [1.0, -4.0, 1.0, 4.0])
 
 
