@@ -11,6 +11,7 @@ import ctypes
 import logging
 import threading
 import time
+import warnings
 
 import numpy as np
 import llama_cpp as llama
@@ -168,8 +169,10 @@ class LlamaModel:
             if self._grammar_tokenizer is None:
                 from llguidance.llamacpp import lltokenizer_from_vocab
 
-                self._grammar_tokenizer = lltokenizer_from_vocab(
-                    self._vocab, n_vocab=self.n_vocab, eos_token=self.end_of_generation_tokens())
+                with warnings.catch_warnings():  # it calls a deprecated llama.cpp name once per token
+                    warnings.simplefilter("ignore", DeprecationWarning)
+                    self._grammar_tokenizer = lltokenizer_from_vocab(
+                        self._vocab, n_vocab=self.n_vocab, eos_token=self.end_of_generation_tokens())
             return self._grammar_tokenizer
 
     def render_chat(self, messages: tuple[dict, ...]) -> str:
