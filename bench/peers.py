@@ -353,6 +353,7 @@ def _stream_completion(base: str, body: dict, timeout_s: float) -> dict:
     t_sent = time.perf_counter()
     t_first = None
     final = None
+    pieces = []
     with _HTTP.open(req, timeout=timeout_s) as resp:
         for raw in resp:  # SSE: "data: {...}" lines separated by blank lines
             line = raw.strip()
@@ -366,6 +367,7 @@ def _stream_completion(base: str, body: dict, timeout_s: float) -> dict:
                 raise RuntimeError(f"llama-server error: {event['error']}")
             if t_first is None and event.get("content"):
                 t_first = time.perf_counter()
+            pieces.append(event.get("content") or "")
             if event.get("stop"):
                 final = event
                 t_done = time.perf_counter()
@@ -383,15 +385,18 @@ def _stream_completion(base: str, body: dict, timeout_s: float) -> dict:
         "prompt_n": int(timings.get("prompt_n", -1)),
         "tokens_evaluated": int(final.get("tokens_evaluated", -1)),
         "stop_type": final.get("stop_type"),
+        "content": "".join(pieces),
     }
 
 
-def _server_body(prompt: str, max_tokens: int, sampling: Mapping[str, Any]) -> dict:
+def _server_body(prompt: str, max_tokens: int, sampling: Mapping[str, Any],
+                 extra_body: Mapping[str, Any] | None = None, ignore_eos: bool = True) -> dict:
     # temperature <= 0 is greedy in llama-server without touching top_k: its
     # temperature sampler (llama_sampler_temp_impl) keeps only the arg-max
     # logit and sets all others to -inf, so the final "dist" draw is forced.
-    return {"prompt": prompt, "n_predict": max_tokens, "ignore_eos": True,
-            "cache_prompt": False, "stream": True, **sampling}
+    # extra_body adds request fields beyond sampling (e.g. "json_schema").
+    return {"prompt": prompt, "n_predict": max_tokens, "ignore_eos": ignore_eos,
+            "cache_prompt": False, "stream": True, **sampling, **(extra_body or {})}
 
 
 def server_command(tools: LlamaTools, model_path, parallel: int, threads: int,
@@ -428,7 +433,9 @@ def run_llama_server(tools: LlamaTools, model_path, prompts: list[str], max_toke
                      log=print, *, seeds: Sequence[int | None] | None = None,
                      flash_attn: str = "auto", swa_full: bool = True,
                      extra_args: Sequence[str] = (),
-                     request_timeout_s: float = 600.0) -> dict:
+                     request_timeout_s: float = 600.0,
+                     extra_body: Mapping[str, Any] | None = None,
+                     ignore_eos: bool = True) -> dict:
     """Serve ``prompts`` through llama-server with ``parallel`` slots.
 
     Exactly ``parallel`` client threads pull prompts from a shared queue and
@@ -438,6 +445,9 @@ def run_llama_server(tools: LlamaTools, model_path, prompts: list[str], max_toke
     Raises if any request generated other than ``max_tokens`` tokens.
     ``seeds`` optionally gives each request its own seed; ``flash_attn`` /
     ``swa_full`` / ``extra_args`` tune the server (see ``server_command``).
+    ``extra_body`` adds fields to every request body (e.g. a ``json_schema``);
+    with ``ignore_eos=False`` requests may end before ``max_tokens`` (no
+    exact-count check) and the figures carry each request's ``contents``.
     """
     if not prompts:
         raise ValueError("no prompts")
@@ -455,10 +465,12 @@ def run_llama_server(tools: LlamaTools, model_path, prompts: list[str], max_toke
                                     stdin=subprocess.DEVNULL)
         try:
             _wait_healthy(proc, base)
-            _stream_completion(base, _server_body(prompts[0], 4, samplings[0]),
+            _stream_completion(base, _server_body(prompts[0], 4, samplings[0], extra_body, ignore_eos),
                                request_timeout_s)  # warm-up, not measured
             results = _drive_clients(base, prompts, max_tokens, parallel,
-                                     samplings, request_timeout_s)
+                                     samplings, request_timeout_s,
+                                     lambda prompt, sampling: _server_body(prompt, max_tokens, sampling,
+                                                                           extra_body, ignore_eos))
         except Exception as exc:
             raise RuntimeError(f"llama-server run failed: {exc}\n"
                                f"--- server log tail ---\n{_tail(log_path)}") from exc
@@ -467,19 +479,21 @@ def run_llama_server(tools: LlamaTools, model_path, prompts: list[str], max_toke
     bad = [(i, r["tokens_predicted"], r["predicted_n"], r["stop_type"])
            for i, r in enumerate(results)
            if r["tokens_predicted"] != max_tokens or r["predicted_n"] != max_tokens]
-    if bad:
+    if bad and ignore_eos:
         raise RuntimeError(f"llama-server: requests did not generate exactly "
                            f"{max_tokens} tokens (index, tokens_predicted, "
                            f"predicted_n, stop_type): {bad[:10]}")
     wall = max(r["t_done"] for r in results) - min(r["t_sent"] for r in results)
+    extra = {} if ignore_eos else {"contents": [r["content"] for r in results]}
     return _summary("llama-server", [r["ttft_s"] for r in results],
                     sum(r["tokens_predicted"] for r in results),
                     sum(r["prompt_n"] for r in results), wall,
-                    parallel=parallel, command=" ".join(cmd))
+                    parallel=parallel, command=" ".join(cmd), **extra)
 
 
 def _drive_clients(base: str, prompts: list[str], max_tokens: int, parallel: int,
-                   samplings: Sequence[Mapping[str, Any]], timeout_s: float) -> list[dict]:
+                   samplings: Sequence[Mapping[str, Any]], timeout_s: float,
+                   make_body: Callable | None = None) -> list[dict]:
     """Send every prompt with exactly ``parallel`` concurrent client threads."""
     work: queue.Queue = queue.Queue()
     for item in enumerate(prompts):
@@ -494,8 +508,9 @@ def _drive_clients(base: str, prompts: list[str], max_tokens: int, parallel: int
             except queue.Empty:
                 return
             try:
-                results[idx] = _stream_completion(
-                    base, _server_body(prompt, max_tokens, samplings[idx]), timeout_s)
+                body = (make_body(prompt, samplings[idx]) if make_body
+                        else _server_body(prompt, max_tokens, samplings[idx]))
+                results[idx] = _stream_completion(base, body, timeout_s)
             except BaseException as exc:  # surfaced in the caller's thread
                 errors.append(exc)
                 return
