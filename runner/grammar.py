@@ -13,6 +13,7 @@ backend (the llama.cpp one from its vocab; a test backend from its byte pieces).
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 from collections.abc import Callable, Sequence
@@ -31,6 +32,13 @@ _BITS = 32  # tokens per bitmask word
 _JSON_OPTIONS = {"whitespace_pattern": r"(?: |\n{1,2}[ \t]{0,20})?"}
 _executor: llguidance.LLExecutor | None = None
 _executor_lock = threading.Lock()
+# Batch files repeat one schema on thousands of lines: each distinct constraint is compiled
+# once per vocabulary and every request gets a copy of that matcher (a copy costs about a
+# microsecond, a compile about half a millisecond).
+_CACHED_CONSTRAINTS = 64
+# Each entry holds its tokenizer too, so that no other tokenizer can reuse its id meanwhile.
+_compiled: dict[tuple[int, str], tuple[llguidance.LLTokenizer, llguidance.LLMatcher]] = {}
+_compiled_lock = threading.Lock()
 
 
 class ConstraintError(ValueError):
@@ -57,9 +65,15 @@ def check_constraint(params: SamplingParams) -> None:
     field when the schema or grammar is invalid (so input files can be checked before a run)."""
     definition = grammar_definition(params)
     if definition is not None:
-        is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(definition)
-        if is_error:
-            raise ConstraintError(f"{_field_name(params)} cannot be compiled: {_first_line(messages[0])}")
+        error = _validation_error(definition)
+        if error is not None:
+            raise ConstraintError(f"{_field_name(params)} cannot be compiled: {error}")
+
+
+@functools.lru_cache(maxsize=_CACHED_CONSTRAINTS)
+def _validation_error(definition: str) -> str | None:
+    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(definition)
+    return _first_line(messages[0]) if is_error else None
 
 
 def _field_name(params: SamplingParams) -> str:
@@ -94,9 +108,10 @@ class TokenConstraint:
     def __init__(self, tokenizer: llguidance.LLTokenizer, params: SamplingParams) -> None:
         definition = grammar_definition(params)
         assert definition is not None, "only a constrained request gets a TokenConstraint"
-        self.matcher = llguidance.LLMatcher(tokenizer, definition, log_level=0)
-        if self.matcher.is_error():
-            raise ConstraintError(f"{_field_name(params)} cannot be compiled: {_first_line(self.matcher.get_error())}")
+        compiled = _compiled_matcher(tokenizer, definition)
+        if compiled.is_error():
+            raise ConstraintError(f"{_field_name(params)} cannot be compiled: {_first_line(compiled.get_error())}")
+        self.matcher = compiled.deep_copy()
         self.vocab_size = tokenizer.vocab_size
 
     def accept(self, token: int) -> None:
@@ -107,6 +122,19 @@ class TokenConstraint:
     def is_complete(self) -> bool:
         """The output is a whole document and nothing may follow it but the end."""
         return self.matcher.is_stopped() and not self.matcher.is_error()
+
+
+def _compiled_matcher(tokenizer: llguidance.LLTokenizer, definition: str) -> llguidance.LLMatcher:
+    """The matcher of a definition in its initial state, compiled once (never advanced: each
+    request advances its own copy)."""
+    key = (id(tokenizer), definition)
+    with _compiled_lock:
+        entry = _compiled.get(key)
+        if entry is None:
+            if len(_compiled) >= _CACHED_CONSTRAINTS:
+                _compiled.pop(next(iter(_compiled)))
+            entry = _compiled[key] = (tokenizer, llguidance.LLMatcher(tokenizer, definition, log_level=0))
+        return entry[1]
 
 
 def _shared_executor() -> llguidance.LLExecutor:
