@@ -367,7 +367,7 @@ def _stream_completion(base: str, body: dict, timeout_s: float) -> dict:
                 raise RuntimeError(f"llama-server error: {event['error']}")
             if t_first is None and event.get("content"):
                 t_first = time.perf_counter()
-            pieces.append(event.get("content", ""))
+            pieces.append(event.get("content") or "")
             if event.get("stop"):
                 final = event
                 t_done = time.perf_counter()
@@ -390,12 +390,14 @@ def _stream_completion(base: str, body: dict, timeout_s: float) -> dict:
 
 
 def _server_body(prompt: str, max_tokens: int, sampling: Mapping[str, Any],
-                 prompt_cache: bool = False) -> dict:
+                 prompt_cache: bool = False, extra_body: Mapping[str, Any] | None = None,
+                 ignore_eos: bool = True) -> dict:
     # temperature <= 0 is greedy in llama-server without touching top_k: its
     # temperature sampler (llama_sampler_temp_impl) keeps only the arg-max
     # logit and sets all others to -inf, so the final "dist" draw is forced.
-    return {"prompt": prompt, "n_predict": max_tokens, "ignore_eos": True,
-            "cache_prompt": prompt_cache, "stream": True, **sampling}
+    # extra_body adds request fields beyond sampling (e.g. "json_schema").
+    return {"prompt": prompt, "n_predict": max_tokens, "ignore_eos": ignore_eos,
+            "cache_prompt": prompt_cache, "stream": True, **sampling, **(extra_body or {})}
 
 
 def server_command(tools: LlamaTools, model_path, parallel: int, threads: int,
@@ -439,7 +441,9 @@ def run_llama_server(tools: LlamaTools, model_path, prompts: list[str], max_toke
                      log=print, *, seeds: Sequence[int | None] | None = None,
                      flash_attn: str = "auto", swa_full: bool = True,
                      extra_args: Sequence[str] = (), prompt_cache: bool = False,
-                     request_timeout_s: float = 600.0) -> dict:
+                     request_timeout_s: float = 600.0,
+                     extra_body: Mapping[str, Any] | None = None,
+                     ignore_eos: bool = True) -> dict:
     """Serve ``prompts`` through llama-server with ``parallel`` slots.
 
     Exactly ``parallel`` client threads pull prompts from a shared queue and
@@ -449,7 +453,10 @@ def run_llama_server(tools: LlamaTools, model_path, prompts: list[str], max_toke
     Raises if any request generated other than ``max_tokens`` tokens.
     ``seeds`` optionally gives each request its own seed; ``flash_attn`` /
     ``swa_full`` / ``extra_args`` / ``prompt_cache`` tune the server (see
-    ``server_command``). The figure's "texts" are the outputs in prompt order.
+    ``server_command``). ``extra_body`` adds fields to every request body (e.g.
+    a ``json_schema``); with ``ignore_eos=False`` requests may end before
+    ``max_tokens`` (no exact-count check). The figure's "texts" are the
+    outputs in prompt order.
     """
     if not prompts:
         raise ValueError("no prompts")
@@ -468,10 +475,11 @@ def run_llama_server(tools: LlamaTools, model_path, prompts: list[str], max_toke
         try:
             _wait_healthy(proc, base)
             warm_up = "Warm up." if prompt_cache else prompts[0]  # nothing of the workload cached
-            _stream_completion(base, _server_body(warm_up, 4, samplings[0]),
+            _stream_completion(base, _server_body(warm_up, 4, samplings[0], prompt_cache, extra_body, ignore_eos),
                                request_timeout_s)  # warm-up, not measured
-            results = _drive_clients(base, prompts, max_tokens, parallel,
-                                     samplings, request_timeout_s, prompt_cache)
+            results = _drive_clients(base, prompts, parallel, request_timeout_s,
+                                     lambda prompt, index: _server_body(prompt, max_tokens, samplings[index],
+                                                                        prompt_cache, extra_body, ignore_eos))
         except Exception as exc:
             raise RuntimeError(f"llama-server run failed: {exc}\n"
                                f"--- server log tail ---\n{_tail(log_path)}") from exc
@@ -480,7 +488,7 @@ def run_llama_server(tools: LlamaTools, model_path, prompts: list[str], max_toke
     bad = [(i, r["tokens_predicted"], r["predicted_n"], r["stop_type"])
            for i, r in enumerate(results)
            if r["tokens_predicted"] != max_tokens or r["predicted_n"] != max_tokens]
-    if bad:
+    if bad and ignore_eos:
         raise RuntimeError(f"llama-server: requests did not generate exactly "
                            f"{max_tokens} tokens (index, tokens_predicted, "
                            f"predicted_n, stop_type): {bad[:10]}")
@@ -491,10 +499,10 @@ def run_llama_server(tools: LlamaTools, model_path, prompts: list[str], max_toke
                     parallel=parallel, command=" ".join(cmd), texts=[r["text"] for r in results])
 
 
-def _drive_clients(base: str, prompts: list[str], max_tokens: int, parallel: int,
-                   samplings: Sequence[Mapping[str, Any]], timeout_s: float,
-                   prompt_cache: bool = False) -> list[dict]:
-    """Send every prompt with exactly ``parallel`` concurrent client threads."""
+def _drive_clients(base: str, prompts: list[str], parallel: int, timeout_s: float,
+                   make_body: Callable[[str, int], dict]) -> list[dict]:
+    """Send every prompt with exactly ``parallel`` concurrent client threads;
+    ``make_body(prompt, index)`` gives each request's body."""
     work: queue.Queue = queue.Queue()
     for item in enumerate(prompts):
         work.put(item)
@@ -508,8 +516,7 @@ def _drive_clients(base: str, prompts: list[str], max_tokens: int, parallel: int
             except queue.Empty:
                 return
             try:
-                results[idx] = _stream_completion(
-                    base, _server_body(prompt, max_tokens, samplings[idx], prompt_cache), timeout_s)
+                results[idx] = _stream_completion(base, make_body(prompt, idx), timeout_s)
             except BaseException as exc:  # surfaced in the caller's thread
                 errors.append(exc)
                 return

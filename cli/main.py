@@ -149,6 +149,8 @@ def _resolve_model(name: str) -> models.ResolvedModel:
               help="Reuse prompt prefixes already computed in some slot (a shared system prompt is prefilled once).")
 @click.option("--order", type=click.Choice(["finish", "input"]), default="finish", show_default=True,
               help="Write results as they finish, or in input order.")
+@click.option("--errors", "errors_file", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write failed lines here instead of with the results (as OpenAI's error file).")
 @click.option("--resume", is_flag=True, help="Skip ids already finished in --output; run the rest and append.")
 @click.option("--strict", is_flag=True, help="Stop before running if any line is bad.")
 @click.option("--stats-json", type=click.Path(dir_okay=False, path_type=Path), help="Write the run summary as JSON.")
@@ -158,13 +160,15 @@ def _resolve_model(name: str) -> models.ResolvedModel:
 def batch_run(prompts_file: Path, output: Path | None, prompt_format: str | None, text_mode: str, model: str,
               parallel: int, slot_ctx: int, max_tokens: int, temperature: float, top_k: int, top_p: float,
               min_p: float, repeat_penalty: float, seed: int | None, stop: tuple[str, ...], ignore_eos: bool,
-              threads: int, n_keep: int, n_discard: int, overflow: str, prefix_cache: bool, order: str, resume: bool,
-              strict: bool, stats_json: Path | None, dashboard: bool | None, verbose: bool) -> None:
+              threads: int, n_keep: int, n_discard: int, overflow: str, prefix_cache: bool, order: str,
+              errors_file: Path | None, resume: bool, strict: bool, stats_json: Path | None, dashboard: bool | None,
+              verbose: bool) -> None:
     """Run every prompt in PROMPTS_FILE and write one result per line.
 
     PROMPTS_FILE is JSON lines ({"id"?, "prompt" | "messages", ...}), plain text (one prompt
     per line) or an OpenAI Batch API input file; results follow the same format (OpenAI Batch
-    output for OpenAI input). A summary goes to standard error. Exit code: 0 when every item
+    output for OpenAI input); --errors FILE puts the failed lines in FILE (rewritten on each
+    run, --resume included). A summary goes to standard error. Exit code: 0 when every item
     succeeded, 1 when some failed or were cancelled, 2 for a usage or input error, 130 when
     interrupted."""
     logging.getLogger("multiseq.llama").setLevel(logging.WARNING if verbose else logging.ERROR)
@@ -193,8 +197,9 @@ def batch_run(prompts_file: Path, output: Path | None, prompt_format: str | None
         rounding = f" (llama.cpp allocates {allocated})" if allocated != runner.window else ""
         stderr.print(f"[bold]multiseq[/] {resolved.name}: {parallel} slots x {runner.window} tokens{rounding}, "
                      f"{threads} threads, {len(pending)} {file_format.value} prompts{skipped}")
-        with _open_output(output, append=resume) as stream:
-            writer = ResultWriter(stream, [item.id for item in pending], keep_input_order=order == "input")
+        with _open_output(output, append=resume) as stream, _open_errors(errors_file) as errors_stream:
+            writer = ResultWriter(stream, [item.id for item in pending], keep_input_order=order == "input",
+                                  errors_stream=errors_stream)
             run = BatchRun(runner, pending, writer, file_format, resolved.name)
             with open_display(len(pending), runner, stderr, dashboard) as display:
                 results, interrupted, wall = run.execute(display)
@@ -225,6 +230,16 @@ def _open_output(output: Path | None, append: bool):
         yield sys.stdout
     else:
         with output.open("a" if append else "w", encoding="utf-8") as stream:
+            yield stream
+
+
+@contextmanager
+def _open_errors(errors_file: Path | None):
+    """The --errors file, or None (failed lines then go with the results)."""
+    if errors_file is None:
+        yield None
+    else:
+        with errors_file.open("w", encoding="utf-8") as stream:
             yield stream
 
 
@@ -261,15 +276,17 @@ class BatchRun:
         return results, self.interrupted, time.perf_counter() - started
 
     def _collect(self, display) -> list[Result]:
-        by_id = {item.id: item for item in self.items}
+        """Submit every choice of every valid item; write an item once all its choices ended."""
+        item_of = {request_id: item for item in self.items for request_id in item.request_ids}
+        choices: dict[str, dict[str, Result]] = {item.id: {} for item in self.items}
         for item in self.items:
             if not item.is_valid:
                 self._write(item, None, display)
-        valid = [item for item in self.items if item.is_valid]
-        for item in valid:
-            self.runner.submit(item.request, on_finish=self.finished.put)
+        requests = [request for item in self.items for request in item.requests]
+        for request in requests:
+            self.runner.submit(request, on_finish=self.finished.put)
         results: list[Result] = []
-        while len(results) < len(valid):
+        while len(results) < len(requests):
             try:
                 message = self.finished.get(timeout=REFRESH_SECONDS)
             except queue.Empty:
@@ -279,11 +296,14 @@ class BatchRun:
                 self.runner.cancel_all()
                 continue
             results.append(message)
-            self._write(by_id[message.id], message, display)
+            item = item_of[message.id]
+            choices[item.id][message.id] = message
+            if len(choices[item.id]) == item.n:
+                self._write(item, [choices[item.id][request_id] for request_id in item.request_ids], display)
         return results
 
-    def _write(self, item: PromptItem, result: Result | None, display) -> None:
-        self.writer.write(record_for(self.file_format, item, result, self.model_name))
+    def _write(self, item: PromptItem, results: list[Result] | None, display) -> None:
+        self.writer.write(record_for(self.file_format, item, results, self.model_name))
         display.note_written()
         display.tick()
 

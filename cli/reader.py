@@ -4,8 +4,12 @@
 - text: one prompt per line; ids are line numbers.
 - openai: the OpenAI Batch API input format (custom_id, method, url, body).
 
-A line that cannot run (malformed JSON, a field of the wrong type, an empty prompt) becomes a
-PromptItem with an error naming its line number, so the rest of the file still runs.
+A line that cannot run (malformed JSON, a field of the wrong type, an empty prompt, a field
+that cannot be honoured) becomes a PromptItem with an error naming its line number and the
+field, so the rest of the file still runs. The fields themselves are in cli/fields.py.
+
+A line with `n` > 1 stands for n requests of the same prompt, one per choice, with ids
+`<id>#<k>` inside the runner; their results are written back as one line.
 """
 
 from __future__ import annotations
@@ -18,6 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from ..runner import Request, SamplingParams
+from .fields import (COMMON_FIELDS, IGNORED_OPENAI_FIELDS, SAMPLING_FIELDS, ItemError, chat_messages,
+                     check_constraint_compiles, choice_count, completion_logprobs, constraint_param,
+                     reject_unsupported, response_format_overrides, sampling_overrides)
 
 
 class PromptFormat(str, Enum):
@@ -33,83 +40,93 @@ class TextMode(str, Enum):
 
 CHAT_URL = "/v1/chat/completions"
 COMPLETIONS_URL = "/v1/completions"
+EMBEDDINGS_URL = "/v1/embeddings"
 
 
 @dataclass(frozen=True)
 class PromptItem:
     line_number: int
     id: str
-    request: Request | None
+    request: Request | None  # the request of choice 0 (of the only choice when n is 1)
     error: str | None = None  # why this line cannot run
     is_chat: bool = False  # for OpenAI output: a chat.completion rather than a text_completion
+    n: int = 1  # choices asked for
+    error_param: str | None = None  # the field the error is about (OpenAI's `param`)
 
     @property
     def is_valid(self) -> bool:
         return self.request is not None
 
+    @property
+    def requests(self) -> list[Request]:
+        """One request per choice. Choice k of a seeded line gets seed + k, so the choices differ
+        and the line is reproducible; without a seed, their ids give them seeds of their own."""
+        if self.request is None:
+            return []
+        if self.n == 1:
+            return [self.request]
+        return [_choice_request(self.request, choice_id(self.id, index), index) for index in range(self.n)]
 
-class ItemError(ValueError):
-    """One line's problem, said in words a user can act on."""
-
-
-# --- fields and their types -----------------------------------------------------------------
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _is_integer(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_stop(value: Any) -> bool:
-    return isinstance(value, str) or (isinstance(value, list) and all(isinstance(item, str) for item in value))
+    @property
+    def request_ids(self) -> list[str]:
+        return [self.id] if self.n == 1 else [choice_id(self.id, index) for index in range(self.n)]
 
 
-# Per-item sampling fields a prompt line may carry, and the JSON type each must have.
-SAMPLING_FIELDS = {
-    "max_tokens": (_is_integer, "an integer"),
-    "temperature": (_is_number, "a number"),
-    "top_k": (_is_integer, "an integer"),
-    "top_p": (_is_number, "a number"),
-    "min_p": (_is_number, "a number"),
-    "repeat_penalty": (_is_number, "a number"),
-    "seed": (_is_integer, "an integer"),
-    "stop": (_is_stop, "a string or a list of strings"),
-    "ignore_eos": (lambda value: isinstance(value, bool), "true or false"),
-}
-_JSONL_FIELDS = {"id", "prompt", "messages"}
-# OpenAI body fields that carry no meaning here but appear in every real file.
-_OPENAI_IGNORED_FIELDS = {"model", "user", "metadata", "store"}
+def choice_id(item_id: str, index: int) -> str:
+    return f"{item_id}#{index}"
 
 
-def sampling_overrides(fields: dict[str, Any]) -> dict[str, Any]:
-    """Check the per-item sampling fields' types; return them as SamplingParams keywords."""
-    overrides = {}
-    for name, value in fields.items():
-        check, expected = SAMPLING_FIELDS[name]
-        if value is None:
-            continue
-        if not check(value):
-            raise ItemError(f"field {name!r} must be {expected}, got {json.dumps(value)}")
-        overrides[name] = tuple([value] if isinstance(value, str) else value) if name == "stop" else value
+def _choice_request(request: Request, request_id: str, index: int) -> Request:
+    seed = request.sampling.seed
+    sampling = request.sampling if seed is None else dataclasses.replace(request.sampling, seed=(seed + index) % 2**64)
+    return dataclasses.replace(request, id=request_id, sampling=sampling)
+
+
+# --- one line's fields ----------------------------------------------------------------------
+
+_JSONL_FIELDS = {"id", "prompt", "messages"} | COMMON_FIELDS
+_OPENAI_CHECKED_FIELDS = {"tool_choice", "modalities", "echo", "best_of"}  # accepted at their neutral values
+
+
+def line_overrides(fields: dict[str, Any]) -> dict[str, Any]:
+    """A line's sampling fields, response_format and max_completion_tokens (the newer name of
+    max_tokens; max_tokens wins when both are given) as SamplingParams keywords."""
+    overrides = sampling_overrides({name: fields[name] for name in SAMPLING_FIELDS if name in fields})
+    if fields.get("max_completion_tokens") is not None and "max_tokens" not in overrides:
+        try:
+            overrides["max_tokens"] = sampling_overrides({"max_tokens": fields["max_completion_tokens"]})["max_tokens"]
+        except ItemError as error:
+            raise ItemError(str(error).replace("'max_tokens'", "'max_completion_tokens'"),
+                            "max_completion_tokens") from None
+    if fields.get("response_format") is not None:
+        overrides.update(response_format_overrides(fields["response_format"]))
     return overrides
 
 
 def build_request(item_id: str, prompt: Any, messages: Any, overrides: dict[str, Any],
-                  defaults: SamplingParams) -> Request:
-    """A Request from one item's parts; ItemError names what is wrong."""
+                  defaults: SamplingParams, constraint_field: str = "response_format") -> Request:
+    """A Request from one item's parts; ItemError names what is wrong. A schema or grammar is
+    compiled here, so a bad one fails its line before the run starts."""
     if prompt is None and messages is None:
         raise ItemError("needs a 'prompt' or 'messages'")
     if prompt is not None and (not isinstance(prompt, str) or not prompt.strip()):
-        raise ItemError("'prompt' must be a non-empty string")
-    if messages is not None and not isinstance(messages, list):
-        raise ItemError("'messages' must be a list of {role, content} objects")
+        raise ItemError("'prompt' must be a non-empty string", "prompt")
+    if messages is not None:
+        messages = chat_messages(messages)
     try:
         sampling = dataclasses.replace(defaults, **overrides)
+    except ValueError as error:
+        raise ItemError(str(error), _field_named_in(str(error), overrides)) from None
+    check_constraint_compiles(sampling, constraint_field)
+    try:
         return Request(prompt=prompt, messages=messages, id=item_id, sampling=sampling)
     except ValueError as error:
         raise ItemError(str(error)) from None
+
+
+def _field_named_in(message: str, overrides: dict[str, Any]) -> str | None:
+    """The field a SamplingParams error is about: the line's field its message starts with."""
+    return next((name for name in overrides if message.startswith(name)), None)
 
 
 def _item_id(value: Any, line_number: int) -> str:
@@ -133,23 +150,24 @@ def _json_object(text: str) -> dict[str, Any]:
 def _reject_unknown(fields: set[str], known: set[str]) -> None:
     unknown = sorted(fields - known)
     if unknown:
-        raise ItemError(f"unknown field {unknown[0]!r}")
+        raise ItemError(f"unknown field {unknown[0]!r}", unknown[0])
 
 
 # --- readers --------------------------------------------------------------------------------
 
 def parse_jsonl_line(text: str, line_number: int, defaults: SamplingParams) -> PromptItem:
-    """One JSONL line: {"id"?, "prompt" | "messages", per-item sampling fields}."""
+    """One JSONL line: {"id"?, "prompt" | "messages", "n"?, per-item sampling fields}."""
     item_id = str(line_number)
     try:
         data = _json_object(text)
         item_id = _item_id(data.get("id"), line_number)
         _reject_unknown(set(data), _JSONL_FIELDS | set(SAMPLING_FIELDS))
-        overrides = sampling_overrides({name: data[name] for name in SAMPLING_FIELDS if name in data})
-        request = build_request(item_id, data.get("prompt"), data.get("messages"), overrides, defaults)
-        return PromptItem(line_number, item_id, request, is_chat="messages" in data)
+        n = choice_count(data.get("n", 1))
+        request = build_request(item_id, data.get("prompt"), data.get("messages"), line_overrides(data), defaults,
+                                constraint_param(data))
+        return PromptItem(line_number, item_id, request, is_chat="messages" in data, n=n)
     except ItemError as error:
-        return PromptItem(line_number, item_id, None, f"line {line_number}: {error}")
+        return PromptItem(line_number, item_id, None, f"line {line_number}: {error}", error_param=error.param)
 
 
 def parse_text_line(text: str, line_number: int, defaults: SamplingParams, mode: TextMode) -> PromptItem:
@@ -171,33 +189,41 @@ def parse_openai_line(text: str, line_number: int, defaults: SamplingParams) -> 
         item_id = _item_id(data.get("custom_id"), line_number)
         _reject_unknown(set(data), {"custom_id", "method", "url", "body"})
         if data.get("method", "POST") != "POST":
-            raise ItemError(f"method must be POST, got {json.dumps(data.get('method'))}")
-        url = data.get("url")
-        if url not in (CHAT_URL, COMPLETIONS_URL):
-            raise ItemError(f"url must be {CHAT_URL} or {COMPLETIONS_URL}, got {json.dumps(url)}")
-        is_chat = url == CHAT_URL
+            raise ItemError(f"method must be POST, got {json.dumps(data.get('method'))}", "method")
+        is_chat = _openai_url(data.get("url")) == CHAT_URL
         body = data.get("body")
         if not isinstance(body, dict):
-            raise ItemError("'body' must be an object")
+            raise ItemError("'body' must be an object", "body")
+        n = choice_count(body.get("n", 1))
         request = _openai_request(item_id, body, is_chat, defaults)
-        return PromptItem(line_number, item_id, request, is_chat=is_chat)
+        return PromptItem(line_number, item_id, request, is_chat=is_chat, n=n)
     except ItemError as error:
-        return PromptItem(line_number, item_id, None, f"line {line_number}: {error}", is_chat=is_chat)
+        return PromptItem(line_number, item_id, None, f"line {line_number}: {error}", is_chat=is_chat,
+                          error_param=error.param)
+
+
+def _openai_url(url: Any) -> str:
+    if url == EMBEDDINGS_URL:
+        raise ItemError(f"url {EMBEDDINGS_URL} cannot be honoured: the model is generative and gives no "
+                        f"embeddings (use {CHAT_URL} or {COMPLETIONS_URL})", "url")
+    if url not in (CHAT_URL, COMPLETIONS_URL):
+        raise ItemError(f"url must be {CHAT_URL} or {COMPLETIONS_URL}, got {json.dumps(url)}", "url")
+    return url
 
 
 def _openai_request(item_id: str, body: dict[str, Any], is_chat: bool, defaults: SamplingParams) -> Request:
     content_field = "messages" if is_chat else "prompt"
     if content_field not in body:
-        raise ItemError(f"'body' needs {content_field!r} for this url")
+        raise ItemError(f"'body' needs {content_field!r} for this url", content_field)
+    reject_unsupported(body)
     fields = dict(body)
-    if "max_completion_tokens" in fields:  # the newer name of max_tokens in the chat API
-        fields.setdefault("max_tokens", fields.pop("max_completion_tokens"))
-    if fields.pop("n", 1) != 1:
-        raise ItemError("only n=1 is supported")
-    known = {content_field} | set(SAMPLING_FIELDS) | _OPENAI_IGNORED_FIELDS
+    # The completions API's logprobs is a count of alternatives; the chat API's is true/false.
+    extra = {} if is_chat else completion_logprobs(fields.pop("logprobs", None))
+    known = {content_field} | set(SAMPLING_FIELDS) | COMMON_FIELDS | IGNORED_OPENAI_FIELDS | _OPENAI_CHECKED_FIELDS
     _reject_unknown(set(fields), known)
-    overrides = sampling_overrides({name: fields[name] for name in SAMPLING_FIELDS if name in fields})
-    return build_request(item_id, fields.get("prompt"), fields.get("messages"), overrides, defaults)
+    overrides = line_overrides(fields) | extra
+    return build_request(item_id, fields.get("prompt"), fields.get("messages"), overrides, defaults,
+                         constraint_param(fields))
 
 
 def detect_format(path: Path) -> PromptFormat:
@@ -236,7 +262,8 @@ def duplicate_ids(items: list[PromptItem]) -> list[str]:
     """Ids that appear on more than one line, each with its line numbers."""
     lines_by_id: dict[str, list[int]] = {}
     for item in items:
-        lines_by_id.setdefault(item.id, []).append(item.line_number)
+        for request_id in dict.fromkeys([item.id, *item.request_ids]):  # an id and its choices' ids
+            lines_by_id.setdefault(request_id, []).append(item.line_number)
     return [f"{item_id!r} (lines {', '.join(map(str, lines))})"
             for item_id, lines in lines_by_id.items() if len(lines) > 1]
 

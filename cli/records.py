@@ -1,7 +1,12 @@
-"""Result lines out: one JSON object per request, in the input file's format, and --resume.
+"""Result lines out: one JSON object per input line, in the input file's format, and --resume.
 
-- jsonl and text input: multiseq's own result object per line.
-- openai input: the OpenAI Batch API output format, so tools that read those files read ours.
+- jsonl and text input: multiseq's own result object per line; a line with n > 1 choices
+  gets a `choices` list of such objects instead of one text.
+- openai input: the OpenAI Batch API output format (cli/openai_output.py), so tools that read
+  those files read ours.
+
+With an errors stream (--errors FILE), failed lines go there and successful ones to the
+output, as OpenAI splits its output and error files.
 """
 
 from __future__ import annotations
@@ -14,8 +19,11 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from ..runner import FinishReason, Result
+from ..runner import Result, TokenLogprob
+from .openai_output import openai_record
 from .reader import PromptFormat, PromptItem
+
+_SUCCESS = ("stop", "length")
 
 
 def _rounded(value: float | None) -> float | None:
@@ -43,53 +51,53 @@ def result_record(result: Result) -> dict[str, Any]:
             "decode_tokens_per_s": _rounded(timings.decode_tokens_per_s),
             "total_s": _rounded(timings.total_s),
         },
+        **({} if result.logprobs is None else {"logprobs": logprobs_record(result.logprobs)}),
     }
 
 
+def logprobs_record(logprobs: tuple[TokenLogprob, ...]) -> list[dict[str, Any]]:
+    """Per output token: its id, text, bytes and log probability, and the top alternatives."""
+    return [{"token": entry.text, "id": entry.token_id, "logprob": entry.logprob, "bytes": list(entry.token_bytes),
+             "top_logprobs": [{"token": top.text, "id": top.token_id, "logprob": top.logprob,
+                               "bytes": list(top.token_bytes)} for top in entry.top_logprobs]}
+            for entry in logprobs]
+
+
+def choices_record(item: PromptItem, results: list[Result]) -> dict[str, Any]:
+    """A line with n > 1: the prompt once, each choice's result (without its id) by index, and
+    an error naming the choices that failed (null when all succeeded)."""
+    choices = []
+    for index, result in enumerate(results):
+        choice = result_record(result)
+        del choice["id"]
+        choices.append({"index": index, **choice})
+    failed = [str(choice["index"]) for choice in choices if not _choice_succeeded(choice)]
+    error = None
+    if failed:
+        first = next(choice for choice in choices if not _choice_succeeded(choice))
+        error = f"choice {', '.join(failed)} did not finish: {first['error'] or first['finish_reason']}"
+    return {"id": item.id, "n": len(results), "error": error, "prompt_tokens": results[0].prompt_tokens,
+            "completion_tokens": sum(result.completion_tokens for result in results), "choices": choices}
+
+
+def _choice_succeeded(record: dict[str, Any]) -> bool:
+    return record.get("error") is None and record.get("finish_reason") in _SUCCESS
+
+
 def item_error_record(item: PromptItem) -> dict[str, Any]:
-    """A line that could not run, in the same shape as a result."""
-    return {"id": item.id, "text": "", "finish_reason": "error", "error": item.error, "line": item.line_number,
-            "prompt_tokens": 0, "completion_tokens": 0}
+    """A line that could not run, in the same shape as a result; `param` names the field."""
+    return {"id": item.id, "text": "", "finish_reason": "error", "error": item.error, "param": item.error_param,
+            "line": item.line_number, "prompt_tokens": 0, "completion_tokens": 0}
 
 
-def _openai_body(item: PromptItem, result: Result, model_name: str) -> dict[str, Any]:
-    usage = {"prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens,
-             "total_tokens": result.prompt_tokens + result.completion_tokens,
-             "prompt_tokens_details": {"cached_tokens": result.prompt_tokens_cached}}
-    created = int(time.time())
-    reason = result.finish_reason.value
-    if item.is_chat:
-        return {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion", "created": created,
-                "model": model_name, "usage": usage,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": result.text},
-                             "logprobs": None, "finish_reason": reason}]}
-    return {"id": f"cmpl-{uuid.uuid4().hex[:24]}", "object": "text_completion", "created": created,
-            "model": model_name, "usage": usage,
-            "choices": [{"index": 0, "text": result.text, "logprobs": None, "finish_reason": reason}]}
-
-
-def openai_record(item: PromptItem, result: Result | None, model_name: str) -> dict[str, Any]:
-    """One OpenAI Batch output line. A request that produced something is a 200 response
-    (a cancelled one has finish_reason "cancelled"); one that failed or never started has a
-    null response and an error object."""
-    record = {"id": f"batch_req_{uuid.uuid4().hex[:24]}", "custom_id": item.id, "response": None, "error": None}
-    if result is None:
-        record["error"] = {"code": "invalid_request", "message": item.error}
-    elif result.finish_reason is FinishReason.ERROR or (
-            result.finish_reason is FinishReason.CANCELLED and result.error is not None):
-        code = "cancelled" if result.finish_reason is FinishReason.CANCELLED else "server_error"
-        record["error"] = {"code": code, "message": result.error}
-    else:
-        record["response"] = {"status_code": 200, "request_id": f"req_{uuid.uuid4().hex[:24]}",
-                              "body": _openai_body(item, result, model_name)}
-    return record
-
-
-def record_for(prompt_format: PromptFormat, item: PromptItem, result: Result | None, model_name: str) -> dict:
-    """The output line for an item, in the file's format."""
+def record_for(prompt_format: PromptFormat, item: PromptItem, results: list[Result] | None, model_name: str) -> dict:
+    """The output line for an item and the results of its choices (None: it never ran), in the
+    file's format."""
     if prompt_format is PromptFormat.OPENAI:
-        return openai_record(item, result, model_name)
-    return item_error_record(item) if result is None else result_record(result)
+        return openai_record(item, results, model_name)
+    if results is None:
+        return item_error_record(item)
+    return result_record(results[0]) if item.n == 1 else choices_record(item, results)
 
 
 def record_id(record: dict[str, Any]) -> str:
@@ -97,12 +105,16 @@ def record_id(record: dict[str, Any]) -> str:
 
 
 def record_succeeded(record: dict[str, Any]) -> bool:
-    """A line of an earlier run's output that finished successfully (stop or length)."""
+    """A line that finished successfully: every choice ended by stop or length. A 400 or 500
+    response, an error, a cancelled or missing choice is not a success (--resume runs it again)."""
     if "custom_id" in record:
         response = record.get("response") or {}
         choices = (response.get("body") or {}).get("choices") or [{}]
-        return response.get("status_code") == 200 and choices[0].get("finish_reason") in ("stop", "length")
-    return record.get("error") is None and record.get("finish_reason") in ("stop", "length")
+        return response.get("status_code") == 200 and all(c.get("finish_reason") in _SUCCESS for c in choices)
+    if "choices" in record:
+        return record.get("error") is None and bool(record["choices"]) and all(
+            _choice_succeeded(choice) for choice in record["choices"])
+    return _choice_succeeded(record)
 
 
 def keep_succeeded_lines(path: Path) -> set[str]:
@@ -130,10 +142,12 @@ def keep_succeeded_lines(path: Path) -> set[str]:
 
 class ResultWriter:
     """Writes one JSON line per finished item and flushes it at once, so a killed run loses
-    nothing that finished. In input order, a line waits only for the lines before it."""
+    nothing that finished. In input order, a line waits only for the lines before it. Lines
+    that did not succeed go to errors_stream when one is given."""
 
-    def __init__(self, stream, item_ids: list[str], keep_input_order: bool) -> None:
+    def __init__(self, stream, item_ids: list[str], keep_input_order: bool, errors_stream=None) -> None:
         self._stream = stream
+        self._errors_stream = errors_stream if errors_stream is not None else stream
         self._keep_input_order = keep_input_order
         self._position = {item_id: index for index, item_id in enumerate(item_ids)}
         self._pending: dict[int, dict[str, Any]] = {}
@@ -154,5 +168,6 @@ class ResultWriter:
             self._write_line(self._pending.pop(position))
 
     def _write_line(self, record: dict[str, Any]) -> None:
-        self._stream.write(json.dumps(record, ensure_ascii=False) + "\n")
-        self._stream.flush()
+        stream = self._stream if record_succeeded(record) else self._errors_stream
+        stream.write(json.dumps(record, ensure_ascii=False) + "\n")
+        stream.flush()

@@ -10,12 +10,14 @@ The public API is re-exported by the top-level package:
 Modules: config (RunnerConfig, SamplingParams), request (Request, Result), sequence (one
 request's state), scheduler (queue, slots, plan), batch (what a step hands the backend),
 engine (the thread-free step loop), runner (the threaded front end), backend (the only
-llama.cpp importer), sampling, detok, stats, pytest_plugin.
+llama.cpp importer), sampling, constrained (sampling under a constraint), grammar (constraints
+as llguidance matchers), logprobs, detok, stats, pytest_plugin.
 """
 
 from .config import OverflowPolicy, RunnerConfig, SamplingParams
 from .engine import CANCELLED_BEFORE_START, Engine, StepOutput, TextPiece
 from .errors import BackendError
+from .logprobs import TokenLogprob, TopLogprob
 from .request import FinishReason, Request, Result, Timings
 from .runner import RequestHandle, Runner
 from .stats import RunnerSnapshot, RunStats
@@ -23,5 +25,5 @@ from .stats import RunnerSnapshot, RunStats
 __all__ = [
     "BackendError", "CANCELLED_BEFORE_START", "Engine", "FinishReason", "OverflowPolicy", "Request",
     "RequestHandle", "Result", "RunStats", "Runner", "RunnerConfig", "RunnerSnapshot", "SamplingParams",
-    "StepOutput", "TextPiece", "Timings",
+    "StepOutput", "TextPiece", "Timings", "TokenLogprob", "TopLogprob",
 ]

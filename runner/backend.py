@@ -11,6 +11,7 @@ import ctypes
 import logging
 import threading
 import time
+import warnings
 
 import numpy as np
 import llama_cpp as llama
@@ -113,6 +114,8 @@ class LlamaModel:
         self._piece_cache: dict[int, bytes] = {}
         self._piece_buffer = ctypes.create_string_buffer(_PIECE_BUFFER_BYTES)
         self._end_of_generation_tokens: list[int] | None = None
+        self._grammar_tokenizer = None
+        self._grammar_tokenizer_lock = threading.Lock()
 
     def close(self) -> None:
         if self.handle:
@@ -157,6 +160,20 @@ class LlamaModel:
             self._end_of_generation_tokens = [
                 token for token in range(self.n_vocab) if llama.llama_vocab_is_eog(self._vocab, token)]
         return self._end_of_generation_tokens
+
+    def grammar_tokenizer(self):
+        """llguidance's tokenizer over this vocabulary, for constrained requests: built at the
+        first one (about 2 s on a 262k vocabulary), then shared by every runner on the model.
+        Every end-of-generation token ends a constrained document, as it ends generation."""
+        with self._grammar_tokenizer_lock:
+            if self._grammar_tokenizer is None:
+                from llguidance.llamacpp import lltokenizer_from_vocab
+
+                with warnings.catch_warnings():  # it calls a deprecated llama.cpp name once per token
+                    warnings.simplefilter("ignore", DeprecationWarning)
+                    self._grammar_tokenizer = lltokenizer_from_vocab(
+                        self._vocab, n_vocab=self.n_vocab, eos_token=self.end_of_generation_tokens())
+            return self._grammar_tokenizer
 
     def render_chat(self, messages: tuple[dict, ...]) -> str:
         """Chat messages -> prompt text in the model's template, ending where the model speaks."""
@@ -205,6 +222,7 @@ class LlamaBackend:
         self.is_end_of_generation = model.is_end_of_generation
         self.end_of_generation_tokens = model.end_of_generation_tokens
         self.render_chat = model.render_chat
+        self.grammar_tokenizer = model.grammar_tokenizer
 
     def _new_context(self, num_slots: int, slot_ctx: int, n_batch: int, threads: int, swa_full: bool):
         params = llama.llama_context_default_params()

@@ -7,7 +7,7 @@ A backend sees slots, tokens and positions only; it never sees a request or a Se
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -26,6 +26,7 @@ class Backend(Protocol):
     """Exactly what the engine uses of a model and its context."""
 
     window: int  # the per-slot window the engine must enforce
+    n_vocab: int  # the width of a logits row
     can_shift: bool  # whether a slot's KV positions can be moved (generation shift)
     add_bos: bool  # whether tokenize() puts a BOS token first
     last_decode_seconds: float  # time of the last decode() call's llama_decode alone
@@ -35,6 +36,8 @@ class Backend(Protocol):
     def token_bytes(self, token: int) -> bytes: ...
     def is_end_of_generation(self, token: int) -> bool: ...
     def end_of_generation_tokens(self) -> list[int]: ...
+    def grammar_tokenizer(self) -> Any:
+        """llguidance's LLTokenizer over the vocabulary (built on first use), for constraints."""
 
     def decode(self, entries: list[BatchEntry]) -> np.ndarray:
         """One llama_decode over entries in slot order: the logits rows of the entries that

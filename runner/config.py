@@ -19,6 +19,9 @@ DEFAULT_TOP_K = 40
 DEFAULT_TOP_P = 0.95
 DEFAULT_MIN_P = 0.05
 DEFAULT_REPEAT_LAST_N = 64
+MAX_TOP_LOGPROBS = 20  # OpenAI's limit
+MAX_LOGIT_BIAS = 100.0  # OpenAI's range for one token's bias: [-100, 100]
+MAX_OPENAI_PENALTY = 2.0  # OpenAI's range for presence and frequency penalties: [-2, 2]
 
 
 class OverflowPolicy(str, Enum):
@@ -37,6 +40,10 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def default_of(cls: type, name: str) -> Any:
     """The default of one field of a config dataclass (for the command line's options)."""
     for item in dataclasses.fields(cls):
@@ -51,8 +58,11 @@ def default_of(cls: type, name: str) -> Any:
 class SamplingParams:
     """How one request generates. temperature 0 means greedy (argmax).
 
-    The filters run in llama.cpp's order: repeat penalty, top-k, top-p, min-p, then
-    temperature, then a draw from the seeded generator of that request.
+    The filters run in llama.cpp's order: logit bias, penalties (repeat, frequency, presence),
+    top-k, top-p, min-p, then temperature, then a draw from the seeded generator of that
+    request. A constraint (json_schema, grammar or json_object) removes the tokens it forbids
+    before the filters, so a constrained request samples exactly as if those tokens did not
+    exist; its output always follows the constraint.
     """
 
     max_tokens: int = 256
@@ -61,10 +71,19 @@ class SamplingParams:
     top_p: float = DEFAULT_TOP_P  # 1.0 disables top-p
     min_p: float = DEFAULT_MIN_P  # 0.0 disables min-p
     repeat_penalty: float = 1.0  # 1.0 disables the penalty
+    # llama.cpp's penalties over the same window: logit -= count * frequency + (count > 0) * presence
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
     repeat_last_n: int = DEFAULT_REPEAT_LAST_N
+    logit_bias: dict[int, float] | None = None  # token id -> added to its logit, in [-100, 100]
     seed: int | None = None  # None: derived from the runner's seed and the request's id
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    json_schema: dict[str, Any] | None = None  # the output is JSON valid under this schema
+    grammar: str | None = None  # the output follows this GBNF grammar (llama.cpp's format)
+    json_object: bool = False  # the output is one JSON object (OpenAI's {"type": "json_object"})
+    logprobs: bool = False  # report each output token's log probability
+    top_logprobs: int = 0  # and this many most likely alternatives at each position (0-20)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stop", (self.stop,) if isinstance(self.stop, str) else tuple(self.stop))
@@ -75,19 +94,54 @@ class SamplingParams:
         _require(0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p!r}")
         _require(0 <= self.min_p <= 1, f"min_p must be in [0, 1], got {self.min_p!r}")
         _require(self.repeat_penalty > 0, f"repeat_penalty must be > 0, got {self.repeat_penalty!r}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            _require(_is_number(value) and -MAX_OPENAI_PENALTY <= value <= MAX_OPENAI_PENALTY,
+                     f"{name} must be a number in [-2, 2], got {value!r}")
         _require(_is_int(self.repeat_last_n) and self.repeat_last_n >= 0,
                  f"repeat_last_n must be an integer >= 0, got {self.repeat_last_n!r}")
         _require(self.seed is None or (_is_int(self.seed) and 0 <= self.seed < 2**64),
                  f"seed must be an integer in [0, 2**64), got {self.seed!r}")
         _require(all(isinstance(s, str) and s for s in self.stop), f"stop strings must be non-empty strings, got {self.stop!r}")
+        self._check_logit_bias()
+        self._check_constraint()
+        _require(isinstance(self.logprobs, bool), f"logprobs must be true or false, got {self.logprobs!r}")
+        _require(_is_int(self.top_logprobs) and 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS,
+                 f"top_logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs!r}")
+        _require(self.logprobs or not self.top_logprobs, "top_logprobs needs logprobs=True")
+
+    def _check_logit_bias(self) -> None:
+        if self.logit_bias is None:
+            return
+        _require(isinstance(self.logit_bias, dict), f"logit_bias must map token ids to numbers, got {self.logit_bias!r}")
+        for token, bias in self.logit_bias.items():
+            _require(_is_int(token) and token >= 0, f"logit_bias keys must be token ids (integers >= 0), got {token!r}")
+            _require(_is_number(bias) and -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS,
+                     f"logit_bias of token {token} must be a number in [-100, 100], got {bias!r}")
+
+    def _check_constraint(self) -> None:
+        given = [name for name in ("json_schema", "grammar") if getattr(self, name) is not None]
+        given += ["json_object"] if self.json_object else []
+        _require(len(given) <= 1, f"give at most one of json_schema, grammar and json_object, got {', '.join(given)}")
+        _require(self.json_schema is None or isinstance(self.json_schema, dict),
+                 f"json_schema must be a JSON Schema object (a dict), got {self.json_schema!r}")
+        _require(self.grammar is None or (isinstance(self.grammar, str) and self.grammar.strip() != ""),
+                 f"grammar must be non-empty GBNF text, got {self.grammar!r}")
+        _require(isinstance(self.json_object, bool), f"json_object must be true or false, got {self.json_object!r}")
 
     @property
     def is_greedy(self) -> bool:
         return self.temperature <= 0 or self.top_k == 1
 
     @property
-    def uses_repeat_penalty(self) -> bool:
-        return self.repeat_penalty != 1.0 and self.repeat_last_n > 0
+    def uses_penalties(self) -> bool:
+        """Whether any of the repeat, frequency and presence penalties changes a logit."""
+        active = self.repeat_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+        return active and self.repeat_last_n > 0
+
+    @property
+    def is_constrained(self) -> bool:
+        return self.json_schema is not None or self.grammar is not None or self.json_object
 
 
 @dataclass(frozen=True)

@@ -25,8 +25,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .batch import Backend
-from .config import RunnerConfig
+from .config import RunnerConfig, SamplingParams
 from .errors import BackendError, NoKvSlot
+from .grammar import TokenConstraint
 from .request import FinishReason, Request, Result
 from .sampling import SequenceSampler, sample_rows
 from .scheduler import Scheduler, StepPlan, fit_prompt
@@ -109,8 +110,20 @@ class Engine:
         fit = fit_prompt(tokens, self.window, n_keep, params.max_tokens, overflow)
         seed = params.seed if params.seed is not None else self._derive_seed(request_id)
         banned = self.backend.end_of_generation_tokens() if params.ignore_eos else ()
-        sampler = SequenceSampler(params, seed, fit.tokens, banned)
+        sampler = SequenceSampler(params, seed, fit.tokens, banned, self._constraint(params), self.backend.token_bytes)
         return Sequence(request_id, fit.tokens, sampler, n_keep, overflow, prompt_tokens_dropped=fit.num_dropped)
+
+    def _constraint(self, params: SamplingParams) -> TokenConstraint | None:
+        """The request's compiled constraint; raises ValueError when it cannot be compiled (a
+        constrained request never runs without its constraint). Token ids of the logit bias
+        are checked here too, where the vocabulary is known."""
+        too_large = sorted(token for token in params.logit_bias or {} if token >= self.backend.n_vocab)
+        if too_large:
+            raise ValueError(f"logit_bias names token {too_large[0]}, but the vocabulary has "
+                             f"{self.backend.n_vocab} tokens")
+        if not params.is_constrained:
+            return None
+        return TokenConstraint(self.backend.grammar_tokenizer(), params)
 
     def _derive_seed(self, request_id: str) -> int:
         """A request without a seed gets one from the runner's seed and its id, so a run with a

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from .config import OverflowPolicy, SamplingParams
+from .logprobs import TokenLogprob
 
 CHAT_ROLES = ("system", "user", "assistant")
 
@@ -87,6 +88,10 @@ class Result:
     truncated: bool = False  # the prompt was slid or the generation was shifted
     prompt_tokens_dropped: int = 0
     tokens_shifted_out: int = 0
+    # Per output token, when the request asked for logprobs (end-of-generation tokens excluded).
+    logprobs: tuple[TokenLogprob, ...] | None = None
+    # The request could not run as given (it failed before it was queued): a client error.
+    is_invalid_request: bool = False
 
     @property
     def ok(self) -> bool:
@@ -96,4 +101,4 @@ class Result:
     def rejected(cls, request_id: str, error: str) -> Result:
         """The result of a request that failed before it could even be queued."""
         return cls(id=request_id, text="", finish_reason=FinishReason.ERROR, prompt_tokens=0, completion_tokens=0,
-                   timings=NO_TIMINGS, error=error)
+                   timings=NO_TIMINGS, error=error, is_invalid_request=True)

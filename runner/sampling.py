@@ -11,17 +11,25 @@ candidates of a 262k-entry row, as a few vectorized calls over all rows:
 
 The rest (top-p, min-p, temperature, the draw) works on k candidates per row. The filters run
 in llama.cpp's order, so a request samples from the same distribution it would in llama-server:
-repeat penalty, top-k, top-p, min-p, temperature, draw.
+logit bias, penalties, top-k, top-p, min-p, temperature, draw.
+
+Constrained rows (runner.grammar) get their bitmasks in one parallel call per step; their
+candidates are checked against the mask and replaced, only where needed, by the exact
+candidates of the masked row (runner.constrained). Log probabilities are taken from the rows
+as the model produced them, before anything here changes them (runner.logprobs).
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from .config import SamplingParams
+from .constrained import candidates_allowed, masked_argmax, masked_top_k, pad_candidates
+from .grammar import TokenConstraint, allowed_bits, fill_bitmasks
+from .logprobs import TokenLogprob, token_logprob
 
 _MIN_BLOCK = 16
 _MAX_BLOCK = 32  # measured: 32-entry blocks are fastest for 16 rows of a 262k vocabulary
@@ -30,49 +38,98 @@ _BLOCK_SHARE = 4
 
 
 class SequenceSampler:
-    """The sampling state of one sequence: parameters, its own random generator, and the
-    recent tokens the repeat penalty looks at. Its draws depend on nothing but its seed and
-    its own logits, so a seeded request is reproducible whatever else is in the batch."""
+    """The sampling state of one sequence: parameters, its own random generator, the recent
+    tokens the penalties look at, and its constraint. Its draws depend on nothing but its seed
+    and its own logits, so a seeded request is reproducible whatever else is in the batch."""
 
     def __init__(self, params: SamplingParams, seed: int, prompt_tokens: Sequence[int],
-                 banned_tokens: Sequence[int] = ()) -> None:
+                 banned_tokens: Sequence[int] = (), constraint: TokenConstraint | None = None,
+                 token_bytes: Callable[[int], bytes] | None = None) -> None:
         self.params = params
         self.rng = np.random.Generator(np.random.PCG64(seed))
         # Tokens never to sample, e.g. end-of-generation tokens under ignore_eos (as llama.cpp
         # does it: a -inf bias, so the model keeps writing instead of emitting EOS).
         self.banned = np.asarray(banned_tokens, dtype=np.int64) if len(banned_tokens) else None
+        self.bias_ids = self.bias_values = None
+        if params.logit_bias:
+            self.bias_ids = np.fromiter(params.logit_bias.keys(), dtype=np.int64)
+            self.bias_values = np.fromiter(params.logit_bias.values(), dtype=np.float32)
         self.recent: deque[int] | None = None
-        if params.uses_repeat_penalty:
+        if params.uses_penalties:
             self.recent = deque(prompt_tokens[-params.repeat_last_n:], maxlen=params.repeat_last_n)
+        self.constraint = constraint
+        self.token_bytes = token_bytes or (lambda token: b"")
+        self.last_logprob: TokenLogprob | None = None  # of the token sampled last, when asked
 
     def accept(self, token: int) -> None:
         if self.recent is not None:
             self.recent.append(token)
+        if self.constraint is not None:
+            self.constraint.accept(token)
+
+    @property
+    def is_constraint_complete(self) -> bool:
+        """The constrained output is a whole document: nothing may follow but the end."""
+        return self.constraint is not None and self.constraint.is_complete
+
+    def adjust(self, row: np.ndarray) -> None:
+        """The chain's steps before top-k, in llama.cpp's order: logit bias, penalties, bans."""
+        if self.bias_ids is not None:
+            row[self.bias_ids] += self.bias_values
+        if self.recent:
+            apply_penalties(row, self.recent, self.params)
+        if self.banned is not None:
+            row[self.banned] = -np.inf
 
 
 def sample_rows(logits: np.ndarray, samplers: Sequence[SequenceSampler]) -> list[int]:
     """One token for each row of `logits` (rows in the order of `samplers`).
 
-    Rows with a repeat penalty or banned tokens are modified in place (the matrix is scratch
-    space owned by the caller until the next decode)."""
+    Rows with a bias, penalties or banned tokens are modified in place (the matrix is scratch
+    space owned by the caller until the next decode). Rows of constrained samplers draw only
+    allowed tokens, exactly as if the forbidden ones had been masked out first."""
     assert logits.shape[0] == len(samplers), "one sampler per logits row"
+    raw_rows = {row: logits[row].copy() for row, sampler in enumerate(samplers) if sampler.params.logprobs}
     for row, sampler in enumerate(samplers):
-        if sampler.recent:
-            apply_repeat_penalty(logits[row], sampler.recent, sampler.params.repeat_penalty)
-        if sampler.banned is not None:
-            logits[row, sampler.banned] = -np.inf
-    if all(sampler.params.is_greedy for sampler in samplers):
-        return logits.argmax(axis=1).tolist()
-    tokens = [0] * len(samplers)
-    for row, sampler in enumerate(samplers):
-        if sampler.params.is_greedy:
-            tokens[row] = int(logits[row].argmax())
+        sampler.adjust(logits[row])
+    bitmasks = _constraint_bitmasks(samplers)
+    tokens = _greedy_tokens(logits, samplers, bitmasks)
     for top_k, rows in _sampled_rows_by_top_k(samplers, logits.shape[1]).items():
         matrix = logits if len(rows) == logits.shape[0] else logits[rows]
         ids, values = top_k_sorted(matrix, top_k)
+        for index, row in enumerate(rows):
+            if row in bitmasks and not candidates_allowed(bitmasks[row], ids[index]):
+                ids[index], values[index] = pad_candidates(*masked_top_k(logits[row], bitmasks[row], top_k), top_k)
         picks = draw_from_sorted(values, [samplers[row] for row in rows])
         for row, token in zip(rows, ids[np.arange(len(rows)), picks].tolist()):
             tokens[row] = token
+    for row, raw_row in raw_rows.items():
+        sampler = samplers[row]
+        sampler.last_logprob = token_logprob(raw_row, tokens[row], sampler.params.top_logprobs, sampler.token_bytes)
+    return tokens
+
+
+def _constraint_bitmasks(samplers: Sequence[SequenceSampler]) -> dict[int, np.ndarray]:
+    """The bitmask of every constrained row, by row, computed in one parallel call."""
+    rows = [row for row, sampler in enumerate(samplers) if sampler.constraint is not None]
+    if not rows:
+        return {}
+    bitmasks = fill_bitmasks([samplers[row].constraint for row in rows])
+    return dict(zip(rows, bitmasks))
+
+
+def _greedy_tokens(logits: np.ndarray, samplers: Sequence[SequenceSampler],
+                   bitmasks: dict[int, np.ndarray]) -> list[int]:
+    """Tokens of the greedy rows (0 for the others): the argmax, or the argmax over the
+    allowed tokens when a constrained row's argmax is forbidden."""
+    if all(sampler.params.is_greedy for sampler in samplers):
+        tokens = logits.argmax(axis=1).tolist()
+    else:
+        tokens = [int(logits[row].argmax()) if sampler.params.is_greedy else 0
+                  for row, sampler in enumerate(samplers)]
+    for row, bitmask in bitmasks.items():
+        if samplers[row].params.is_greedy and not allowed_bits(bitmask, np.array([tokens[row]]))[0]:
+            tokens[row] = masked_argmax(logits[row], bitmask)
     return tokens
 
 
@@ -87,12 +144,15 @@ def _sampled_rows_by_top_k(samplers: Sequence[SequenceSampler], vocab_size: int)
     return groups
 
 
-def apply_repeat_penalty(row: np.ndarray, recent: deque[int], penalty: float) -> None:
-    """llama.cpp's repeat penalty: each recently seen token's logit is divided by the penalty
-    when positive and multiplied by it when negative."""
-    seen = np.unique(np.fromiter(recent, dtype=np.int64, count=len(recent)))
+def apply_penalties(row: np.ndarray, recent: deque[int], params: SamplingParams) -> None:
+    """llama.cpp's penalties sampler over the recent tokens: each seen token's logit is divided
+    by the repeat penalty when positive and multiplied by it otherwise, then lowered by
+    count * frequency_penalty + presence_penalty (count: its occurrences in the window)."""
+    seen, counts = np.unique(np.fromiter(recent, dtype=np.int64, count=len(recent)), return_counts=True)
     values = row[seen]
-    row[seen] = np.where(values > 0, values / penalty, values * penalty)
+    penalty = params.repeat_penalty
+    values = np.where(values > 0, values / penalty, values * penalty)
+    row[seen] = values - (counts * params.frequency_penalty + params.presence_penalty)
 
 
 def _block_size(vocab_size: int) -> int:

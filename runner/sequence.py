@@ -13,6 +13,7 @@ import numpy as np
 
 from .config import OverflowPolicy, SamplingParams
 from .detok import TextAssembler
+from .logprobs import TokenLogprob
 from .request import FinishReason, Result, Timings
 from .sampling import SequenceSampler
 
@@ -39,6 +40,7 @@ class Sequence:
         self.status = SequenceStatus.WAITING
         self.slot: int | None = None
         self.output_tokens: list[int] = []
+        self.logprobs: list[TokenLogprob] | None = [] if sampler.params.logprobs else None
         self.text_parts: list[str] = []
         self.num_prefilled = 0  # prompt tokens in the slot's KV (reused or decoded)
         self.num_cached = 0  # prompt tokens reused from a prefix already in some slot's KV
@@ -143,10 +145,12 @@ class Sequence:
             self.first_token_at = now
         if is_end_of_generation and not self.params.ignore_eos:
             return "", FinishReason.STOP
+        if self.logprobs is not None and self.sampler.last_logprob is not None:
+            self.logprobs.append(self.sampler.last_logprob)
         text, self.has_reached_stop_string = self.assembler.feed(piece)
         if text:
             self.text_parts.append(text)
-        if self.has_reached_stop_string:
+        if self.has_reached_stop_string or self.sampler.is_constraint_complete:
             return text, FinishReason.STOP
         if len(self.output_tokens) >= self.params.max_tokens:
             return text, FinishReason.LENGTH
@@ -203,6 +207,7 @@ class Sequence:
             truncated=self.is_truncated,
             prompt_tokens_dropped=self.prompt_tokens_dropped,
             tokens_shifted_out=self.tokens_shifted_out,
+            logprobs=None if self.logprobs is None else tuple(self.logprobs),
         )
 
 

@@ -24,12 +24,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from multiseq.runner.errors import NoKvSlot
+from multiseq.runner.grammar import tokenizer_from_pieces
 
 BOS = 256
 EOS = 257
 VOCAB = 512  # bytes, BOS, EOS and unused ids; a multiple of 16 so the sampler's block path runs
 PEAK = 20.0  # greedy and low-temperature sampling follow the script
 NOISY_PEAK = 2.0  # with noise of the same size, sampling has many likely tokens
+_grammar_tokenizer = None
 
 
 @dataclass
@@ -87,6 +89,16 @@ class FakeBackend:
 
     def end_of_generation_tokens(self) -> list[int]:
         return [EOS]
+
+    def grammar_tokenizer(self):
+        """llguidance's view of the byte vocabulary: BOS and EOS are special, the unused ids
+        stand for nothing. Built once per process (it depends on nothing but the vocabulary)."""
+        global _grammar_tokenizer
+        if _grammar_tokenizer is None:
+            pieces = [bytes([token]) for token in range(256)] + [b"\xff<s>", b"\xff</s>"]
+            pieces += [b""] * (VOCAB - len(pieces))
+            _grammar_tokenizer = tokenizer_from_pieces(pieces, [EOS], [BOS, EOS], list)
+        return _grammar_tokenizer
 
     # --- the model ---------------------------------------------------------------------------
 

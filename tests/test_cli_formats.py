@@ -56,7 +56,9 @@ def test_openai_batch_input_gives_openai_batch_output(tmp_path, run_cli, read_js
     text_body = text["response"]["body"]
     assert text_body["object"] == "text_completion" and text_body["usage"]["completion_tokens"] == 7
     assert text_body["choices"][0]["text"] and text_body["choices"][0]["finish_reason"] == "length"
-    assert bad["response"] is None and "line 3" in bad["error"]["message"] and "url" in bad["error"]["message"]
+    error = bad["response"]["body"]["error"]
+    assert bad["response"]["status_code"] == 400 and bad["error"] is None
+    assert "line 3" in error["message"] and error["param"] == "url" and error["type"] == "invalid_request_error"
 
 
 def test_format_can_be_forced(tmp_path, run_cli, read_jsonl):

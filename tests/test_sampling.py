@@ -9,26 +9,8 @@ import numpy as np
 import pytest
 
 from multiseq.runner.config import SamplingParams
-from multiseq.runner.sampling import SequenceSampler, apply_repeat_penalty, sample_rows, top_k_sorted
-
-
-def reference_distribution(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
-    """llama.cpp's chain written plainly over the whole vocabulary."""
-    order = np.argsort(-logits, kind="stable")
-    kept = order[: params.top_k] if params.top_k > 0 else order
-    values = logits[kept].astype(np.float64)
-    probs = np.exp(values - values.max())
-    probs /= probs.sum()
-    cumulative = np.cumsum(probs)
-    cut = int(np.searchsorted(cumulative, params.top_p)) + 1 if params.top_p < 1 else len(kept)
-    kept, values = kept[:cut], values[:cut]
-    if params.min_p > 0:
-        mask = values >= values[0] + np.log(params.min_p)
-        kept, values = kept[mask], values[mask]
-    tempered = np.exp((values - values.max()) / params.temperature)
-    distribution = np.zeros_like(logits, dtype=np.float64)
-    distribution[kept] = tempered / tempered.sum()
-    return distribution
+from reference import reference_distribution
+from multiseq.runner.sampling import SequenceSampler, apply_penalties, sample_rows, top_k_sorted
 
 
 @pytest.mark.parametrize("vocab_size, top_k", [(262144, 40), (49152, 40), (512, 5), (1000, 40), (300, 7), (4096, 1)])
@@ -90,7 +72,7 @@ def test_greedy_rows_take_the_argmax_beside_sampled_rows():
 
 def test_repeat_penalty_follows_llama_cpp():
     row = np.array([2.0, -2.0, 1.0, 4.0], dtype=np.float32)
-    apply_repeat_penalty(row, deque([0, 1, 1]), 2.0)
+    apply_penalties(row, deque([0, 1, 1]), SamplingParams(repeat_penalty=2.0))
     np.testing.assert_array_equal(row, [1.0, -4.0, 1.0, 4.0])
 
 

@@ -14,10 +14,10 @@ Python package (test runners would import it under its folder's name).
 
 from multiseq.runner import (CANCELLED_BEFORE_START, BackendError, Engine, FinishReason, OverflowPolicy, Request,
                      RequestHandle, Result, Runner, RunnerConfig, RunnerSnapshot, RunStats, SamplingParams,
-                     StepOutput, TextPiece, Timings)
+                     StepOutput, TextPiece, Timings, TokenLogprob, TopLogprob)
 
 __all__ = [
     "BackendError", "CANCELLED_BEFORE_START", "Engine", "FinishReason", "OverflowPolicy", "Request",
     "RequestHandle", "Result", "RunStats", "Runner", "RunnerConfig", "RunnerSnapshot", "SamplingParams",
-    "StepOutput", "TextPiece", "Timings",
+    "StepOutput", "TextPiece", "Timings", "TokenLogprob", "TopLogprob",
 ]

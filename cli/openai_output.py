@@ -1,0 +1,96 @@
+"""OpenAI Batch API output lines, shaped as OpenAI writes them.
+
+- A line that ran: `response.status_code` 200 and a chat.completion or text_completion body
+  with one choice per `n`, finish_reason `stop` or `length`, logprobs when asked.
+- A line rejected for its content (a bad field, a field that cannot be honoured, a prompt
+  that cannot fit): `response.status_code` 400 and `response.body.error` {message, type,
+  param, code}, `param` naming the field when one is to blame.
+- A line that failed while running: 500 with a server_error.
+- A line cancelled by an interrupted run: no response, and `error` {code: batch_cancelled}.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from ..runner import FinishReason, Result, TokenLogprob
+from .reader import PromptItem
+
+
+def _uid() -> str:
+    return uuid.uuid4().hex[:24]
+
+
+def openai_record(item: PromptItem, results: list[Result] | None, model_name: str) -> dict[str, Any]:
+    """One OpenAI Batch output line for an item and the results of its choices (None: the
+    line never ran)."""
+    record = {"id": f"batch_req_{_uid()}", "custom_id": item.id, "response": None, "error": None}
+    if results is None:
+        record["response"] = _error_response(400, item.error, "invalid_request_error", item.error_param)
+        return record
+    invalid = next((r for r in results if r.is_invalid_request), None)
+    failed = next((r for r in results if r.finish_reason is FinishReason.ERROR), None)
+    cancelled = next((r for r in results if r.finish_reason is FinishReason.CANCELLED), None)
+    if invalid is not None:
+        record["response"] = _error_response(400, invalid.error, "invalid_request_error", None)
+    elif failed is not None:
+        record["response"] = _error_response(500, failed.error, "server_error", None)
+    elif cancelled is not None:
+        record["error"] = {"code": "batch_cancelled",
+                           "message": cancelled.error or "the run was interrupted before this request finished"}
+    else:
+        record["response"] = {"status_code": 200, "request_id": f"req_{_uid()}",
+                              "body": _completion_body(item, results, model_name)}
+    return record
+
+
+def _error_response(status: int, message: str | None, kind: str, param: str | None) -> dict[str, Any]:
+    return {"status_code": status, "request_id": f"req_{_uid()}",
+            "body": {"error": {"message": message, "type": kind, "param": param, "code": None}}}
+
+
+def _completion_body(item: PromptItem, results: list[Result], model_name: str) -> dict[str, Any]:
+    """The body of a 200 response. The prompt is counted once, as OpenAI counts it for n > 1."""
+    completion_tokens = sum(result.completion_tokens for result in results)
+    usage = {"prompt_tokens": results[0].prompt_tokens, "completion_tokens": completion_tokens,
+             "total_tokens": results[0].prompt_tokens + completion_tokens,
+             "prompt_tokens_details": {"cached_tokens": results[0].prompt_tokens_cached}}
+    if item.is_chat:
+        choices = [{"index": index, "message": {"role": "assistant", "content": result.text, "refusal": None},
+                    "logprobs": chat_logprobs(result.logprobs), "finish_reason": result.finish_reason.value}
+                   for index, result in enumerate(results)]
+        kind, prefix = "chat.completion", "chatcmpl"
+    else:
+        choices = [{"index": index, "text": result.text, "logprobs": completion_logprobs(result.logprobs),
+                    "finish_reason": result.finish_reason.value} for index, result in enumerate(results)]
+        kind, prefix = "text_completion", "cmpl"
+    return {"id": f"{prefix}-{_uid()}", "object": kind, "created": int(time.time()), "model": model_name,
+            "choices": choices, "usage": usage}
+
+
+def chat_logprobs(logprobs: tuple[TokenLogprob, ...] | None) -> dict[str, Any] | None:
+    """The chat API's logprobs: {content: [{token, logprob, bytes, top_logprobs}], refusal}."""
+    if logprobs is None:
+        return None
+    content = [{"token": entry.text, "logprob": entry.logprob, "bytes": list(entry.token_bytes),
+                "top_logprobs": [{"token": top.text, "logprob": top.logprob, "bytes": list(top.token_bytes)}
+                                 for top in entry.top_logprobs]}
+               for entry in logprobs]
+    return {"content": content, "refusal": None}
+
+
+def completion_logprobs(logprobs: tuple[TokenLogprob, ...] | None) -> dict[str, Any] | None:
+    """The completions API's logprobs: parallel lists of tokens, their logprobs, the top
+    alternatives as {token: logprob}, and each token's character offset in the text."""
+    if logprobs is None:
+        return None
+    offsets, offset = [], 0
+    for entry in logprobs:
+        offsets.append(offset)
+        offset += len(entry.text)
+    return {"tokens": [entry.text for entry in logprobs],
+            "token_logprobs": [entry.logprob for entry in logprobs],
+            "top_logprobs": [{top.text: top.logprob for top in entry.top_logprobs} for entry in logprobs],
+            "text_offset": offsets}

@@ -1,0 +1,59 @@
+"""Log probabilities of output tokens, as OpenAI reports them: the log-softmax of the row the
+model produced, before biases, penalties, constraint masks and temperature."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class TopLogprob:
+    """One of the most likely tokens at a position."""
+
+    token_id: int
+    token_bytes: bytes  # what the token stands for; special tokens are empty
+    logprob: float
+
+    @property
+    def text(self) -> str:
+        """The token as text; bytes of a character split across tokens show as \\xNN."""
+        return self.token_bytes.decode("utf-8", "backslashreplace")
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """An output token's log probability, and the top alternatives when they were asked for."""
+
+    token_id: int
+    token_bytes: bytes
+    logprob: float
+    top_logprobs: tuple[TopLogprob, ...] = ()
+
+    @property
+    def text(self) -> str:
+        return self.token_bytes.decode("utf-8", "backslashreplace")
+
+
+def log_normalizer(row: np.ndarray) -> float:
+    """log(sum(exp(row))), computed without overflow."""
+    values = row.astype(np.float64)
+    peak = values.max()
+    return float(peak + np.log(np.exp(values - peak).sum()))
+
+
+def token_logprob(raw_row: np.ndarray, token: int, num_top: int,
+                  token_bytes: Callable[[int], bytes]) -> TokenLogprob:
+    """The log probability of `token` in the unmodified logits row, and the num_top most
+    likely tokens of that row, most likely first."""
+    from .sampling import top_k_sorted  # sampling imports this module
+
+    normalizer = log_normalizer(raw_row)
+    top: tuple[TopLogprob, ...] = ()
+    if num_top:
+        ids, values = top_k_sorted(raw_row[None, :], min(num_top, raw_row.shape[0]))
+        top = tuple(TopLogprob(int(i), token_bytes(int(i)), float(v) - normalizer)
+                    for i, v in zip(ids[0].tolist(), values[0].tolist()))
+    return TokenLogprob(token, token_bytes(token), float(raw_row[token]) - normalizer, top)

@@ -1,0 +1,120 @@
+"""Constrained output, logprobs and the request fields of real batch files, on both real models."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import jsonschema
+import numpy as np
+import pytest
+
+from multiseq import FinishReason, Request, SamplingParams
+from multiseq.runner.backend import LlamaBackend
+from multiseq.runner.batch import BatchEntry
+
+pytestmark = pytest.mark.model
+
+MODELS = ["smollm", "gemma"]
+SCHEMAS = {
+    "enum": {"type": "object", "properties": {"sentiment": {"enum": ["positive", "negative", "neutral"]}},
+             "required": ["sentiment"], "additionalProperties": False},
+    "nested": {"type": "object", "additionalProperties": False, "required": ["name", "age", "address"],
+               "properties": {"name": {"type": "string", "maxLength": 24},
+                              "age": {"type": "integer", "minimum": 0, "maximum": 120},
+                              "address": {"type": "object", "required": ["city"], "additionalProperties": False,
+                                          "properties": {"city": {"type": "string", "maxLength": 24}}}}},
+    "array": {"type": "object", "required": ["tags"], "additionalProperties": False,
+              "properties": {"tags": {"type": "array", "minItems": 1, "maxItems": 3,
+                                      "items": {"type": "string", "maxLength": 16}}}},
+    "optional": {"type": "object", "required": ["title"], "additionalProperties": False,
+                 "properties": {"title": {"type": "string", "maxLength": 30}, "year": {"type": "integer"},
+                                "rating": {"enum": [1, 2, 3, 4, 5]}, "genre": {"enum": ["drama", "comedy"]}}},
+}
+TEXT = "The film was a warm comedy about a retired baker in Lyon; I loved it."
+
+
+def ask(text: str) -> tuple[dict, ...]:
+    return ({"role": "system", "content": "You answer in JSON."}, {"role": "user", "content": text})
+
+
+@pytest.mark.parametrize("model_name", MODELS)
+def test_schema_constrained_outputs_that_end_by_themselves_validate(request, real_runner, model_name):
+    model = request.getfixturevalue(model_name)
+    runner = real_runner(model, parallel=8, slot_ctx=256)
+    requests = [Request(messages=ask(f"Describe this review as {name} JSON: {TEXT}"), id=f"{name}-{temperature}",
+                        sampling=SamplingParams(max_tokens=48, temperature=temperature, seed=index, json_schema=schema))
+                for index, (name, schema) in enumerate(SCHEMAS.items()) for temperature in (0.0, 0.8)]
+    results = runner.run_batch(requests)
+    ended = [result for result in results if result.finish_reason is FinishReason.STOP]
+    assert len(ended) >= len(results) // 2, [(r.id, r.text) for r in results]
+    for result in ended:
+        jsonschema.validate(json.loads(result.text), SCHEMAS[result.id.split("-")[0]])
+    for result in results:
+        assert result.ok and (result.finish_reason is FinishReason.STOP or result.completion_tokens == 48)
+
+
+@pytest.mark.parametrize("model_name", MODELS)
+def test_gbnf_grammars_and_json_object_mode_constrain(request, real_runner, model_name):
+    model = request.getfixturevalue(model_name)
+    runner = real_runner(model, parallel=4, slot_ctx=256)
+    grammar = 'root ::= ("yes" | "no") ", because " [a-z ]{1,30} "."'
+    [answer, sampled, listed, obj] = runner.run_batch([
+        Request(prompt="Is the sky blue? Answer:", sampling=SamplingParams(temperature=0, max_tokens=32,
+                                                                            grammar=grammar)),
+        Request(messages=ask("Is water wet?"), sampling=SamplingParams(temperature=1.0, seed=3, max_tokens=32,
+                                                                       grammar=grammar)),
+        Request(prompt="Three colors:", sampling=SamplingParams(temperature=0, max_tokens=24, grammar=(
+            'root ::= item ", " item ", " item\nitem ::= "red" | "green" | "blue" | "black"'))),
+        Request(messages=ask(f"Give a JSON object about: {TEXT}"), sampling=SamplingParams(
+            temperature=0, max_tokens=64, json_object=True)),
+    ])
+    pattern = re.compile(r"(yes|no), because [a-z ]{1,30}\.")
+    for result in (answer, sampled):
+        assert pattern.fullmatch(result.text) if result.finish_reason is FinishReason.STOP else \
+            pattern.fullmatch(result.text + "x.") or re.fullmatch(r"(yes|no)(, because [a-z ]*)?", result.text)
+    assert re.fullmatch(r"(red|green|blue|black)(, (red|green|blue|black)){2}", listed.text)
+    assert listed.finish_reason is FinishReason.STOP
+    if obj.finish_reason is FinishReason.STOP:
+        assert isinstance(json.loads(obj.text), dict)
+    else:
+        assert obj.text.lstrip().startswith("{")
+
+
+@pytest.mark.parametrize("model_name", MODELS)
+def test_logprobs_are_the_log_softmax_of_the_models_row(request, real_runner, model_name):
+    """The first token's logprobs against a direct decode of the same prompt; later greedy tokens
+    are their row's most likely token, and the top 20 probabilities sum to at most 1."""
+    model = request.getfixturevalue(model_name)
+    prompt = "The capital of France is"
+    runner = real_runner(model, parallel=2, slot_ctx=256)
+    [result] = runner.run_batch([Request(prompt=prompt, sampling=SamplingParams(
+        temperature=0, max_tokens=8, ignore_eos=True, logprobs=True, top_logprobs=20, presence_penalty=2.0))])
+    backend = LlamaBackend(model, num_slots=1, slot_ctx=256, n_batch=64, threads=runner.config.threads)
+    try:
+        tokens = model.tokenize(prompt)
+        row = backend.decode([BatchEntry(0, tokens, 0, True)])[0].astype(np.float64)
+    finally:
+        backend.close()
+    expected = row - (row.max() + np.log(np.exp(row - row.max()).sum()))
+    first = result.logprobs[0]
+    assert first.token_id == int(row.argmax()) and first.logprob == pytest.approx(expected.max(), abs=2e-3)
+    assert [top.token_id for top in first.top_logprobs] == list(np.argsort(-expected, kind="stable")[:20])
+    for entry in result.logprobs:
+        probabilities = np.exp([top.logprob for top in entry.top_logprobs])
+        assert probabilities.sum() <= 1 + 1e-6 and len(probabilities) == 20
+        if probabilities.sum() > 0.99:  # the top 20 hold nearly all the mass
+            assert probabilities.sum() == pytest.approx(1.0, abs=0.01)
+    # The presence penalty changes what is sampled, never the logprobs: those are the model's.
+    assert all(entry.logprob <= entry.top_logprobs[0].logprob + 1e-9 for entry in result.logprobs)
+
+
+def test_constrained_greedy_batched_equals_one_at_a_time(smollm, real_runner):
+    def requests():
+        return [Request(messages=ask(f"Describe as JSON ({name}): {TEXT}"), id=name,
+                        sampling=SamplingParams(temperature=0, max_tokens=40, json_schema=schema))
+                for name, schema in SCHEMAS.items()]
+
+    batched = real_runner(smollm, parallel=4, slot_ctx=256).run_batch(requests())
+    alone = real_runner(smollm, parallel=1, slot_ctx=256).run_batch(requests())
+    assert [r.text for r in batched] == [r.text for r in alone]
