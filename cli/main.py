@@ -147,6 +147,9 @@ def _resolve_model(name: str) -> models.ResolvedModel:
               show_default=True, help="A prompt longer than the slot window: slide it, or reject it.")
 @click.option("--prefix-cache/--no-prefix-cache", default=default_of(RunnerConfig, "prefix_cache"), show_default=True,
               help="Reuse prompt prefixes already computed in some slot (a shared system prompt is prefilled once).")
+@click.option("--batch-invariant", is_flag=True, default=default_of(RunnerConfig, "batch_invariant"),
+              help="Make each output independent of what runs beside it (parallelism, prefix reuse), "
+                   "at some cost in speed.")
 @click.option("--order", type=click.Choice(["finish", "input"]), default="finish", show_default=True,
               help="Write results as they finish, or in input order.")
 @click.option("--errors", "errors_file", type=click.Path(dir_okay=False, path_type=Path),
@@ -160,9 +163,9 @@ def _resolve_model(name: str) -> models.ResolvedModel:
 def batch_run(prompts_file: Path, output: Path | None, prompt_format: str | None, text_mode: str, model: str,
               parallel: int, slot_ctx: int, max_tokens: int, temperature: float, top_k: int, top_p: float,
               min_p: float, repeat_penalty: float, seed: int | None, stop: tuple[str, ...], ignore_eos: bool,
-              threads: int, n_keep: int, n_discard: int, overflow: str, prefix_cache: bool, order: str,
-              errors_file: Path | None, resume: bool, strict: bool, stats_json: Path | None, dashboard: bool | None,
-              verbose: bool) -> None:
+              threads: int, n_keep: int, n_discard: int, overflow: str, prefix_cache: bool, batch_invariant: bool,
+              order: str, errors_file: Path | None, resume: bool, strict: bool, stats_json: Path | None,
+              dashboard: bool | None, verbose: bool) -> None:
     """Run every prompt in PROMPTS_FILE and write one result per line.
 
     PROMPTS_FILE is JSON lines ({"id"?, "prompt" | "messages", ...}), plain text (one prompt
@@ -176,7 +179,8 @@ def batch_run(prompts_file: Path, output: Path | None, prompt_format: str | None
         defaults = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                                   min_p=min_p, repeat_penalty=repeat_penalty, stop=stop, ignore_eos=ignore_eos)
         config = RunnerConfig(model=model, parallel=parallel, slot_ctx=slot_ctx, threads=threads, n_keep=n_keep,
-                              n_discard=n_discard, overflow=overflow, seed=seed, prefix_cache=prefix_cache)
+                              n_discard=n_discard, overflow=overflow, seed=seed, prefix_cache=prefix_cache,
+                              batch_invariant=batch_invariant)
     except ValueError as error:
         raise click.UsageError(str(error)) from None
     if resume and output is None:

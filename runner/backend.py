@@ -16,7 +16,7 @@ import warnings
 import numpy as np
 import llama_cpp as llama
 
-from .batch import BatchEntry
+from .batch import BatchEntry, ChunkRules
 from .errors import BackendError, NoKvSlot
 
 logger = logging.getLogger("multiseq.llama")
@@ -26,6 +26,8 @@ _init_lock = threading.Lock()
 _log_callback = None  # kept referenced: llama.cpp calls it for the life of the process
 _PIECE_BUFFER_BYTES = 256
 _DECODE_NO_KV_SLOT = 1
+_UNTILED_ROWS_BELOW = 64  # GGML_FA_TILE_Q of ggml-cpu's flash attention
+_TOKENS_PER_PRODUCT_GROUP = 4  # columns per ggml-cpu repacked GEMM call; the rest go through GEMV
 
 
 def _forward_llama_log(level: int, text: bytes, _user_data) -> None:
@@ -97,9 +99,14 @@ class LlamaModel:
     """A loaded GGUF: weights, vocabulary, chat template. Contexts are created on it."""
 
     def __init__(self, model_path: str, chat_template: str | None = None,
-                 chat_template_fallback: str | None = None) -> None:
+                 chat_template_fallback: str | None = None, repack_weights: bool = True) -> None:
         _init_llama_once()
         params = llama.llama_model_default_params()
+        # llama.cpp repacks some weight types for faster matrix products, which then take a
+        # batch's tokens four at a time and its last ones one by one, with other rounding: a
+        # token's numbers would depend on how many tokens share its micro-batch.
+        params.use_extra_bufts = repack_weights
+        self.repack_weights = repack_weights
         self.handle = llama.llama_model_load_from_file(str(model_path).encode(), params)
         if not self.handle:
             raise BackendError(f"llama.cpp could not load the model file {model_path}")
@@ -200,12 +207,21 @@ class LlamaBackend:
     """One llama.cpp context with `num_slots` sequences on a model, driven a step at a time."""
 
     def __init__(self, model: LlamaModel, num_slots: int, slot_ctx: int, n_batch: int, threads: int,
-                 owns_model: bool = False, swa_full: bool = True) -> None:
+                 owns_model: bool = False, swa_full: bool = True, batch_invariant: bool = False) -> None:
+        if batch_invariant and model.repack_weights:
+            raise BackendError("batch_invariant needs the model loaded with repack_weights=False "
+                               "(repacked weights compute a token differently by its place in the batch)")
         self.model = model
         self.num_slots = num_slots
         self.n_batch = n_batch
         self._owns_model = owns_model
-        self._ctx = self._new_context(num_slots, slot_ctx, n_batch, threads, swa_full)
+        self._ctx = self._new_context(num_slots, slot_ctx, n_batch, threads, swa_full, batch_invariant)
+        # Where llama.cpp's CPU kernels change with the shape of a micro-batch: flash attention
+        # computes a sequence's rows in tiles once it has 64 of them, and one by one below that;
+        # without it, only a sequence's lone row is computed differently. Matrix products with
+        # repacked weights take tokens four at a time, the last ones of a batch one by one.
+        self.chunk_rules = ChunkRules(min_tokens=2 if batch_invariant else _UNTILED_ROWS_BELOW,
+                                      alignment=_TOKENS_PER_PRODUCT_GROUP)
         self._memory = llama.llama_get_memory(self._ctx)
         self.n_vocab = model.n_vocab
         self.add_bos = model.add_bos
@@ -224,8 +240,13 @@ class LlamaBackend:
         self.render_chat = model.render_chat
         self.grammar_tokenizer = model.grammar_tokenizer
 
-    def _new_context(self, num_slots: int, slot_ctx: int, n_batch: int, threads: int, swa_full: bool):
+    def _new_context(self, num_slots: int, slot_ctx: int, n_batch: int, threads: int, swa_full: bool,
+                     batch_invariant: bool):
         params = llama.llama_context_default_params()
+        # llama.cpp's default lets flash attention decide per micro-batch shape which kernels
+        # run, so a sequence's numbers depend on what shares its batch. Without it, they do not.
+        if batch_invariant:
+            params.flash_attn_type = llama.LLAMA_FLASH_ATTN_TYPE_DISABLED
         # A full-size sliding-window cache (llama.cpp's default) never drops a slot's first
         # positions, so every prefix a slot held stays reusable; a smaller one saves memory.
         params.swa_full = swa_full

@@ -22,6 +22,32 @@ class BatchEntry:
     wants_output: bool  # a logits row is needed for the last token
 
 
+@dataclass(frozen=True)
+class ChunkRules:
+    """How a backend wants prompts cut so that a token's numbers do not depend on where the
+    cut fell: chunks of at least `min_tokens` (or a prompt's whole rest), each ending on a
+    multiple of `alignment` (but for a prompt's last chunk). Reused prefixes follow the same
+    rules, so a prompt computed in pieces matches one computed whole."""
+
+    min_tokens: int = 1
+    alignment: int = 1
+
+    def reusable(self, shared: int, prompt_length: int) -> int:
+        """How many of `shared` leading tokens a prompt of prompt_length may take from a KV:
+        its last min_tokens (at least one, whose logits start generation) are computed."""
+        most = min(shared, prompt_length - max(1, self.min_tokens))
+        return max(0, most - most % self.alignment)
+
+    def chunk_length(self, start: int, remaining: int, budget: int) -> int:
+        """How much of a prompt's rest, from position `start`, fits in `budget` tokens: all of
+        it, or a chunk that keeps the rules (0: none fits now)."""
+        if remaining <= budget:
+            return remaining
+        end = start + min(budget, remaining - self.min_tokens)
+        end -= end % self.alignment
+        return end - start if end - start >= self.min_tokens else 0
+
+
 class Backend(Protocol):
     """Exactly what the engine uses of a model and its context."""
 
@@ -30,6 +56,7 @@ class Backend(Protocol):
     can_shift: bool  # whether a slot's KV positions can be moved (generation shift)
     add_bos: bool  # whether tokenize() puts a BOS token first
     last_decode_seconds: float  # time of the last decode() call's llama_decode alone
+    chunk_rules: ChunkRules  # how to cut prompts so that the cut does not change their numbers
 
     def tokenize(self, text: str) -> list[int]: ...
     def render_chat(self, messages: tuple[dict, ...]) -> str: ...

@@ -163,6 +163,10 @@ class RunnerConfig:
     seed: int | None = None  # base seed for requests without one; None: fresh entropy
     chat_template: str | None = None  # overrides the model's template (a llama.cpp template name)
     prefix_cache: bool = True  # reuse prompt prefixes already in some slot's KV instead of prefilling them
+    # A request's output independent of what shares its batch (parallelism, prefix reuse, the
+    # other requests), at some cost in speed: flash attention and weight repacking are off, and
+    # a step holds either one prompt chunk or the decoding tokens.
+    batch_invariant: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "overflow", OverflowPolicy(self.overflow))

@@ -80,7 +80,8 @@ class Engine:
         self.backend = backend
         self.window = backend.window
         self.scheduler = Scheduler(config.parallel, config.n_batch, self.window, self._clamped_n_discard(),
-                                   prefix_cache=config.prefix_cache)
+                                   prefix_cache=config.prefix_cache, chunk_rules=backend.chunk_rules,
+                                   isolate_prefill=config.batch_invariant)
         self.stats = StatsRecorder()
         self._base_seed = config.seed if config.seed is not None else int.from_bytes(os.urandom(8), "little")
         self._outbox = StepOutput()

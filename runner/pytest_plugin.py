@@ -34,13 +34,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="slots of the multiseq_runner fixture (default: %(default)s)")
 
 
-def load_model(name_or_path: str):
-    """A registry model (fetched on first use) or a local .gguf, loaded with llama.cpp."""
+def load_model(name_or_path: str, repack_weights: bool = True):
+    """A registry model (fetched on first use) or a local .gguf, loaded with llama.cpp
+    (repack_weights=False for batch-invariant runners)."""
     from .. import models
     from .backend import LlamaModel
 
     resolved = models.resolve(name_or_path)
-    return LlamaModel(str(resolved.path), chat_template_fallback=resolved.chat_template_fallback)
+    return LlamaModel(str(resolved.path), chat_template_fallback=resolved.chat_template_fallback,
+                      repack_weights=repack_weights)
 
 
 @pytest.fixture(scope="session")

@@ -276,7 +276,8 @@ def _llama_backend(model, config: RunnerConfig, owns_model: bool) -> Backend:
     """A context on a loaded model, sized and threaded as the config says."""
     from .backend import LlamaBackend
 
-    return LlamaBackend(model, config.parallel, config.slot_ctx, config.n_batch, config.threads, owns_model=owns_model)
+    return LlamaBackend(model, config.parallel, config.slot_ctx, config.n_batch, config.threads, owns_model=owns_model,
+                        batch_invariant=config.batch_invariant)
 
 
 def _open_llama_backend(config: RunnerConfig) -> Backend:
@@ -284,7 +285,8 @@ def _open_llama_backend(config: RunnerConfig) -> Backend:
     from .backend import LlamaModel
 
     resolved = models.resolve(config.model)
-    model = LlamaModel(str(resolved.path), config.chat_template, resolved.chat_template_fallback)
+    model = LlamaModel(str(resolved.path), config.chat_template, resolved.chat_template_fallback,
+                       repack_weights=not config.batch_invariant)
     try:
         return _llama_backend(model, config, owns_model=True)
     except BaseException:

@@ -14,7 +14,7 @@ from itertools import islice
 
 import numpy as np
 
-from .batch import BatchEntry
+from .batch import BatchEntry, ChunkRules
 from .config import OverflowPolicy
 from .prefix import MIN_COPY_TOKENS, MIN_WAIT_TOKENS, Placement, PrefixIndex, common_prefix_length
 from .sequence import Sequence, SequenceStatus
@@ -141,13 +141,21 @@ class Shift:
 
 class Scheduler:
     def __init__(self, num_slots: int, max_batch_tokens: int, window: int, n_discard: int = 0,
-                 prefix_cache: bool = True) -> None:
+                 prefix_cache: bool = True, chunk_rules: ChunkRules = ChunkRules(),
+                 isolate_prefill: bool = False) -> None:
         assert max_batch_tokens >= num_slots, "every slot must be able to decode each step"
         self.num_slots = num_slots
         self.max_batch_tokens = max_batch_tokens
         self.window = window
         self.n_discard = n_discard  # 0: half of what follows n_keep, as llama.cpp does
         self.prefix_cache = prefix_cache
+        self.chunk_rules = chunk_rules
+        # llama.cpp cuts a batch into micro-batches of equal tokens per sequence, so a prompt
+        # chunk beside decoding sequences has its first token computed as a lone row, which
+        # other kernels do with other rounding. Isolated, a step holds one prompt chunk or the
+        # decoding tokens, never both (they alternate, so neither starves).
+        self.isolate_prefill = isolate_prefill
+        self._last_step_prefilled = False
         self.prefixes = PrefixIndex(num_slots)
         self.waiting: deque[Sequence] = deque()
         self.slots: list[Sequence | None] = [None] * num_slots
@@ -206,17 +214,17 @@ class Scheduler:
         if not self.prefix_cache:
             return Placement(free[0], free[0], 0)
         prompt = seq.prompt_array
-        most = len(prompt) - 1  # the last prompt token is always decoded: its logits start generation
+        reusable = self.chunk_rules.reusable
         resident = [0] * self.num_slots
         in_flight = 0
         for slot, holder in enumerate(self.slots):
             if holder is None:
-                resident[slot] = min(common_prefix_length(self.prefixes.kept(slot), prompt), most)
+                resident[slot] = reusable(common_prefix_length(self.prefixes.kept(slot), prompt), len(prompt))
                 continue
-            shared = min(common_prefix_length(holder.prompt_array, prompt), most)
-            resident[slot] = min(shared, holder.num_reusable_prompt_tokens)
+            shared = common_prefix_length(holder.prompt_array, prompt)
+            resident[slot] = reusable(min(shared, holder.num_reusable_prompt_tokens), len(prompt))
             if holder.status is SequenceStatus.PREFILLING:
-                in_flight = max(in_flight, shared)
+                in_flight = max(in_flight, reusable(shared, len(prompt)))
         best = max(range(self.num_slots), key=resident.__getitem__)
         if in_flight >= resident[best] + MIN_WAIT_TOKENS:
             return None
@@ -259,22 +267,40 @@ class Scheduler:
 
     def plan(self) -> StepPlan:
         """One token for every decoding sequence, then prompt chunks in arrival order, up to
-        max_batch_tokens in all."""
+        max_batch_tokens in all (isolated: one or the other)."""
+        prefilling = self._prefilling_in_arrival_order()
+        decoding = [seq for seq in self.running if seq.status is SequenceStatus.DECODING]
+        if self.isolate_prefill:
+            self._last_step_prefilled = bool(prefilling) and not (decoding and self._last_step_prefilled)
+            if self._last_step_prefilled:
+                prefilling, decoding = prefilling[:1], []
+            else:
+                prefilling = []
         chunks: dict[int, Chunk] = {}
-        for seq in self.running:
-            if seq.status is SequenceStatus.DECODING:
-                chunks[seq.slot] = Chunk(seq, BatchEntry(seq.slot, [seq.last_token], seq.n_past, True), False)
+        for seq in decoding:
+            chunks[seq.slot] = Chunk(seq, BatchEntry(seq.slot, [seq.last_token], seq.n_past, True), False)
         budget = self.max_batch_tokens - len(chunks)
-        for seq in self._prefilling_in_arrival_order():
+        for seq in prefilling:
             if budget <= 0:
                 break
-            length = min(seq.num_prompt_remaining, budget)
             start = seq.num_prefilled
+            length = self._chunk_length(start, seq.num_prompt_remaining, budget)
+            if length == 0:
+                continue
             tokens = seq.prompt_tokens[start:start + length]
             is_last = start + length == len(seq.prompt_tokens)
             chunks[seq.slot] = Chunk(seq, BatchEntry(seq.slot, tokens, seq.n_past, is_last), True)
             budget -= length
         return StepPlan([chunks[slot] for slot in sorted(chunks)])
+
+    def _chunk_length(self, start: int, remaining: int, budget: int) -> int:
+        """How much of a prompt's rest goes into this step, by the backend's chunk rules. When
+        the batch is too small to ever hold two chunks the rules allow, whatever fits goes, so
+        that every prompt makes progress."""
+        rules = self.chunk_rules
+        if self.max_batch_tokens < 2 * (rules.min_tokens + rules.alignment) + self.num_slots:
+            return min(remaining, budget)
+        return rules.chunk_length(start, remaining, budget)
 
     def _prefilling_in_arrival_order(self) -> list[Sequence]:
         prefilling = [seq for seq in self.running if seq.status is SequenceStatus.PREFILLING]

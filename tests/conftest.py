@@ -66,6 +66,22 @@ def gemma(request, pytestconfig):
     return _session_model(request, pytestconfig, "gemma3-270m")
 
 
+@pytest.fixture(scope="session")
+def unpacked_model():
+    """unpacked_model(name): a registry model loaded once without weight repacking, for
+    batch-invariant runners."""
+    loaded = {}
+
+    def load(name: str):
+        if name not in loaded:
+            loaded[name] = load_model(name, repack_weights=False)
+        return loaded[name]
+
+    yield load
+    for model in loaded.values():
+        model.close()
+
+
 @pytest.fixture
 def real_runner():
     """real_runner(model, parallel, slot_ctx=512, n_batch=512, autostart=True, **config): a

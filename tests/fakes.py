@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from multiseq.runner.batch import ChunkRules
 from multiseq.runner.errors import NoKvSlot
 from multiseq.runner.grammar import tokenizer_from_pieces
 
@@ -43,12 +44,14 @@ class DecodeCall:
     decoding_slots: list[int]  # slots whose entry is a generated token
     slots_with_pending_token: list[int]  # slots that had a sampled token not yet fed back
     started_at: float
+    start_positions: list[int]  # of each entry, in batch order
 
 
 class FakeBackend:
     def __init__(self, num_slots: int = 4, window: int = 256, n_batch: int = 64, replies: dict[str, str] | None = None,
                  noisy: bool = False, can_shift: bool = True, decode_delay: float = 0.0,
-                 no_kv_slot_above: int | None = None, sliding_window: int | None = None) -> None:
+                 no_kv_slot_above: int | None = None, sliding_window: int | None = None,
+                 chunk_rules: ChunkRules = ChunkRules()) -> None:
         self.num_slots = num_slots
         self.window = window
         self.n_batch = n_batch
@@ -70,6 +73,7 @@ class FakeBackend:
         self.shifts: list[tuple[int, int, int]] = []
         self.reuses: list[tuple[int, int, int]] = []  # (slot, source slot, length) of every reused prefix
         self.sliding_window = sliding_window
+        self.chunk_rules = chunk_rules
         self.forgotten_below = [0] * num_slots  # positions the sliding window has dropped
         self.closed = False
 
@@ -137,6 +141,7 @@ class FakeBackend:
             decoding_slots=[entry.slot for entry, decode in zip(entries, is_decode) if decode],
             slots_with_pending_token=[slot for slot in range(self.num_slots) if self.has_pending_token[slot]],
             started_at=started,
+            start_positions=[entry.start_pos for entry in entries],
         ))
         rows = []
         for entry, decode in zip(entries, is_decode):

@@ -4,17 +4,19 @@ the prefix index says once requests end."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
-from multiseq import Request, Runner, RunnerConfig, SamplingParams
+from multiseq import BackendError, Request, Runner, RunnerConfig, SamplingParams
 from multiseq.runner.backend import LlamaBackend
+from multiseq.runner.batch import BatchEntry
 
 pytestmark = pytest.mark.model
 
 BOTH_MODELS = ["smollm", "gemma"]
 SYSTEM = ("You are a support triage assistant. Read the ticket and answer with one word: bug, feature or "
           "question. A bug is something that worked and broke, or never worked as documented. A feature is a "
-          "request for something new. A question asks how to use what exists. ") * 2
+          "request for something new. A question asks how to use what exists. ") * 3
 TICKETS = ["The app crashes when I upload a photo.", "Please add a dark mode.", "How do I export my data?",
            "Login fails since the last update.", "Could you support CSV import?", "Where is the settings page?",
            "Sync stops after a minute.", "Is there an API for reports?"]
@@ -28,22 +30,33 @@ def chat(ticket: str, max_tokens: int = 12) -> Request:
 @pytest.mark.parametrize("model_name", BOTH_MODELS)
 def test_greedy_text_is_the_same_with_and_without_reuse(request, model_name, real_runner,
                                                         assert_slots_hold_only_kept_prefixes):
+    """One slot: the schedule is the same with and without reuse, so the text must be too."""
     model = request.getfixturevalue(model_name)
-    requests = [chat(ticket) for ticket in TICKETS]
-    plain_runner = real_runner(model, 4, prefix_cache=False)
+    requests = [chat(ticket) for ticket in TICKETS[:5]]
+    plain_runner = real_runner(model, 1, prefix_cache=False)
     plain = plain_runner.run_batch(requests)
-    reuse_runner = real_runner(model, 4)
+    reuse_runner = real_runner(model, 1)
     reused = reuse_runner.run_batch(requests)
     assert [r.text for r in reused] == [r.text for r in plain]
     assert all(r.prompt_tokens_cached == 0 for r in plain)
-    assert sum(r.prompt_tokens_cached > 100 for r in reused) >= 7, "all but the first reuse the system prompt"
-    stats = reuse_runner.stats()
-    assert stats.prompt_tokens < plain_runner.stats().prompt_tokens / 3
+    assert all(r.prompt_tokens_cached > 100 for r in reused[1:]), "all but the first reuse the system prompt"
+    assert reuse_runner.stats().prompt_tokens < plain_runner.stats().prompt_tokens / 2
     assert_slots_hold_only_kept_prefixes(reuse_runner)
     assert_slots_hold_only_kept_prefixes(plain_runner)
-    assert all(len(plain_runner.engine.scheduler.prefixes.kept(slot)) == 0 for slot in range(4))
+    assert len(plain_runner.engine.scheduler.prefixes.kept(0)) == 0
     reuse_runner.clear_prefix_cache()
-    assert [reuse_runner.backend.slot_pos_max(slot) for slot in range(4)] == [-1] * 4
+    assert reuse_runner.backend.slot_pos_max(0) == -1
+
+
+@pytest.mark.parametrize("model_name", ["smollm2-135m", "gemma3-270m"])
+def test_batch_invariant_text_is_the_same_at_any_parallelism_with_or_without_reuse(model_name, unpacked_model,
+                                                                                   real_runner):
+    model = unpacked_model(model_name)
+    requests = [chat(ticket) for ticket in TICKETS]
+    alone = real_runner(model, 1, prefix_cache=False, batch_invariant=True).run_batch(requests)
+    batched = real_runner(model, 4, batch_invariant=True).run_batch(requests)
+    assert [r.text for r in batched] == [r.text for r in alone]
+    assert sum(r.prompt_tokens_cached > 100 for r in batched) >= 6
 
 
 def far_past_the_prefix_then_reuse(runner, num_tokens: int) -> list:
@@ -74,3 +87,24 @@ def test_gemma_prefix_dropped_by_a_small_sliding_window_cache_is_prefilled_inste
         assert late.prompt_tokens_cached == 0, "the prefix was not intact in the source slot: prefilled in full"
     [alone] = real_runner(gemma, 2, slot_ctx=1024, prefix_cache=False).run_batch([chat(TICKETS[1])])
     assert late.text == alone.text
+
+
+@pytest.mark.parametrize("model_name", BOTH_MODELS)
+def test_a_copied_prefix_gives_the_logits_of_its_source_bit_for_bit(request, model_name):
+    model = request.getfixturevalue(model_name)
+    tokens = model.tokenize(SYSTEM)
+    backend = LlamaBackend(model, 2, 512, 512, 2)
+    try:
+        backend.decode([BatchEntry(0, tokens[:-1], 0, False)])
+        assert backend.reuse_prefix(1, 0, len(tokens) - 1)
+        both = backend.decode([BatchEntry(0, tokens[-1:], len(tokens) - 1, True),
+                               BatchEntry(1, tokens[-1:], len(tokens) - 1, True)])
+        assert np.array_equal(both[0], both[1])
+        assert (backend.slot_pos_min(1), backend.slot_pos_max(1)) == (0, len(tokens) - 1)
+    finally:
+        backend.close()
+
+
+def test_a_batch_invariant_runner_refuses_repacked_weights(smollm):
+    with pytest.raises(BackendError, match="repack_weights=False"):
+        Runner.on_model(smollm, RunnerConfig(model=smollm.path, parallel=2, batch_invariant=True))

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from fakes import BOS, FakeBackend
 from multiseq import Request, SamplingParams
+from multiseq.runner.batch import ChunkRules
 from multiseq.runner.prefix import MIN_WAIT_TOKENS
 
 SHARED = "Rules: " + "label each ticket as bug, feature or question. " * 3  # 148 characters, one token each
@@ -159,3 +160,41 @@ def test_reuse_never_changes_any_output(make_runner, prompts, budgets, num_slots
     reused, _, _ = run(make_runner, requests, prefix_cache=True, **options)
     plain, _, _ = run(make_runner, requests, prefix_cache=False, **options)
     assert [r.text for r in reused] == [r.text for r in plain]
+
+
+def test_prompt_chunks_are_never_shorter_than_the_backend_computes_exactly(make_runner):
+    backend = FakeBackend(num_slots=3, window=256, n_batch=42, chunk_rules=ChunkRules(min_tokens=8, alignment=4))
+    requests = tickets(6, max_tokens=5) + [Request(prompt="tiny", sampling=GREEDY)]
+    with make_runner(backend) as runner:
+        results = runner.run_batch(requests)
+    prompt_lengths = {len(backend.tokenize(request.prompt)) for request in requests}
+    chunks = [n for call in backend.calls for _, n, is_prefill in call.entries if is_prefill]
+    assert all(n >= 8 or n in prompt_lengths for n in chunks), chunks
+    ends = [start + n for call in backend.calls
+            for (_, n, is_prefill), start in zip(call.entries, call.start_positions) if is_prefill]
+    assert all(end % 4 == 0 or end in prompt_lengths for end in ends), "every chunk but a prompt's last ends on 4k"
+    assert all(r.prompt_tokens - r.prompt_tokens_cached >= 8 for r in results if r.prompt_tokens_cached)
+    assert all(r.prompt_tokens_cached % 4 == 0 for r in results)
+    assert sum(r.prompt_tokens_cached > 0 for r in results) >= 4
+
+
+def test_a_repeated_prompt_still_computes_its_last_chunk_in_full(make_runner):
+    backend = FakeBackend(num_slots=1, window=256, n_batch=64, chunk_rules=ChunkRules(min_tokens=8, alignment=4))
+    with make_runner(backend) as runner:
+        first, again = [runner.run_batch([request])[0] for request in tickets(1) * 2]
+    most = again.prompt_tokens - 8
+    assert again.prompt_tokens_cached == most - most % 4 and again.text == first.text
+
+
+def test_isolated_prefill_steps_hold_one_prompt_chunk_and_no_decoding_token(make_runner):
+    backend = FakeBackend(num_slots=3, window=256, n_batch=64)
+    with make_runner(backend, batch_invariant=True) as runner:
+        isolated = runner.run_batch(tickets(6, max_tokens=8))
+    for call in backend.calls:
+        prefills = [entry for entry in call.entries if entry[2]]
+        assert not prefills or (len(prefills) == 1 and not call.decoding_slots), call.entries
+    mixed, _, _ = run(make_runner, tickets(6, max_tokens=8), prefix_cache=True, num_slots=3, noisy=False)
+    assert [r.text for r in isolated] == [r.text for r in mixed]
+    # A sequence waiting to feed back its token is never held for two prefill steps in a row.
+    held = [bool(call.slots_with_pending_token) and not call.decoding_slots for call in backend.calls]
+    assert any(held) and not any(first and second for first, second in zip(held, held[1:]))
