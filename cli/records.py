@@ -1,17 +1,15 @@
-"""Result lines out: one JSON object per request, in the input file's format, and --resume.
+"""Result lines: one JSON object per request, in the input file's format.
 
 - jsonl and text input: multiseq's own result object per line.
 - openai input: the OpenAI Batch API output format, so tools that read those files read ours.
+
+Where the lines go is output.py; reading them back for --resume is resume.py.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
 from ..runner import FinishReason, Result
@@ -88,69 +86,3 @@ def record_for(prompt_format: PromptFormat, item: PromptItem, result: Result | N
     if prompt_format is PromptFormat.OPENAI:
         return openai_record(item, result, model_name)
     return item_error_record(item) if result is None else result_record(result)
-
-
-def record_id(record: dict[str, Any]) -> str:
-    return str(record["custom_id"] if "custom_id" in record else record["id"])
-
-
-def record_succeeded(record: dict[str, Any]) -> bool:
-    """A line of an earlier run's output that finished successfully (stop or length)."""
-    if "custom_id" in record:
-        response = record.get("response") or {}
-        choices = (response.get("body") or {}).get("choices") or [{}]
-        return response.get("status_code") == 200 and choices[0].get("finish_reason") in ("stop", "length")
-    return record.get("error") is None and record.get("finish_reason") in ("stop", "length")
-
-
-def keep_succeeded_lines(path: Path) -> set[str]:
-    """For --resume: rewrite the output file with only its successful lines (atomically, so a
-    crash leaves the old file) and return their ids. Failed, cancelled and torn lines go, so
-    their ids run again and each id ends up in the file once."""
-    if not path.exists():
-        return set()
-    kept_lines, kept_ids = [], set()
-    with path.open(encoding="utf-8") as handle:
-        for line in handle:
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a line torn by a killed run
-            if isinstance(record, dict) and record_succeeded(record) and record_id(record) not in kept_ids:
-                kept_ids.add(record_id(record))
-                kept_lines.append(line if line.endswith("\n") else line + "\n")
-    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".resume")
-    with os.fdopen(descriptor, "w", encoding="utf-8") as out:
-        out.writelines(kept_lines)
-    os.replace(temporary, path)
-    return kept_ids
-
-
-class ResultWriter:
-    """Writes one JSON line per finished item and flushes it at once, so a killed run loses
-    nothing that finished. In input order, a line waits only for the lines before it."""
-
-    def __init__(self, stream, item_ids: list[str], keep_input_order: bool) -> None:
-        self._stream = stream
-        self._keep_input_order = keep_input_order
-        self._position = {item_id: index for index, item_id in enumerate(item_ids)}
-        self._pending: dict[int, dict[str, Any]] = {}
-        self._next_position = 0
-
-    def write(self, record: dict[str, Any]) -> None:
-        if not self._keep_input_order:
-            self._write_line(record)
-            return
-        self._pending[self._position[record_id(record)]] = record
-        while self._next_position in self._pending:
-            self._write_line(self._pending.pop(self._next_position))
-            self._next_position += 1
-
-    def flush_pending(self) -> None:
-        """Write whatever input-order lines still wait (an interrupted run ends with gaps)."""
-        for position in sorted(self._pending):
-            self._write_line(self._pending.pop(position))
-
-    def _write_line(self, record: dict[str, Any]) -> None:
-        self._stream.write(json.dumps(record, ensure_ascii=False) + "\n")
-        self._stream.flush()
