@@ -40,6 +40,10 @@ class Interrupts:
         self._listener = listener
 
     def _handle(self, _signum, _frame) -> None:
+        self.interrupt()
+
+    def interrupt(self) -> None:
+        """What a Ctrl-C does (the signal handler calls this; so may a test)."""
         self.count += 1
         if self.count > 1:
             os._exit(EXIT_INTERRUPTED)  # the user insists: no cleanup, no waiting

@@ -164,7 +164,7 @@ class BatchJob:
 def _print_header(model_name: str, runner: Runner, file_format: PromptFormat, scan: FileScan, resume: bool) -> None:
     config = runner.config
     skipped = f", {scan.num_done} already done" if resume else ""
-    allocated = runner.backend.allocated_window
+    allocated = getattr(runner.backend, "allocated_window", runner.window)  # llama.cpp's rounding, where there is one
     rounding = f" (llama.cpp allocates {allocated})" if allocated != runner.window else ""
     stderr.print(f"[bold]multiseq[/] {model_name}: {config.parallel} slots x {runner.window} tokens{rounding}, "
                  f"{config.threads} threads, {scan.num_to_run} {file_format.value} prompts{skipped}")
