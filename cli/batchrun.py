@@ -90,8 +90,7 @@ class BatchRun:
 
     def _loop(self, display) -> None:
         while True:
-            if not self.interrupted:
-                self._fill(display)
+            self._fill(display)
             if not self._open and (self._is_exhausted or self.interrupted):
                 return
             try:
