@@ -11,6 +11,11 @@ from rich.table import Table
 from ..runner import FinishReason, Result, RunStats
 
 
+def percentile(values, percent: float) -> float | None:
+    """The percentile of a sequence of numbers; None when it is empty."""
+    return float(np.percentile(values, percent)) if len(values) else None
+
+
 TTFT_SAMPLE_SIZE = 65_536  # 512 KB of float64: exact percentiles up to this many results
 
 
@@ -58,8 +63,7 @@ class RunTally:
         self._num_ttfts += 1
 
     def ttft_percentile(self, percent: float) -> float | None:
-        kept = self._ttfts[:min(self._num_ttfts, TTFT_SAMPLE_SIZE)]
-        return float(np.percentile(kept, percent)) if len(kept) else None
+        return percentile(self._ttfts[:min(self._num_ttfts, TTFT_SAMPLE_SIZE)], percent)
 
     @property
     def num_requests(self) -> int:
