@@ -93,9 +93,14 @@ class BatchJob:
 
     def _scan_input(self) -> tuple[PromptFormat, FileScan]:
         try:
-            sniff_text(self.prompts_file)
+            return self._check_input()
         except NotTextError as error:
             raise InputError(str(error)) from None
+        except OSError as error:
+            raise InputError(f"cannot read {self.prompts_file}: {error.strerror or error}") from None
+
+    def _check_input(self) -> tuple[PromptFormat, FileScan]:
+        sniff_text(self.prompts_file)
         file_format = self.prompt_format or detect_format(self.prompts_file)
         scan = scan_file(self.prompts_file, file_format, self.strict, self.defaults, self.text_mode,
                          keep_id_hashes=self.resume)
@@ -143,6 +148,9 @@ class BatchJob:
                     outcome = run.execute(display)
             except OutputError as error:
                 raise OutputFailed(f"{error}; the run stopped ({writer.num_written} result lines were written)") from None
+            except OSError as error:  # the prompts file, read as the run goes
+                raise click.ClickException(f"cannot read {self.prompts_file}: {error.strerror or error}; the run "
+                                           f"stopped ({writer.num_written} result lines were written)") from None
             summary = summarize(outcome.tally, runner.stats(), outcome.wall_s)
         return self._report(summary, outcome)
 

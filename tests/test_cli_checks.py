@@ -7,9 +7,11 @@ from __future__ import annotations
 import json
 import os
 
+import click
 import pytest
 
 from multiseq.cli import job as job_module
+from multiseq.cli import reader as reader_module
 
 NO_MODEL = ["-m", "no-such-model"]
 
@@ -107,3 +109,32 @@ def test_ctrl_c_before_the_run_starts_exits_at_once_without_a_traceback(monkeypa
     result = run_cli("batch-run", str(prompts), *NO_MODEL)
     assert result.exit_code == 130
     assert result.stderr.strip() == "interrupted before anything ran"
+
+
+def test_a_prompts_file_that_cannot_be_read_is_one_error_line(monkeypatch, run_cli, prompts):
+    def unreadable(path):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(job_module, "sniff_text", unreadable)
+    result = run_cli("batch-run", str(prompts), *NO_MODEL)
+    assert result.exit_code == 2 and error_lines(result) == [f"Error: cannot read {prompts}: Permission denied"]
+
+
+def test_a_read_error_during_the_run_stops_it_with_one_line(tmp_path, monkeypatch, fake_job, read_jsonl):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"r{index}", "prompt": "x"}) + "\n" for index in range(100)))
+    real_iter_lines = reader_module.iter_lines
+
+    def failing_disk(path):
+        for line in real_iter_lines(path):
+            if line.number == 50:
+                raise OSError(5, "Input/output error")
+            yield line
+
+    monkeypatch.setattr(reader_module, "iter_lines", failing_disk)
+    out = tmp_path / "out.jsonl"
+    with pytest.raises(click.ClickException) as error:
+        fake_job(prompts, out)
+    assert error.value.format_message() == (f"cannot read {prompts}: Input/output error; the run stopped "
+                                            f"({len(read_jsonl(out))} result lines were written)")
+    assert 0 < len(read_jsonl(out)) < 50
