@@ -187,6 +187,5 @@ def _open_runner(config: RunnerConfig) -> OpenedRunner:
         raise click.ClickException(str(error)) from None
 
 
-
 if __name__ == "__main__":
     cli()
