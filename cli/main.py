@@ -2,14 +2,8 @@
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-import queue
-import signal
 import sys
-import threading
-import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -19,16 +13,11 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, Trans
 from rich.table import Table
 
 from .. import models
-from ..runner import BackendError, Result, Runner, RunnerConfig, SamplingParams
+from ..runner import BackendError, Runner, RunnerConfig, SamplingParams
 from ..runner.config import OverflowPolicy, default_of
-from .dashboard import REFRESH_SECONDS, open_display
-from .reader import PromptFormat, PromptItem, TextMode, detect_format, duplicate_ids, read_prompts
-from .records import ResultWriter, keep_succeeded_lines, record_for
-from .summary import render_summary, summarize
-
-EXIT_SOME_FAILED = 1
-EXIT_INTERRUPTED = 130
-_INTERRUPT = object()
+from .interrupts import EXIT_INTERRUPTED, Interrupts
+from .job import BatchJob, OpenedRunner
+from .reader import PromptFormat, TextMode
 
 stderr = Console(stderr=True)
 
@@ -159,157 +148,54 @@ def _resolve_model(name: str) -> models.ResolvedModel:
 @click.option("--stats-json", type=click.Path(dir_okay=False, path_type=Path), help="Write the run summary as JSON.")
 @click.option("--dashboard/--no-dashboard", default=None,
               help="Live view of the slots. Default: on when standard error is a terminal.")
+@click.option("--chat-template", metavar="NAME_OR_FILE",
+              help="Chat template for messages: a llama.cpp built-in name (chatml, gemma, llama3, ...) or a "
+                   "Jinja template file. Default: the model's own.")
 @click.option("-v", "--verbose", is_flag=True, help="Show llama.cpp warnings.")
 def batch_run(prompts_file: Path, output: Path | None, prompt_format: str | None, text_mode: str, model: str,
               parallel: int, slot_ctx: int, max_tokens: int, temperature: float, top_k: int, top_p: float,
               min_p: float, repeat_penalty: float, seed: int | None, stop: tuple[str, ...], ignore_eos: bool,
               threads: int, n_keep: int, n_discard: int, overflow: str, prefix_cache: bool, batch_invariant: bool,
               order: str, errors_file: Path | None, resume: bool, strict: bool, stats_json: Path | None,
-              dashboard: bool | None, verbose: bool) -> None:
+              dashboard: bool | None, chat_template: str | None, verbose: bool) -> None:
     """Run every prompt in PROMPTS_FILE and write one result per line.
 
     PROMPTS_FILE is JSON lines ({"id"?, "prompt" | "messages", ...}), plain text (one prompt
-    per line) or an OpenAI Batch API input file; results follow the same format (OpenAI Batch
-    output for OpenAI input); --errors FILE puts the failed lines in FILE (rewritten on each
-    run, --resume included). A summary goes to standard error. Exit code: 0 when every item
-    succeeded, 1 when some failed or were cancelled, 2 for a usage or input error, 130 when
-    interrupted."""
+    per line) or an OpenAI Batch API input file, of any size: it is read as the run goes. Results
+    follow the same format (OpenAI Batch output for OpenAI input); --errors FILE puts the failed
+    lines in FILE (rewritten on each run, --resume included). A summary goes to standard error.
+    Exit code: 0 when every item succeeded, 1 when some failed or were cancelled, 2 for a usage
+    or input error (nothing ran), 3 when results could not be written (the run stopped), 130
+    when interrupted."""
     logging.getLogger("multiseq.llama").setLevel(logging.WARNING if verbose else logging.ERROR)
     try:
         defaults = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                                   min_p=min_p, repeat_penalty=repeat_penalty, stop=stop, ignore_eos=ignore_eos)
         config = RunnerConfig(model=model, parallel=parallel, slot_ctx=slot_ctx, threads=threads, n_keep=n_keep,
-                              n_discard=n_discard, overflow=overflow, seed=seed, prefix_cache=prefix_cache,
-                              batch_invariant=batch_invariant)
+                              n_discard=n_discard, overflow=overflow, seed=seed, chat_template=chat_template,
+                              prefix_cache=prefix_cache, batch_invariant=batch_invariant)
     except ValueError as error:
         raise click.UsageError(str(error)) from None
-    if resume and output is None:
-        raise click.UsageError("--resume needs --output: the file to resume")
-    file_format = PromptFormat(prompt_format) if prompt_format else detect_format(prompts_file)
-    items = read_prompts(prompts_file, file_format, defaults, TextMode(text_mode))
-    _check_items(items, strict)
-    done_ids = keep_succeeded_lines(output) if resume else set()
-    pending = [item for item in items if item.id not in done_ids]
-    resolved = _resolve_model(model)
+    job = BatchJob(prompts_file, output, PromptFormat(prompt_format) if prompt_format else None, TextMode(text_mode),
+                   defaults, config, order == "input", resume, strict, stats_json, dashboard, _open_runner,
+                   errors_file)
+    with Interrupts() as interrupts:
+        try:
+            code = job.run(interrupts)
+        except KeyboardInterrupt:  # before the run started: nothing to save
+            stderr.print("[yellow]interrupted before anything ran[/]")
+            code = EXIT_INTERRUPTED
+    if code:
+        sys.exit(code)
+
+
+def _open_runner(config: RunnerConfig) -> OpenedRunner:
+    """The real runner: the model fetched if needed (with progress), loaded, and a context on it."""
+    resolved = _resolve_model(config.model)
     try:
-        runner = Runner(config)
+        return OpenedRunner(Runner(config), resolved.name)
     except (BackendError, models.ModelError) as error:
         raise click.ClickException(str(error)) from None
-    with runner:
-        skipped = f", {len(items) - len(pending)} already done" if resume else ""
-        allocated = runner.backend.allocated_window
-        rounding = f" (llama.cpp allocates {allocated})" if allocated != runner.window else ""
-        stderr.print(f"[bold]multiseq[/] {resolved.name}: {parallel} slots x {runner.window} tokens{rounding}, "
-                     f"{threads} threads, {len(pending)} {file_format.value} prompts{skipped}")
-        with _open_output(output, append=resume) as stream, _open_errors(errors_file) as errors_stream:
-            writer = ResultWriter(stream, [item.id for item in pending], keep_input_order=order == "input",
-                                  errors_stream=errors_stream)
-            run = BatchRun(runner, pending, writer, file_format, resolved.name)
-            with open_display(len(pending), runner, stderr, dashboard) as display:
-                results, interrupted, wall = run.execute(display)
-        summary = summarize(results, sum(not item.is_valid for item in pending), runner.stats(), wall)
-    stderr.print(render_summary(summary))
-    if stats_json:
-        stats_json.write_text(json.dumps(summary, indent=2) + "\n")
-    if interrupted:
-        stderr.print("[yellow]interrupted: finished and partial results were written[/]")
-        sys.exit(EXIT_INTERRUPTED)
-    if summary["failed"] or summary["cancelled"]:
-        sys.exit(EXIT_SOME_FAILED)
-
-
-def _check_items(items: list[PromptItem], strict: bool) -> None:
-    """Problems with the file as a whole stop the run before anything runs."""
-    duplicates = duplicate_ids(items)
-    if duplicates:
-        raise click.UsageError("duplicate ids in the input: " + "; ".join(duplicates[:5]))
-    bad = [item.error for item in items if not item.is_valid]
-    if strict and bad:
-        raise click.UsageError(f"{len(bad)} bad line(s), nothing was run (--strict):\n" + "\n".join(bad[:20]))
-
-
-@contextmanager
-def _open_output(output: Path | None, append: bool):
-    if output is None:
-        yield sys.stdout
-    else:
-        with output.open("a" if append else "w", encoding="utf-8") as stream:
-            yield stream
-
-
-@contextmanager
-def _open_errors(errors_file: Path | None):
-    """The --errors file, or None (failed lines then go with the results)."""
-    if errors_file is None:
-        yield None
-    else:
-        with errors_file.open("w", encoding="utf-8") as stream:
-            yield stream
-
-
-class BatchRun:
-    """One batch-run: submit every valid item, write each result as it arrives; the first
-    Ctrl-C cancels everything (partial results are still written), a second exits at once."""
-
-    def __init__(self, runner: Runner, items: list[PromptItem], writer: ResultWriter, file_format: PromptFormat,
-                 model_name: str) -> None:
-        self.runner = runner
-        self.items = items
-        self.writer = writer
-        self.file_format = file_format
-        self.model_name = model_name
-        self.finished: queue.SimpleQueue = queue.SimpleQueue()  # SimpleQueue.put is safe in a signal handler
-        self.interrupted = False
-
-    def _on_sigint(self, _signum, _frame) -> None:
-        if self.interrupted:
-            os._exit(EXIT_INTERRUPTED)
-        self.interrupted = True
-        self.finished.put(_INTERRUPT)
-
-    def execute(self, display) -> tuple[list[Result], bool, float]:
-        in_main_thread = threading.current_thread() is threading.main_thread()  # signals need the main thread
-        previous_handler = signal.signal(signal.SIGINT, self._on_sigint) if in_main_thread else None
-        started = time.perf_counter()
-        try:
-            results = self._collect(display)
-        finally:
-            if in_main_thread:
-                signal.signal(signal.SIGINT, previous_handler)
-            self.writer.flush_pending()
-        return results, self.interrupted, time.perf_counter() - started
-
-    def _collect(self, display) -> list[Result]:
-        """Submit every choice of every valid item; write an item once all its choices ended."""
-        item_of = {request_id: item for item in self.items for request_id in item.request_ids}
-        choices: dict[str, dict[str, Result]] = {item.id: {} for item in self.items}
-        for item in self.items:
-            if not item.is_valid:
-                self._write(item, None, display)
-        requests = [request for item in self.items for request in item.requests]
-        for request in requests:
-            self.runner.submit(request, on_finish=self.finished.put)
-        results: list[Result] = []
-        while len(results) < len(requests):
-            try:
-                message = self.finished.get(timeout=REFRESH_SECONDS)
-            except queue.Empty:
-                display.tick()
-                continue
-            if message is _INTERRUPT:
-                self.runner.cancel_all()
-                continue
-            results.append(message)
-            item = item_of[message.id]
-            choices[item.id][message.id] = message
-            if len(choices[item.id]) == item.n:
-                self._write(item, [choices[item.id][request_id] for request_id in item.request_ids], display)
-        return results
-
-    def _write(self, item: PromptItem, results: list[Result] | None, display) -> None:
-        self.writer.write(record_for(self.file_format, item, results, self.model_name))
-        display.note_written()
-        display.tick()
 
 
 if __name__ == "__main__":

@@ -4,9 +4,10 @@
 - text: one prompt per line; ids are line numbers.
 - openai: the OpenAI Batch API input format (custom_id, method, url, body).
 
-A line that cannot run (malformed JSON, a field of the wrong type, an empty prompt, a field
-that cannot be honoured) becomes a PromptItem with an error naming its line number and the
-field, so the rest of the file still runs. The fields themselves are in cli/fields.py.
+A line that cannot run (bytes that are not UTF-8, malformed JSON, a field of the wrong type,
+an empty prompt, a field that cannot be honoured) becomes a PromptItem with an error naming
+its line number and the field, so the rest of the file still runs. The fields themselves are
+in cli/fields.py. Files are read lazily (read_prompts is a generator), so their size is no limit.
 
 A line with `n` > 1 stands for n requests of the same prompt, one per choice, with ids
 `<id>#<k>` inside the runner; their results are written back as one line.
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -25,6 +27,7 @@ from ..runner import Request, SamplingParams
 from .fields import (COMMON_FIELDS, IGNORED_OPENAI_FIELDS, SAMPLING_FIELDS, ItemError, chat_messages,
                      check_constraint_compiles, choice_count, completion_logprobs, constraint_param,
                      reject_unsupported, response_format_overrides, sampling_overrides)
+from .lines import LineDecodeError, RawLine, decode_line, iter_lines
 
 
 class PromptFormat(str, Enum):
@@ -142,6 +145,10 @@ def _json_object(text: str) -> dict[str, Any]:
         data = json.loads(text)
     except json.JSONDecodeError as error:
         raise ItemError(f"not valid JSON ({error.msg} at column {error.colno})") from None
+    except ValueError as error:  # an integer too long to convert, say
+        raise ItemError(f"not valid JSON ({error})") from None
+    except RecursionError:
+        raise ItemError("not valid JSON (nested too deeply)") from None
     if not isinstance(data, dict):
         raise ItemError("each line must be a JSON object")
     return data
@@ -226,45 +233,57 @@ def _openai_request(item_id: str, body: dict[str, Any], is_chat: bool, defaults:
                          constraint_param(fields))
 
 
-def detect_format(path: Path) -> PromptFormat:
-    """JSON objects with a custom_id are OpenAI Batch input; other JSON objects are JSONL;
-    anything else is plain text. Decided on the first non-blank line."""
-    with path.open(encoding="utf-8") as handle:
-        for line in handle:
-            if line.strip():
-                try:
-                    data = json.loads(line)
-                except json.JSONDecodeError:
-                    return PromptFormat.TEXT
-                if not isinstance(data, dict):
-                    return PromptFormat.TEXT
-                return PromptFormat.OPENAI if "custom_id" in data else PromptFormat.JSONL
-    return PromptFormat.JSONL
+def parse_line(line: RawLine, prompt_format: PromptFormat, defaults: SamplingParams,
+               text_mode: TextMode = TextMode.CHAT) -> PromptItem | None:
+    """One line of a prompts file as an item (None for a blank line). Whatever its bytes, the
+    result is a request or an error naming the line: bytes that are not UTF-8 are that line's
+    error, never the file's."""
+    if line.is_blank:
+        return None
+    try:
+        text = decode_line(line)
+    except LineDecodeError as error:
+        return PromptItem(line.number, str(line.number), None, f"line {line.number}: {error}")
+    if prompt_format is PromptFormat.JSONL:
+        return parse_jsonl_line(text, line.number, defaults)
+    if prompt_format is PromptFormat.OPENAI:
+        return parse_openai_line(text, line.number, defaults)
+    return parse_text_line(text, line.number, defaults, text_mode)
+
+
+def line_id(line: RawLine, prompt_format: PromptFormat) -> str | None:
+    """The id parse_line gives this line (None for a blank line), found without building its
+    request: what the duplicate-id check and --resume need from every line of a big file."""
+    if line.is_blank:
+        return None
+    if prompt_format is PromptFormat.TEXT:
+        return str(line.number)
+    field = "custom_id" if prompt_format is PromptFormat.OPENAI else "id"
+    try:
+        return _item_id(_json_object(decode_line(line)).get(field), line.number)
+    except (LineDecodeError, ItemError):
+        return str(line.number)  # parse_line names such a line by its number too
 
 
 def read_prompts(path: Path, prompt_format: PromptFormat, defaults: SamplingParams,
-                 text_mode: TextMode = TextMode.CHAT) -> list[PromptItem]:
-    items = []
-    with path.open(encoding="utf-8") as handle:
-        for line_number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            if prompt_format is PromptFormat.JSONL:
-                items.append(parse_jsonl_line(line, line_number, defaults))
-            elif prompt_format is PromptFormat.OPENAI:
-                items.append(parse_openai_line(line, line_number, defaults))
-            else:
-                items.append(parse_text_line(line, line_number, defaults, text_mode))
-    return items
+                 text_mode: TextMode = TextMode.CHAT) -> Iterator[PromptItem]:
+    """The file's items, lazily, in file order: one line is read and parsed at a time."""
+    for line in iter_lines(path):
+        item = parse_line(line, prompt_format, defaults, text_mode)
+        if item is not None:
+            yield item
 
 
-def duplicate_ids(items: list[PromptItem]) -> list[str]:
-    """Ids that appear on more than one line, each with its line numbers."""
-    lines_by_id: dict[str, list[int]] = {}
-    for item in items:
-        for request_id in dict.fromkeys([item.id, *item.request_ids]):  # an id and its choices' ids
-            lines_by_id.setdefault(request_id, []).append(item.line_number)
-    return [f"{item_id!r} (lines {', '.join(map(str, lines))})"
-            for item_id, lines in lines_by_id.items() if len(lines) > 1]
-
-
+def detect_format(path: Path) -> PromptFormat:
+    """JSON objects with a custom_id are OpenAI Batch input; other JSON objects are JSONL;
+    anything else is plain text. Decided on the first non-blank line; a file with none is
+    JSONL (it runs nothing either way)."""
+    for line in iter_lines(path):
+        if line.is_blank:
+            continue
+        try:
+            data = _json_object(decode_line(line))
+        except (LineDecodeError, ItemError):
+            return PromptFormat.TEXT
+        return PromptFormat.OPENAI if "custom_id" in data else PromptFormat.JSONL
+    return PromptFormat.JSONL

@@ -1,29 +1,21 @@
-"""Result lines out: one JSON object per input line, in the input file's format, and --resume.
+"""Result lines: one JSON object per input line, in the input file's format.
 
 - jsonl and text input: multiseq's own result object per line; a line with n > 1 choices
   gets a `choices` list of such objects instead of one text.
 - openai input: the OpenAI Batch API output format (cli/openai_output.py), so tools that read
   those files read ours.
 
-With an errors stream (--errors FILE), failed lines go there and successful ones to the
-output, as OpenAI splits its output and error files.
+Where the lines go (and --errors) is output.py; reading them back for --resume is resume.py.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
-import time
-import uuid
-from pathlib import Path
 from typing import Any
 
 from ..runner import Result, TokenLogprob
 from .openai_output import openai_record
 from .reader import PromptFormat, PromptItem
-
-_SUCCESS = ("stop", "length")
+from .resume import choice_succeeded
 
 
 def _rounded(value: float | None) -> float | None:
@@ -71,17 +63,14 @@ def choices_record(item: PromptItem, results: list[Result]) -> dict[str, Any]:
         choice = result_record(result)
         del choice["id"]
         choices.append({"index": index, **choice})
-    failed = [str(choice["index"]) for choice in choices if not _choice_succeeded(choice)]
+    failed = [str(choice["index"]) for choice in choices if not choice_succeeded(choice)]
     error = None
     if failed:
-        first = next(choice for choice in choices if not _choice_succeeded(choice))
+        first = next(choice for choice in choices if not choice_succeeded(choice))
         error = f"choice {', '.join(failed)} did not finish: {first['error'] or first['finish_reason']}"
     return {"id": item.id, "n": len(results), "error": error, "prompt_tokens": results[0].prompt_tokens,
             "completion_tokens": sum(result.completion_tokens for result in results), "choices": choices}
 
-
-def _choice_succeeded(record: dict[str, Any]) -> bool:
-    return record.get("error") is None and record.get("finish_reason") in _SUCCESS
 
 
 def item_error_record(item: PromptItem) -> dict[str, Any]:
@@ -98,76 +87,3 @@ def record_for(prompt_format: PromptFormat, item: PromptItem, results: list[Resu
     if results is None:
         return item_error_record(item)
     return result_record(results[0]) if item.n == 1 else choices_record(item, results)
-
-
-def record_id(record: dict[str, Any]) -> str:
-    return str(record["custom_id"] if "custom_id" in record else record["id"])
-
-
-def record_succeeded(record: dict[str, Any]) -> bool:
-    """A line that finished successfully: every choice ended by stop or length. A 400 or 500
-    response, an error, a cancelled or missing choice is not a success (--resume runs it again)."""
-    if "custom_id" in record:
-        response = record.get("response") or {}
-        choices = (response.get("body") or {}).get("choices") or [{}]
-        return response.get("status_code") == 200 and all(c.get("finish_reason") in _SUCCESS for c in choices)
-    if "choices" in record:
-        return record.get("error") is None and bool(record["choices"]) and all(
-            _choice_succeeded(choice) for choice in record["choices"])
-    return _choice_succeeded(record)
-
-
-def keep_succeeded_lines(path: Path) -> set[str]:
-    """For --resume: rewrite the output file with only its successful lines (atomically, so a
-    crash leaves the old file) and return their ids. Failed, cancelled and torn lines go, so
-    their ids run again and each id ends up in the file once."""
-    if not path.exists():
-        return set()
-    kept_lines, kept_ids = [], set()
-    with path.open(encoding="utf-8") as handle:
-        for line in handle:
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a line torn by a killed run
-            if isinstance(record, dict) and record_succeeded(record) and record_id(record) not in kept_ids:
-                kept_ids.add(record_id(record))
-                kept_lines.append(line if line.endswith("\n") else line + "\n")
-    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".resume")
-    with os.fdopen(descriptor, "w", encoding="utf-8") as out:
-        out.writelines(kept_lines)
-    os.replace(temporary, path)
-    return kept_ids
-
-
-class ResultWriter:
-    """Writes one JSON line per finished item and flushes it at once, so a killed run loses
-    nothing that finished. In input order, a line waits only for the lines before it. Lines
-    that did not succeed go to errors_stream when one is given."""
-
-    def __init__(self, stream, item_ids: list[str], keep_input_order: bool, errors_stream=None) -> None:
-        self._stream = stream
-        self._errors_stream = errors_stream if errors_stream is not None else stream
-        self._keep_input_order = keep_input_order
-        self._position = {item_id: index for index, item_id in enumerate(item_ids)}
-        self._pending: dict[int, dict[str, Any]] = {}
-        self._next_position = 0
-
-    def write(self, record: dict[str, Any]) -> None:
-        if not self._keep_input_order:
-            self._write_line(record)
-            return
-        self._pending[self._position[record_id(record)]] = record
-        while self._next_position in self._pending:
-            self._write_line(self._pending.pop(self._next_position))
-            self._next_position += 1
-
-    def flush_pending(self) -> None:
-        """Write whatever input-order lines still wait (an interrupted run ends with gaps)."""
-        for position in sorted(self._pending):
-            self._write_line(self._pending.pop(position))
-
-    def _write_line(self, record: dict[str, Any]) -> None:
-        stream = self._stream if record_succeeded(record) else self._errors_stream
-        stream.write(json.dumps(record, ensure_ascii=False) + "\n")
-        stream.flush()

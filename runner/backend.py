@@ -12,11 +12,14 @@ import logging
 import threading
 import time
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numpy as np
 import llama_cpp as llama
 
 from .batch import BatchEntry, ChunkRules
+from .chat_template import ChatTemplate, JinjaRenderer, load_chat_template
 from .errors import BackendError, NoKvSlot
 
 logger = logging.getLogger("multiseq.llama")
@@ -24,6 +27,8 @@ logger = logging.getLogger("multiseq.llama")
 _GGML_LOG_LEVELS = {3: logging.WARNING, 4: logging.ERROR}  # ggml's WARN and ERROR
 _init_lock = threading.Lock()
 _log_callback = None  # kept referenced: llama.cpp calls it for the life of the process
+_load_lock = threading.Lock()
+_load_errors: list[str] | None = None  # llama.cpp's error lines during the current model load
 _PIECE_BUFFER_BYTES = 256
 _DECODE_NO_KV_SLOT = 1
 _UNTILED_ROWS_BELOW = 64  # GGML_FA_TILE_Q of ggml-cpu's flash attention
@@ -32,8 +37,36 @@ _TOKENS_PER_PRODUCT_GROUP = 4  # columns per ggml-cpu repacked GEMM call; the re
 
 def _forward_llama_log(level: int, text: bytes, _user_data) -> None:
     python_level = _GGML_LOG_LEVELS.get(level)
-    if python_level is not None and text:
-        logger.log(python_level, text.decode("utf-8", "replace").rstrip())
+    if python_level is None or not text:
+        return
+    message = text.decode("utf-8", "replace").rstrip()
+    capture = _load_errors
+    if capture is not None and python_level >= logging.ERROR:
+        # A failed load is reported by its BackendError, in one line naming this cause; the
+        # log lines themselves are only warnings then (batch-run shows them with -v).
+        capture.append(message)
+        python_level = logging.WARNING
+    logger.log(python_level, message)
+
+
+@contextmanager
+def _capturing_load_errors() -> Iterator[list[str]]:
+    """While a model loads, collect the errors llama.cpp logs (one load at a time)."""
+    global _load_errors
+    with _load_lock:
+        _load_errors = []
+        try:
+            yield _load_errors
+        finally:
+            _load_errors = None
+
+
+def builtin_chat_templates() -> list[str]:
+    """The names of llama.cpp's built-in chat templates."""
+    count = llama.llama_chat_builtin_templates(None, 0)
+    names = (ctypes.c_char_p * count)()
+    llama.llama_chat_builtin_templates(names, count)
+    return [name.decode("utf-8") for name in names]
 
 
 def _init_llama_once() -> None:
@@ -101,15 +134,19 @@ class LlamaModel:
     def __init__(self, model_path: str, chat_template: str | None = None,
                  chat_template_fallback: str | None = None, repack_weights: bool = True) -> None:
         _init_llama_once()
+        # A template the user gave is checked before the (slower) load.
+        chosen = _load_user_template(chat_template) if chat_template else None
         params = llama.llama_model_default_params()
         # llama.cpp repacks some weight types for faster matrix products, which then take a
         # batch's tokens four at a time and its last ones one by one, with other rounding: a
         # token's numbers would depend on how many tokens share its micro-batch.
         params.use_extra_bufts = repack_weights
         self.repack_weights = repack_weights
-        self.handle = llama.llama_model_load_from_file(str(model_path).encode(), params)
+        with _capturing_load_errors() as errors:
+            self.handle = llama.llama_model_load_from_file(str(model_path).encode(), params)
         if not self.handle:
-            raise BackendError(f"llama.cpp could not load the model file {model_path}")
+            cause = f": {errors[0]}" if errors else ""
+            raise BackendError(f"llama.cpp could not load the model file {model_path}{cause}")
         self.path = str(model_path)
         self._vocab = llama.llama_model_get_vocab(self.handle)
         self.n_vocab = llama.llama_vocab_n_tokens(self._vocab)
@@ -117,7 +154,12 @@ class LlamaModel:
         embedded = llama.llama_model_chat_template(self.handle, None)
         # An explicit template wins; then the GGUF's own; then the registry's fallback, for
         # GGUFs without one (llama.cpp would otherwise pick chatml, wrong for Gemma).
-        self.chat_template = chat_template or (embedded.decode("utf-8") if embedded else chat_template_fallback)
+        if chosen is None and embedded:
+            chosen = ChatTemplate.embedded(embedded.decode("utf-8", "replace"))
+        if chosen is None and chat_template_fallback:
+            chosen = ChatTemplate.builtin(chat_template_fallback)
+        self.chat_template = chosen
+        self._jinja: JinjaRenderer | None = None
         self._piece_cache: dict[int, bytes] = {}
         self._piece_buffer = ctypes.create_string_buffer(_PIECE_BUFFER_BYTES)
         self._end_of_generation_tokens: list[int] | None = None
@@ -184,23 +226,59 @@ class LlamaModel:
 
     def render_chat(self, messages: tuple[dict, ...]) -> str:
         """Chat messages -> prompt text in the model's template, ending where the model speaks."""
-        if self.chat_template is None:
-            raise BackendError("this model has no chat template; give a prompt instead of messages, or a chat template")
+        template = self.chat_template
+        if template is None:
+            raise BackendError("this model has no chat template; give a prompt instead of messages, or a chat "
+                               "template (RunnerConfig.chat_template, batch-run --chat-template)")
+        if template.llama_name is not None:
+            text = self._apply_llama_template(template.llama_name, messages)
+            if text is not None:
+                return text
+        if template.jinja_source is None:
+            raise BackendError(f"llama.cpp does not support the chat template {template.llama_name[:40]!r}")
+        try:
+            return self._jinja_renderer(template).render(messages)
+        except ValueError as error:
+            raise BackendError(str(error)) from None
+
+    def _apply_llama_template(self, name: str, messages: tuple[dict, ...]) -> str | None:
+        """llama.cpp's rendering with a built-in template; None when it does not know `name`."""
         encoded = [(m["role"].encode("utf-8"), m["content"].encode("utf-8")) for m in messages]
         chat = (llama.llama_chat_message * len(encoded))(
             *(llama.llama_chat_message(role=role, content=content) for role, content in encoded))
-        template = self.chat_template.encode("utf-8")
+        template = name.encode("utf-8")
         capacity = 2 * sum(len(role) + len(content) for role, content in encoded) + 256
         for _attempt in range(2):
             buffer = ctypes.create_string_buffer(capacity)
             length = llama.llama_chat_apply_template(template, chat, len(encoded), True, buffer, capacity)
             if length < 0:
-                raise BackendError(f"llama.cpp does not support the chat template {self.chat_template[:40]!r}")
+                return None
             if length <= capacity:
                 return buffer.raw[:length].decode("utf-8", "replace")
             capacity = length
         raise BackendError("the chat template output kept growing")
 
+    def _jinja_renderer(self, template: ChatTemplate) -> JinjaRenderer:
+        if self._jinja is None:
+            self._jinja = JinjaRenderer(template.jinja_source, template.description,
+                                        self._special_text(llama.llama_vocab_bos(self._vocab)),
+                                        self._special_text(llama.llama_vocab_eos(self._vocab)), self.add_bos)
+        return self._jinja
+
+    def _special_text(self, token: int) -> str:
+        """A special token's text (as templates write it), "" for none."""
+        if token < 0:
+            return ""
+        buffer = ctypes.create_string_buffer(_PIECE_BUFFER_BYTES)
+        length = llama.llama_token_to_piece(self._vocab, token, buffer, _PIECE_BUFFER_BYTES, 0, True)
+        return buffer.raw[:max(length, 0)].decode("utf-8", "replace")
+
+
+def _load_user_template(value: str) -> ChatTemplate:
+    try:
+        return load_chat_template(value, builtin_chat_templates())
+    except ValueError as error:
+        raise BackendError(str(error)) from None
 
 
 class LlamaBackend:

@@ -161,7 +161,9 @@ class RunnerConfig:
     n_discard: int = 0  # tokens dropped per generation shift; 0: half of what follows n_keep
     overflow: OverflowPolicy = OverflowPolicy.SLIDE
     seed: int | None = None  # base seed for requests without one; None: fresh entropy
-    chat_template: str | None = None  # overrides the model's template (a llama.cpp template name)
+    # Overrides the model's template: a llama.cpp built-in template name, Jinja template text,
+    # or the path of a Jinja template file (rendered with jinja2; see chat_template.py).
+    chat_template: str | None = None
     prefix_cache: bool = True  # reuse prompt prefixes already in some slot's KV instead of prefilling them
     # A request's output independent of what shares its batch (parallelism, prefix reuse, the
     # other requests), at some cost in speed: flash attention and weight repacking are off, and

@@ -98,12 +98,15 @@ class StatsRecorder:
 
     def recent_tokens_per_s(self, now: float) -> float | None:
         """Generated tokens per second over the last RECENT_WINDOW_S seconds."""
-        while self._recent and self._recent[0][0] < now - RECENT_WINDOW_S:
-            self._recent.popleft()
+        self._forget_before(now - RECENT_WINDOW_S)
         if len(self._recent) < 2:
             return None
         (start, first), (end, last) = self._recent[0], self._recent[-1]
         return (last - first) / (end - start) if end > start else None
+
+    def _forget_before(self, moment: float) -> None:
+        while self._recent and self._recent[0][0] < moment:
+            self._recent.popleft()
 
     def add_phase(self, phase: str, seconds: float) -> None:
         self.phase_seconds[phase] += seconds
@@ -113,7 +116,9 @@ class StatsRecorder:
         """One llama_decode: its time, what it held, and how many tokens it generated."""
         self.num_steps += 1
         self.generated_tokens += num_generated
-        self._recent.append((time.perf_counter(), self.generated_tokens))
+        now = time.perf_counter()
+        self._recent.append((now, self.generated_tokens))
+        self._forget_before(now - RECENT_WINDOW_S)  # bounded even when nothing reads the rate
         self.prompt_tokens += num_prefill_tokens
         if num_decode_tokens:
             self.num_decode_steps += 1

@@ -13,8 +13,11 @@ import pytest
 from click.testing import CliRunner
 
 from fakes import FakeBackend
-from multiseq import Runner, RunnerConfig
+from multiseq import Runner, RunnerConfig, SamplingParams
+from multiseq.cli.interrupts import Interrupts
+from multiseq.cli.job import BatchJob, OpenedRunner
 from multiseq.cli.main import cli
+from multiseq.cli.reader import TextMode
 from multiseq.runner.pytest_plugin import load_model
 
 pytest_plugins = ["pytester"]
@@ -159,3 +162,21 @@ def read_lines(path: Path) -> list[dict]:
 def read_jsonl():
     """read_jsonl(path): the JSON objects of a results file, one per line."""
     return read_lines
+
+
+@pytest.fixture
+def fake_job(make_runner):
+    """fake_job(prompts, output, backend=None, interrupts=None, **options) -> exit code: the
+    batch-run command's steps (checks, scan, resume, run, summary) on a FakeBackend runner.
+    Options are BatchJob's fields (keep_input_order, resume, strict, text_mode, ...)."""
+    def run(prompts: Path, output: Path | None, backend: FakeBackend | None = None,
+            interrupts: Interrupts | None = None, **options) -> int:
+        fake = backend if backend is not None else FakeBackend(num_slots=4, window=64, n_batch=64)
+        settings = dict(prompt_format=None, text_mode=TextMode.COMPLETION, defaults=SamplingParams(max_tokens=2),
+                        config=RunnerConfig(), keep_input_order=False, resume=False, strict=False, stats_json=None,
+                        dashboard=False)
+        settings.update(options)
+        job = BatchJob(prompts, output, open_runner=lambda config: OpenedRunner(make_runner(fake), "fake"), **settings)
+        return job.run(interrupts if interrupts is not None else Interrupts())
+
+    return run

@@ -128,12 +128,14 @@ def test_ctrl_c_writes_finished_and_partial_results_then_resume_completes_each_i
     _, stderr = process.communicate(timeout=120)
     assert process.returncode == 130, stderr
     first = {record["id"]: record for record in read_jsonl(out)}
-    assert set(first) == set(ids), "every item has a line: finished, partial or cancelled"
     assert first["item-0"]["finish_reason"] == "length"
     cancelled = [record for record in first.values() if record["finish_reason"] == "cancelled"]
-    assert len(cancelled) == 9
-    assert any(record["error"] is None and record["text"] for record in cancelled), "partial text kept"
-    assert any(record["error"] and "before it started" in record["error"] for record in cancelled)
+    assert 1 <= len(cancelled) <= 2, "the requests in the two slots are written as cancelled"
+    assert all(record["error"] is None for record in cancelled), "they ran: partial, not failed"
+    assert any(record["text"] for record in cancelled), "partial text kept"
+    not_started = len(ids) - len(first)
+    assert not_started >= 7, "requests that never started get no line"
+    assert f"{not_started} not started (--resume runs them)" in stderr
 
     result = run_cli("batch-run", str(prompts), "-o", str(out), "--resume", "-np", "4", "-n", "5",
                      "--temperature", "0", "--ignore-eos", "--slot-ctx", "512")

@@ -9,8 +9,10 @@ import json
 import pytest
 
 from multiseq import FinishReason, Result, SamplingParams, Timings, TokenLogprob, TopLogprob
-from multiseq.cli.reader import PromptFormat, duplicate_ids, parse_jsonl_line, parse_openai_line
-from multiseq.cli.records import ResultWriter, record_for, record_succeeded
+from multiseq.cli.output import ResultSink, ResultWriter
+from multiseq.cli.reader import PromptFormat, parse_jsonl_line, parse_openai_line
+from multiseq.cli.records import record_for
+from multiseq.cli.resume import record_succeeded
 
 DEFAULTS = SamplingParams()
 TIMINGS = Timings(0.0, 0.1, None, None, 0.2)
@@ -113,8 +115,6 @@ def test_n_choices_are_requests_with_their_own_ids_and_seeds():
     assert [r.sampling.seed for r in unseeded.requests] == [None, None]
     single = parse_jsonl_line(json.dumps({"id": "s", "prompt": "p"}), 3, DEFAULTS)
     assert [r.id for r in single.requests] == ["s"]
-    clash = parse_jsonl_line(json.dumps({"id": "q#1", "prompt": "p"}), 4, DEFAULTS)
-    assert duplicate_ids([item, unseeded, single, clash]) == ["'q#1' (lines 1, 4)"]
 
 
 def result(request_id: str, text: str = "ok", reason: FinishReason = FinishReason.STOP, **fields) -> Result:
@@ -175,12 +175,12 @@ def test_jsonl_output_of_n_choices_and_logprobs():
 
 
 def test_failed_lines_go_to_the_errors_stream():
-    out, errors = io.StringIO(), io.StringIO()
-    writer = ResultWriter(out, ["a", "b", "c"], keep_input_order=True, errors_stream=errors)
+    out, errors = io.BytesIO(), io.BytesIO()
+    writer = ResultWriter(ResultSink(out, "out"), keep_input_order=True, errors_sink=ResultSink(errors, "errors"))
     good = openai_line({"messages": chat()}, custom_id="a")
     bad = openai_line({"messages": chat(), "tools": []}, custom_id="b")
-    writer.write(record_for(PromptFormat.OPENAI, bad, None, "m"))
-    writer.write(record_for(PromptFormat.OPENAI, good, [result("a")], "m"))
+    writer.write(record_for(PromptFormat.OPENAI, bad, None, "m"), 1)
+    writer.write(record_for(PromptFormat.OPENAI, good, [result("a")], "m"), 0)
     writer.flush_pending()
     assert [json.loads(line)["custom_id"] for line in out.getvalue().splitlines()] == ["a"]
     assert [json.loads(line)["custom_id"] for line in errors.getvalue().splitlines()] == ["b"]

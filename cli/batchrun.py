@@ -1,0 +1,164 @@
+"""One batch run: prompts streamed from a file into a runner, results streamed out.
+
+Items are read lazily and only a bounded window of them is open at a time (read but not yet
+written: queued, running, or finished and waiting for an earlier line in input order), so
+memory does not grow with the file and the first results come as soon as the first prompts
+are decoded. interrupt() (the CLI calls it on the first Ctrl-C) stops reading and cancels
+everything: running requests are written with their partial text as "cancelled"; requests
+that never started are not written, only counted, and --resume runs them.
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from ..runner import CANCELLED_BEFORE_START, Result, Runner
+from .dashboard import REFRESH_SECONDS
+from .output import ResultWriter
+from .reader import PromptFormat, PromptItem
+from .records import record_for
+from .summary import RunTally
+
+WINDOW_PER_SLOT = 4  # open items per slot: enough queued to refill a slot the moment it frees
+_INTERRUPT = object()
+
+
+def default_window(parallel: int) -> int:
+    return WINDOW_PER_SLOT * parallel
+
+
+@dataclass
+class _Open:
+    """An item submitted to the runner (a request per choice), with its place in the input and
+    the results of the choices that have ended."""
+
+    item: PromptItem
+    position: int
+    results: dict[str, Result] = field(default_factory=dict)
+
+    @property
+    def is_complete(self) -> bool:
+        return len(self.results) == self.item.n
+
+    def ordered_results(self) -> list[Result]:
+        return [self.results[request_id] for request_id in self.item.request_ids]
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    tally: RunTally
+    interrupted: bool
+    wall_s: float
+
+
+class BatchRun:
+    """Stream `items` (the items of this run, in input order; `num_items` of them) through the
+    runner, at most `window` open at once, writing each result as it arrives."""
+
+    def __init__(self, runner: Runner, items: Iterator[PromptItem], num_items: int, writer: ResultWriter,
+                 file_format: PromptFormat, model_name: str, window: int) -> None:
+        assert window >= 1
+        self.runner = runner
+        self.writer = writer
+        self.file_format = file_format
+        self.model_name = model_name
+        self._items = items
+        self._num_items = num_items
+        self._window = window
+        self._open: dict[str, _Open] = {}  # the open item of each submitted request, by request id
+        self._num_open_items = 0
+        self._num_read = 0
+        self._is_exhausted = False
+        self._finished: queue.SimpleQueue = queue.SimpleQueue()  # put() is safe in a signal handler
+        self.interrupted = False
+        self.tally = RunTally()
+
+    def interrupt(self) -> None:
+        """Stop the run soon (from any thread, or a signal handler)."""
+        self.interrupted = True
+        self._finished.put(_INTERRUPT)
+
+    def execute(self, display) -> RunOutcome:
+        """Run to the end of the items, or until interrupted. An OutputError (results could not
+        be written) cancels everything and is raised."""
+        started = time.perf_counter()
+        completed = False
+        try:
+            self._loop(display)
+            completed = True
+        finally:
+            if not completed:
+                self.runner.cancel_all()  # stop the work at once; the runner's close drains it
+            else:
+                self.writer.flush_pending()
+        if self.interrupted:
+            self.tally.add_not_started(max(0, self._num_items - self._num_read))
+        return RunOutcome(self.tally, self.interrupted, time.perf_counter() - started)
+
+    def _loop(self, display) -> None:
+        while True:
+            self._fill(display)
+            if not self._num_open_items and (self._is_exhausted or self.interrupted):
+                return
+            try:
+                message = self._finished.get(timeout=REFRESH_SECONDS)
+            except queue.Empty:
+                display.tick()
+                continue
+            if message is _INTERRUPT:
+                self.runner.cancel_all()
+            else:
+                self._on_result(message, display)
+
+    def _num_open(self) -> int:
+        return self._num_open_items + self.writer.num_held
+
+    def _fill(self, display) -> None:
+        """Read items until the window is full. Bounded work per call (a file of bad lines
+        takes no window room), so results, the display and Ctrl-C are seen in between."""
+        for _ in range(self._window):
+            if self._is_exhausted or self.interrupted or self._num_open() >= self._window:
+                return
+            item = next(self._items, None)
+            if item is None:
+                self._is_exhausted = True
+                return
+            position = self._num_read
+            self._num_read += 1
+            if item.is_valid:
+                self._submit(_Open(item, position))
+            else:
+                self.tally.add_invalid()
+                self._write(item, None, position, display)
+
+    def _submit(self, entry: _Open) -> None:
+        """Queue every choice of an item (n > 1: n requests of one prompt, whose prefill the
+        runner shares)."""
+        self._num_open_items += 1
+        for request in entry.item.requests:
+            self._open[request.id] = entry
+        for request in entry.item.requests:
+            self.runner.submit(request, on_finish=self._finished.put)
+
+    def _on_result(self, result: Result, display) -> None:
+        entry = self._open.pop(result.id)
+        entry.results[result.id] = result
+        if not entry.is_complete:
+            return
+        self._num_open_items -= 1
+        results = entry.ordered_results()
+        if self.interrupted and all(result.error == CANCELLED_BEFORE_START for result in results):
+            self.writer.skip(entry.position)  # never started: no line, --resume runs it
+            self.tally.add_not_started()
+            return
+        for result in results:
+            self.tally.add_result(result)
+        self._write(entry.item, results, entry.position, display)
+
+    def _write(self, item: PromptItem, results: list[Result] | None, position: int, display) -> None:
+        self.writer.write(record_for(self.file_format, item, results, self.model_name), position)
+        display.note_written()
+        display.tick()
