@@ -43,9 +43,10 @@ from multiseq import Request, Runner, RunnerConfig, SamplingParams, models
 from multiseq.cli.summary import percentile
 from multiseq.runner.backend import LlamaModel
 
-ALL_SYSTEMS = ("multiseq", "llama-server", "llama-cpp-python", "llama-batched-bench", "memory")
+ALL_SYSTEMS = ("multiseq", "multiseq-invariant", "llama-server", "llama-cpp-python", "llama-batched-bench", "memory")
 SHARED_PREFIX = "shared-prefix"
-SAME_PARALLELISM_PEERS = ("llama-server", "llama-server prompt-cache", "multiseq no-prefix-cache")
+SAME_PARALLELISM_PEERS = ("llama-server", "llama-server prompt-cache", "multiseq no-prefix-cache",
+                          "multiseq batch-invariant")
 # Compared with multiseq's greedy text, request by request (a speed-up must not change it).
 GREEDY_TEXT_PEERS = ("llama-server prompt-cache", "multiseq no-prefix-cache")
 SLOT_CTX = 1024  # per slot: the longest workload needs ~470 tokens (prompt + generation)
@@ -71,10 +72,10 @@ def multiseq_requests(workload: Workload) -> list[Request]:
 
 
 def run_multiseq(model: LlamaModel, workload: Workload, parallel: int, threads: int,
-                 prefix_cache: bool = True) -> dict:
+                 prefix_cache: bool = True, batch_invariant: bool = False) -> dict:
     """One workload through a fresh runner: aggregate rate, TTFT, and the step profile."""
     config = RunnerConfig(model=model.path, parallel=parallel, slot_ctx=SLOT_CTX, n_batch=max(512, parallel),
-                          threads=threads, seed=0, prefix_cache=prefix_cache)
+                          threads=threads, seed=0, prefix_cache=prefix_cache, batch_invariant=batch_invariant)
     with Runner.on_model(model, config) as runner:
         runner.run_batch([Request(prompt="Warm up.", sampling=SamplingParams(max_tokens=4))])
         runner.reset_stats()
@@ -91,7 +92,8 @@ def run_multiseq(model: LlamaModel, workload: Workload, parallel: int, threads: 
     admitted_ttfts = [r.timings.ttft_s - r.timings.queue_wait_s for r in results]
     phase_total = sum(stats.phase_seconds.values())
     return {
-        "system": "multiseq" if prefix_cache else "multiseq no-prefix-cache",
+        "system": "multiseq batch-invariant" if batch_invariant else
+                  "multiseq" if prefix_cache else "multiseq no-prefix-cache",
         "parallel": parallel,
         "num_requests": len(results),
         "generated_tokens": generated,
@@ -200,6 +202,14 @@ def run_systems(systems: list[str], model: LlamaModel, workload: Workload, args:
             parallel = max(int(p) for p in args.server_parallel.split(","))
             log(f"[{workload.name}] multiseq -np {parallel} --no-prefix-cache ...")
             yield run_multiseq(model, workload, parallel, args.threads, prefix_cache=False)
+    if "multiseq-invariant" in systems:
+        parallel = max(int(p) for p in args.server_parallel.split(","))
+        log(f"[{workload.name}] multiseq -np {parallel} --batch-invariant ...")
+        unpacked = LlamaModel(model.path, repack_weights=False)  # the workload is already rendered text
+        try:
+            yield run_multiseq(unpacked, workload, parallel, args.threads, batch_invariant=True)
+        finally:
+            unpacked.close()
     yield from run_peers(systems, model, workload, args)
 
 
