@@ -39,8 +39,9 @@ stderr = Console(stderr=True)
 
 @dataclass(frozen=True)
 class OpenedRunner:
-    runner: Runner
+    runner: Runner  # or a multiseq.ray.RayRunnerPool, which offers what a run uses of a Runner
     model_name: str
+    ray_workers: int | None = None  # on Ray: the runners behind it, each with config.parallel slots
 
 
 class InputError(click.ClickException):
@@ -151,10 +152,10 @@ class BatchJob:
                    errors_sink: ResultSink | None, interrupts: Interrupts) -> int:
         opened = self.open_runner(self.config)
         with opened.runner as runner:
-            _print_header(opened.model_name, runner, file_format, scan, self.resume)
+            _print_header(opened, file_format, scan, self.resume)
             writer = ResultWriter(sink, self.keep_input_order, errors_sink)
             run = BatchRun(runner, self._items(file_format, done), scan.num_to_run, writer, file_format,
-                           opened.model_name, default_window(runner.config.parallel))
+                           opened.model_name, default_window(runner.config.parallel * (opened.ray_workers or 1)))
             try:
                 sink.start(keep_existing=self.resume)
                 if errors_sink is not None:
@@ -185,13 +186,13 @@ class BatchJob:
         return EXIT_SOME_FAILED if summary["failed"] or summary["cancelled"] else 0
 
 
-def _print_header(model_name: str, runner: Runner, file_format: PromptFormat, scan: FileScan, resume: bool) -> None:
-    config = runner.config
+def _print_header(opened: OpenedRunner, file_format: PromptFormat, scan: FileScan, resume: bool) -> None:
+    runner, config = opened.runner, opened.runner.config
     skipped = f", {scan.num_done} already done" if resume else ""
-    allocated = getattr(runner.backend, "allocated_window", runner.window)  # llama.cpp's rounding, where there is one
-    rounding = f" (llama.cpp allocates {allocated})" if allocated != runner.window else ""
-    stderr.print(f"[bold]multiseq[/] {model_name}: {config.parallel} slots x {runner.window} tokens{rounding}, "
-                 f"{config.threads} threads, {scan.num_to_run} {file_format.value} prompts{skipped}")
+    rounding = f" (llama.cpp allocates {runner.allocated_window})" if runner.allocated_window != runner.window else ""
+    workers, each = ("", "") if opened.ray_workers is None else (f"{opened.ray_workers} Ray workers x ", " each")
+    stderr.print(f"[bold]multiseq[/] {opened.model_name}: {workers}{config.parallel} slots x {runner.window} tokens"
+                 f"{rounding}, {config.threads} threads{each}, {scan.num_to_run} {file_format.value} prompts{skipped}")
 
 
 def _check_chat_template(value: str) -> None:

@@ -151,13 +151,18 @@ def _resolve_model(name: str) -> models.ResolvedModel:
 @click.option("--chat-template", metavar="NAME_OR_FILE",
               help="Chat template for messages: a llama.cpp built-in name (chatml, gemma, llama3, ...) or a "
                    "Jinja template file. Default: the model's own.")
+@click.option("--ray", "ray_address", is_flag=False, flag_value="local", default=None, metavar="[ADDRESS]",
+              help="Spread the rows over Ray actors, each a runner with -np slots and -t threads: on a local "
+                   "Ray started on this machine, or on the cluster at ADDRESS. Needs multiseq[ray].")
+@click.option("--workers", type=click.IntRange(1), help="Ray actors (with --ray). Default: 1.")
 @click.option("-v", "--verbose", is_flag=True, help="Show llama.cpp warnings.")
 def batch_run(prompts_file: Path, output: Path | None, prompt_format: str | None, text_mode: str, model: str,
               parallel: int, slot_ctx: int, max_tokens: int, temperature: float, top_k: int, top_p: float,
               min_p: float, repeat_penalty: float, seed: int | None, stop: tuple[str, ...], ignore_eos: bool,
               threads: int, n_keep: int, n_discard: int, overflow: str, prefix_cache: bool, batch_invariant: bool,
               order: str, errors_file: Path | None, resume: bool, strict: bool, stats_json: Path | None,
-              dashboard: bool | None, chat_template: str | None, verbose: bool) -> None:
+              dashboard: bool | None, chat_template: str | None, ray_address: str | None, workers: int | None,
+              verbose: bool) -> None:
     """Run every prompt in PROMPTS_FILE and write one result per line.
 
     PROMPTS_FILE is JSON lines ({"id"?, "prompt" | "messages", ...}), plain text (one prompt
@@ -176,8 +181,16 @@ def batch_run(prompts_file: Path, output: Path | None, prompt_format: str | None
                               prefix_cache=prefix_cache, batch_invariant=batch_invariant)
     except ValueError as error:
         raise click.UsageError(str(error)) from None
+    open_runner = _open_runner
+    if ray_address is not None:
+        if dashboard:
+            raise click.UsageError("--dashboard shows the slots of one runner; with --ray a progress bar shows the run")
+        dashboard = False
+        open_runner = _ray_runner_opener(None if ray_address == "local" else ray_address, workers or 1)
+    elif workers is not None:
+        raise click.UsageError("--workers needs --ray")
     job = BatchJob(prompts_file, output, PromptFormat(prompt_format) if prompt_format else None, TextMode(text_mode),
-                   defaults, config, order == "input", resume, strict, stats_json, dashboard, _open_runner,
+                   defaults, config, order == "input", resume, strict, stats_json, dashboard, open_runner,
                    errors_file)
     with Interrupts() as interrupts:
         try:
@@ -196,6 +209,25 @@ def _open_runner(config: RunnerConfig) -> OpenedRunner:
         return OpenedRunner(Runner(config), resolved.name)
     except (BackendError, models.ModelError) as error:
         raise click.ClickException(str(error)) from None
+
+
+
+def _ray_runner_opener(address: str | None, workers: int):
+    """Opens the runners of a --ray run: Ray joined (or started), then `workers` actors that
+    each load the model (fetching it on their node if needed)."""
+    def open_ray_runner(config: RunnerConfig) -> OpenedRunner:
+        try:
+            from .. import ray as multiseq_ray
+        except ImportError as error:
+            raise click.ClickException(str(error)) from None
+        try:
+            multiseq_ray.connect(address)
+            multiseq_ray.check_cpus(workers, config.threads)
+            pool = multiseq_ray.RayRunnerPool(config, workers)
+        except multiseq_ray.RayError as error:
+            raise click.ClickException(str(error)) from None
+        return OpenedRunner(pool, pool.model_name, ray_workers=workers)
+    return open_ray_runner
 
 
 if __name__ == "__main__":

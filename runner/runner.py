@@ -99,6 +99,11 @@ class Runner:
         """The per-slot window in tokens (prompt plus generation) that the runner enforces."""
         return self.engine.window
 
+    @property
+    def allocated_window(self) -> int:
+        """The per-slot window llama.cpp allocated (it rounds up), where the backend has one."""
+        return getattr(self.backend, "allocated_window", self.window)
+
     # --- public API ------------------------------------------------------------------------
 
     def submit(self, request: Request, stream: bool = False,

@@ -1,0 +1,123 @@
+"""batch-run --ray and multiseq.ray on a local Ray cluster (loopback, 2 workers x 1 thread):
+every row comes back once, greedy text equals a plain batch-run's, a bad row is an error
+record, and a worker killed mid-run loses no row."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+
+ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'multiseq[ray]')")
+
+from multiseq import Request, RunnerConfig, SamplingParams  # noqa: E402
+from multiseq import ray as multiseq_ray  # noqa: E402
+
+pytestmark = pytest.mark.model
+
+NUM_ROWS = 32
+BAD_ROW = 5
+RUN_OPTIONS = ["-np", "4", "-t", "1", "-n", "6", "--temperature", "0", "--batch-invariant", "--no-dashboard"]
+
+
+@pytest.fixture(scope="module")
+def ray_cluster(smollm):
+    """A local Ray on loopback, 2 CPUs, shared by this module's tests (its start costs seconds)."""
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
+    yield
+    ray.shutdown()
+
+
+def rows() -> list[dict]:
+    lines = [{"id": f"r{index:02d}", "prompt": f"Item {index}: the weather in town number {index} is"}
+             for index in range(NUM_ROWS)]
+    lines[BAD_ROW] = {"id": f"r{BAD_ROW:02d}", "prompt": "x", "max_tokens": -3}
+    return lines
+
+
+@pytest.fixture
+def prompts_file(tmp_path):
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows()))
+    return path
+
+
+def texts_by_id(records: list[dict]) -> dict[str, str]:
+    return {record["id"]: record["text"] for record in records}
+
+
+def test_every_row_comes_back_once_with_the_text_of_a_plain_run(ray_cluster, prompts_file, tmp_path, run_cli,
+                                                                 read_jsonl):
+    on_ray, local = tmp_path / "ray.jsonl", tmp_path / "local.jsonl"
+    ray_run = run_cli("batch-run", str(prompts_file), "-o", str(on_ray), "--ray", "--workers", "2", *RUN_OPTIONS)
+    local_run = run_cli("batch-run", str(prompts_file), "-o", str(local), *RUN_OPTIONS)
+    assert ray_run.exit_code == local_run.exit_code == 1  # the bad row failed, nothing else
+    records = read_jsonl(on_ray)
+    assert sorted(record["id"] for record in records) == [row["id"] for row in rows()]
+    assert texts_by_id(records) == texts_by_id(read_jsonl(local))
+    bad = next(record for record in records if record["id"] == f"r{BAD_ROW:02d}")
+    assert bad["finish_reason"] == "error" and "max_tokens" in bad["error"]
+    assert all(record["finish_reason"] == "length" for record in records if record is not bad)
+
+
+def test_resume_on_ray_runs_only_what_is_missing(ray_cluster, prompts_file, tmp_path, run_cli, read_jsonl):
+    output = tmp_path / "out.jsonl"
+    first = [json.dumps({"id": "r00", "text": "kept", "finish_reason": "length", "error": None})]
+    output.write_text("\n".join(first) + "\n")
+    result = run_cli("batch-run", str(prompts_file), "-o", str(output), "--resume", "--ray", "--workers", "2",
+                     *RUN_OPTIONS)
+    assert result.exit_code == 1
+    records = read_jsonl(output)
+    assert sorted(record["id"] for record in records) == [row["id"] for row in rows()]
+    assert texts_by_id(records)["r00"] == "kept"
+
+
+def test_a_killed_worker_loses_no_request(ray_cluster):
+    config = RunnerConfig(model="smollm2-135m", parallel=4, threads=1, slot_ctx=256, seed=0)
+    requests = [Request(prompt=row["prompt"], id=row["id"], sampling=SamplingParams(max_tokens=24, temperature=0))
+                for row in rows() if row["id"] != f"r{BAD_ROW:02d}"]
+    results, lock, first_done = [], threading.Lock(), threading.Event()
+
+    def finished(result):
+        with lock:
+            results.append(result)
+        first_done.set()
+
+    with multiseq_ray.RayRunnerPool(config, workers=2) as pool:
+        for request in requests:
+            pool.submit(request, on_finish=finished)
+        assert first_done.wait(60)
+        ray.kill(pool._actors[0], no_restart=False)  # Ray restarts it and sends its requests again
+        deadline = threading.Event()
+        for _ in range(600):
+            with lock:
+                if len(results) == len(requests):
+                    break
+            deadline.wait(0.2)
+    assert sorted(result.id for result in results) == sorted(request.id for request in requests)
+    assert all(result.ok for result in results), [result.error for result in results if not result.ok]
+
+
+def test_ray_data_map_batches_gives_batch_run_records(ray_cluster, prompts_file, tmp_path, run_cli, read_jsonl):
+    local = tmp_path / "local.jsonl"
+    run_cli("batch-run", str(prompts_file), "-o", str(local), *RUN_OPTIONS)
+    dataset = ray.data.read_json(str(prompts_file), num_cpus=0)  # the 2 actors take both CPUs
+    results = multiseq_ray.generate(dataset, workers=2, threads=1, model="smollm2-135m", parallel=4,
+                                    batch_invariant=True, max_tokens=6, temperature=0).take_all()
+    assert sorted(record["id"] for record in results) == [row["id"] for row in rows()]
+    assert texts_by_id(results) == texts_by_id(read_jsonl(local))
+    bad = next(record for record in results if record["id"] == f"r{BAD_ROW:02d}")
+    assert bad["finish_reason"] == "error" and bad["param"] == "max_tokens"
+    assert bad["error"].startswith(f"row r{BAD_ROW:02d}: max_tokens")
+
+
+def test_cluster_errors_are_one_line(ray_cluster, prompts_file, run_cli):
+    too_many = run_cli("batch-run", str(prompts_file), "--ray", "--workers", "3", "-t", "1")
+    assert too_many.exit_code == 1
+    assert "3 workers x 1 threads need 3 CPUs, and the Ray cluster has 2" in too_many.output
+    assert "Traceback" not in too_many.output
+    no_ray = run_cli("batch-run", str(prompts_file), "--workers", "2")
+    assert no_ray.exit_code == 2 and "--workers needs --ray" in no_ray.output
+    nobody = run_cli("batch-run", str(prompts_file), "--ray", "127.0.0.1:9")
+    assert nobody.exit_code == 1 and "could not connect to the Ray cluster at 127.0.0.1:9" in nobody.output
