@@ -91,11 +91,13 @@ def test_gemma_prefix_dropped_by_a_small_sliding_window_cache_is_prefilled_inste
 
 @pytest.mark.parametrize("model_name", BOTH_MODELS)
 def test_a_copied_prefix_gives_the_logits_of_its_source_bit_for_bit(request, model_name):
+    """Slot 1 held another prompt before: after the copy it holds the prefix and nothing else."""
     model = request.getfixturevalue(model_name)
     tokens = model.tokenize(SYSTEM)
     backend = LlamaBackend(model, 2, 512, 512, 2)
     try:
-        backend.decode([BatchEntry(0, tokens[:-1], 0, False)])
+        backend.decode([BatchEntry(0, tokens[:-1], 0, False),
+                        BatchEntry(1, model.tokenize("Translate into French: the cat sleeps. " * 4), 0, False)])
         assert backend.reuse_prefix(1, 0, len(tokens) - 1)
         both = backend.decode([BatchEntry(0, tokens[-1:], len(tokens) - 1, True),
                                BatchEntry(1, tokens[-1:], len(tokens) - 1, True)])
