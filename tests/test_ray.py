@@ -5,6 +5,7 @@ record, and a worker killed mid-run loses no row."""
 from __future__ import annotations
 
 import json
+import signal
 import threading
 
 import pytest
@@ -13,6 +14,8 @@ ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'mult
 
 from multiseq import Request, RunnerConfig, SamplingParams  # noqa: E402
 from multiseq import ray as multiseq_ray  # noqa: E402
+
+from test_cli_formats import wait_for_lines  # noqa: E402
 
 pytestmark = pytest.mark.model
 
@@ -71,6 +74,36 @@ def test_resume_on_ray_runs_only_what_is_missing(ray_cluster, prompts_file, tmp_
     records = read_jsonl(output)
     assert sorted(record["id"] for record in records) == [row["id"] for row in rows()]
     assert texts_by_id(records)["r00"] == "kept"
+
+
+def test_ctrl_c_on_ray_writes_finished_and_partial_results_then_resume_completes_each_id_once(
+        ray_cluster, tmp_path, start_cli, run_cli, read_jsonl):
+    """batch-run in its own process, a driver of this module's cluster, as on a real one."""
+    ids = [f"item-{index}" for index in range(12)]
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"id": item_id, "prompt": f"Story number {index}:",
+                                           "max_tokens": 4 if index == 0 else 300}) + "\n"
+                               for index, item_id in enumerate(ids)))
+    out = tmp_path / "out.jsonl"
+    process = start_cli("batch-run", str(prompts), "-o", str(out), "--ray", ray.get_runtime_context().gcs_address,
+                        "--workers", "2", "-t", "1", "-np", "2", "--temperature", "0", "--ignore-eos",
+                        "--slot-ctx", "512", "--no-dashboard")
+    wait_for_lines(out, 1)  # item-0 finished; the others are running on the workers or queued
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 130, stderr
+    assert "Traceback" not in stderr
+    first = {record["id"]: record for record in read_jsonl(out)}
+    cancelled = [record for record in first.values() if record["finish_reason"] == "cancelled"]
+    assert cancelled and any(record["text"] for record in cancelled), "running requests are written, partial"
+    not_started = len(ids) - len(first)
+    assert not_started >= 1 and f"{not_started} not started (--resume runs them)" in stderr
+
+    result = run_cli("batch-run", str(prompts), "-o", str(out), "--resume", "-np", "4", "-n", "4",
+                     "--temperature", "0", "--ignore-eos", "--slot-ctx", "512")
+    assert result.exit_code == 0, result.output
+    final = read_jsonl(out)
+    assert sorted(record["id"] for record in final) == sorted(ids), "no id lost, none twice"
 
 
 def test_a_killed_worker_loses_no_request(ray_cluster):
