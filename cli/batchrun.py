@@ -10,12 +10,13 @@ that never started are not written, only counted, and --resume runs them.
 
 from __future__ import annotations
 
+import dataclasses
 import queue
 import time
-from collections.abc import Iterator
+from collections.abc import Container, Iterator
 from dataclasses import dataclass, field
 
-from ..runner import CANCELLED_BEFORE_START, Result, Runner
+from ..runner import CANCELLED_BEFORE_START, Request, Result, Runner
 from .dashboard import REFRESH_SECONDS
 from .output import ResultWriter
 from .reader import PromptFormat, PromptItem
@@ -30,6 +31,17 @@ def default_window(parallel: int) -> int:
     return WINDOW_PER_SLOT * parallel
 
 
+def with_free_id(request: Request, taken: Container[str]) -> Request:
+    """The request under an id not in `taken`. Choice k of line `x` runs as `x#k`, which
+    another line may have as its own id; the runner's ids must differ (output lines carry the
+    items' ids, whatever the runner's were)."""
+    request_id, copy = request.id, 1
+    while request_id in taken:
+        copy += 1
+        request_id = f"{request.id} ({copy})"
+    return request if request_id == request.id else dataclasses.replace(request, id=request_id)
+
+
 @dataclass
 class _Open:
     """An item submitted to the runner (a request per choice), with its place in the input and
@@ -37,6 +49,7 @@ class _Open:
 
     item: PromptItem
     position: int
+    request_ids: list[str] = field(default_factory=list)  # the runner's id of each choice, in order
     results: dict[str, Result] = field(default_factory=dict)
 
     @property
@@ -44,7 +57,7 @@ class _Open:
         return len(self.results) == self.item.n
 
     def ordered_results(self) -> list[Result]:
-        return [self.results[request_id] for request_id in self.item.request_ids]
+        return [self.results[request_id] for request_id in self.request_ids]
 
 
 @dataclass(frozen=True)
@@ -138,9 +151,12 @@ class BatchRun:
         """Queue every choice of an item (n > 1: n requests of one prompt, whose prefill the
         runner shares)."""
         self._num_open_items += 1
+        requests = []
         for request in entry.item.requests:
-            self._open[request.id] = entry
-        for request in entry.item.requests:
+            requests.append(with_free_id(request, self._open))
+            self._open[requests[-1].id] = entry
+            entry.request_ids.append(requests[-1].id)
+        for request in requests:  # every id is registered before any result can arrive
             self.runner.submit(request, on_finish=self._finished.put)
 
     def _on_result(self, result: Result, display) -> None:

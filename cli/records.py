@@ -86,4 +86,6 @@ def record_for(prompt_format: PromptFormat, item: PromptItem, results: list[Resu
         return openai_record(item, results, model_name)
     if results is None:
         return item_error_record(item)
-    return result_record(results[0]) if item.n == 1 else choices_record(item, results)
+    if item.n > 1:
+        return choices_record(item, results)
+    return result_record(results[0]) | {"id": item.id}  # the runner may have run it under another id

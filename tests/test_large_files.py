@@ -227,3 +227,19 @@ def test_a_sink_writes_whole_lines_through_short_writes():
     stream = Trickle()
     ResultSink(stream, "trickle").write_line(b'{"id": "a"}\n')
     assert bytes(stream.data) == b'{"id": "a"}\n'
+
+
+def test_a_line_whose_id_is_that_of_another_lines_choice_gets_its_own_result(tmp_path, fake_job, read_jsonl):
+    """Choice k of line `x` runs as `x#k`; a line of its own called `x#1` must not be mixed up
+    with it, whichever is submitted first."""
+    lines = [{"id": "x", "prompt": "aa", "n": 2, "seed": 1}, {"id": "x#1", "prompt": "bbbb"},
+             {"id": "y#0", "prompt": "cc"}, {"id": "y", "prompt": "dd", "n": 2, "seed": 2}]
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    out = tmp_path / "out.jsonl"
+    assert fake_job(prompts, out) == 0
+    records = {record["id"]: record for record in read_jsonl(out)}
+    assert sorted(records) == ["x", "x#1", "y", "y#0"]
+    assert records["x"]["n"] == records["y"]["n"] == 2 and len(records["x"]["choices"]) == 2
+    assert records["x#1"]["prompt_tokens"] != records["x"]["prompt_tokens"], "its own prompt, not a choice of x"
+    assert records["y#0"]["finish_reason"] == "length" and records["y#0"]["error"] is None

@@ -35,7 +35,7 @@ except ImportError as error:  # the optional extra is missing
     raise ImportError("multiseq.ray needs Ray: pip install 'multiseq[ray]'") from error
 
 from multiseq import models
-from multiseq.cli.batchrun import WINDOW_PER_SLOT
+from multiseq.cli.batchrun import WINDOW_PER_SLOT, with_free_id
 from multiseq.cli.reader import PromptFormat, PromptItem, parse_jsonl_line
 from multiseq.cli.records import record_for
 from multiseq.runner import BackendError, FinishReason, Request, Result, Runner, RunnerConfig, RunStats, SamplingParams
@@ -78,7 +78,14 @@ class _RunnerActor:
 
     def run_items(self, items: list[PromptItem]) -> list[list[Result]]:
         """Every choice of every item at once (they share the slots), results per item."""
-        handles = [[self._runner.submit(request) for request in item.requests] for item in items]
+        taken: set[str] = set()
+        handles = []
+        for item in items:
+            requests = []
+            for request in item.requests:
+                requests.append(with_free_id(request, taken))
+                taken.add(requests[-1].id)
+            handles.append([self._runner.submit(request) for request in requests])
         return [[handle.result() for handle in item_handles] for item_handles in handles]
 
     def cancel_all(self) -> int:
