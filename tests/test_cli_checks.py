@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import click
 import pytest
 
 from multiseq.cli import job as job_module
 from multiseq.cli import reader as reader_module
+from multiseq.cli.reader import PromptFormat, detect_format
 
 NO_MODEL = ["-m", "no-such-model"]
 
@@ -138,3 +140,16 @@ def test_a_read_error_during_the_run_stops_it_with_one_line(tmp_path, monkeypatc
     assert error.value.format_message() == (f"cannot read {prompts}: Input/output error; the run stopped "
                                             f"({len(read_jsonl(out))} result lines were written)")
     assert 0 < len(read_jsonl(out)) < 50
+
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "cli" / "examples"
+
+
+@pytest.mark.parametrize("name, prompt_format", [("prompts.jsonl", PromptFormat.JSONL), ("prompts.txt", PromptFormat.TEXT),
+                                                 ("openai-batch.jsonl", PromptFormat.OPENAI)])
+def test_the_example_files_the_readme_shows_are_valid_input(tmp_path, fake_job, read_jsonl, name, prompt_format):
+    path = EXAMPLES / name
+    assert detect_format(path) is prompt_format
+    out = tmp_path / "out.jsonl"
+    assert fake_job(path, out, strict=True) == 0, "every line valid (--strict) and run"
+    assert len(read_jsonl(out)) == sum(1 for line in path.read_text().splitlines() if line.strip())
