@@ -187,7 +187,7 @@ def _chat_message(message: Any, where: str) -> dict[str, str]:
     if role in ("tool", "function"):
         raise ItemError(f"{where} has role {role!r}: tool results cannot be honoured without tool calling",
                         f"{where}.role")
-    if role not in CHAT_ROLES:
+    if not isinstance(role, str) or role not in CHAT_ROLES:  # a list or an object cannot be looked up
         raise ItemError(f"{where} has role {json.dumps(role)}; expected one of {', '.join(CHAT_ROLES)}",
                         f"{where}.role")
     for name in ("tool_calls", "function_call", "audio"):

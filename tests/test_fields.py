@@ -72,6 +72,7 @@ def test_completions_logprobs_is_a_count_of_alternatives():
      None, "messages[0].content[0].type", "'input_audio' part"),
     ({"messages": chat() + [{"role": "tool", "content": "42", "tool_call_id": "c1"}]}, None, "messages[1].role",
      "tool results"),
+    ({"messages": [{"role": ["user"], "content": "hi"}]}, None, "messages[0].role", 'has role ["user"]'),
     ({"input": "embed me", "model": "text-embedding-3-small"}, "/v1/embeddings", "url", "gives no embeddings"),
     ({"messages": chat(), "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, None,
      "response_format.json_schema.schema", "needs"),

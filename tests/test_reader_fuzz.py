@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from multiseq import SamplingParams
 from multiseq.cli import lines as lines_module
+from multiseq.cli.fields import COMMON_FIELDS, SAMPLING_FIELDS
 from multiseq.cli.lines import NotTextError, RawLine, count_items, iter_lines, sniff_text
 from multiseq.cli.output import encode_record
 from multiseq.cli.reader import PromptFormat, TextMode, detect_format, line_id, parse_line, read_prompts
@@ -31,11 +32,15 @@ JSON_VALUES = st.recursive(JSON_SCALARS, lambda children: st.lists(children, max
                            | st.dictionaries(ANY_TEXT, children, max_size=4), max_leaves=12)
 # Objects built from the field names the readers look for, holding any values: these reach
 # deeper than random objects, whose keys are unknown fields.
-JSONL_FIELDS = ["id", "prompt", "messages", "max_tokens", "temperature", "top_k", "top_p", "min_p", "repeat_penalty",
-                "seed", "stop", "ignore_eos"]
+JSONL_FIELDS = sorted({"id", "prompt", "messages"} | set(SAMPLING_FIELDS) | COMMON_FIELDS)
 MESSAGE = st.fixed_dictionaries({}, optional={"role": st.sampled_from(["user", "system", "assistant", "robot"])
                                               | JSON_VALUES, "content": ANY_TEXT | JSON_VALUES})
-FIELD_VALUES = JSON_VALUES | st.lists(MESSAGE, max_size=3) | st.sampled_from([1, 0, -1, 0.5, 2**64, "x", [], {}])
+RESPONSE_FORMATS = st.fixed_dictionaries({}, optional={
+    "type": st.sampled_from(["json_schema", "json_object", "text", "grammar", "regex"]) | JSON_VALUES,
+    "json_schema": st.fixed_dictionaries({}, optional={"name": ANY_TEXT, "schema": JSON_VALUES}) | JSON_VALUES,
+    "grammar": ANY_TEXT | JSON_VALUES})
+FIELD_VALUES = (JSON_VALUES | st.lists(MESSAGE, max_size=3) | RESPONSE_FORMATS
+                | st.sampled_from([1, 0, -1, 0.5, 2**64, "x", [], {}, True]))
 JSONL_OBJECTS = st.dictionaries(st.sampled_from(JSONL_FIELDS), FIELD_VALUES, max_size=5)
 OPENAI_OBJECTS = st.fixed_dictionaries({}, optional={
     "custom_id": FIELD_VALUES, "method": st.sampled_from(["POST", "GET"]) | JSON_VALUES,
