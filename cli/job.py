@@ -150,7 +150,11 @@ class BatchJob:
 
     def _run_model(self, file_format: PromptFormat, scan: FileScan, done: IdSet, sink: ResultSink,
                    errors_sink: ResultSink | None, interrupts: Interrupts) -> int:
-        opened = self.open_runner(self.config)
+        with interrupts.held() as held:
+            opened = self.open_runner(self.config)
+        if held.interrupted:  # nothing ran yet: the runner is closed, and the command says so
+            opened.runner.close()
+            raise KeyboardInterrupt
         with opened.runner as runner:
             _print_header(opened, file_format, scan, self.resume)
             writer = ResultWriter(sink, self.keep_input_order, errors_sink)

@@ -174,9 +174,9 @@ def fake_job(make_runner):
         fake = backend if backend is not None else FakeBackend(num_slots=4, window=64, n_batch=64)
         settings = dict(prompt_format=None, text_mode=TextMode.COMPLETION, defaults=SamplingParams(max_tokens=2),
                         config=RunnerConfig(), keep_input_order=False, resume=False, strict=False, stats_json=None,
-                        dashboard=False)
+                        dashboard=False, open_runner=lambda config: OpenedRunner(make_runner(fake), "fake"))
         settings.update(options)
-        job = BatchJob(prompts, output, open_runner=lambda config: OpenedRunner(make_runner(fake), "fake"), **settings)
+        job = BatchJob(prompts, output, **settings)
         return job.run(interrupts if interrupts is not None else Interrupts())
 
     return run

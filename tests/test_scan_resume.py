@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import json
+import sys
 from types import SimpleNamespace
 
+import click
 import numpy as np
 import pytest
+from fakes import FakeBackend
 
 from multiseq import SamplingParams
 from multiseq.cli.ids import IdSet, id_hash
 from multiseq.cli.interrupts import Interrupts
+from multiseq.cli.job import OpenedRunner
 from multiseq.cli.reader import PromptFormat, TextMode
 from multiseq.cli.resume import keep_succeeded_lines
 from multiseq.cli.scan import MAX_LISTED, scan_file
@@ -109,6 +113,40 @@ def test_a_first_ctrl_c_before_the_run_raises_and_during_it_calls_the_run():
     assert calls == ["stop"]
 
 
+def test_a_ctrl_c_while_the_model_loads_ends_the_command_once_the_load_returns(tmp_path, fake_job, make_runner):
+    """llama.cpp calls back into Python while it loads (its log lines), where a raised
+    KeyboardInterrupt would be printed and dropped: the Ctrl-C must instead take effect once
+    the load returns, with nothing run and nothing written."""
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"id": "a", "prompt": "x"}\n')
+    interrupts, opened = Interrupts(), []
+
+    def ctrl_c_inside_a_llama_callback():
+        try:
+            interrupts.interrupt()  # what the signal handler does
+        except KeyboardInterrupt:
+            pass  # ctypes prints an exception raised in a callback, then drops it
+
+    def loading_when_ctrl_c_comes(config):
+        ctrl_c_inside_a_llama_callback()
+        opened.append(OpenedRunner(make_runner(FakeBackend()), "fake"))
+        return opened[-1]
+
+    with pytest.raises(KeyboardInterrupt):
+        fake_job(prompts, tmp_path / "out.jsonl", interrupts=interrupts, open_runner=loading_when_ctrl_c_comes)
+    assert opened and opened[0].runner._closing, "the loaded runner is closed"
+    out = tmp_path / "out.jsonl"
+    assert not out.exists() or not out.read_text()
+
+    def failing_after_ctrl_c(config):
+        ctrl_c_inside_a_llama_callback()
+        raise click.ClickException("could not fetch the model")  # the fetch's pip got the Ctrl-C too
+
+    interrupts = Interrupts()
+    with pytest.raises(KeyboardInterrupt):
+        fake_job(prompts, tmp_path / "out.jsonl", interrupts=interrupts, open_runner=failing_after_ctrl_c)
+
+
 def test_step_rates_are_forgotten_even_when_nobody_reads_them(monkeypatch):
     clock = [1000.0]
     monkeypatch.setattr(stats_module, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
@@ -118,3 +156,27 @@ def test_step_rates_are_forgotten_even_when_nobody_reads_them(monkeypatch):
         recorder.record_step(0.01, 4, 0, 4)
     assert len(recorder._recent) <= RECENT_WINDOW_S / 0.01 + 1
     assert recorder.recent_tokens_per_s(clock[0]) == pytest.approx(400)
+
+
+class _CtrlCOnImport:
+    """A module finder that raises KeyboardInterrupt when `name` is imported, as a Ctrl-C in
+    the first few hundred milliseconds of `multiseq` would."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname == self.name:
+            raise KeyboardInterrupt
+        return None
+
+
+def test_a_ctrl_c_while_the_command_imports_is_one_line_and_exit_130(monkeypatch, capsys):
+    from multiseq.cli import entry
+
+    monkeypatch.delitem(sys.modules, "multiseq.cli.main")
+    monkeypatch.setattr(sys, "meta_path", [_CtrlCOnImport("multiseq.cli.main"), *sys.meta_path])
+    with pytest.raises(SystemExit) as exit_info:
+        entry.main()
+    assert exit_info.value.code == 130
+    assert capsys.readouterr().err == "interrupted\n"
