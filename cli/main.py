@@ -211,7 +211,6 @@ def _open_runner(config: RunnerConfig) -> OpenedRunner:
         raise click.ClickException(str(error)) from None
 
 
-
 def _ray_runner_opener(address: str | None, workers: int):
     """Opens the runners of a --ray run: Ray joined (or started), then `workers` actors that
     each load the model (fetching it on their node if needed)."""

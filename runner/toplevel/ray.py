@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import socket
 import threading
@@ -35,7 +36,7 @@ except ImportError as error:  # the optional extra is missing
     raise ImportError("multiseq.ray needs Ray: pip install 'multiseq[ray]'") from error
 
 from multiseq import models
-from multiseq.cli.batchrun import WINDOW_PER_SLOT, with_free_id
+from multiseq.cli.batchrun import default_window, with_free_id
 from multiseq.cli.reader import PromptFormat, PromptItem, parse_jsonl_line
 from multiseq.cli.records import record_for
 from multiseq.runner import BackendError, FinishReason, Request, Result, Runner, RunnerConfig, RunStats, SamplingParams
@@ -112,8 +113,6 @@ def connect(address: str | None) -> None:
         _check_reachable(address)
     if ray.is_initialized():
         return
-    import logging
-
     try:
         if address is None:
             ray.init(num_cpus=os.cpu_count() or 1, include_dashboard=False, logging_level=logging.ERROR,
@@ -159,7 +158,7 @@ class RayRunnerPool:
     def __init__(self, config: RunnerConfig, workers: int, window: int | None = None) -> None:
         self.config = config
         self.workers = workers
-        per_actor = window or WINDOW_PER_SLOT * config.parallel
+        per_actor = window or default_window(config.parallel)
         actor_class = _actor_class(config.threads, per_actor + 2)  # +2: cancel_all and stats get through
         self._actors = [actor_class.remote(config) for _ in range(workers)]
         self._load = [0] * workers
@@ -344,7 +343,7 @@ def generate(dataset, workers: int = 1, threads: int = 1, batch_size: int | None
     return dataset.map_batches(MultiseqPredictor, fn_constructor_kwargs={"threads": threads, **predictor_args},
                                compute=ray.data.ActorPoolStrategy(size=workers), num_cpus=threads,
                                batch_format="pyarrow",
-                               batch_size=batch_size or WINDOW_PER_SLOT * parallel)
+                               batch_size=batch_size or default_window(parallel))
 
 
 def _rows_of(batch) -> list[dict[str, Any]]:
