@@ -40,7 +40,7 @@ import peers  # bench/ is the script's own folder, first on sys.path
 from workloads import Workload, short_prompts, standard_workloads
 
 from multiseq import Request, Runner, RunnerConfig, SamplingParams, models
-from multiseq.cli.summary import percentile
+from multiseq.formats.summary import percentile
 from multiseq.runner.backend import LlamaModel
 
 ALL_SYSTEMS = ("multiseq", "multiseq-invariant", "llama-server", "llama-cpp-python", "llama-batched-bench", "memory")

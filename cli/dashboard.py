@@ -17,10 +17,11 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
+from ..formats.batchrun import TICK_SECONDS
 from ..runner import Runner
 from ..runner.stats import RunnerSnapshot, SlotSnapshot
 
-REFRESH_SECONDS = 0.25
+REFRESH_SECONDS = TICK_SECONDS  # a batch run ticks the display this often
 _PHASE_STYLES = {"prefill": "yellow", "decode": "green", "idle": "dim"}
 _CONTEXT_BAR_WIDTH = 12
 

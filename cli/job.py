@@ -19,16 +19,17 @@ from rich.console import Console
 
 from ..runner import Runner, RunnerConfig, SamplingParams
 from ..runner.chat_template import load_chat_template
-from .batchrun import BatchRun, RunOutcome, default_window
+from ..formats.batchrun import BatchRun, RunOutcome, default_window
+from ..formats.ids import IdSet
+from ..formats.lines import NotTextError, sniff_text
+from ..formats.output import OutputError, ResultSink, ResultWriter
+from ..formats.reader import PromptFormat, PromptItem, TextMode, detect_format, read_prompts
+from ..formats.resume import keep_succeeded_lines
+from ..formats.scan import FileScan, scan_file
+from ..formats.summary import summarize
 from .dashboard import open_display
-from .ids import IdSet
 from .interrupts import EXIT_INTERRUPTED, Interrupts
-from .lines import NotTextError, sniff_text
-from .output import OutputError, ResultSink, ResultWriter
-from .reader import PromptFormat, PromptItem, TextMode, detect_format, read_prompts
-from .resume import keep_succeeded_lines
-from .scan import FileScan, scan_file
-from .summary import render_summary, summarize
+from .summary import render_summary
 
 EXIT_SOME_FAILED = 1
 EXIT_USAGE = 2  # click's code for usage errors; input errors use it too: nothing ran

@@ -17,7 +17,7 @@ from ..runner import BackendError, Runner, RunnerConfig, SamplingParams
 from ..runner.config import OverflowPolicy, default_of
 from .interrupts import EXIT_INTERRUPTED, Interrupts
 from .job import BatchJob, OpenedRunner
-from .reader import PromptFormat, TextMode
+from ..formats.reader import PromptFormat, TextMode
 
 stderr = Console(stderr=True)
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from .grammar import allowed_bits, allowed_row, allowed_tokens, num_allowed
+from .topk import top_k_sorted
 
 # Up to this many allowed tokens, gathering them is cheaper than any pass over a 262k row.
 SPARSE_LIMIT = 4096
@@ -58,8 +59,6 @@ def masked_argmax(row: np.ndarray, bitmask: np.ndarray) -> int:
 def masked_top_k(row: np.ndarray, bitmask: np.ndarray, top_k: int) -> tuple[np.ndarray, np.ndarray]:
     """The top_k largest entries of the row among the allowed tokens, largest first, as
     (ids, values): at most top_k of them, never a forbidden one, at least one."""
-    from .sampling import top_k_sorted  # sampling imports this module
-
     count = num_allowed(bitmask)
     if count == 0:
         return np.zeros(1, dtype=np.int64), np.zeros(1, dtype=row.dtype)
@@ -78,8 +77,6 @@ def masked_top_k(row: np.ndarray, bitmask: np.ndarray, top_k: int) -> tuple[np.n
 
 
 def _pool(row: np.ndarray, needed: int) -> tuple[np.ndarray, np.ndarray]:
-    from .sampling import top_k_sorted
-
     size = min(row.shape[0], max(MIN_POOL, POOL_FACTOR * needed))
     ids, values = top_k_sorted(row[None, :], size)
     return ids[0], values[0]

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .topk import top_k_sorted
+
 
 @dataclass(frozen=True)
 class TopLogprob:
@@ -48,8 +50,6 @@ def token_logprob(raw_row: np.ndarray, token: int, num_top: int,
                   token_bytes: Callable[[int], bytes]) -> TokenLogprob:
     """The log probability of `token` in the unmodified logits row, and the num_top most
     likely tokens of that row, most likely first."""
-    from .sampling import top_k_sorted  # sampling imports this module
-
     normalizer = log_normalizer(raw_row)
     top: tuple[TopLogprob, ...] = ()
     if num_top:

@@ -17,7 +17,7 @@ from multiseq import Runner, RunnerConfig, SamplingParams
 from multiseq.cli.interrupts import Interrupts
 from multiseq.cli.job import BatchJob, OpenedRunner
 from multiseq.cli.main import cli
-from multiseq.cli.reader import TextMode
+from multiseq.formats.reader import TextMode
 from multiseq.runner.pytest_plugin import load_model
 
 pytest_plugins = ["pytester"]

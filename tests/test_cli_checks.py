@@ -12,8 +12,8 @@ import click
 import pytest
 
 from multiseq.cli import job as job_module
-from multiseq.cli import reader as reader_module
-from multiseq.cli.reader import PromptFormat, detect_format
+from multiseq.formats import reader as reader_module
+from multiseq.formats.reader import PromptFormat, detect_format
 
 NO_MODEL = ["-m", "no-such-model"]
 

@@ -9,10 +9,10 @@ import json
 import pytest
 
 from multiseq import FinishReason, Result, SamplingParams, Timings, TokenLogprob, TopLogprob
-from multiseq.cli.output import ResultSink, ResultWriter
-from multiseq.cli.reader import PromptFormat, parse_jsonl_line, parse_openai_line
-from multiseq.cli.records import record_for
-from multiseq.cli.resume import record_succeeded
+from multiseq.formats.output import ResultSink, ResultWriter
+from multiseq.formats.reader import PromptFormat, parse_jsonl_line, parse_openai_line
+from multiseq.formats.records import record_for
+from multiseq.formats.resume import record_succeeded
 
 DEFAULTS = SamplingParams()
 TIMINGS = Timings(0.0, 0.1, None, None, 0.2)

@@ -12,11 +12,11 @@ from pathlib import Path
 
 from fakes import FakeBackend
 from multiseq import SamplingParams
-from multiseq.cli.batchrun import BatchRun
+from multiseq.formats.batchrun import BatchRun
 from multiseq.cli.dashboard import _Display
 from multiseq.cli.interrupts import Interrupts
-from multiseq.cli.output import OutputError, ResultSink, ResultWriter
-from multiseq.cli.reader import PromptFormat, TextMode, read_prompts
+from multiseq.formats.output import OutputError, ResultSink, ResultWriter
+from multiseq.formats.reader import PromptFormat, TextMode, read_prompts
 
 BIG = 200_000
 WINDOW = 16

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from multiseq import OverflowPolicy
 from multiseq.runner.detok import StopMatcher
-from multiseq.runner.sampling import top_k_sorted
+from multiseq.runner.topk import top_k_sorted
 from multiseq.runner.scheduler import PromptDoesNotFit, fit_prompt
 
 # A small alphabet makes stop strings, partial matches and overlaps common.

@@ -15,12 +15,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from multiseq import SamplingParams
-from multiseq.cli import lines as lines_module
-from multiseq.cli.fields import COMMON_FIELDS, SAMPLING_FIELDS
-from multiseq.cli.lines import NotTextError, RawLine, count_items, iter_lines, sniff_text
-from multiseq.cli.output import encode_record
-from multiseq.cli.reader import PromptFormat, TextMode, detect_format, line_id, parse_line, read_prompts
-from multiseq.cli.records import record_for
+from multiseq.formats import lines as lines_module
+from multiseq.formats.fields import COMMON_FIELDS, SAMPLING_FIELDS
+from multiseq.formats.lines import NotTextError, RawLine, count_items, iter_lines, sniff_text
+from multiseq.formats.output import encode_record
+from multiseq.formats.reader import PromptFormat, TextMode, detect_format, line_id, parse_line, read_prompts
+from multiseq.formats.records import record_for
 
 DEFAULTS = SamplingParams()
 FORMATS = st.sampled_from(list(PromptFormat))

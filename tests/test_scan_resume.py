@@ -12,12 +12,12 @@ import pytest
 from fakes import FakeBackend
 
 from multiseq import SamplingParams
-from multiseq.cli.ids import IdSet, id_hash
+from multiseq.formats.ids import IdSet, id_hash
 from multiseq.cli.interrupts import Interrupts
 from multiseq.cli.job import OpenedRunner
-from multiseq.cli.reader import PromptFormat, TextMode
-from multiseq.cli.resume import keep_succeeded_lines
-from multiseq.cli.scan import MAX_LISTED, scan_file
+from multiseq.formats.reader import PromptFormat, TextMode
+from multiseq.formats.resume import keep_succeeded_lines
+from multiseq.formats.scan import MAX_LISTED, scan_file
 from multiseq.runner import stats as stats_module
 from multiseq.runner.stats import RECENT_WINDOW_S, StatsRecorder
 
@@ -54,7 +54,7 @@ def test_strict_keeps_the_first_messages_and_counts_the_rest(tmp_path):
 def test_a_text_file_is_counted_without_a_pass(tmp_path, monkeypatch):
     path = tmp_path / "prompts.txt"
     path.write_bytes(b"one\n\n  \r\ntwo\n\xff\xfe\nthree")
-    monkeypatch.setattr("multiseq.cli.scan.iter_lines", lambda path: pytest.fail("a text file needs no id pass"))
+    monkeypatch.setattr("multiseq.formats.scan.iter_lines", lambda path: pytest.fail("a text file needs no id pass"))
     assert scan(path, PromptFormat.TEXT).num_items == 4
 
 

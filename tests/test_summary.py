@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from multiseq import FinishReason, Result, Timings
-from multiseq.cli import summary
+from multiseq.formats import summary
 
 
 def result(ttft: float, reason: FinishReason = FinishReason.LENGTH) -> Result:

@@ -36,9 +36,9 @@ except ImportError as error:  # the optional extra is missing
     raise ImportError("multiseq.ray needs Ray: pip install 'multiseq[ray]'") from error
 
 from multiseq import models
-from multiseq.cli.batchrun import default_window, with_free_id
-from multiseq.cli.reader import PromptFormat, PromptItem, parse_jsonl_line
-from multiseq.cli.records import record_for
+from multiseq.formats.batchrun import default_window, with_free_id
+from multiseq.formats.reader import PromptFormat, PromptItem, parse_jsonl_line
+from multiseq.formats.records import record_for
 from multiseq.runner import BackendError, FinishReason, Request, Result, Runner, RunnerConfig, RunStats, SamplingParams
 from multiseq.runner.request import NO_TIMINGS
 

@@ -17,7 +17,6 @@ from collections.abc import Container, Iterator
 from dataclasses import dataclass, field
 
 from ..runner import CANCELLED_BEFORE_START, Request, Result, Runner
-from .dashboard import REFRESH_SECONDS
 from .output import ResultWriter
 from .reader import PromptFormat, PromptItem
 from .records import record_for
@@ -25,6 +24,8 @@ from .summary import RunTally
 
 WINDOW_PER_SLOT = 4  # open items per slot: enough queued to refill a slot the moment it frees
 _INTERRUPT = object()
+# How often the display is ticked while no result arrives.
+TICK_SECONDS = 0.25
 
 
 def default_window(parallel: int) -> int:
@@ -117,7 +118,7 @@ class BatchRun:
             if not self._num_open_items and (self._is_exhausted or self.interrupted):
                 return
             try:
-                message = self._finished.get(timeout=REFRESH_SECONDS)
+                message = self._finished.get(timeout=TICK_SECONDS)
             except queue.Empty:
                 display.tick()
                 continue
