@@ -161,7 +161,6 @@ class LlamaModel:
         self.chat_template = chosen
         self._jinja: JinjaRenderer | None = None
         self._piece_cache: dict[int, bytes] = {}
-        self._piece_buffer = ctypes.create_string_buffer(_PIECE_BUFFER_BYTES)
         self._end_of_generation_tokens: list[int] | None = None
         self._grammar_tokenizer = None
         self._grammar_tokenizer_lock = threading.Lock()
@@ -187,16 +186,13 @@ class LlamaModel:
             raise BackendError("tokenization failed")
         return tokens[:count]
     def token_bytes(self, token: int) -> bytes:
-        """The bytes a generated token stands for; special tokens render as nothing."""
+        """The bytes a generated token stands for; special tokens render as nothing. Safe from
+        any thread: each call that reaches llama.cpp writes into a buffer of its own (the call
+        releases the GIL, so a shared buffer would hand one thread another's bytes), and a
+        cached piece is only ever stored whole."""
         piece = self._piece_cache.get(token)
         if piece is None:
-            length = llama.llama_token_to_piece(self._vocab, token, self._piece_buffer, _PIECE_BUFFER_BYTES, 0, False)
-            if length < 0:
-                bigger = ctypes.create_string_buffer(-length)
-                length = llama.llama_token_to_piece(self._vocab, token, bigger, -length, 0, False)
-                piece = bigger.raw[:length]
-            else:
-                piece = self._piece_buffer.raw[:length]
+            piece = _token_piece(self._vocab, token, render_special=False)
             self._piece_cache[token] = piece
         return piece
 
@@ -269,9 +265,17 @@ class LlamaModel:
         """A special token's text (as templates write it), "" for none."""
         if token < 0:
             return ""
-        buffer = ctypes.create_string_buffer(_PIECE_BUFFER_BYTES)
-        length = llama.llama_token_to_piece(self._vocab, token, buffer, _PIECE_BUFFER_BYTES, 0, True)
-        return buffer.raw[:max(length, 0)].decode("utf-8", "replace")
+        return _token_piece(self._vocab, token, render_special=True).decode("utf-8", "replace")
+
+
+def _token_piece(vocab, token: int, render_special: bool) -> bytes:
+    """llama.cpp's text of one token, in a buffer of this call's own (grown when too small)."""
+    buffer = ctypes.create_string_buffer(_PIECE_BUFFER_BYTES)
+    length = llama.llama_token_to_piece(vocab, token, buffer, _PIECE_BUFFER_BYTES, 0, render_special)
+    if length < 0:
+        buffer = ctypes.create_string_buffer(-length)
+        length = llama.llama_token_to_piece(vocab, token, buffer, -length, 0, render_special)
+    return buffer.raw[:max(length, 0)]
 
 
 def _load_user_template(value: str) -> ChatTemplate:
