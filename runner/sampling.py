@@ -16,8 +16,10 @@ as the model produced them, before anything here changes them (runner.logprobs).
 
 from __future__ import annotations
 
+import hashlib
 from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -27,17 +29,40 @@ from .grammar import TokenConstraint, allowed_bits, fill_bitmasks
 from .logprobs import TokenLogprob, token_logprob
 from .topk import top_k_sorted
 
+_UNUSED_BITS = 11  # a double holds 53 random bits
+_UNIT = 2.0 ** -53
+
+
+@dataclass(frozen=True, slots=True)
+class Sampled:
+    """What sampling chose for one row: the token, and its log probability when asked for.
+    Plain data: sampling changes no sequence's state; the engine's update() applies it."""
+
+    token: int
+    logprob: TokenLogprob | None = None
+
+
+def uniform_draw(seed: int, index: int) -> float:
+    """The uniform number in [0, 1) behind the draw of a sequence's token number `index`: a
+    function of the seed and the index alone (a keyed hash), so a draw depends on nothing that
+    happened before it. Sampling then has no state to change, and a sequence computed again
+    from its tokens (after a preemption, say) draws exactly what it would have drawn."""
+    digest = hashlib.blake2b(index.to_bytes(8, "little"), key=seed.to_bytes(8, "little"), digest_size=8).digest()
+    return (int.from_bytes(digest, "little") >> _UNUSED_BITS) * _UNIT
+
 
 class SequenceSampler:
-    """The sampling state of one sequence: parameters, its own random generator, the recent
-    tokens the penalties look at, and its constraint. Its draws depend on nothing but its seed
-    and its own logits, so a seeded request is reproducible whatever else is in the batch."""
+    """The sampling state of one sequence: parameters, its seed, the recent tokens the
+    penalties look at, and its constraint. Its draws depend on nothing but its seed, the
+    number of tokens it accepted and its own logits, so a seeded request is reproducible
+    whatever else is in the batch."""
 
     def __init__(self, params: SamplingParams, seed: int, prompt_tokens: Sequence[int],
                  banned_tokens: Sequence[int] = (), constraint: TokenConstraint | None = None,
                  token_bytes: Callable[[int], bytes] | None = None) -> None:
         self.params = params
-        self.rng = np.random.Generator(np.random.PCG64(seed))
+        self.seed = seed % 2**64
+        self.num_accepted = 0  # tokens accepted so far: the index of the next draw
         # Tokens never to sample, e.g. end-of-generation tokens under ignore_eos (as llama.cpp
         # does it: a -inf bias, so the model keeps writing instead of emitting EOS).
         self.banned = np.asarray(banned_tokens, dtype=np.int64) if len(banned_tokens) else None
@@ -50,9 +75,13 @@ class SequenceSampler:
             self.recent = deque(prompt_tokens[-params.repeat_last_n:], maxlen=params.repeat_last_n)
         self.constraint = constraint
         self.token_bytes = token_bytes or (lambda token: b"")
-        self.last_logprob: TokenLogprob | None = None  # of the token sampled last, when asked
+
+    def next_uniform(self) -> float:
+        """The uniform number of the next draw (the same until a token is accepted)."""
+        return uniform_draw(self.seed, self.num_accepted)
 
     def accept(self, token: int) -> None:
+        self.num_accepted += 1
         if self.recent is not None:
             self.recent.append(token)
         if self.constraint is not None:
@@ -73,8 +102,9 @@ class SequenceSampler:
             row[self.banned] = -np.inf
 
 
-def sample_rows(logits: np.ndarray, samplers: Sequence[SequenceSampler]) -> list[int]:
-    """One token for each row of `logits` (rows in the order of `samplers`).
+def sample_rows(logits: np.ndarray, samplers: Sequence[SequenceSampler]) -> list[Sampled]:
+    """One token for each row of `logits` (rows in the order of `samplers`), with its log
+    probability where the sampler asks for it. No sampler changes.
 
     Rows with a bias, penalties or banned tokens are modified in place (the matrix is scratch
     space owned by the caller until the next decode). Rows of constrained samplers draw only
@@ -94,10 +124,9 @@ def sample_rows(logits: np.ndarray, samplers: Sequence[SequenceSampler]) -> list
         picks = draw_from_sorted(values, [samplers[row] for row in rows])
         for row, token in zip(rows, ids[np.arange(len(rows)), picks].tolist()):
             tokens[row] = token
-    for row, raw_row in raw_rows.items():
-        sampler = samplers[row]
-        sampler.last_logprob = token_logprob(raw_row, tokens[row], sampler.params.top_logprobs, sampler.token_bytes)
-    return tokens
+    logprobs = {row: token_logprob(raw_row, tokens[row], samplers[row].params.top_logprobs, samplers[row].token_bytes)
+                for row, raw_row in raw_rows.items()}
+    return [Sampled(token, logprobs.get(row)) for row, token in enumerate(tokens)]
 
 
 def _constraint_bitmasks(samplers: Sequence[SequenceSampler]) -> dict[int, np.ndarray]:
@@ -153,7 +182,7 @@ def _softmax(logits: np.ndarray) -> np.ndarray:
 
 def draw_from_sorted(values: np.ndarray, samplers: Sequence[SequenceSampler]) -> np.ndarray:
     """Apply top-p, min-p and temperature to candidates sorted largest first, then draw one
-    index per row with each row's own generator."""
+    index per row with each row's own uniform number."""
     logits = values.astype(np.float64)
     top_p = np.array([s.params.top_p for s in samplers])[:, None]
     min_p = np.array([s.params.min_p for s in samplers])[:, None]
@@ -167,7 +196,7 @@ def draw_from_sorted(values: np.ndarray, samplers: Sequence[SequenceSampler]) ->
         keep &= logits >= logits[:, :1] + np.log(min_p)
     tempered = np.where(keep, logits / temperature, -np.inf)
     cumulative = np.cumsum(_softmax(tempered), axis=1)
-    uniform = np.array([s.rng.random() for s in samplers])[:, None] * cumulative[:, -1:]
+    uniform = np.array([s.next_uniform() for s in samplers])[:, None] * cumulative[:, -1:]
     picks = (cumulative <= uniform).sum(axis=1)
     # Rounding can put the draw past the last kept candidate: take the last kept one then.
     last_kept = keep.sum(axis=1) - 1

@@ -70,11 +70,11 @@ def test_constrained_draws_follow_mask_first_then_chain(params, path, boost, mon
     logits[allowed] += boost
     expected = reference_distribution(masked(logits, allowed), params)
     num_rows, num_calls = 100, 80
-    samplers = constrained_samplers(allowed, params, num_rows, seed=11)
     counts = np.zeros(VOCAB)
-    for _ in range(num_calls):
-        for token in sample_rows(np.tile(logits, (num_rows, 1)), samplers):
-            counts[token] += 1
+    for call in range(num_calls):
+        samplers = constrained_samplers(allowed, params, num_rows, seed=11 + num_rows * call)
+        for sampled in sample_rows(np.tile(logits, (num_rows, 1)), samplers):
+            counts[sampled.token] += 1
     num_draws = num_rows * num_calls
     observed = counts / num_draws
     assert set(np.flatnonzero(counts)) <= set(np.flatnonzero(expected)), "never draws a forbidden or filtered token"
@@ -120,7 +120,7 @@ def test_greedy_takes_the_argmax_over_allowed_tokens(path, monkeypatch):
         if trial % 3 == 0:
             logits = np.round(logits)  # ties: the lowest allowed id wins, like argmax over a masked row
         samplers = constrained_samplers(allowed, greedy, 4, seed=trial)
-        tokens = sample_rows(logits.copy(), samplers)
+        tokens = [sampled.token for sampled in sample_rows(logits.copy(), samplers)]
         assert tokens == [int(masked(row, allowed).argmax()) for row in logits]
 
 
@@ -132,4 +132,4 @@ def test_allowed_tokens_at_minus_infinity_leave_the_first_allowed_one():
     for params in (SamplingParams(temperature=0.0), SamplingParams(temperature=1.0)):
         sampler = SequenceSampler(params, seed=0, prompt_tokens=[], banned_tokens=allowed,
                                   constraint=one_of(allowed, params))
-        assert sample_rows(logits[:1].copy(), [sampler]) == [ord("a")]
+        assert sample_rows(logits[:1].copy(), [sampler])[0].token == ord("a")

@@ -37,12 +37,12 @@ def test_draws_follow_the_reference_distribution(params):
     logits = rng.normal(0, 2, 1024).astype(np.float32)
     expected = reference_distribution(logits, params)
     num_draws = 40_000
-    sampler = SequenceSampler(params, seed=123, prompt_tokens=[])
     matrix = np.tile(logits, (50, 1))
     counts = np.zeros(logits.size)
-    for _ in range(num_draws // 50):
-        for token in sample_rows(matrix.copy(), [sampler] * 50):
-            counts[token] += 1
+    for call in range(num_draws // 50):
+        samplers = [SequenceSampler(params, seed=123 + 50 * call + row, prompt_tokens=[]) for row in range(50)]
+        for sampled in sample_rows(matrix.copy(), samplers):
+            counts[sampled.token] += 1
     observed = counts / num_draws
     assert set(np.flatnonzero(counts)) <= set(np.flatnonzero(expected)), "never draws a filtered-out token"
     tolerance = 4 * np.sqrt(expected * (1 - expected) / num_draws) + 1e-4
@@ -56,7 +56,11 @@ def test_same_seed_same_tokens_other_seed_other_tokens():
 
     def draw(seed: int) -> list[int]:
         sampler = SequenceSampler(params, seed=seed, prompt_tokens=[])
-        return [sample_rows(matrix[i:i + 1].copy(), [sampler])[0] for i in range(64)]
+        tokens = []
+        for i in range(64):
+            tokens.append(sample_rows(matrix[i:i + 1].copy(), [sampler])[0].token)
+            sampler.accept(tokens[-1])
+        return tokens
 
     assert draw(5) == draw(5)
     assert draw(5) != draw(6)
@@ -67,7 +71,7 @@ def test_greedy_rows_take_the_argmax_beside_sampled_rows():
     matrix = rng.normal(0, 1, (4, 512)).astype(np.float32)
     greedy = SequenceSampler(SamplingParams(temperature=0), seed=0, prompt_tokens=[])
     sampled = SequenceSampler(SamplingParams(temperature=1.0), seed=0, prompt_tokens=[])
-    tokens = sample_rows(matrix.copy(), [greedy, sampled, greedy, sampled])
+    tokens = [row.token for row in sample_rows(matrix.copy(), [greedy, sampled, greedy, sampled])]
     assert tokens[0] == int(matrix[0].argmax()) and tokens[2] == int(matrix[2].argmax())
 
 
@@ -81,4 +85,4 @@ def test_banned_tokens_are_never_drawn():
     matrix = np.zeros((1, 512), dtype=np.float32)
     matrix[0, 7] = 50.0
     sampler = SequenceSampler(SamplingParams(temperature=0), seed=0, prompt_tokens=[], banned_tokens=[7])
-    assert sample_rows(matrix, [sampler]) != [7]
+    assert sample_rows(matrix, [sampler])[0].token != 7

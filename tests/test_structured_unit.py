@@ -107,10 +107,10 @@ def test_logprobs_are_taken_before_bias_and_masks():
     logits = np.log(np.array([[0.5, 0.25, 0.25] + [1e-12] * 509], dtype=np.float32))
     params = SamplingParams(temperature=0, logprobs=True, top_logprobs=2, logit_bias={1: 50.0})
     sampler = SequenceSampler(params, seed=0, prompt_tokens=[])
-    assert sample_rows(logits.copy(), [sampler]) == [1]
-    assert sampler.last_logprob.logprob == pytest.approx(np.log(0.25), abs=1e-5)
-    assert [top.token_id for top in sampler.last_logprob.top_logprobs] == [0, 1] or \
-        [top.token_id for top in sampler.last_logprob.top_logprobs] == [0, 2]
+    [sampled] = sample_rows(logits.copy(), [sampler])
+    assert sampled.token == 1
+    assert sampled.logprob.logprob == pytest.approx(np.log(0.25), abs=1e-5)
+    assert [top.token_id for top in sampled.logprob.top_logprobs] in ([0, 1], [0, 2])
 
 
 def test_logprobs_follow_the_output_tokens(make_runner):
@@ -144,7 +144,7 @@ def test_presence_and_frequency_penalties_reach_the_sampler_with_the_prompt_wind
     logits[:, 7] = 1.0
     plain = SequenceSampler(SamplingParams(temperature=0), seed=0, prompt_tokens=[7])
     penalized = SequenceSampler(SamplingParams(temperature=0, presence_penalty=1.5), seed=0, prompt_tokens=[7])
-    assert sample_rows(logits.copy(), [plain, penalized]) == [7, 0]
+    assert [sampled.token for sampled in sample_rows(logits.copy(), [plain, penalized])] == [7, 0]
 
 
 def test_logit_bias_pushes_and_bans_tokens(make_runner):
