@@ -15,11 +15,12 @@ as llguidance matchers), logprobs, detok, stats, pytest_plugin.
 """
 
 from .config import OverflowPolicy, RunnerConfig, SamplingParams
-from .engine import CANCELLED_BEFORE_START, Engine, StepOutput, TextPiece
+from .engine import Engine, StepOutput, TextPiece
 from .errors import BackendError
 from .logprobs import TokenLogprob, TopLogprob
 from .request import FinishReason, Request, Result, Timings
 from .runner import RequestHandle, Runner
+from .sequence import CANCELLED_BEFORE_START
 from .stats import RunnerSnapshot, RunStats
 
 __all__ = [

@@ -20,11 +20,10 @@ class IncrementalDetokenizer:
     def feed(self, piece: bytes) -> str:
         return self._decoder.decode(piece)
 
-    def flush(self) -> str:
+    def end(self) -> None:
         """The end of the stream. Bytes of a character that never completed (generation
         stopped inside it) are dropped: they would only show as U+FFFD."""
         self._decoder.reset()
-        return ""
 
 
 class StopMatcher:
@@ -83,5 +82,5 @@ class TextAssembler:
 
     def flush(self) -> str:
         """The text held back at the end of generation (no stop string can follow any more)."""
-        text, stopped = self._stops.feed(self._detok.flush())
-        return text if stopped else text + self._stops.flush()
+        self._detok.end()
+        return self._stops.flush()

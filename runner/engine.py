@@ -8,7 +8,11 @@ the two that change shared state but not around the model call; step() runs all 
   execute()   one llama_decode (prompt chunks halved while the KV has no room), then one
               sampling pass over every output row; it changes no scheduling state
   update()    apply the step's output to every sequence: KV accounting, tokens, text, stop
-              strings, finishes (a finished sequence's KV is cleared and its slot freed)
+              strings; the only phase that changes a sequence with what the model computed
+
+A sequence decides that it ends (runner.sequence); _retire() is the one place an ending is
+applied: the sequence moves to its final status, its slot is freed (its KV kept as a prefix
+others may reuse, or cleared) and its result goes out.
 
 What a step produced (text pieces, finished results) waits in an outbox until take_output().
 """
@@ -29,15 +33,12 @@ from .config import RunnerConfig, SamplingParams
 from .errors import BackendError, NoKvSlot
 from .grammar import TokenConstraint
 from .request import FinishReason, Request, Result
-from .sampling import SequenceSampler, sample_rows
+from .sampling import Sampled, SequenceSampler, sample_rows
 from .scheduler import Scheduler, StepPlan, fit_prompt
 from .sequence import Sequence, SequenceStatus
 from .stats import RunnerSnapshot, StatsRecorder, runner_snapshot
 
 logger = logging.getLogger("multiseq.runner")
-
-CANCELLED_BEFORE_START = "Cancelled: the request was cancelled before it started"
-
 
 @dataclass(frozen=True)
 class TextPiece:
@@ -62,10 +63,10 @@ class StepOutput:
 
 @dataclass(frozen=True)
 class Executed:
-    """A decoded and sampled step, not yet applied to its sequences."""
+    """A decoded and sampled step, not yet applied to its sequences: plain data."""
 
     plan: StepPlan  # the plan that ran (its prompt chunks may have been halved)
-    tokens: list[int] | None  # one per output row; None when the decode failed
+    sampled: list[Sampled] | None  # one per output row; None when the decode failed
     error: str | None
     decode_seconds: float  # llama_decode alone
     batch_seconds: float  # filling the batch and retries, outside llama_decode
@@ -147,27 +148,27 @@ class Engine:
         seq = self.scheduler.find(request_id)
         if seq is None:
             return False
-        if seq.status is SequenceStatus.WAITING:
-            self._finish(seq, FinishReason.CANCELLED, CANCELLED_BEFORE_START)
-        else:
-            seq.request_cancel()
+        seq.request_cancel()
+        if seq.is_waiting:
+            self._retire(seq)
         return True
 
     def abort_all(self) -> int:
         """Cancel every waiting and running request at once; returns how many."""
         drained = self.scheduler.drain_waiting()
-        for seq in drained:
-            self._finish(seq, FinishReason.CANCELLED, CANCELLED_BEFORE_START)
         running = self.scheduler.running
-        for seq in running:
+        for seq in drained + running:
             seq.request_cancel()
+        self._retire_ending(drained)
         return len(drained) + len(running)
 
     def fail_all(self, message: str) -> None:
         """End every waiting and running request with an error (after a bug in the step:
         keeping them could make every later step fail the same way)."""
-        for seq in self.scheduler.drain_waiting() + self.scheduler.running:
-            self._finish(seq, FinishReason.ERROR, message)
+        seqs = self.scheduler.drain_waiting() + self.scheduler.running
+        for seq in seqs:
+            seq.fail(message, overriding=True)
+        self._retire_ending(seqs)
 
     @property
     def has_work(self) -> bool:
@@ -188,9 +189,7 @@ class Engine:
 
     def schedule(self) -> StepPlan:
         started = time.perf_counter()
-        for seq in self.scheduler.running:
-            if seq.is_cancel_requested:
-                self._finish(seq, FinishReason.CANCELLED)
+        self._retire_ending(self.scheduler.running)  # cancelled since the last step
         self._shift_full_windows()
         self._admit(time.perf_counter())
         plan = self.scheduler.plan()
@@ -208,7 +207,7 @@ class Engine:
                 logger.info("prefix of %d tokens in slot %d is not intact; prefilling %s in full",
                             placement.num_cached, placement.source_slot, seq.id)
                 seq.drop_cached_prefix()
-            self.stats.note_admission(len(seq.prompt_tokens), seq.num_cached)
+            self.stats.note_admission(seq.num_cached)
 
     def clear_prefix_cache(self) -> None:
         """Forget every prefix kept in a free slot and clear that slot's KV."""
@@ -232,68 +231,70 @@ class Engine:
             except BackendError as error:
                 return self._failed(plan, str(error), started)
         decoded = time.perf_counter()
-        tokens = sample_rows(logits, [seq.sampler for seq in plan.output_seqs])
+        sampled = sample_rows(logits, [seq.sampler for seq in plan.output_seqs])
         decode_seconds = self.backend.last_decode_seconds
-        return Executed(plan, tokens, None, decode_seconds, decoded - started - decode_seconds,
+        return Executed(plan, sampled, None, decode_seconds, decoded - started - decode_seconds,
                         time.perf_counter() - decoded)
 
     def _failed(self, plan: StepPlan, error: str, started: float) -> Executed:
         return Executed(plan, None, error, 0.0, time.perf_counter() - started, 0.0)
 
     def update(self, executed: Executed) -> None:
-        """Apply a step's output: every sequence's KV accounting, then its new token."""
+        """Apply a step's output: every sequence's KV accounting, then its new token; then
+        retire the sequences that ended. A sequence cancelled while the step ran keeps the
+        KV the step wrote, but its token is dropped."""
         started = time.perf_counter()
         plan = executed.plan
-        if executed.tokens is None:
-            for chunk in plan.chunks:
-                if not chunk.seq.is_finished:
-                    self._finish(chunk.seq, FinishReason.ERROR, executed.error)
+        seqs = [chunk.seq for chunk in plan.chunks]
+        if executed.sampled is None:
+            for seq in seqs:
+                seq.fail(executed.error)
+            self._retire_ending(seqs)
             return
         for chunk in plan.chunks:
-            seq = chunk.seq
-            if seq.is_finished:
-                continue
-            seq.record_decoded(chunk.num_tokens, chunk.is_prefill, started)
-            if seq.is_cancel_requested:  # cancelled while the step ran: its token is dropped
-                self._finish(seq, FinishReason.CANCELLED)
-        for seq, token in zip(plan.output_seqs, executed.tokens):
-            if not seq.is_finished:
-                self._accept_token(seq, token, started)
+            chunk.seq.record_decoded(chunk.num_tokens, chunk.is_prefill, started)
+        for seq, sampled in zip(plan.output_seqs, executed.sampled):
+            if not seq.is_ending:
+                self._accept_token(seq, sampled, started)
+        self._retire_ending(seqs)
         self._outbox.num_tokens_decoded += plan.num_tokens
         self.stats.record_step(executed.decode_seconds, plan.num_decode_tokens, plan.num_prefill_tokens,
-                               len(executed.tokens))
+                               len(executed.sampled))
         self.stats.add_phase("schedule", executed.batch_seconds)
         self.stats.add_phase("decode", executed.decode_seconds)
         self.stats.add_phase("sample", executed.sample_seconds)
         self.stats.add_phase("postprocess", time.perf_counter() - started)
 
-    def _accept_token(self, seq: Sequence, token: int, now: float) -> None:
+    def _accept_token(self, seq: Sequence, sampled: Sampled, now: float) -> None:
         try:
-            text, reason = seq.append_token(token, self.backend.token_bytes(token),
-                                            self.backend.is_end_of_generation(token), now)
-            self._emit(seq, text)
-            if reason is not None:
-                self._finish(seq, reason)
+            token = sampled.token
+            self._emit(seq, seq.append_token(sampled, self.backend.token_bytes(token),
+                                             self.backend.is_end_of_generation(token), now))
         except Exception as error:  # noqa: BLE001 - one request's failure stays with that request
             logger.exception("request %s failed", seq.id)
-            self._finish(seq, FinishReason.ERROR, f"internal error: {error}")
+            seq.fail(f"internal error: {error}")
 
     def _emit(self, seq: Sequence, text: str) -> None:
         if text:
             self._outbox.pieces.append(TextPiece(seq.id, text))
 
-    def _finish(self, seq: Sequence, reason: FinishReason, error: str | None = None) -> None:
-        """End a sequence: release its held text, clear its KV, free its slot, and put its
-        result in the outbox."""
-        if seq.is_finished:
-            return
+    def _retire_ending(self, seqs: list[Sequence]) -> None:
+        for seq in seqs:
+            if seq.is_ending and not seq.is_done:
+                self._retire(seq)
+
+    def _retire(self, seq: Sequence) -> None:
+        """The one place a sequence ends: it moves to its final status (releasing its held
+        text), leaves its slot or the queue, its KV stays as a prefix others may reuse (or is
+        cleared: after a failure the KV is in doubt, and nothing of it is kept), and its
+        result goes into the outbox."""
         slot = seq.slot if seq.is_running else None
-        self._emit(seq, seq.finish(reason, error, time.perf_counter()))
-        # A failed decode leaves the slot's KV in doubt: nothing of it is kept.
-        num_kept = self.scheduler.release(seq, reason is not FinishReason.ERROR, seq.finished_at)
+        now = time.perf_counter()
+        self._emit(seq, seq.finish(now))
+        num_kept = self.scheduler.release(seq, seq.status is not SequenceStatus.FAILED, now)
         if slot is not None and not self.backend.reuse_prefix(slot, slot, num_kept):
             self.scheduler.prefixes.take(slot)  # not intact: the backend cleared it, keep nothing
-        self.stats.note_finish(seq.finished_at, reason.value)
+        self.stats.note_finish(now, seq.ending.reason.value)
         self._outbox.finished.append(seq.to_result())
 
     def _shift_full_windows(self) -> None:
@@ -307,7 +308,7 @@ class Engine:
             shift.seq.record_shift(shift.keep, shift.discard)
         for seq in stuck:
             seq.exhaust_window()
-            self._finish(seq, FinishReason.LENGTH)
+        self._retire_ending(stuck)
 
     def snapshot(self, now: float) -> RunnerSnapshot:
         """Every slot and counter at this moment, as plain values (for a dashboard)."""

@@ -45,10 +45,6 @@ class Placement:
     source_slot: int
     num_cached: int
 
-    @property
-    def needs_copy(self) -> bool:
-        return self.source_slot != self.slot
-
 
 class PrefixIndex:
     """The prompt tokens kept in free slots' KV, with when each was last used (for LRU)."""

@@ -2,11 +2,24 @@
 
 Its methods are the only code that changes that state; the scheduler moves sequences between
 the queue and the slots, and the engine calls these methods with what each step produced.
+
+The life of a sequence, and every reason it ends, are here:
+
+    waiting ──admit──> prefilling ──last prompt token decoded──> decoding ──ending──> finished
+       │                   │                                        │
+       └──── cancel ───────┴──── cancel ─────────> cancelled <──────┘ cancel
+       └──── failure ──────┴──── failure ────────> failed    <──────┘ failure (a bad token, a failed decode)
+
+A sequence decides *that* it ends (`ending`: a stop token or string, max_tokens, a full window
+that cannot slide, a cancel, a failure) in the method that learns it; the engine retires every
+sequence with an ending at the next step boundary, in one place (Engine._retire), and finish()
+makes the move to the final status.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from enum import Enum
 
 import numpy as np
@@ -15,14 +28,43 @@ from .config import OverflowPolicy, SamplingParams
 from .detok import TextAssembler
 from .logprobs import TokenLogprob
 from .request import FinishReason, Result, Timings
-from .sampling import SequenceSampler
+from .sampling import Sampled, SequenceSampler
+
+CANCELLED_BEFORE_START = "Cancelled: the request was cancelled before it started"
 
 
 class SequenceStatus(Enum):
     WAITING = "waiting"
     PREFILLING = "prefill"
     DECODING = "decode"
-    FINISHED = "finished"
+    FINISHED = "finished"  # ended by itself: a stop token or string, max_tokens, a full window
+    CANCELLED = "cancelled"
+    FAILED = "failed"
+
+
+# Every move a sequence may make, from each status; the final ones lead nowhere.
+_NEXT_STATUSES = {
+    SequenceStatus.WAITING: {SequenceStatus.PREFILLING, SequenceStatus.CANCELLED, SequenceStatus.FAILED},
+    SequenceStatus.PREFILLING: {SequenceStatus.DECODING, SequenceStatus.CANCELLED, SequenceStatus.FAILED},
+    SequenceStatus.DECODING: {SequenceStatus.FINISHED, SequenceStatus.CANCELLED, SequenceStatus.FAILED},
+    SequenceStatus.FINISHED: set(),
+    SequenceStatus.CANCELLED: set(),
+    SequenceStatus.FAILED: set(),
+}
+_FINAL_STATUS = {FinishReason.STOP: SequenceStatus.FINISHED, FinishReason.LENGTH: SequenceStatus.FINISHED,
+                 FinishReason.CANCELLED: SequenceStatus.CANCELLED, FinishReason.ERROR: SequenceStatus.FAILED}
+
+
+class InvalidTransition(AssertionError):
+    """A move the life of a sequence does not allow: a bug in the engine, never bad input."""
+
+
+@dataclass(frozen=True)
+class Ending:
+    """Why a sequence ends, decided when it became so; applied at the next step boundary."""
+
+    reason: FinishReason
+    error: str | None = None
 
 
 class Sequence:
@@ -38,6 +80,7 @@ class Sequence:
         self.prompt_tokens_dropped = prompt_tokens_dropped
         self.assembler = TextAssembler(sampler.params.stop)
         self.status = SequenceStatus.WAITING
+        self.ending: Ending | None = None  # set once the sequence must end; applied by finish()
         self.slot: int | None = None
         self.output_tokens: list[int] = []
         self.logprobs: list[TokenLogprob] | None = [] if sampler.params.logprobs else None
@@ -48,11 +91,8 @@ class Sequence:
         self.n_past = 0  # tokens in the slot's KV; the next token goes at this position
         self._prompt_array: np.ndarray | None = None
         self.tokens_shifted_out = 0
-        self.is_cancel_requested = False
         self.is_window_exhausted = False  # the window filled up and could not slide
         self.has_reached_stop_string = False
-        self.finish_reason: FinishReason | None = None
-        self.error: str | None = None
         self.submitted_at = time.perf_counter() if submitted_at is None else submitted_at
         self.admitted_at: float | None = None
         self.prefilled_at: float | None = None
@@ -88,12 +128,23 @@ class Sequence:
         return self.output_tokens[-1]
 
     @property
-    def is_finished(self) -> bool:
-        return self.status is SequenceStatus.FINISHED
+    def is_waiting(self) -> bool:
+        return self.status is SequenceStatus.WAITING
 
     @property
     def is_running(self) -> bool:
+        """In a slot: prefilling or decoding."""
         return self.status in (SequenceStatus.PREFILLING, SequenceStatus.DECODING)
+
+    @property
+    def is_done(self) -> bool:
+        """Finished, cancelled or failed: nothing more happens to it."""
+        return not _NEXT_STATUSES[self.status]
+
+    @property
+    def is_ending(self) -> bool:
+        """It must end at the next step boundary (or is done already)."""
+        return self.ending is not None
 
     @property
     def is_truncated(self) -> bool:
@@ -105,13 +156,22 @@ class Sequence:
 
     # --- transitions -----------------------------------------------------------------------
 
+    def _move_to(self, status: SequenceStatus) -> None:
+        if status not in _NEXT_STATUSES[self.status]:
+            raise InvalidTransition(f"sequence {self.id}: {self.status.value} -> {status.value} is not allowed")
+        self.status = status
+
+    def _end(self, reason: FinishReason, error: str | None = None) -> None:
+        """Decide that the sequence ends; the first reason found is the one that counts."""
+        if self.ending is None:
+            self.ending = Ending(reason, error)
+
     def admit(self, slot: int, now: float, num_cached: int = 0) -> None:
         """Waiting -> prefilling in `slot`, whose KV already holds the first num_cached
         prompt tokens (a reused prefix)."""
-        assert self.status is SequenceStatus.WAITING
         assert 0 <= num_cached < len(self.prompt_tokens), "the last prompt token is always decoded"
+        self._move_to(SequenceStatus.PREFILLING)
         self.slot = slot
-        self.status = SequenceStatus.PREFILLING
         self.admitted_at = now
         self.num_cached = self.num_prefilled = self.n_past = num_cached
 
@@ -121,12 +181,13 @@ class Sequence:
         self.num_cached = self.num_prefilled = self.n_past = 0
 
     def record_decoded(self, num_tokens: int, is_prefill: bool, now: float) -> None:
-        """A step put num_tokens of this sequence into its slot's KV."""
+        """A step put num_tokens of this sequence into its slot's KV; its last prompt token
+        makes it a decoding sequence."""
         self.n_past += num_tokens
         if is_prefill:
             self.num_prefilled += num_tokens
             if self.num_prompt_remaining == 0:
-                self.status = SequenceStatus.DECODING
+                self._move_to(SequenceStatus.DECODING)
                 self.prefilled_at = now
 
     def record_shift(self, keep: int, discard: int) -> None:
@@ -135,53 +196,68 @@ class Sequence:
         self.tokens_shifted_out += discard
         self.num_intact_prompt = min(self.num_intact_prompt, keep)
 
-    def append_token(self, token: int, piece: bytes, is_end_of_generation: bool,
-                     now: float) -> tuple[str, FinishReason | None]:
-        """Take one sampled token: the text it makes ready to emit, and why the sequence ends
-        here (None while it goes on)."""
-        self.sampler.accept(token)
-        self.output_tokens.append(token)
+    def append_token(self, sampled: Sampled, piece: bytes, is_end_of_generation: bool, now: float) -> str:
+        """Take one sampled token; return the text it makes ready to emit. A token that ends
+        the sequence (end of generation, a stop string, a complete constrained document,
+        max_tokens) sets its ending."""
+        assert self.status is SequenceStatus.DECODING and self.ending is None
+        self.sampler.accept(sampled.token)
+        self.output_tokens.append(sampled.token)
         if self.first_token_at is None:
             self.first_token_at = now
         if is_end_of_generation and not self.params.ignore_eos:
-            return "", FinishReason.STOP
-        if self.logprobs is not None and self.sampler.last_logprob is not None:
-            self.logprobs.append(self.sampler.last_logprob)
+            self._end(FinishReason.STOP)
+            return ""
+        if self.logprobs is not None and sampled.logprob is not None:
+            self.logprobs.append(sampled.logprob)
         text, self.has_reached_stop_string = self.assembler.feed(piece)
         if text:
             self.text_parts.append(text)
         if self.has_reached_stop_string or self.sampler.is_constraint_complete:
-            return text, FinishReason.STOP
-        if len(self.output_tokens) >= self.params.max_tokens:
-            return text, FinishReason.LENGTH
-        return text, None
+            self._end(FinishReason.STOP)
+        elif len(self.output_tokens) >= self.params.max_tokens:
+            self._end(FinishReason.LENGTH)
+        return text
 
     def request_cancel(self) -> None:
-        self.is_cancel_requested = True
+        """A waiting sequence ends without running; a running one at the next step boundary,
+        keeping its text."""
+        self._end(FinishReason.CANCELLED, CANCELLED_BEFORE_START if self.is_waiting else None)
+
+    def fail(self, error: str, overriding: bool = False) -> None:
+        """End with an error. `overriding`: even if another ending was decided first (after a
+        failed step, a cancelled sequence's KV is in doubt too, and it is failed with the rest)."""
+        if overriding and not self.is_done:
+            self.ending = None
+        self._end(FinishReason.ERROR, error)
 
     def exhaust_window(self) -> None:
         """The window is full and cannot slide: the sequence ends as length, truncated."""
         self.is_window_exhausted = True
+        self._end(FinishReason.LENGTH)
 
-    def finish(self, reason: FinishReason, error: str | None, now: float) -> str:
-        """End the sequence; return the held text this releases.
+    def finish(self, now: float) -> str:
+        """Apply the ending: move to the final status; return the held text this releases.
 
         Held text (a possible stop-string start) is released when generation ends by itself
         or fails; never after a stop string, and never on cancel, so that nothing is emitted
         for a request after cancel() returned."""
-        assert not self.is_finished
-        releases_held_text = (self.status is not SequenceStatus.WAITING and reason is not FinishReason.CANCELLED
+        assert self.ending is not None, "only a sequence with an ending finishes"
+        reason = self.ending.reason
+        releases_held_text = (self.is_running and reason is not FinishReason.CANCELLED
                               and not self.has_reached_stop_string)
         text = self.assembler.flush() if releases_held_text else ""
         if text:
             self.text_parts.append(text)
-        self.status = SequenceStatus.FINISHED
-        self.finish_reason = reason
-        self.error = error
+        self._move_to(_FINAL_STATUS[reason])
         self.finished_at = now
         return text
 
     # --- reporting -------------------------------------------------------------------------
+
+    @property
+    def finish_reason(self) -> FinishReason | None:
+        return self.ending.reason if self.is_done else None
 
     def timings(self) -> Timings:
         end = self.finished_at if self.finished_at is not None else time.perf_counter()
@@ -194,16 +270,16 @@ class Sequence:
         )
 
     def to_result(self) -> Result:
-        assert self.finish_reason is not None, "only a finished sequence has a result"
+        assert self.is_done, "only a finished sequence has a result"
         return Result(
             id=self.id,
             text=self.text,
-            finish_reason=self.finish_reason,
+            finish_reason=self.ending.reason,
             prompt_tokens=len(self.prompt_tokens) + self.prompt_tokens_dropped,
             prompt_tokens_cached=self.num_cached,
             completion_tokens=len(self.output_tokens),
             timings=self.timings(),
-            error=self.error,
+            error=self.ending.error,
             truncated=self.is_truncated,
             prompt_tokens_dropped=self.prompt_tokens_dropped,
             tokens_shifted_out=self.tokens_shifted_out,

@@ -87,7 +87,7 @@ class StatsRecorder:
         if self.first_submit_at is None:
             self.first_submit_at = now
 
-    def note_admission(self, num_prompt_tokens: int, num_cached: int) -> None:
+    def note_admission(self, num_cached: int) -> None:
         self.num_admitted += 1
         self.num_prefix_hits += num_cached > 0
         self.prompt_tokens_reused += num_cached

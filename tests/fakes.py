@@ -76,6 +76,11 @@ class FakeBackend:
         self.chunk_rules = chunk_rules
         self.forgotten_below = [0] * num_slots  # positions the sliding window has dropped
         self.closed = False
+        # llama.cpp's KV may only change between decodes, on the thread that decodes: every KV
+        # operation that came while a decode was running, from any thread, is noted here.
+        self.is_decoding = False
+        self.kv_changes_during_decode: list[str] = []
+        self.during_decode = None  # called inside decode(): what another thread might do meanwhile
 
     # --- text --------------------------------------------------------------------------------
 
@@ -125,6 +130,19 @@ class FakeBackend:
         return row
 
     def decode(self, entries: list) -> np.ndarray:
+        self.is_decoding = True
+        try:
+            if self.during_decode is not None:
+                self.during_decode()
+            return self._decode(entries)
+        finally:
+            self.is_decoding = False
+
+    def _note_kv_change(self, what: str) -> None:
+        if self.is_decoding:
+            self.kv_changes_during_decode.append(what)
+
+    def _decode(self, entries: list) -> np.ndarray:
         started = time.perf_counter()
         num_tokens = sum(len(entry.tokens) for entry in entries)
         assert 0 < num_tokens <= self.n_batch, f"batch of {num_tokens} tokens exceeds n_batch {self.n_batch}"
@@ -167,6 +185,7 @@ class FakeBackend:
     # --- KV ----------------------------------------------------------------------------------
 
     def clear_slot(self, slot: int) -> None:
+        self._note_kv_change(f"clear slot {slot}")
         self.kv[slot] = []
         self.prompts[slot] = []
         self.num_generated_fed[slot] = 0
@@ -175,6 +194,7 @@ class FakeBackend:
 
     def reuse_prefix(self, slot: int, source_slot: int, length: int) -> bool:
         assert length <= len(self.prompts[source_slot]), "only prompt tokens are reused"
+        self._note_kv_change(f"reuse slot {source_slot} in slot {slot}")
         self.reuses.append((slot, source_slot, length))
         intact = self.forgotten_below[source_slot] == 0 or length == 0
         kept = self.kv[source_slot][:length] if intact else []
@@ -185,6 +205,7 @@ class FakeBackend:
 
     def shift_slot(self, slot: int, keep: int, discard: int, n_past: int) -> None:
         assert n_past == len(self.kv[slot]), "shift must start from the slot's actual length"
+        self._note_kv_change(f"shift slot {slot}")
         del self.kv[slot][keep:keep + discard]
         self.shifts.append((slot, keep, discard))
 

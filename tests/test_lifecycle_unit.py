@@ -1,0 +1,268 @@
+"""The life of a sequence: waiting -> prefilling -> decoding -> finished / cancelled / failed,
+tested on the Sequence itself, on the engine's phases, and on random interleavings of submit,
+step, cancel and cancel_all (hypothesis), on the fake backend."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from fakes import EOS, FakeBackend
+from multiseq import CANCELLED_BEFORE_START, Engine, FinishReason, Request, Runner, RunnerConfig, SamplingParams
+from multiseq.runner.sampling import Sampled, SequenceSampler, sample_rows
+from multiseq.runner.sequence import InvalidTransition, SequenceStatus
+
+GREEDY = SamplingParams(max_tokens=4, temperature=0)
+
+
+def make_engine(backend: FakeBackend) -> Engine:
+    config = RunnerConfig(parallel=backend.num_slots, slot_ctx=backend.window, n_batch=backend.n_batch, threads=1,
+                          seed=0)
+    return Engine(config, backend)
+
+
+def new_sequence(engine: Engine, prompt: str = "abc", sampling: SamplingParams = GREEDY, request_id: str = "s"):
+    return engine.new_sequence(Request(prompt=prompt, sampling=sampling), request_id)
+
+
+# --- the Sequence on its own ----------------------------------------------------------------
+
+def test_a_sequence_moves_along_its_life_and_nowhere_else():
+    engine = make_engine(FakeBackend())
+    seq = new_sequence(engine)
+    assert seq.status is SequenceStatus.WAITING and not seq.is_running and not seq.is_done
+    with pytest.raises(InvalidTransition):
+        seq.record_decoded(len(seq.prompt_tokens), True, 0.0)  # a waiting sequence has no slot to decode in
+    seq.admit(slot=0, now=0.0)
+    assert seq.status is SequenceStatus.PREFILLING and seq.is_running
+    with pytest.raises(InvalidTransition):
+        seq.admit(slot=1, now=0.0)
+    seq.record_decoded(len(seq.prompt_tokens), True, 0.0)
+    assert seq.status is SequenceStatus.DECODING
+    for token in b"wxyz":
+        assert seq.ending is None
+        seq.append_token(Sampled(token), bytes([token]), False, 0.0)
+    assert seq.ending.reason is FinishReason.LENGTH and seq.status is SequenceStatus.DECODING, \
+        "the sequence decided to end; the engine applies it"
+    seq.finish(0.0)
+    assert seq.status is SequenceStatus.FINISHED and seq.is_done
+    with pytest.raises(InvalidTransition):
+        seq.finish(0.0)
+    assert seq.to_result().text == "wxyz"
+
+
+def test_finish_needs_an_ending_and_the_first_ending_counts():
+    engine = make_engine(FakeBackend())
+    seq = new_sequence(engine)
+    seq.admit(slot=0, now=0.0)
+    with pytest.raises(AssertionError):
+        seq.finish(0.0)
+    seq.request_cancel()
+    seq.fail("later")
+    seq.finish(0.0)
+    assert seq.status is SequenceStatus.CANCELLED and seq.to_result().error is None
+
+
+@pytest.mark.parametrize("how, status, reason, error", [
+    ("end of generation", SequenceStatus.FINISHED, FinishReason.STOP, None),
+    ("stop string", SequenceStatus.FINISHED, FinishReason.STOP, None),
+    ("max_tokens", SequenceStatus.FINISHED, FinishReason.LENGTH, None),
+    ("full window", SequenceStatus.FINISHED, FinishReason.LENGTH, None),
+    ("cancel while waiting", SequenceStatus.CANCELLED, FinishReason.CANCELLED, CANCELLED_BEFORE_START),
+    ("cancel while running", SequenceStatus.CANCELLED, FinishReason.CANCELLED, None),
+    ("failure", SequenceStatus.FAILED, FinishReason.ERROR, "boom"),
+])
+def test_each_way_of_ending_gives_its_final_status_and_result(how, status, reason, error):
+    engine = make_engine(FakeBackend())
+    seq = new_sequence(engine, sampling=SamplingParams(max_tokens=2, temperature=0, stop=("!",)))
+    if how == "cancel while waiting":
+        seq.request_cancel()
+    else:
+        seq.admit(slot=0, now=0.0)
+        seq.record_decoded(len(seq.prompt_tokens), True, 0.0)
+        if how == "end of generation":
+            seq.append_token(Sampled(EOS), b"", True, 0.0)
+        elif how == "stop string":
+            seq.append_token(Sampled(ord("!")), b"!", False, 0.0)
+        elif how == "max_tokens":
+            for token in b"ab":
+                seq.append_token(Sampled(token), bytes([token]), False, 0.0)
+        elif how == "full window":
+            seq.exhaust_window()
+        elif how == "cancel while running":
+            seq.request_cancel()
+        else:
+            seq.fail("boom")
+    seq.finish(0.0)
+    result = seq.to_result()
+    assert (seq.status, result.finish_reason, result.error) == (status, reason, error)
+    assert result.truncated == (how == "full window")
+
+
+# --- the engine's phases --------------------------------------------------------------------
+
+def sequence_state(seq) -> dict:
+    """Everything a sequence and its sampler hold, as comparable values."""
+    state = {name: copy.deepcopy(value) for name, value in vars(seq).items()
+             if name not in ("sampler", "assembler", "_prompt_array")}
+    state["sampler"] = {name: copy.deepcopy(value) for name, value in vars(seq.sampler).items()
+                        if name not in ("token_bytes", "constraint", "banned", "bias_ids", "bias_values")}
+    state["assembler"] = (seq.assembler._stops.held,)
+    return state
+
+
+def test_execute_computes_and_changes_no_sequence_update_applies_it():
+    """execute() runs without the runner's lock: it must only compute. Everything it found
+    (tokens, logprobs) comes back as plain data, and update() is where sequences change."""
+    engine = make_engine(FakeBackend(num_slots=3, noisy=True))
+    sampling = [SamplingParams(max_tokens=6, temperature=0.9, logprobs=True, top_logprobs=3),
+                SamplingParams(max_tokens=6, temperature=0, presence_penalty=1.0),
+                SamplingParams(max_tokens=6, temperature=0.7, json_object=True)]
+    for index, params in enumerate(sampling):
+        engine.add(new_sequence(engine, f"prompt {index}", params, f"r{index}"))
+    engine.step()
+    plan = engine.schedule()
+    seqs = [chunk.seq for chunk in plan.chunks]
+    before = [sequence_state(seq) for seq in seqs]
+    executed = engine.execute(plan)
+    assert [sequence_state(seq) for seq in seqs] == before
+    assert len(executed.sampled) == 3 and executed.sampled[0].logprob is not None
+    assert all(isinstance(sampled, Sampled) for sampled in executed.sampled)
+    engine.update(executed)
+    assert [seq.output_tokens[-1] for seq in seqs] == [sampled.token for sampled in executed.sampled]
+    assert seqs[0].logprobs[-1] == executed.sampled[0].logprob
+
+
+def test_a_draw_depends_only_on_the_seed_and_the_tokens_index():
+    """Sampling the same row twice before accepting gives the same token (nothing was used
+    up), and a sampler that accepted the same tokens as another draws alike: a sequence
+    computed again from its tokens samples what it sampled the first time."""
+    logits = np.random.default_rng(0).normal(0, 1, (1, 512)).astype(np.float32)
+    params = SamplingParams(temperature=1.5, top_k=0, top_p=1.0, min_p=0.0)
+    first, second = (SequenceSampler(params, seed=7, prompt_tokens=[]) for _ in range(2))
+    tokens = []
+    for _ in range(20):
+        draws = {sample_rows(logits.copy(), [first])[0].token for _ in range(3)}
+        assert len(draws) == 1
+        tokens.append(draws.pop())
+        first.accept(tokens[-1])
+    assert len(set(tokens)) > 5, "successive draws differ"
+    for token in tokens:
+        second.accept(token)
+    assert sample_rows(logits.copy(), [second]) == sample_rows(logits.copy(), [first])
+
+
+# --- random interleavings -----------------------------------------------------------------
+
+PROMPTS = st.text(alphabet="abcdefgh ", min_size=1, max_size=30)
+
+
+class RunnerLife(RuleBasedStateMachine):
+    """Any order of submit, step, cancel and cancel_all: every request ends exactly once, with
+    the status its history calls for; nothing is streamed for it after it ended or after its
+    cancel returned; the slots end empty but for reusable prompts."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.backend = FakeBackend(num_slots=3, window=64, n_batch=24)
+        config = RunnerConfig(parallel=3, slot_ctx=64, n_batch=24, threads=1, seed=0)
+        self.runner = Runner(config, backend=self.backend, autostart=False)
+        self.handles = {}
+        self.pieces: dict[str, list[str]] = {}
+        self.cancelled_at: dict[str, int] = {}  # request id -> pieces streamed when cancel() returned
+        self.finished: dict[str, int] = {}  # request id -> times its result arrived
+
+    def _on_finish(self, result) -> None:
+        self.finished[result.id] = self.finished.get(result.id, 0) + 1
+
+    @rule(prompt=PROMPTS, max_tokens=st.integers(1, 12), stop=st.sampled_from([(), ("c",), ("ab",)]))
+    def submit(self, prompt, max_tokens, stop):
+        request_id = f"r{len(self.handles)}"
+        sampling = SamplingParams(max_tokens=max_tokens, temperature=0, stop=stop)
+        handle = self.runner.submit(Request(prompt=prompt, id=request_id, sampling=sampling), stream=True,
+                                    on_finish=self._on_finish)
+        self.handles[request_id] = handle
+        self.pieces[request_id] = []
+
+    @rule()
+    def step(self):
+        self.runner.step()
+        self._collect()
+
+    @precondition(lambda self: self.handles)
+    @rule(data=st.data())
+    def cancel(self, data):
+        request_id = data.draw(st.sampled_from(sorted(self.handles)))
+        self.runner.cancel(request_id)
+        self._collect()
+        self.cancelled_at.setdefault(request_id, len(self.pieces[request_id]))
+
+    @precondition(lambda self: self.handles)
+    @rule(data=st.data())
+    def step_while_a_cancel_lands_mid_decode(self, data):
+        """What a client's thread may do while the worker is inside llama_decode."""
+        request_id = data.draw(st.sampled_from(sorted(self.handles)))
+
+        def cancel_now() -> None:
+            self.backend.during_decode = None
+            self.runner.cancel(request_id)
+            self._collect()
+            self.cancelled_at.setdefault(request_id, len(self.pieces[request_id]))
+
+        self.backend.during_decode = cancel_now
+        self.runner.step()
+        self.backend.during_decode = None
+        self._collect()
+
+    @rule()
+    def cancel_all(self):
+        self.runner.cancel_all()
+        self._collect()
+        for request_id, handle in self.handles.items():
+            self.cancelled_at.setdefault(request_id, len(self.pieces[request_id]))
+
+    def _collect(self) -> None:
+        for request_id, handle in self.handles.items():
+            queue = handle._pieces
+            while not queue.empty():
+                piece = queue.get_nowait()
+                if isinstance(piece, str):
+                    self.pieces[request_id].append(piece)
+
+    @invariant()
+    def nothing_is_streamed_after_a_cancel_returned(self):
+        for request_id, count in self.cancelled_at.items():
+            assert len(self.pieces[request_id]) == count, f"{request_id} streamed after cancel()"
+
+    @invariant()
+    def a_result_arrives_once(self):
+        assert all(count == 1 for count in self.finished.values())
+
+    def teardown(self):
+        while self.runner.step():
+            self._collect()
+        self._collect()
+        for request_id, handle in self.handles.items():
+            result = handle.result(timeout=0)
+            assert self.finished[request_id] == 1
+            assert "".join(self.pieces[request_id]) == result.text, "the stream is the result's text"
+            assert "internal error" not in (result.error or ""), result.error
+            if request_id in self.cancelled_at:
+                assert result.finish_reason in (FinishReason.CANCELLED, FinishReason.STOP, FinishReason.LENGTH)
+                if result.error == CANCELLED_BEFORE_START:
+                    assert result.text == "" and result.completion_tokens == 0
+            else:
+                assert result.ok, result
+        self.backend.assert_free_slots_hold_only_kept_prompts(self.runner.engine.scheduler)
+        assert not self.runner.engine.has_work
+        self.runner.close()
+
+
+TestRunnerLife = RunnerLife.TestCase
+TestRunnerLife.settings = settings(max_examples=60, stateful_step_count=40, deadline=None,
+                                   suppress_health_check=[HealthCheck.too_slow])
