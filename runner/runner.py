@@ -5,6 +5,10 @@ called from any thread; they touch the engine under one lock, which the worker a
 while it schedules a step and while it applies the step's output, but never while llama.cpp
 decodes. So a cancel lands either before a step is scheduled or before its output is applied,
 and in both cases nothing more is emitted for that request once cancel() returns.
+
+Anything that changes the backend's KV (clearing the prefix cache, say) must not run while
+llama_decode does: such a call is queued as a command, and the thread that steps the engine
+runs it between two steps; the caller waits until it ran.
 """
 
 from __future__ import annotations
@@ -13,7 +17,9 @@ import logging
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 from .batch import Backend
 from .config import RunnerConfig
@@ -25,6 +31,30 @@ logger = logging.getLogger("multiseq.runner")
 
 _END_OF_STREAM = object()
 _IDLE_STEP_SECONDS = 0.001
+
+
+class _Command:
+    """Work for the stepping thread, run between two steps; the caller waits for its value."""
+
+    def __init__(self, work: Callable[[], Any]) -> None:
+        self.work = work
+        self.done = threading.Event()
+        self.value: Any = None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.value = self.work()
+        except BaseException as error:  # noqa: BLE001 - handed back to the caller, raised there
+            self.error = error
+        finally:
+            self.done.set()
+
+    def outcome(self) -> Any:
+        self.done.wait()
+        if self.error is not None:
+            raise self.error
+        return self.value
 
 
 class RequestHandle:
@@ -76,7 +106,13 @@ class Runner:
         self.config = config or RunnerConfig()
         self.engine = Engine(self.config, backend if backend is not None else _open_llama_backend(self.config))
         self._lock = threading.Condition()
+        self._step_lock = threading.Lock()  # held by whoever runs a step (the worker, or a step() caller)
+        self._commands: deque[_Command] = deque()  # backend work for the stepping thread
         self._handles: dict[str, RequestHandle] = {}  # every request waiting or running, by id
+        # Requests submit() is still tokenizing: known by id, not yet in the engine, and the
+        # ones among them a cancel reached meanwhile (they end as soon as they are queued).
+        self._tokenizing: set[str] = set()
+        self._cancelled_while_tokenizing: set[str] = set()
         self._num_submitted = 0
         self._autostart = autostart
         self._worker: threading.Thread | None = None
@@ -125,19 +161,36 @@ class Runner:
                 self._reject(handle, f"request id {request_id!r} is already waiting or running")
                 return handle
             self._handles[request_id] = handle
+            self._tokenizing.add(request_id)
+        # Tokenizing, rendering a chat and compiling a constraint read only the model and the
+        # config, and take a while: steps and other requests go on meanwhile. A cancel, a
+        # cancel_all or a close that comes now is noted, and applied once the request is queued.
         try:
-            seq = self.engine.new_sequence(request, request_id)  # tokenizing needs no lock
+            seq = self.engine.new_sequence(request, request_id)
         except Exception as error:  # noqa: BLE001 - any failure here belongs to this request alone
             with self._lock:
+                self._stop_tokenizing(request_id)
                 del self._handles[request_id]
                 self._reject(handle, str(error))
             return handle
         with self._lock:
+            was_cancelled = self._stop_tokenizing(request_id) or self._closing
             self.engine.add(seq)
+            if was_cancelled:
+                self.engine.abort(request_id)  # a waiting request: it ends here, never runs
+                self._deliver(self.engine.take_output())
             self._lock.notify_all()
         if self._autostart:
             self._ensure_worker()
         return handle
+
+    def _stop_tokenizing(self, request_id: str) -> bool:
+        """The request is tokenized (or failed to be); whether a cancel reached it meanwhile."""
+        self._tokenizing.discard(request_id)
+        if request_id in self._cancelled_while_tokenizing:
+            self._cancelled_while_tokenizing.discard(request_id)
+            return True
+        return False
 
     def _reject(self, handle: RequestHandle, message: str) -> None:
         """End a request that could not even be queued (called under the lock)."""
@@ -165,6 +218,9 @@ class Runner:
         "cancelled". Returns False (and logs) when the id is unknown or already finished."""
         with self._lock:
             found = self.engine.abort(request_id)
+            if not found and request_id in self._tokenizing:
+                self._cancelled_while_tokenizing.add(request_id)
+                found = True
             self._deliver(self.engine.take_output())
             self._lock.notify_all()
         if not found:
@@ -177,7 +233,8 @@ class Runner:
         is admitted afterwards; requests submitted after it returns run normally.
         Returns how many requests were cancelled."""
         with self._lock:
-            count = self.engine.abort_all()
+            count = self.engine.abort_all() + len(self._tokenizing - self._cancelled_while_tokenizing)
+            self._cancelled_while_tokenizing |= self._tokenizing
             self._deliver(self.engine.take_output())
             self._lock.notify_all()
             return count
@@ -192,9 +249,35 @@ class Runner:
             return self.engine.snapshot(time.perf_counter())
 
     def clear_prefix_cache(self) -> None:
-        """Forget the prompt prefixes kept in idle slots (and clear their KV)."""
+        """Forget the prompt prefixes kept in idle slots and clear their KV; returns once done
+        (between two steps: never while a decode runs)."""
+        self.between_steps(self.engine.clear_prefix_cache)
+
+    def between_steps(self, work: Callable[[], Any]) -> Any:
+        """Run `work` (which may use the engine and its backend) on the thread that steps the
+        engine, between two steps, and return its value (or raise its exception). Without a
+        worker thread it runs here, once no step() in another thread is running."""
+        command = _Command(work)
+        if threading.current_thread() is self._worker:  # it would wait for itself
+            raise RuntimeError("the runner's own thread (an on_finish callback) cannot wait for a step to end")
         with self._lock:
-            self.engine.clear_prefix_cache()
+            if self._closing:
+                raise RuntimeError("the runner is closed")
+            self._commands.append(command)
+            self._lock.notify_all()
+            has_worker = self._worker is not None
+        if not has_worker:
+            with self._step_lock:
+                self._run_commands()
+        return command.outcome()
+
+    def _run_commands(self) -> None:
+        """Run the queued commands (on the stepping thread, holding the step lock)."""
+        with self._lock:
+            commands, self._commands = self._commands, deque()
+            for command in commands:
+                command.run()
+            self._deliver(self.engine.take_output())
 
     def reset_stats(self) -> None:
         with self._lock:
@@ -236,14 +319,14 @@ class Runner:
 
     def _has_work(self) -> bool:
         with self._lock:
-            return self.engine.has_work
+            return self.engine.has_work or bool(self._commands)
 
     def _loop(self) -> None:
         while True:
             with self._lock:
-                while not self.engine.has_work and not self._closing:
+                while not (self.engine.has_work or self._commands or self._closing):
                     self._lock.wait()
-                if self._closing and not self.engine.has_work:
+                if self._closing and not (self.engine.has_work or self._commands):
                     return
             try:
                 if not self.step():
@@ -255,18 +338,21 @@ class Runner:
                     self._deliver(self.engine.take_output())
 
     def step(self) -> bool:
-        """Run one step of the engine and deliver what it produced; False when there was
-        nothing to decode. The worker calls this; without a worker, a caller may."""
-        with self._lock:
-            plan = self.engine.schedule()
-            self._deliver(self.engine.take_output())
-        if not plan:
-            return False
-        executed = self.engine.execute(plan)  # llama_decode and sampling, without the lock
-        with self._lock:
-            self.engine.update(executed)
-            self._deliver(self.engine.take_output())
-        return True
+        """Run the queued commands, then one step of the engine, and deliver what it produced;
+        False when there was nothing to decode. The worker calls this; without a worker, a
+        caller may."""
+        with self._step_lock:
+            self._run_commands()
+            with self._lock:
+                plan = self.engine.schedule()
+                self._deliver(self.engine.take_output())
+            if not plan:
+                return False
+            executed = self.engine.execute(plan)  # llama_decode and sampling, without the lock
+            with self._lock:
+                self.engine.update(executed)
+                self._deliver(self.engine.take_output())
+            return True
 
     def _deliver(self, output: StepOutput) -> None:
         """Hand text pieces and results to their handles (under the lock, so that a cancel
@@ -286,12 +372,9 @@ def _llama_backend(model, config: RunnerConfig, owns_model: bool) -> Backend:
 
 
 def _open_llama_backend(config: RunnerConfig) -> Backend:
-    from .. import models
     from .backend import LlamaModel
 
-    resolved = models.resolve(config.model)
-    model = LlamaModel(str(resolved.path), config.chat_template, resolved.chat_template_fallback,
-                       repack_weights=not config.batch_invariant)
+    model = LlamaModel.open(config.model, config.chat_template, repack_weights=not config.batch_invariant)
     try:
         return _llama_backend(model, config, owns_model=True)
     except BaseException:

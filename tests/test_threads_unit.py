@@ -1,0 +1,95 @@
+"""The runner driven from many threads at once, on the fake backend: what a server does to it."""
+
+from __future__ import annotations
+
+import threading
+
+from fakes import FakeBackend
+from multiseq import CANCELLED_BEFORE_START, FinishReason, Request, SamplingParams
+
+LONG = SamplingParams(max_tokens=60, temperature=0)
+
+
+def test_clearing_the_prefix_cache_waits_for_the_step_and_never_touches_the_kv_mid_decode(make_runner):
+    """Short requests keep leaving prompts in idle slots while two long ones decode; other
+    threads keep clearing the kept prompts. No KV change may land while a decode runs."""
+    backend = FakeBackend(num_slots=4, decode_delay=0.005)
+    runner = make_runner(backend)
+    long = [runner.submit(Request(prompt=f"long request {index}", sampling=LONG)) for index in range(2)]
+    short = SamplingParams(max_tokens=1, temperature=0)
+    stop = threading.Event()
+
+    def clear_repeatedly() -> None:
+        while not stop.is_set():
+            runner.clear_prefix_cache()
+
+    clearers = [threading.Thread(target=clear_repeatedly) for _ in range(2)]
+    for thread in clearers:
+        thread.start()
+    shorts = []
+    while not all(handle.done for handle in long):
+        shorts.append(runner.submit(Request(prompt=f"short request {len(shorts)}", sampling=short)))
+        shorts[-1].result(timeout=30)
+    stop.set()
+    for thread in clearers:
+        thread.join()
+    assert all(handle.result().ok for handle in long + shorts)
+    assert backend.kv_changes_during_decode == [], "the KV changed while llama_decode ran"
+    runner.clear_prefix_cache()
+    assert all(len(runner.engine.scheduler.prefixes.kept(slot)) == 0 and backend.kv[slot] == []
+               for slot in range(4)), "once the call returns, every idle slot is cleared"
+    runner.close()
+
+
+def submit_slowly(runner, backend, prompt: str):
+    """Submit `prompt` on another thread whose tokenizing waits for release(); returns once
+    tokenizing has begun, with (thread, handles, release)."""
+    entered, release = threading.Event(), threading.Event()
+    real_tokenize = backend.tokenize
+
+    def tokenize(text: str) -> list[int]:
+        if text == prompt:
+            entered.set()
+            assert release.wait(10)
+        return real_tokenize(text)
+
+    backend.tokenize = tokenize
+    handles = []
+    thread = threading.Thread(target=lambda: handles.append(runner.submit(Request(prompt=prompt, id="slow"))))
+    thread.start()
+    assert entered.wait(10)
+    return thread, handles, release
+
+
+def never_prefilled(backend, prompt: str) -> bool:
+    return all(backend.prompts[slot] != backend.tokenize(prompt) for slot in range(backend.num_slots)) and \
+        not any(is_prefill for call in backend.calls for _, _, is_prefill in call.entries)
+
+
+def test_a_request_cancelled_while_it_is_tokenized_never_runs(make_runner):
+    backend = FakeBackend(num_slots=1)
+    runner = make_runner(backend)
+    thread, handles, release = submit_slowly(runner, backend, "slow prompt")
+    assert runner.cancel("slow") is True, "the id is known from the moment submit() was called"
+    release.set()
+    thread.join()
+    result = handles[0].result(timeout=10)
+    assert result.finish_reason is FinishReason.CANCELLED and result.error == CANCELLED_BEFORE_START
+    assert never_prefilled(backend, "slow prompt")
+    runner.close()
+
+
+def test_cancel_all_and_close_reach_a_request_being_tokenized(make_runner):
+    backend = FakeBackend(num_slots=1)
+    runner = make_runner(backend)
+    thread, handles, release = submit_slowly(runner, backend, "slow prompt")
+    assert runner.cancel_all() == 1
+    closer = threading.Thread(target=runner.close)
+    closer.start()
+    release.set()
+    thread.join()
+    closer.join(10)
+    assert not closer.is_alive()
+    result = handles[0].result(timeout=10)
+    assert result.finish_reason is FinishReason.CANCELLED and result.error == CANCELLED_BEFORE_START
+    assert never_prefilled(backend, "slow prompt")
