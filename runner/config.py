@@ -1,8 +1,10 @@
 """Configuration of the runner and of each request's sampling, validated when built.
 
-These dataclasses are the one source of defaults: the command line reads its defaults from
-them (`default_of`), so the library and `multiseq batch-run` behave the same when not told
-otherwise.
+These dataclasses are the one source of defaults: the command line and multiseq.ray read
+their defaults from them (`default_of`), so the library, `multiseq batch-run` and Ray behave the
+same when not told otherwise. One exception, on purpose: a Ray worker runs 1 llama.cpp thread
+unless told otherwise (each actor asks Ray for its threads as CPUs; this machine's core count
+says nothing about a cluster node's). Every bad value is a ValueError that names its field.
 """
 
 from __future__ import annotations
@@ -36,12 +38,27 @@ def _require(condition: bool, message: str) -> None:
         raise ValueError(message)
 
 
-def _is_int(value: Any) -> bool:
+def is_int(value: Any) -> bool:
+    """An integer, and not a bool (which Python counts as one)."""
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _is_number(value: Any) -> bool:
+def is_number(value: Any) -> bool:
+    """An int or a float, and not a bool."""
     return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_flag(owner: Any, name: str) -> None:
+    value = getattr(owner, name)
+    _require(isinstance(value, bool), f"{name} must be true or false, got {value!r}")
+
+
+def _stop_strings(value: Any) -> tuple:
+    """stop as a tuple: one string, or a list or tuple of them."""
+    if isinstance(value, str):
+        return (value,)
+    _require(isinstance(value, (list, tuple)), f"stop must be a string or a list of strings, got {value!r}")
+    return tuple(value)
 
 
 def default_of(cls: type, name: str) -> Any:
@@ -86,27 +103,30 @@ class SamplingParams:
     top_logprobs: int = 0  # and this many most likely alternatives at each position (0-20)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "stop", (self.stop,) if isinstance(self.stop, str) else tuple(self.stop))
-        _require(_is_int(self.max_tokens) and self.max_tokens >= 1,
+        object.__setattr__(self, "stop", _stop_strings(self.stop))
+        _require(is_int(self.max_tokens) and self.max_tokens >= 1,
                  f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
-        _require(self.temperature >= 0, f"temperature must be >= 0, got {self.temperature!r}")
-        _require(_is_int(self.top_k) and self.top_k >= 0, f"top_k must be an integer >= 0, got {self.top_k!r}")
-        _require(0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p!r}")
-        _require(0 <= self.min_p <= 1, f"min_p must be in [0, 1], got {self.min_p!r}")
-        _require(self.repeat_penalty > 0, f"repeat_penalty must be > 0, got {self.repeat_penalty!r}")
+        _require(is_number(self.temperature) and self.temperature >= 0,
+                 f"temperature must be a number >= 0, got {self.temperature!r}")
+        _require(is_int(self.top_k) and self.top_k >= 0, f"top_k must be an integer >= 0, got {self.top_k!r}")
+        _require(is_number(self.top_p) and 0 < self.top_p <= 1, f"top_p must be a number in (0, 1], got {self.top_p!r}")
+        _require(is_number(self.min_p) and 0 <= self.min_p <= 1, f"min_p must be a number in [0, 1], got {self.min_p!r}")
+        _require(is_number(self.repeat_penalty) and self.repeat_penalty > 0,
+                 f"repeat_penalty must be a number > 0, got {self.repeat_penalty!r}")
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
-            _require(_is_number(value) and -MAX_OPENAI_PENALTY <= value <= MAX_OPENAI_PENALTY,
+            _require(is_number(value) and -MAX_OPENAI_PENALTY <= value <= MAX_OPENAI_PENALTY,
                      f"{name} must be a number in [-2, 2], got {value!r}")
-        _require(_is_int(self.repeat_last_n) and self.repeat_last_n >= 0,
+        _require(is_int(self.repeat_last_n) and self.repeat_last_n >= 0,
                  f"repeat_last_n must be an integer >= 0, got {self.repeat_last_n!r}")
-        _require(self.seed is None or (_is_int(self.seed) and 0 <= self.seed < 2**64),
+        _require(self.seed is None or (is_int(self.seed) and 0 <= self.seed < 2**64),
                  f"seed must be an integer in [0, 2**64), got {self.seed!r}")
         _require(all(isinstance(s, str) and s for s in self.stop), f"stop strings must be non-empty strings, got {self.stop!r}")
+        _check_flag(self, "ignore_eos")
         self._check_logit_bias()
         self._check_constraint()
-        _require(isinstance(self.logprobs, bool), f"logprobs must be true or false, got {self.logprobs!r}")
-        _require(_is_int(self.top_logprobs) and 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS,
+        _check_flag(self, "logprobs")
+        _require(is_int(self.top_logprobs) and 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS,
                  f"top_logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs!r}")
         _require(self.logprobs or not self.top_logprobs, "top_logprobs needs logprobs=True")
 
@@ -115,8 +135,8 @@ class SamplingParams:
             return
         _require(isinstance(self.logit_bias, dict), f"logit_bias must map token ids to numbers, got {self.logit_bias!r}")
         for token, bias in self.logit_bias.items():
-            _require(_is_int(token) and token >= 0, f"logit_bias keys must be token ids (integers >= 0), got {token!r}")
-            _require(_is_number(bias) and -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS,
+            _require(is_int(token) and token >= 0, f"logit_bias keys must be token ids (integers >= 0), got {token!r}")
+            _require(is_number(bias) and -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS,
                      f"logit_bias of token {token} must be a number in [-100, 100], got {bias!r}")
 
     def _check_constraint(self) -> None:
@@ -127,7 +147,7 @@ class SamplingParams:
                  f"json_schema must be a JSON Schema object (a dict), got {self.json_schema!r}")
         _require(self.grammar is None or (isinstance(self.grammar, str) and self.grammar.strip() != ""),
                  f"grammar must be non-empty GBNF text, got {self.grammar!r}")
-        _require(isinstance(self.json_object, bool), f"json_object must be true or false, got {self.json_object!r}")
+        _check_flag(self, "json_object")
 
     @property
     def is_greedy(self) -> bool:
@@ -171,12 +191,22 @@ class RunnerConfig:
     batch_invariant: bool = False
 
     def __post_init__(self) -> None:
+        _require(self.overflow in [policy.value for policy in OverflowPolicy],
+                 f"overflow must be one of {', '.join(policy.value for policy in OverflowPolicy)}, got {self.overflow!r}")
         object.__setattr__(self, "overflow", OverflowPolicy(self.overflow))
-        _require(_is_int(self.parallel) and self.parallel >= 1, f"parallel must be >= 1, got {self.parallel!r}")
-        _require(_is_int(self.slot_ctx) and self.slot_ctx >= 16, f"slot_ctx must be >= 16 tokens, got {self.slot_ctx!r}")
-        _require(_is_int(self.n_batch) and self.n_batch >= self.parallel,
+        _require(self.model is None or isinstance(self.model, (str, os.PathLike)),
+                 f"model must be a registry name or a path, got {self.model!r}")
+        _require(self.chat_template is None or isinstance(self.chat_template, str),
+                 f"chat_template must be a string, got {self.chat_template!r}")
+        _require(self.seed is None or (is_int(self.seed) and 0 <= self.seed < 2**64),
+                 f"seed must be an integer in [0, 2**64), got {self.seed!r}")
+        _check_flag(self, "prefix_cache")
+        _check_flag(self, "batch_invariant")
+        _require(is_int(self.parallel) and self.parallel >= 1, f"parallel must be >= 1, got {self.parallel!r}")
+        _require(is_int(self.slot_ctx) and self.slot_ctx >= 16, f"slot_ctx must be >= 16 tokens, got {self.slot_ctx!r}")
+        _require(is_int(self.n_batch) and self.n_batch >= self.parallel,
                  f"n_batch ({self.n_batch}) must be at least parallel ({self.parallel}) so every slot can decode each step")
-        _require(_is_int(self.threads) and self.threads >= 1, f"threads must be >= 1, got {self.threads!r}")
-        _require(_is_int(self.n_keep) and 0 <= self.n_keep < self.slot_ctx // 2,
+        _require(is_int(self.threads) and self.threads >= 1, f"threads must be >= 1, got {self.threads!r}")
+        _require(is_int(self.n_keep) and 0 <= self.n_keep < self.slot_ctx // 2,
                  f"n_keep must be in [0, slot_ctx/2) = [0, {self.slot_ctx // 2}), got {self.n_keep!r}")
-        _require(_is_int(self.n_discard) and self.n_discard >= 0, f"n_discard must be >= 0, got {self.n_discard!r}")
+        _require(is_int(self.n_discard) and self.n_discard >= 0, f"n_discard must be >= 0, got {self.n_discard!r}")
