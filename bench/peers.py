@@ -25,7 +25,7 @@ runner), full-size SWA cache and flash attention "auto" (the values of
 llama_context_default_params(), which our runner uses). Each function returns
 a flat dict of figures (tokens/s over wall time, TTFT p50/p95, ...).
 
-Only stdlib and numpy are used, except for ``open_reference_llama``, which
+Only stdlib, numpy and multiseq's cache folder are used, except for ``open_reference_llama``, which
 creates llama-cpp-python's own ``Llama``: that class is the peer being
 measured, so it is imported here, where only the benchmark uses it (the
 library itself reaches llama.cpp through runner/backend.py alone).
@@ -98,10 +98,11 @@ class LlamaTools:
 
 
 def default_cache_dir() -> Path:
-    """``$MULTISEQ_CACHE_DIR/llama.cpp-0.3.36`` or ``~/.cache/multiseq/...``."""
-    root = os.environ.get("MULTISEQ_CACHE_DIR")
-    base = Path(root) if root else Path.home() / ".cache" / "multiseq"
-    return base / f"llama.cpp-{LLAMA_CPP_PYTHON_VERSION}"
+    """``llama.cpp-0.3.36`` in multiseq's cache folder (``$MULTISEQ_CACHE_DIR``, else
+    ``~/.cache/multiseq`` on Linux)."""
+    from multiseq.models import cache_dir
+
+    return cache_dir() / f"llama.cpp-{LLAMA_CPP_PYTHON_VERSION}"
 
 
 def _tools_in(cache_dir: Path) -> LlamaTools:

@@ -37,7 +37,7 @@ import jsonschema
 
 import peers  # bench/ is the script's own folder, first on sys.path
 
-from multiseq import FinishReason, Request, Runner, RunnerConfig, SamplingParams, models
+from multiseq import FinishReason, Request, Runner, RunnerConfig, SamplingParams
 from multiseq.runner.backend import LlamaModel
 
 ALL_SYSTEMS = ("multiseq", "multiseq-free", "llama-server")
@@ -156,8 +156,7 @@ def main(argv: list[str] | None = None) -> dict:
     unknown = sorted(set(systems) - set(ALL_SYSTEMS))
     if unknown:
         raise SystemExit(f"unknown systems {unknown}; choose from {', '.join(ALL_SYSTEMS)}")
-    resolved = models.resolve(args.model)
-    model = LlamaModel(str(resolved.path), chat_template_fallback=resolved.chat_template_fallback)
+    model = LlamaModel.open(args.model)
     prompts = [model.render_chat(messages) for messages in review_messages(args.prompts)]
     figures: dict[str, dict] = {}
     try:

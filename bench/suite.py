@@ -39,7 +39,7 @@ import numpy as np
 import peers  # bench/ is the script's own folder, first on sys.path
 from workloads import Workload, short_prompts, standard_workloads
 
-from multiseq import Request, Runner, RunnerConfig, SamplingParams, models
+from multiseq import Request, Runner, RunnerConfig, SamplingParams
 from multiseq.formats.summary import percentile
 from multiseq.runner.backend import LlamaModel
 
@@ -205,7 +205,7 @@ def run_systems(systems: list[str], model: LlamaModel, workload: Workload, args:
     if "multiseq-invariant" in systems:
         parallel = max(int(p) for p in args.server_parallel.split(","))
         log(f"[{workload.name}] multiseq -np {parallel} --batch-invariant ...")
-        unpacked = LlamaModel(model.path, repack_weights=False)  # the workload is already rendered text
+        unpacked = LlamaModel.open(model.path, repack_weights=False)  # the workload is already rendered text
         try:
             yield run_multiseq(unpacked, workload, parallel, args.threads, batch_invariant=True)
         finally:
@@ -289,8 +289,7 @@ def main(argv: list[str] | None = None) -> dict:
         "results": {},
     }
     for model_name in args.models.split(","):
-        resolved = models.resolve(model_name)
-        model = LlamaModel(str(resolved.path), chat_template_fallback=resolved.chat_template_fallback)
+        model = LlamaModel.open(model_name)
         for workload_name in args.workloads.split(","):
             workload = workloads[workload_name].rendered_for(model.render_chat)
             figures = []

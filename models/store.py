@@ -17,8 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import platformdirs
-
+from .folders import cache_dir
 from .registry import DEFAULT_MODEL, MODELS, ModelSpec, get_spec, unknown_model_message
 
 GGUF_MAGIC = b"GGUF"
@@ -63,10 +62,10 @@ MODELS_DIR_VARIABLE = "MULTISEQ_MODELS_DIR"
 
 
 def models_dir() -> Path:
-    """The folder holding fetched models: $MULTISEQ_MODELS_DIR, else the user's cache folder
-    for multiseq (~/.cache/multiseq/models on Linux), never the installed package's folder."""
+    """The folder holding fetched models: $MULTISEQ_MODELS_DIR, else `models` in multiseq's
+    cache folder (~/.cache/multiseq/models on Linux), never the installed package's folder."""
     configured = os.environ.get(MODELS_DIR_VARIABLE)
-    return Path(configured) if configured else Path(platformdirs.user_cache_dir("multiseq")) / "models"
+    return Path(configured) if configured else cache_dir() / "models"
 
 
 def local_path(spec: ModelSpec) -> Path:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import os
 import threading
 import time
 import warnings
@@ -18,6 +19,7 @@ from contextlib import contextmanager
 import numpy as np
 import llama_cpp as llama
 
+from .. import models
 from .batch import BatchEntry, ChunkRules
 from .chat_template import ChatTemplate, JinjaRenderer, load_chat_template
 from .errors import BackendError, NoKvSlot
@@ -164,6 +166,14 @@ class LlamaModel:
         self._end_of_generation_tokens: list[int] | None = None
         self._grammar_tokenizer = None
         self._grammar_tokenizer_lock = threading.Lock()
+
+    @classmethod
+    def open(cls, name_or_path: str | os.PathLike | None = None, chat_template: str | None = None,
+             repack_weights: bool = True) -> LlamaModel:
+        """A registry model by name (fetched into the user's cache on first use; None: the
+        default model) or a .gguf file by path, loaded. Raises ModelError or BackendError."""
+        resolved = models.resolve(name_or_path)
+        return cls(str(resolved.path), chat_template, resolved.chat_template_fallback, repack_weights=repack_weights)
 
     def close(self) -> None:
         if self.handle:

@@ -7,3 +7,12 @@ class BackendError(Exception):
 
 class NoKvSlot(BackendError):
     """llama_decode found no KV room for the batch; a smaller batch may succeed."""
+
+
+def first_line(message: object) -> str:
+    """The first line of an error or message, for a one-line report ("unknown error" when
+    it says nothing; an exception with no text is named by its type)."""
+    text = str(message).strip()
+    if not text:
+        return type(message).__name__ if isinstance(message, BaseException) else "unknown error"
+    return text.splitlines()[0]

@@ -17,13 +17,13 @@ import functools
 import json
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import llguidance
 import llguidance.numpy
 import numpy as np
 
 from .config import SamplingParams
+from .errors import first_line
 
 _BITS = 32  # tokens per bitmask word
 # Whitespace between JSON tokens, as llama.cpp's JSON-schema grammars allow it: one space, or
@@ -56,7 +56,7 @@ def grammar_definition(params: SamplingParams) -> str | None:
         try:
             return llguidance.grammar_from("gbnf", params.grammar)
         except ValueError as error:
-            raise ConstraintError(f"grammar cannot be compiled: {_first_line(error)}") from None
+            raise ConstraintError(f"grammar cannot be compiled: {first_line(error)}") from None
     return None
 
 
@@ -73,15 +73,11 @@ def check_constraint(params: SamplingParams) -> None:
 @functools.lru_cache(maxsize=_CACHED_CONSTRAINTS)
 def _validation_error(definition: str) -> str | None:
     is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(definition)
-    return _first_line(messages[0]) if is_error else None
+    return first_line(messages[0]) if is_error else None
 
 
 def _field_name(params: SamplingParams) -> str:
     return "json_schema" if params.json_schema is not None else "grammar" if params.grammar is not None else "json_object"
-
-
-def _first_line(message: Any) -> str:
-    return str(message).strip().splitlines()[0] if str(message).strip() else "unknown error"
 
 
 def tokenizer_from_pieces(pieces: Sequence[bytes], end_tokens: Sequence[int], special_tokens: Sequence[int],
@@ -110,13 +106,13 @@ class TokenConstraint:
         assert definition is not None, "only a constrained request gets a TokenConstraint"
         compiled = _compiled_matcher(tokenizer, definition)
         if compiled.is_error():
-            raise ConstraintError(f"{_field_name(params)} cannot be compiled: {_first_line(compiled.get_error())}")
+            raise ConstraintError(f"{_field_name(params)} cannot be compiled: {first_line(compiled.get_error())}")
         self.matcher = compiled.deep_copy()
         self.vocab_size = tokenizer.vocab_size
 
     def accept(self, token: int) -> None:
         if not self.matcher.consume_token(token):
-            raise ConstraintError(f"the constraint refused token {token}: {_first_line(self.matcher.get_error())}")
+            raise ConstraintError(f"the constraint refused token {token}: {first_line(self.matcher.get_error())}")
 
     @property
     def is_complete(self) -> bool:

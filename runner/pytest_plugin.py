@@ -34,21 +34,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="slots of the multiseq_runner fixture (default: %(default)s)")
 
 
-def load_model(name_or_path: str, repack_weights: bool = True):
-    """A registry model (fetched on first use) or a local .gguf, loaded with llama.cpp
-    (repack_weights=False for batch-invariant runners)."""
-    from .. import models
-    from .backend import LlamaModel
-
-    resolved = models.resolve(name_or_path)
-    return LlamaModel(str(resolved.path), chat_template_fallback=resolved.chat_template_fallback,
-                      repack_weights=repack_weights)
-
-
 @pytest.fixture(scope="session")
 def multiseq_model(pytestconfig: pytest.Config):
     """The --multiseq-model, loaded once for the whole session."""
-    model = load_model(pytestconfig.getoption("--multiseq-model"))
+    from .backend import LlamaModel
+
+    model = LlamaModel.open(pytestconfig.getoption("--multiseq-model"))
     yield model
     model.close()
 

@@ -18,7 +18,7 @@ from multiseq.cli.interrupts import Interrupts
 from multiseq.cli.job import BatchJob, OpenedRunner
 from multiseq.cli.main import cli
 from multiseq.formats.reader import TextMode
-from multiseq.runner.pytest_plugin import load_model
+from multiseq.runner.backend import LlamaModel
 
 pytest_plugins = ["pytester"]
 
@@ -54,7 +54,7 @@ def _session_model(request, pytestconfig, name: str):
     """The registry model `name`, loaded once: the plugin's multiseq_model when it is that one."""
     if pytestconfig.getoption("--multiseq-model") == name:
         return request.getfixturevalue("multiseq_model")
-    model = load_model(name)
+    model = LlamaModel.open(name)
     request.addfinalizer(model.close)
     return model
 
@@ -77,7 +77,7 @@ def unpacked_model():
 
     def load(name: str):
         if name not in loaded:
-            loaded[name] = load_model(name, repack_weights=False)
+            loaded[name] = LlamaModel.open(name, repack_weights=False)
         return loaded[name]
 
     yield load

@@ -10,12 +10,15 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..runner.grammar import ConstraintError, check_constraint
 from ..runner import SamplingParams
+from ..runner.config import is_int, is_number
+from ..runner.grammar import ConstraintError, check_constraint
+from ..runner.request import CHAT_ROLES
 
 MAX_CHOICES = 128
 MAX_COMPLETION_LOGPROBS = 5  # the legacy completions API's limit
-CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+# OpenAI's other names for the roles a chat template knows.
+ROLE_ALIASES = {"developer": "system"}
 
 
 class ItemError(ValueError):
@@ -26,34 +29,26 @@ class ItemError(ValueError):
         self.param = param
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _is_integer(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _is_stop(value: Any) -> bool:
     return isinstance(value, str) or (isinstance(value, list) and all(isinstance(item, str) for item in value))
 
 
 # Per-item sampling fields a prompt line may carry, and the JSON type each must have.
 SAMPLING_FIELDS = {
-    "max_tokens": (_is_integer, "an integer"),
-    "temperature": (_is_number, "a number"),
-    "top_k": (_is_integer, "an integer"),
-    "top_p": (_is_number, "a number"),
-    "min_p": (_is_number, "a number"),
-    "repeat_penalty": (_is_number, "a number"),
-    "presence_penalty": (_is_number, "a number"),
-    "frequency_penalty": (_is_number, "a number"),
+    "max_tokens": (is_int, "an integer"),
+    "temperature": (is_number, "a number"),
+    "top_k": (is_int, "an integer"),
+    "top_p": (is_number, "a number"),
+    "min_p": (is_number, "a number"),
+    "repeat_penalty": (is_number, "a number"),
+    "presence_penalty": (is_number, "a number"),
+    "frequency_penalty": (is_number, "a number"),
     "logit_bias": (lambda value: isinstance(value, dict), "an object of token ids to numbers"),
-    "seed": (_is_integer, "an integer"),
+    "seed": (is_int, "an integer"),
     "stop": (_is_stop, "a string or a list of strings"),
     "ignore_eos": (lambda value: isinstance(value, bool), "true or false"),
     "logprobs": (lambda value: isinstance(value, bool), "true or false"),
-    "top_logprobs": (_is_integer, "an integer"),
+    "top_logprobs": (is_int, "an integer"),
     "json_schema": (lambda value: isinstance(value, dict), "a JSON Schema object"),
     "grammar": (lambda value: isinstance(value, str), "GBNF grammar text"),
     "json_object": (lambda value: isinstance(value, bool), "true or false"),
@@ -100,7 +95,7 @@ def _logit_bias(value: dict[str, Any]) -> dict[int, float]:
     for key, amount in value.items():
         if not (isinstance(key, str) and key.isdigit()):
             raise ItemError(f"logit_bias keys must be token ids, got {json.dumps(key)}", "logit_bias")
-        if not _is_number(amount):
+        if not is_number(amount):
             raise ItemError(f"logit_bias of token {key} must be a number, got {json.dumps(amount)}", "logit_bias")
         bias[int(key)] = amount
     return bias
@@ -142,7 +137,7 @@ def constraint_param(fields: dict[str, Any]) -> str:
 
 
 def choice_count(value: Any) -> int:
-    if not _is_integer(value) or not 1 <= value <= MAX_CHOICES:
+    if not is_int(value) or not 1 <= value <= MAX_CHOICES:
         raise ItemError(f"'n' must be an integer in [1, {MAX_CHOICES}], got {json.dumps(value)}", "n")
     return value
 
@@ -166,7 +161,7 @@ def completion_logprobs(value: Any) -> dict[str, Any]:
     """The completions API's logprobs: an integer, how many top alternatives to report."""
     if value is None:
         return {}
-    if not _is_integer(value) or not 0 <= value <= MAX_COMPLETION_LOGPROBS:
+    if not is_int(value) or not 0 <= value <= MAX_COMPLETION_LOGPROBS:
         raise ItemError(f"'logprobs' must be an integer in [0, {MAX_COMPLETION_LOGPROBS}] for completions, "
                         f"got {json.dumps(value)}", "logprobs")
     return {"logprobs": True, "top_logprobs": value}
@@ -187,9 +182,9 @@ def _chat_message(message: Any, where: str) -> dict[str, str]:
     if role in ("tool", "function"):
         raise ItemError(f"{where} has role {role!r}: tool results cannot be honoured without tool calling",
                         f"{where}.role")
-    if not isinstance(role, str) or role not in CHAT_ROLES:  # a list or an object cannot be looked up
-        raise ItemError(f"{where} has role {json.dumps(role)}; expected one of {', '.join(CHAT_ROLES)}",
-                        f"{where}.role")
+    if not isinstance(role, str) or ROLE_ALIASES.get(role, role) not in CHAT_ROLES:  # a list cannot be looked up
+        raise ItemError(f"{where} has role {json.dumps(role)}; expected one of "
+                        f"{', '.join([*CHAT_ROLES, *ROLE_ALIASES])}", f"{where}.role")
     for name in ("tool_calls", "function_call", "audio"):
         if message.get(name) is not None:
             raise ItemError(f"{where}.{name} cannot be honoured: tool calling and audio are not supported",
@@ -197,7 +192,7 @@ def _chat_message(message: Any, where: str) -> dict[str, str]:
     unknown = sorted(set(message) - {"role", "content", "name", "refusal", "tool_calls", "function_call", "audio"})
     if unknown:
         raise ItemError(f"{where} has unknown field {unknown[0]!r}", f"{where}.{unknown[0]}")
-    return {"role": CHAT_ROLES[role], "content": _content_text(message.get("content"), f"{where}.content")}
+    return {"role": ROLE_ALIASES.get(role, role), "content": _content_text(message.get("content"), f"{where}.content")}
 
 
 def _content_text(content: Any, where: str) -> str:

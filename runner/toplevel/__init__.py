@@ -12,25 +12,20 @@ It lives in runner/ rather than at the repository's root so that the repository 
 Python package (test runners would import it under its folder's name).
 """
 
-from typing import TYPE_CHECKING
-
-__all__ = [
-    "BackendError", "CANCELLED_BEFORE_START", "Engine", "FinishReason", "OverflowPolicy", "Request",
-    "RequestHandle", "Result", "RunStats", "Runner", "RunnerConfig", "RunnerSnapshot", "SamplingParams",
-    "StepOutput", "TextPiece", "Timings", "TokenLogprob", "TopLogprob",
-]
-
-if TYPE_CHECKING:
-    from multiseq.runner import (CANCELLED_BEFORE_START, BackendError, Engine, FinishReason, OverflowPolicy,
-                                 Request, RequestHandle, Result, Runner, RunnerConfig, RunnerSnapshot, RunStats,
-                                 SamplingParams, StepOutput, TextPiece, Timings, TokenLogprob, TopLogprob)
+import importlib
 
 
 def __getattr__(name: str):
-    """The public API, imported on first use: `import multiseq` alone is instant, so the
-    command line can take charge of Ctrl-C before numpy and the engine load."""
-    if name in __all__:
-        from multiseq import runner
-
+    """The public API (multiseq.runner's __all__, the one list of its names), imported on first
+    use: `import multiseq` alone is instant, so the command line can take charge of Ctrl-C
+    before numpy and the engine load."""
+    runner = importlib.import_module("multiseq.runner")
+    if name == "__all__":
+        return runner.__all__
+    if name in runner.__all__:
         return getattr(runner, name)
     raise AttributeError(f"module 'multiseq' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(importlib.import_module("multiseq.runner").__all__))

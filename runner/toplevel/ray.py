@@ -40,6 +40,8 @@ from multiseq.formats.batchrun import default_window, with_free_id
 from multiseq.formats.reader import PromptFormat, PromptItem, parse_jsonl_line
 from multiseq.formats.records import record_for
 from multiseq.runner import BackendError, FinishReason, Request, Result, Runner, RunnerConfig, RunStats, SamplingParams
+from multiseq.runner.config import default_of
+from multiseq.runner.errors import first_line
 from multiseq.runner.request import NO_TIMINGS
 
 # An actor that dies is started again and its requests are retried this many times.
@@ -121,7 +123,7 @@ def connect(address: str | None) -> None:
             ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False, configure_logging=True)
     except Exception as error:  # Ray raises ConnectionError, RuntimeError or ValueError here
         where = "start a local Ray cluster" if address is None else f"connect to the Ray cluster at {address}"
-        raise RayError(f"could not {where}: {_first_line(error)}") from None
+        raise RayError(f"could not {where}: {first_line(error)}") from None
 
 
 def _check_reachable(address: str) -> None:
@@ -141,11 +143,6 @@ def check_cpus(workers: int, threads: int) -> None:
     if workers * threads > available:
         raise RayError(f"{workers} workers x {threads} threads need {workers * threads} CPUs, and the Ray cluster "
                        f"has {available}: use fewer --workers or --threads")
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip() or type(error).__name__
-    return text.splitlines()[0]
 
 
 # --- batch-run --ray -----------------------------------------------------------------------------
@@ -216,7 +213,7 @@ class RayRunnerPool:
         try:
             result = ray.get(ref)
         except ray.exceptions.RayError as error:  # the actor died more often than Ray restarts it
-            result = lost_result(request.id, f"its Ray worker was lost ({_first_line(error)}); --resume runs it again")
+            result = lost_result(request.id, f"its Ray worker was lost ({first_line(error)}); --resume runs it again")
         if on_finish is not None:
             on_finish(result)
 
@@ -295,7 +292,8 @@ class MultiseqPredictor:
     it, with an error record for a row that cannot run. Sampling defaults (max_tokens,
     temperature, ...) are keyword arguments, like batch-run's options."""
 
-    def __init__(self, model: str = models.DEFAULT_MODEL, parallel: int = 8, threads: int = 1,
+    def __init__(self, model: str = models.DEFAULT_MODEL, parallel: int = default_of(RunnerConfig, "parallel"),
+                 threads: int = 1,
                  slot_ctx: int | None = None, batch_invariant: bool = False, seed: int | None = None,
                  **sampling: Any) -> None:
         config = {"slot_ctx": slot_ctx} if slot_ctx is not None else {}
@@ -339,7 +337,7 @@ def generate(dataset, workers: int = 1, threads: int = 1, batch_size: int | None
     `threads` llama.cpp threads each, every actor asking Ray for `threads` CPUs. When the actors
     take every CPU, read the dataset with num_cpus=0: its read tasks need a
     CPU too, and would otherwise wait for ever."""
-    parallel = predictor_args.get("parallel", 8)
+    parallel = predictor_args.get("parallel", default_of(RunnerConfig, "parallel"))
     return dataset.map_batches(MultiseqPredictor, fn_constructor_kwargs={"threads": threads, **predictor_args},
                                compute=ray.data.ActorPoolStrategy(size=workers), num_cpus=threads,
                                batch_format="pyarrow",
