@@ -30,7 +30,9 @@ class OverflowPolicy(str, Enum):
     """What happens to a prompt longer than its slot's window."""
 
     SLIDE = "slide"  # keep the first n_keep tokens and the newest tail, drop the middle
-    REJECT = "reject"  # end the request with an error naming both sizes
+    # End the request with an error naming the sizes: a prompt that does not fit, or one that
+    # leaves no room for its max_tokens (nothing is slid or shifted, ever).
+    REJECT = "reject"
 
 
 def _require(condition: bool, message: str) -> None:
@@ -82,7 +84,7 @@ class SamplingParams:
     exist; its output always follows the constraint.
     """
 
-    max_tokens: int = 256
+    max_tokens: int | None = 256  # None: until the slot's window is full (OpenAI's default)
     temperature: float = DEFAULT_TEMPERATURE
     top_k: int = DEFAULT_TOP_K  # 0 disables top-k
     top_p: float = DEFAULT_TOP_P  # 1.0 disables top-p
@@ -104,8 +106,8 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stop", _stop_strings(self.stop))
-        _require(is_int(self.max_tokens) and self.max_tokens >= 1,
-                 f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+        _require(self.max_tokens is None or (is_int(self.max_tokens) and self.max_tokens >= 1),
+                 f"max_tokens must be an integer >= 1 (or None: until the window is full), got {self.max_tokens!r}")
         _require(is_number(self.temperature) and self.temperature >= 0,
                  f"temperature must be a number >= 0, got {self.temperature!r}")
         _require(is_int(self.top_k) and self.top_k >= 0, f"top_k must be an integer >= 0, got {self.top_k!r}")

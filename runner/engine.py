@@ -32,6 +32,7 @@ from .batch import Backend
 from .config import RunnerConfig, SamplingParams
 from .errors import BackendError, NoKvSlot
 from .grammar import TokenConstraint
+from .logprobs import TokenLogprob
 from .request import FinishReason, Request, Result
 from .sampling import Sampled, SequenceSampler, sample_rows
 from .scheduler import Scheduler, StepPlan, fit_prompt
@@ -42,10 +43,13 @@ logger = logging.getLogger("multiseq.runner")
 
 @dataclass(frozen=True)
 class TextPiece:
-    """Text a request produced in one step, ready to stream."""
+    """Text a request produced in one step, ready to stream, with the log probabilities of
+    the tokens behind it when the request asked for them (a token whose text was held back,
+    say as a possible stop string's start, comes with the piece that releases text)."""
 
     request_id: str
     text: str
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass
@@ -113,7 +117,8 @@ class Engine:
         seed = params.seed if params.seed is not None else self._derive_seed(request_id)
         banned = self.backend.end_of_generation_tokens() if params.ignore_eos else ()
         sampler = SequenceSampler(params, seed, fit.tokens, banned, self._constraint(params), self.backend.token_bytes)
-        return Sequence(request_id, fit.tokens, sampler, n_keep, overflow, prompt_tokens_dropped=fit.num_dropped)
+        return Sequence(request_id, fit.tokens, sampler, n_keep, overflow, fit.max_tokens,
+                        prompt_tokens_dropped=fit.num_dropped)
 
     def _constraint(self, params: SamplingParams) -> TokenConstraint | None:
         """The request's compiled constraint; raises ValueError when it cannot be compiled (a
@@ -276,7 +281,7 @@ class Engine:
 
     def _emit(self, seq: Sequence, text: str) -> None:
         if text:
-            self._outbox.pieces.append(TextPiece(seq.id, text))
+            self._outbox.pieces.append(TextPiece(seq.id, text, seq.take_unstreamed_logprobs()))
 
     def _retire_ending(self, seqs: list[Sequence]) -> None:
         for seq in seqs:

@@ -23,7 +23,7 @@ from typing import Any
 
 from .batch import Backend
 from .config import RunnerConfig
-from .engine import Engine, StepOutput
+from .engine import Engine, StepOutput, TextPiece
 from .request import Request, Result
 from .stats import RunnerSnapshot, RunStats
 
@@ -60,16 +60,20 @@ class _Command:
 class RequestHandle:
     """What submit() returns: iterate it for text pieces (when streaming), or wait for result()."""
 
-    def __init__(self, request_id: str, stream: bool, on_finish: Callable[[Result], None] | None = None) -> None:
+    def __init__(self, request_id: str, stream: bool, on_finish: Callable[[Result], None] | None = None,
+                 on_piece: Callable[[TextPiece], None] | None = None) -> None:
         self.id = request_id
         self._pieces: queue.SimpleQueue | None = queue.SimpleQueue() if stream else None
         self._done = threading.Event()
         self._result: Result | None = None
         self._on_finish = on_finish
+        self._on_piece = on_piece
 
-    def emit(self, text: str) -> None:
-        if self._pieces is not None and text:
-            self._pieces.put(text)
+    def emit(self, piece: TextPiece) -> None:
+        if self._pieces is not None and piece.text:
+            self._pieces.put(piece.text)
+        if self._on_piece is not None:
+            self._on_piece(piece)
 
     def finish(self, result: Result) -> None:
         self._result = result
@@ -142,13 +146,15 @@ class Runner:
 
     # --- public API ------------------------------------------------------------------------
 
-    def submit(self, request: Request, stream: bool = False,
-               on_finish: Callable[[Result], None] | None = None) -> RequestHandle:
+    def submit(self, request: Request, stream: bool = False, on_finish: Callable[[Result], None] | None = None,
+               on_piece: Callable[[TextPiece], None] | None = None) -> RequestHandle:
         """Queue a request from any thread and return its handle at once.
 
         stream=True makes the handle iterable over text pieces as they are produced.
-        on_finish is called with the Result when the request ends, on the runner's thread
-        (keep it short: put the result in a queue, say).
+        on_piece is called with each TextPiece (text, and its tokens' logprobs when asked) and
+        on_finish with the Result when the request ends, both on the runner's thread and in
+        order: keep them short (put what they get in a queue, or hand it to an event loop
+        with loop.call_soon_threadsafe).
         A request that cannot run (bad prompt, a prompt that cannot fit, a duplicate id) gets
         its error result on the handle right away; nothing else is disturbed."""
         with self._lock:
@@ -156,7 +162,7 @@ class Runner:
                 raise RuntimeError("the runner is closed")
             request_id = request.id if request.id is not None else f"req-{self._num_submitted}"
             self._num_submitted += 1
-            handle = RequestHandle(request_id, stream, on_finish)
+            handle = RequestHandle(request_id, stream, on_finish, on_piece)
             if request_id in self._handles:
                 self._reject(handle, f"request id {request_id!r} is already waiting or running")
                 return handle
@@ -238,6 +244,12 @@ class Runner:
             self._deliver(self.engine.take_output())
             self._lock.notify_all()
             return count
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests submitted and not yet in a slot (being tokenized, or queued)."""
+        with self._lock:
+            return len(self.engine.scheduler.waiting) + len(self._tokenizing)
 
     def stats(self) -> RunStats:
         with self._lock:
@@ -358,7 +370,7 @@ class Runner:
         """Hand text pieces and results to their handles (under the lock, so that a cancel
         that returned is never followed by a piece of that request)."""
         for piece in output.pieces:
-            self._handles[piece.request_id].emit(piece.text)
+            self._handles[piece.request_id].emit(piece)
         for result in output.finished:
             self._handles.pop(result.id).finish(result)
 

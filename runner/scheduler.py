@@ -35,29 +35,43 @@ class PromptDoesNotFit(ValueError):
 class PromptFit:
     tokens: list[int]
     num_dropped: int
+    max_tokens: int  # what the request may generate: as asked, or (None) what the window leaves
 
 
-def fit_prompt(tokens: list[int], window: int, n_keep: int, max_tokens: int, policy: OverflowPolicy) -> PromptFit:
+def fit_prompt(tokens: list[int], window: int, n_keep: int, max_tokens: int | None,
+               policy: OverflowPolicy) -> PromptFit:
     """Fit a prompt into a slot's window, leaving room to generate.
 
     A prompt that fits (at least one free position after it) is kept whole. Otherwise, with
     `slide`, the first n_keep tokens and the newest tail are kept and the middle dropped, so
     that min(max_tokens, window / 2) positions stay free for generation; with `reject` it is
-    an error naming both sizes.
+    an error naming the sizes, and so is a max_tokens that cannot fit after the prompt.
+    max_tokens None asks for whatever the window leaves after the prompt.
     """
-    if len(tokens) < window:
-        return PromptFit(list(tokens), 0)
     if policy is OverflowPolicy.REJECT:
-        raise PromptDoesNotFit(
-            f"prompt has {len(tokens)} tokens but the slot window is {window} tokens "
-            f"(overflow policy 'reject'; use 'slide' to keep its start and end)")
-    room_to_generate = max(1, min(max_tokens, window // 2))
+        _check_request_fits(len(tokens), window, max_tokens)
+    if len(tokens) < window:
+        return PromptFit(list(tokens), 0, max_tokens if max_tokens is not None else window - len(tokens))
+    room_to_generate = max(1, min(max_tokens or window, window // 2))
     tail_length = window - room_to_generate - n_keep
     if tail_length < 1:
         raise PromptDoesNotFit(
             f"prompt has {len(tokens)} tokens and n_keep={n_keep} leaves no room in a {window}-token slot window")
     kept = tokens[:n_keep] + tokens[len(tokens) - tail_length:]
-    return PromptFit(kept, len(tokens) - len(kept))
+    return PromptFit(kept, len(tokens) - len(kept), max_tokens if max_tokens is not None else room_to_generate)
+
+
+def _check_request_fits(num_prompt: int, window: int, max_tokens: int | None) -> None:
+    """Under `reject`: the prompt and the tokens it asks for must both fit in the window."""
+    if num_prompt >= window:
+        raise PromptDoesNotFit(
+            f"the prompt has {num_prompt} tokens, but a slot's context window is {window} tokens "
+            f"(overflow policy 'reject')")
+    if max_tokens is not None and num_prompt + max_tokens > window:
+        raise PromptDoesNotFit(
+            f"this request needs {num_prompt + max_tokens} tokens ({num_prompt} in the prompt, {max_tokens} to "
+            f"generate), but a slot's context window is {window} tokens: lower max_tokens to at most "
+            f"{window - num_prompt} (overflow policy 'reject')")
 
 
 @dataclass(frozen=True, slots=True)

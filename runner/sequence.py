@@ -71,12 +71,14 @@ class Sequence:
     """One request in the engine: its prompt, its slot's KV accounting, its output so far."""
 
     def __init__(self, request_id: str, prompt_tokens: list[int], sampler: SequenceSampler, n_keep: int,
-                 overflow: OverflowPolicy, prompt_tokens_dropped: int = 0, submitted_at: float | None = None) -> None:
+                 overflow: OverflowPolicy, max_tokens: int, prompt_tokens_dropped: int = 0,
+                 submitted_at: float | None = None) -> None:
         self.id = request_id
         self.prompt_tokens = prompt_tokens
         self.sampler = sampler
         self.n_keep = n_keep
         self.overflow = overflow
+        self.max_tokens = max_tokens  # the request's, or what its window leaves when it asked for none
         self.prompt_tokens_dropped = prompt_tokens_dropped
         self.assembler = TextAssembler(sampler.params.stop)
         self.status = SequenceStatus.WAITING
@@ -84,6 +86,7 @@ class Sequence:
         self.slot: int | None = None
         self.output_tokens: list[int] = []
         self.logprobs: list[TokenLogprob] | None = [] if sampler.params.logprobs else None
+        self.num_logprobs_streamed = 0  # of self.logprobs, how many went out with text pieces
         self.text_parts: list[str] = []
         self.num_prefilled = 0  # prompt tokens in the slot's KV (reused or decoded)
         self.num_cached = 0  # prompt tokens reused from a prefix already in some slot's KV
@@ -215,9 +218,17 @@ class Sequence:
             self.text_parts.append(text)
         if self.has_reached_stop_string or self.sampler.is_constraint_complete:
             self._end(FinishReason.STOP)
-        elif len(self.output_tokens) >= self.params.max_tokens:
+        elif len(self.output_tokens) >= self.max_tokens:
             self._end(FinishReason.LENGTH)
         return text
+
+    def take_unstreamed_logprobs(self) -> tuple[TokenLogprob, ...]:
+        """The logprobs not yet handed out with a text piece (the ones a new piece carries)."""
+        if not self.logprobs:
+            return ()
+        new = tuple(self.logprobs[self.num_logprobs_streamed:])
+        self.num_logprobs_streamed = len(self.logprobs)
+        return new
 
     def request_cancel(self) -> None:
         """A waiting sequence ends without running; a running one at the next step boundary,

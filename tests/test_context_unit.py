@@ -29,6 +29,19 @@ def test_fit_prompt_rejects_naming_both_sizes():
         fit_prompt(list(range(40)), window=WINDOW, n_keep=1, max_tokens=8, policy=OverflowPolicy.REJECT)
 
 
+def test_reject_also_refuses_a_max_tokens_that_cannot_fit_after_the_prompt_naming_the_numbers():
+    with pytest.raises(PromptDoesNotFit, match=r"needs 40 tokens \(20 in the prompt, 20 to generate\).*32 tokens.*at most 12"):
+        fit_prompt(list(range(20)), window=WINDOW, n_keep=1, max_tokens=20, policy=OverflowPolicy.REJECT)
+    assert fit_prompt(list(range(20)), window=WINDOW, n_keep=1, max_tokens=12, policy=OverflowPolicy.REJECT).max_tokens == 12
+
+
+def test_no_max_tokens_generates_until_the_window_is_full(make_runner):
+    with make_runner(FakeBackend(num_slots=1, window=WINDOW)) as runner:
+        [result] = runner.run_batch([Request(prompt="x" * 9, sampling=SamplingParams(max_tokens=None, temperature=0))])
+    assert result.finish_reason is FinishReason.LENGTH and result.completion_tokens == WINDOW - 10  # BOS + 9 bytes
+    assert not result.truncated
+
+
 def test_a_prompt_over_the_window_is_slid_and_says_so(make_runner):
     backend = FakeBackend(num_slots=2, window=WINDOW)
     with make_runner(backend) as runner:

@@ -41,25 +41,31 @@ def test_emitted_plus_held_text_is_the_input_up_to_the_stop(text, stops, cuts):
         assert not any(stop in text for stop in stops)
 
 
-@given(st.integers(0, 300), st.integers(16, 128), st.integers(0, 40), st.integers(1, 300),
+@given(st.integers(0, 300), st.integers(16, 128), st.integers(0, 40), st.one_of(st.none(), st.integers(1, 300)),
        st.sampled_from(list(OverflowPolicy)))
 def test_a_fitted_prompt_keeps_its_head_and_newest_tail_and_leaves_room(length, window, n_keep, max_tokens, policy):
     tokens = list(range(1000, 1000 + length))
+    room = max(1, min(max_tokens or window, window // 2))
+    asks_too_much = max_tokens is not None and length + max_tokens > window
     try:
         fit = fit_prompt(tokens, window, n_keep, max_tokens, policy)
     except PromptDoesNotFit:
-        room = max(1, min(max_tokens, window // 2))
-        assert length >= window and (policy is OverflowPolicy.REJECT or window - room - n_keep < 1)
+        if policy is OverflowPolicy.REJECT:
+            assert length >= window or asks_too_much
+        else:
+            assert length >= window and window - room - n_keep < 1
         return
+    assert policy is OverflowPolicy.SLIDE or not (length >= window or asks_too_much), "reject never slides"
     if length < window:
         assert fit.tokens == tokens and fit.num_dropped == 0
+        assert fit.max_tokens == (max_tokens if max_tokens is not None else window - length)
         return
-    assert policy is OverflowPolicy.SLIDE
     kept_tail = fit.tokens[n_keep:]
     assert fit.tokens[:n_keep] == tokens[:n_keep]
     assert kept_tail == tokens[length - len(kept_tail):], "the tail is the prompt's newest tokens"
     assert fit.num_dropped == length - len(fit.tokens)
-    assert len(fit.tokens) + max(1, min(max_tokens, window // 2)) <= window
+    assert len(fit.tokens) + room <= window
+    assert fit.max_tokens == (max_tokens if max_tokens is not None else room)
 
 
 VOCAB_SIZES = st.sampled_from([48, 64, 96, 500, 512, 1024, 4096, 49152])

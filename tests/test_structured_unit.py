@@ -175,3 +175,20 @@ def test_sampling_params_name_the_bad_field():
         with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
             SamplingParams(**fields)
     assert EOS == 257
+
+
+def test_streamed_pieces_carry_their_tokens_logprobs_in_order(make_runner):
+    """on_piece hands out each piece with the logprobs of the tokens behind it; text held back
+    (a possible stop string's start) brings its tokens' logprobs with the piece that releases
+    it; with what the result holds beyond the pieces, they are the result's logprobs."""
+    pieces = []
+    backend = FakeBackend(num_slots=2, replies={"q": "ab#c#d"})
+    with make_runner(backend) as runner:
+        handle = runner.submit(Request(prompt="q", sampling=SamplingParams(temperature=0, logprobs=True, stop=("#d",))),
+                               on_piece=pieces.append)
+        result = handle.result(timeout=10)
+    assert "".join(piece.text for piece in pieces) == result.text == "ab#c"
+    streamed = [entry for piece in pieces for entry in piece.logprobs]
+    assert [entry.token_id for entry in streamed] == [ord(c) for c in "ab#c"]
+    assert streamed == list(result.logprobs[:len(streamed)])
+    assert [entry.token_id for entry in result.logprobs[len(streamed):]] == [ord("#"), ord("d")]
