@@ -7,6 +7,7 @@ displays (dashboard, single progress bar, nothing) are what batch-run ticks whil
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 
@@ -63,8 +64,7 @@ def _slot_row(slot: SlotSnapshot) -> list:
             _rate(slot.tokens_per_s), tail, Text("slid", style="magenta") if slot.is_slid else ""]
 
 
-def render(snapshot: RunnerSnapshot, progress: RunProgress) -> Group:
-    """The dashboard for one moment of a run: slots, queue and progress, throughput."""
+def _slots_table(snapshot: RunnerSnapshot) -> Table:
     slots = Table(title="slots", title_justify="left", expand=True)
     for name, justify in (("#", "right"), ("id", "left"), ("phase", "left"), ("prompt", "right"),
                           ("reused", "right"), ("gen", "right"), ("context", "left"), ("tok/s", "right"),
@@ -73,16 +73,19 @@ def render(snapshot: RunnerSnapshot, progress: RunProgress) -> Group:
                          min_width=7 if name == "id" else None)
     for slot in snapshot.slots:
         slots.add_row(*_slot_row(slot))
+    return slots
 
+
+def _queue_line(snapshot: RunnerSnapshot) -> Table:
     queue = Table.grid(padding=(0, 2))
     queue.add_row(
         f"waiting [bold]{snapshot.num_waiting}[/]", f"running [bold]{snapshot.num_running}[/]",
         f"done [bold green]{snapshot.num_succeeded}[/]", f"failed [bold red]{snapshot.num_failed}[/]",
         f"cancelled [bold yellow]{snapshot.num_cancelled}[/]")
-    bar = Table.grid(padding=(0, 2))
-    bar.add_row(ProgressBar(total=max(progress.total, 1), completed=progress.written, width=40),
-                f"{progress.written}/{progress.total}", f"ETA {_eta(progress)}", f"elapsed {progress.elapsed_s:.0f}s")
+    return queue
 
+
+def _throughput_line(snapshot: RunnerSnapshot) -> Table:
     stats = snapshot.stats
     throughput = Table.grid(padding=(0, 2))
     throughput.add_row(
@@ -93,7 +96,48 @@ def render(snapshot: RunnerSnapshot, progress: RunProgress) -> Group:
         f"decode [bold]{_rate(stats.decode_tokens_per_s)}[/] tok/s",
         f"prefix hits [bold]{_share(stats.prefix_hit_rate)}[/]",
         f"prompt reused [bold]{_share(stats.prompt_reuse_share)}[/]")
-    return Group(slots, queue, bar, throughput)
+    return throughput
+
+
+def render(snapshot: RunnerSnapshot, progress: RunProgress) -> Group:
+    """The dashboard for one moment of a run: slots, queue and progress, throughput."""
+    bar = Table.grid(padding=(0, 2))
+    bar.add_row(ProgressBar(total=max(progress.total, 1), completed=progress.written, width=40),
+                f"{progress.written}/{progress.total}", f"ETA {_eta(progress)}", f"elapsed {progress.elapsed_s:.0f}s")
+    return Group(_slots_table(snapshot), _queue_line(snapshot), bar, _throughput_line(snapshot))
+
+
+def render_server(snapshot: RunnerSnapshot, address: str) -> Group:
+    """The dashboard of `multiseq serve`: where it listens, slots, queue, throughput."""
+    return Group(Text(f"serving on {address}", style="bold"), _slots_table(snapshot), _queue_line(snapshot),
+                 _throughput_line(snapshot))
+
+
+class ServerDashboard:
+    """The live view of `multiseq serve` on stderr, refreshed from a thread of its own until
+    stop(); the runner arrives once the model has loaded."""
+
+    def __init__(self, console: Console) -> None:
+        self._console = console
+        self._address = ""
+        self._runner: Runner | None = None
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="multiseq-dashboard", daemon=True)
+
+    def show(self, runner: Runner, address: str) -> None:
+        self._runner = runner
+        self._address = address
+        self._thread.start()
+
+    def _loop(self) -> None:
+        with Live(console=self._console, auto_refresh=False, transient=False) as live:
+            while not self._stopped.wait(REFRESH_SECONDS):
+                live.update(render_server(self._runner.snapshot(), self._address), refresh=True)
+
+    def stop(self) -> None:
+        self._stopped.set()
+        if self._thread.is_alive():
+            self._thread.join()
 
 
 class _Display:

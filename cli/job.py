@@ -81,7 +81,7 @@ class BatchJob:
         if self.resume and self.output is None:
             raise click.UsageError("--resume needs --output: the file to resume")
         if self.config.chat_template:
-            _check_chat_template(self.config.chat_template)
+            check_chat_template(self.config.chat_template)
         if self.output is not None:
             check_writable(self.output, "-o/--output", self.prompts_file)
         if self.stats_json is not None:
@@ -200,7 +200,7 @@ def _print_header(opened: OpenedRunner, file_format: PromptFormat, scan: FileSca
                  f"{rounding}, {config.threads} threads{each}, {scan.num_to_run} {file_format.value} prompts{skipped}")
 
 
-def _check_chat_template(value: str) -> None:
+def check_chat_template(value: str) -> None:
     """An unknown template name or a bad template file is a usage error, before the model loads."""
     from ..runner.backend import builtin_chat_templates  # loads llama.cpp's library, not a model
 

@@ -1,4 +1,4 @@
-"""The `multiseq` command: batch-run a prompts file, and manage the model registry."""
+"""The `multiseq` command: batch-run a prompts file, serve the model over HTTP, manage the models."""
 
 from __future__ import annotations
 
@@ -16,16 +16,23 @@ from .. import models
 from ..runner import BackendError, Runner, RunnerConfig, SamplingParams
 from ..runner.config import OverflowPolicy, default_of
 from .interrupts import EXIT_INTERRUPTED, Interrupts
-from .job import BatchJob, OpenedRunner
+from ..server.app import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_QUEUE, ServerSettings
+from .dashboard import ServerDashboard
+from .job import BatchJob, OpenedRunner, check_chat_template
+from .options import engine_options, overflow_option, runner_config, sampling_defaults, sampling_options
 from ..formats.reader import PromptFormat, TextMode
 
 stderr = Console(stderr=True)
+LOOPBACK = "127.0.0.1"
+LOCAL_HOSTS = (LOOPBACK, "localhost", "::1")
+DEFAULT_PORT = 8080  # llama-server's
+API_KEY_VARIABLE = "MULTISEQ_API_KEY"
 
 
 @click.group()
 @click.version_option(package_name="multiseq")
 def cli() -> None:
-    """multiseq: run many prompts at once over one llama.cpp context."""
+    """multiseq: run many prompts at once over one llama.cpp context, or serve them over HTTP."""
 
 
 # --- models --------------------------------------------------------------------------------
@@ -111,34 +118,9 @@ def _resolve_model(name: str) -> models.ResolvedModel:
               help="Input format; detected from the file when not given.")
 @click.option("--text-mode", type=click.Choice([m.value for m in TextMode]), default="chat", show_default=True,
               help="Plain-text lines as chat messages, or as raw text to continue.")
-@click.option("-m", "--model", default=models.DEFAULT_MODEL, show_default=True,
-              help="Registry model name or path to a .gguf file.")
-@click.option("-np", "--parallel", default=default_of(RunnerConfig, "parallel"), show_default=True, type=click.IntRange(1, 256),
-              help="Sequences decoded together (slots).")
-@click.option("--slot-ctx", default=default_of(RunnerConfig, "slot_ctx"), show_default=True, type=click.IntRange(16),
-              help="Context tokens per slot (prompt + generation).")
-@click.option("-n", "--max-tokens", default=default_of(SamplingParams, "max_tokens"), show_default=True, type=click.IntRange(1), help="Tokens to generate.")
-@click.option("--temperature", default=default_of(SamplingParams, "temperature"), show_default=True, type=click.FloatRange(0),
-              help="0 = greedy.")
-@click.option("--top-k", default=default_of(SamplingParams, "top_k"), show_default=True, type=click.IntRange(0), help="0 = off.")
-@click.option("--top-p", default=default_of(SamplingParams, "top_p"), show_default=True, type=click.FloatRange(0, 1, min_open=True))
-@click.option("--min-p", default=default_of(SamplingParams, "min_p"), show_default=True, type=click.FloatRange(0, 1))
-@click.option("--repeat-penalty", default=default_of(SamplingParams, "repeat_penalty"), show_default=True, type=click.FloatRange(0, min_open=True))
-@click.option("--seed", type=click.IntRange(0), help="Base seed: each request's seed derives from it and its id.")
-@click.option("--stop", multiple=True, help="Stop string (repeatable).")
-@click.option("--ignore-eos", is_flag=True, help="Never sample end-of-generation tokens.")
-@click.option("-t", "--threads", default=default_of(RunnerConfig, "threads"), show_default=True, type=click.IntRange(1))
-@click.option("--n-keep", default=default_of(RunnerConfig, "n_keep"), show_default=True, type=click.IntRange(0),
-              help="Prompt tokens always kept when a window slides (besides BOS).")
-@click.option("--n-discard", default=default_of(RunnerConfig, "n_discard"), show_default=True, type=click.IntRange(0),
-              help="Tokens dropped per generation shift; 0 = half of what follows n_keep.")
-@click.option("--overflow", type=click.Choice([policy.value for policy in OverflowPolicy]), default=default_of(RunnerConfig, "overflow").value,
-              show_default=True, help="A prompt longer than the slot window: slide it, or reject it.")
-@click.option("--prefix-cache/--no-prefix-cache", default=default_of(RunnerConfig, "prefix_cache"), show_default=True,
-              help="Reuse prompt prefixes already computed in some slot (a shared system prompt is prefilled once).")
-@click.option("--batch-invariant", is_flag=True, default=default_of(RunnerConfig, "batch_invariant"),
-              help="Make each output independent of what runs beside it (parallelism, prefix reuse), "
-                   "at some cost in speed.")
+@engine_options()
+@overflow_option(default_of(RunnerConfig, "overflow"))
+@sampling_options(default_of(SamplingParams, "max_tokens"), "Tokens to generate.")
 @click.option("--order", type=click.Choice(["finish", "input"]), default="finish", show_default=True,
               help="Write results as they finish, or in input order.")
 @click.option("--errors", "errors_file", type=click.Path(dir_okay=False, path_type=Path),
@@ -148,21 +130,14 @@ def _resolve_model(name: str) -> models.ResolvedModel:
 @click.option("--stats-json", type=click.Path(dir_okay=False, path_type=Path), help="Write the run summary as JSON.")
 @click.option("--dashboard/--no-dashboard", default=None,
               help="Live view of the slots. Default: on when standard error is a terminal.")
-@click.option("--chat-template", metavar="NAME_OR_FILE",
-              help="Chat template for messages: a llama.cpp built-in name (chatml, gemma, llama3, ...) or a "
-                   "Jinja template file. Default: the model's own.")
 @click.option("--ray", "ray_address", is_flag=False, flag_value="local", default=None, metavar="[ADDRESS]",
               help="Spread the rows over Ray actors, each a runner with -np slots and -t threads: on a local "
                    "Ray started on this machine, or on the cluster at ADDRESS. Needs multiseq[ray].")
 @click.option("--workers", type=click.IntRange(1), help="Ray actors (with --ray). Default: 1.")
 @click.option("-v", "--verbose", is_flag=True, help="Show llama.cpp warnings.")
-def batch_run(prompts_file: Path, output: Path | None, prompt_format: str | None, text_mode: str, model: str,
-              parallel: int, slot_ctx: int, max_tokens: int, temperature: float, top_k: int, top_p: float,
-              min_p: float, repeat_penalty: float, seed: int | None, stop: tuple[str, ...], ignore_eos: bool,
-              threads: int, n_keep: int, n_discard: int, overflow: str, prefix_cache: bool, batch_invariant: bool,
-              order: str, errors_file: Path | None, resume: bool, strict: bool, stats_json: Path | None,
-              dashboard: bool | None, chat_template: str | None, ray_address: str | None, workers: int | None,
-              verbose: bool) -> None:
+def batch_run(prompts_file: Path, output: Path | None, prompt_format: str | None, text_mode: str, order: str,
+              errors_file: Path | None, resume: bool, strict: bool, stats_json: Path | None, dashboard: bool | None,
+              ray_address: str | None, workers: int | None, verbose: bool, **options) -> None:
     """Run every prompt in PROMPTS_FILE and write one result per line.
 
     PROMPTS_FILE is JSON lines ({"id"?, "prompt" | "messages", ...}), plain text (one prompt
@@ -173,14 +148,8 @@ def batch_run(prompts_file: Path, output: Path | None, prompt_format: str | None
     or input error (nothing ran), 3 when results could not be written (the run stopped), 130
     when interrupted."""
     logging.getLogger("multiseq.llama").setLevel(logging.WARNING if verbose else logging.ERROR)
-    try:
-        defaults = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                                  min_p=min_p, repeat_penalty=repeat_penalty, stop=stop, ignore_eos=ignore_eos)
-        config = RunnerConfig(model=model, parallel=parallel, slot_ctx=slot_ctx, threads=threads, n_keep=n_keep,
-                              n_discard=n_discard, overflow=overflow, seed=seed, chat_template=chat_template,
-                              prefix_cache=prefix_cache, batch_invariant=batch_invariant)
-    except ValueError as error:
-        raise click.UsageError(str(error)) from None
+    defaults = sampling_defaults(options)
+    config = runner_config(options)
     open_runner = _open_runner
     if ray_address is not None:
         if dashboard:
@@ -200,6 +169,101 @@ def batch_run(prompts_file: Path, output: Path | None, prompt_format: str | None
             code = EXIT_INTERRUPTED
     if code:
         sys.exit(code)
+
+
+# --- serve -------------------------------------------------------------------------------------
+
+@cli.command("serve")
+@engine_options(slot_ctx_help="Context tokens per slot (prompt + generation); or give -c.")
+@click.option("-c", "--ctx-size", type=click.IntRange(16),
+              help="Context tokens in all, as llama-server counts them: each of the -np slots gets ctx-size / np. "
+                   "[default: --slot-ctx x -np]")
+@overflow_option(OverflowPolicy.REJECT)
+@sampling_options(None, "max_tokens of requests that give none. [default: until the slot's window is full]")
+@click.option("--host", default=LOOPBACK, show_default=True,
+              help="Address to listen on (0.0.0.0: every interface; then give an --api-key).")
+@click.option("--port", default=DEFAULT_PORT, show_default=True, type=click.IntRange(0, 65535),
+              help="Port to listen on (0: a free one).")
+@click.option("--api-key", envvar=API_KEY_VARIABLE, help=f"Require 'Authorization: Bearer KEY' on every /v1 route "
+              f"(also read from {API_KEY_VARIABLE}).")
+@click.option("--alias", help="The model id clients send and /v1/models lists. [default: the model's name]")
+@click.option("--max-queue", default=DEFAULT_MAX_QUEUE, show_default=True, type=click.IntRange(1),
+              help="Requests that may wait for a slot; beyond that, 503 with Retry-After.")
+@click.option("--max-body-mb", default=DEFAULT_MAX_BODY_BYTES / 2**20, show_default=True,
+              type=click.FloatRange(0, min_open=True), help="Largest request body; a larger one gets 413.")
+@click.option("--dashboard/--no-dashboard", default=None,
+              help="Live view of the slots instead of access logs. Default: on when standard error is a terminal.")
+@click.option("-v", "--verbose", is_flag=True, help="Show llama.cpp warnings.")
+def serve(ctx_size: int | None, host: str, port: int, api_key: str | None, alias: str | None, max_queue: int,
+          max_body_mb: float, dashboard: bool | None, verbose: bool, **options) -> None:
+    """Serve the model over an OpenAI-compatible HTTP API, batching concurrent clients.
+
+    POST /v1/chat/completions and /v1/completions (streamed or not), GET /v1/models, /health
+    (503 while the model loads) and /metrics (Prometheus). Ctrl-C or SIGTERM stops it: running
+    streams end with an error event, and an idle server exits at once."""
+    from ..server.serve import serve as serve_app
+
+    options["slot_ctx"] = _slot_ctx(ctx_size, options["slot_ctx"], options["parallel"])
+    config = runner_config(options)
+    settings_defaults = sampling_defaults(options)
+    if config.chat_template:
+        check_chat_template(config.chat_template)
+    resolved = _resolve_model(config.model)
+    settings = ServerSettings(model_name=alias or resolved.name, api_key=api_key or None, max_queue=max_queue,
+                              max_body_bytes=int(max_body_mb * 2**20), defaults=settings_defaults,
+                              overflow=config.overflow)
+    show_dashboard = dashboard if dashboard is not None else stderr.is_terminal
+    _configure_server_logs(verbose, access_log=not show_dashboard)
+    if host not in LOCAL_HOSTS and not settings.api_key:
+        stderr.print(f"[yellow]warning: listening on {host} without --api-key: anyone who can reach this port can "
+                     f"use the model[/]")
+    address = f"http://{host}:{port}"
+    view = ServerDashboard(stderr) if show_dashboard else None
+
+    def listening(server) -> None:
+        nonlocal address
+        address = f"http://{host}:{server.port}"
+        stderr.print(f"[bold]multiseq[/] {settings.model_name}: {config.parallel} slots x {config.slot_ctx} tokens, "
+                     f"{config.threads} threads; OpenAI API at {address}/v1 (the model is loading)")
+
+    def ready(runner: Runner) -> None:
+        stderr.print(f"ready: {settings.model_name} loaded, serving {address}/v1")
+        if view is not None:
+            view.show(runner, address)
+
+    try:
+        failure = serve_app(config, settings, host, port, access_log=not show_dashboard, on_listening=listening,
+                            on_ready=ready)
+    except OSError as error:  # the address is taken, or not ours to bind
+        raise click.ClickException(f"cannot listen on {host}:{port}: {error.strerror or error}") from None
+    finally:
+        if view is not None:
+            view.stop()
+    if failure is not None:
+        raise click.ClickException(f"the model could not load: {failure}")
+    stderr.print("multiseq serve stopped")
+
+
+def _slot_ctx(ctx_size: int | None, slot_ctx: int | None, parallel: int) -> int | None:
+    """Each slot's window: --slot-ctx, or llama-server's -c divided among the -np slots."""
+    if ctx_size is None:
+        return slot_ctx
+    if slot_ctx is not None:
+        raise click.UsageError("give -c/--ctx-size (the total) or --slot-ctx (per slot), not both")
+    if ctx_size // parallel < 16:
+        raise click.UsageError(f"-c {ctx_size} leaves {ctx_size // parallel} tokens to each of {parallel} slots; "
+                               f"give at least {16 * parallel}")
+    return ctx_size // parallel
+
+
+def _configure_server_logs(verbose: bool, access_log: bool) -> None:
+    """Plain lines on stderr: the server's own, uvicorn's, and its access log unless the
+    dashboard owns the terminal."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        stream=sys.stderr)
+    logging.getLogger("multiseq.llama").setLevel(logging.WARNING if verbose else logging.ERROR)
+    logging.getLogger("uvicorn.error").setLevel(logging.INFO if access_log else logging.WARNING)
+    logging.getLogger("uvicorn.access").setLevel(logging.INFO if access_log else logging.WARNING)
 
 
 def _open_runner(config: RunnerConfig) -> OpenedRunner:

@@ -99,6 +99,12 @@ class Result:
 
     @classmethod
     def rejected(cls, request_id: str, error: str) -> Result:
-        """The result of a request that failed before it could even be queued."""
+        """The result of a request that cannot run as given (found before it was queued)."""
         return cls(id=request_id, text="", finish_reason=FinishReason.ERROR, prompt_tokens=0, completion_tokens=0,
                    timings=NO_TIMINGS, error=error, is_invalid_request=True)
+
+    @classmethod
+    def failed_before_start(cls, request_id: str, error: str) -> Result:
+        """The result of a request that failed, not by its own fault, before it was queued."""
+        return cls(id=request_id, text="", finish_reason=FinishReason.ERROR, prompt_tokens=0, completion_tokens=0,
+                   timings=NO_TIMINGS, error=error)

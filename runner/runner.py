@@ -23,6 +23,7 @@ from typing import Any
 
 from .batch import Backend
 from .config import RunnerConfig
+from .errors import BackendError
 from .engine import Engine, StepOutput, TextPiece
 from .request import Request, Result
 from .stats import RunnerSnapshot, RunStats
@@ -177,7 +178,7 @@ class Runner:
             with self._lock:
                 self._stop_tokenizing(request_id)
                 del self._handles[request_id]
-                self._reject(handle, str(error))
+                self._reject(handle, error)
             return handle
         with self._lock:
             was_cancelled = self._stop_tokenizing(request_id) or self._closing
@@ -198,10 +199,16 @@ class Runner:
             return True
         return False
 
-    def _reject(self, handle: RequestHandle, message: str) -> None:
-        """End a request that could not even be queued (called under the lock)."""
+    def _reject(self, handle: RequestHandle, error: str | Exception) -> None:
+        """End a request that could not even be queued (called under the lock). What the
+        request asked for (ValueError) or what the model cannot do with it (BackendError) is
+        the caller's error, said as is; anything else is a bug, logged, and said as one."""
         self.engine.record_rejection()
-        handle.finish(Result.rejected(handle.id, message))
+        if isinstance(error, (str, ValueError, BackendError)):
+            handle.finish(Result.rejected(handle.id, str(error)))
+            return
+        logger.error("request %s could not be queued", handle.id, exc_info=error)
+        handle.finish(Result.failed_before_start(handle.id, f"internal error: {type(error).__name__}"))
 
     def run_batch(self, requests: Iterable[Request]) -> list[Result]:
         """Run requests to completion and return their results in input order.

@@ -7,6 +7,8 @@ import json
 import os
 import subprocess
 import sys
+import threading
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import pytest
@@ -180,3 +182,40 @@ def fake_job(make_runner):
         return job.run(interrupts if interrupts is not None else Interrupts())
 
     return run
+
+
+# --- the server ------------------------------------------------------------------------------
+
+@contextmanager
+def serving(app):
+    """Serve an ASGI app with uvicorn on a free loopback port, from a thread; yields the base
+    URL once the socket listens, and stops the server (and waits for it) afterwards."""
+    from multiseq.server.serve import make_server
+
+    server = make_server(app, "127.0.0.1", 0, access_log=False)
+    thread = threading.Thread(target=server.run, name="test-server", daemon=True)
+    thread.start()
+    if not server.listening.wait(30):
+        raise RuntimeError("the test server did not start")
+    try:
+        yield f"http://127.0.0.1:{server.port}"
+    finally:
+        server.stop()
+        thread.join(30)
+
+
+@pytest.fixture
+def serve_app():
+    """serve_app(app) -> base URL: the app served until the test ends."""
+    with ExitStack() as stack:
+        yield lambda app: stack.enter_context(serving(app))
+
+
+def wait_until(condition, timeout: float = 10.0, what: str = "the condition") -> None:
+    """Wait (bounded) for something another thread or process makes true."""
+    deadline = threading.Event()
+    for _ in range(int(timeout / 0.01)):
+        if condition():
+            return
+        deadline.wait(0.01)
+    raise AssertionError(f"{what} was not reached within {timeout} s")

@@ -42,7 +42,7 @@ def openai_record(item: PromptItem, results: list[Result] | None, model_name: st
                            "message": cancelled.error or "the run was interrupted before this request finished"}
     else:
         record["response"] = {"status_code": 200, "request_id": f"req_{_uid()}",
-                              "body": _completion_body(item, results, model_name)}
+                              "body": completion_body(item, results, model_name)}
     return record
 
 
@@ -51,23 +51,58 @@ def _error_response(status: int, message: str | None, kind: str, param: str | No
             "body": {"error": {"message": message, "type": kind, "param": param, "code": None}}}
 
 
-def _completion_body(item: PromptItem, results: list[Result], model_name: str) -> dict[str, Any]:
-    """The body of a 200 response. The prompt is counted once, as OpenAI counts it for n > 1."""
+def response_id(is_chat: bool) -> str:
+    """A new response id in OpenAI's form: chatcmpl-... or cmpl-..."""
+    return f"{'chatcmpl' if is_chat else 'cmpl'}-{_uid()}"
+
+
+def usage_of(results: list[Result]) -> dict[str, Any]:
+    """Token usage of a response. The prompt is counted once, as OpenAI counts it for n > 1."""
     completion_tokens = sum(result.completion_tokens for result in results)
-    usage = {"prompt_tokens": results[0].prompt_tokens, "completion_tokens": completion_tokens,
-             "total_tokens": results[0].prompt_tokens + completion_tokens,
-             "prompt_tokens_details": {"cached_tokens": results[0].prompt_tokens_cached}}
+    return {"prompt_tokens": results[0].prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": results[0].prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": results[0].prompt_tokens_cached}}
+
+
+def completion_body(item: PromptItem, results: list[Result], model_name: str, body_id: str | None = None,
+                    created: int | None = None) -> dict[str, Any]:
+    """The body of a 200 response: a chat.completion or a text_completion, a choice per result."""
     if item.is_chat:
         choices = [{"index": index, "message": {"role": "assistant", "content": result.text, "refusal": None},
                     "logprobs": chat_logprobs(result.logprobs), "finish_reason": result.finish_reason.value}
                    for index, result in enumerate(results)]
-        kind, prefix = "chat.completion", "chatcmpl"
     else:
         choices = [{"index": index, "text": result.text, "logprobs": completion_logprobs(result.logprobs),
                     "finish_reason": result.finish_reason.value} for index, result in enumerate(results)]
-        kind, prefix = "text_completion", "cmpl"
-    return {"id": f"{prefix}-{_uid()}", "object": kind, "created": int(time.time()), "model": model_name,
-            "choices": choices, "usage": usage}
+    return {"id": body_id or response_id(item.is_chat), "object": "chat.completion" if item.is_chat else "text_completion",
+            "created": created if created is not None else int(time.time()), "model": model_name,
+            "choices": choices, "usage": usage_of(results)}
+
+
+def stream_chunk(is_chat: bool, body_id: str, created: int, model_name: str, choices: list[dict[str, Any]],
+                 usage: dict[str, Any] | None = None, with_usage_field: bool = False) -> dict[str, Any]:
+    """One server-sent event's body of a streamed response (chat.completion.chunk, or a
+    text_completion piece). With stream_options.include_usage every chunk has a usage field,
+    null but in the last one, whose choices are empty."""
+    chunk = {"id": body_id, "object": "chat.completion.chunk" if is_chat else "text_completion", "created": created,
+             "model": model_name, "choices": choices}
+    if with_usage_field:
+        chunk["usage"] = usage
+    return chunk
+
+
+def stream_choice(is_chat: bool, index: int, text: str | None, logprobs: tuple[TokenLogprob, ...] | None,
+                  finish_reason: str | None = None, first: bool = False, text_offset: int = 0) -> dict[str, Any]:
+    """One choice of a streamed chunk: a chat delta (the first names the role) or completion
+    text, with the logprobs of its tokens when they were asked for (None: not asked)."""
+    if is_chat:
+        delta: dict[str, Any] = {"role": "assistant", "content": ""} if first else {}
+        if text:
+            delta["content"] = text
+        return {"index": index, "delta": delta, "logprobs": chat_logprobs(logprobs),
+                "finish_reason": finish_reason}
+    return {"index": index, "text": text or "", "logprobs": completion_logprobs(logprobs, text_offset),
+            "finish_reason": finish_reason}
 
 
 def chat_logprobs(logprobs: tuple[TokenLogprob, ...] | None) -> dict[str, Any] | None:
@@ -81,12 +116,13 @@ def chat_logprobs(logprobs: tuple[TokenLogprob, ...] | None) -> dict[str, Any] |
     return {"content": content, "refusal": None}
 
 
-def completion_logprobs(logprobs: tuple[TokenLogprob, ...] | None) -> dict[str, Any] | None:
+def completion_logprobs(logprobs: tuple[TokenLogprob, ...] | None, text_offset: int = 0) -> dict[str, Any] | None:
     """The completions API's logprobs: parallel lists of tokens, their logprobs, the top
-    alternatives as {token: logprob}, and each token's character offset in the text."""
+    alternatives as {token: logprob}, and each token's character offset in the text (from
+    text_offset: where a streamed piece starts in the whole text)."""
     if logprobs is None:
         return None
-    offsets, offset = [], 0
+    offsets, offset = [], text_offset
     for entry in logprobs:
         offsets.append(offset)
         offset += len(entry.text)

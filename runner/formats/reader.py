@@ -198,12 +198,7 @@ def parse_openai_line(text: str, line_number: int, defaults: SamplingParams) -> 
         if data.get("method", "POST") != "POST":
             raise ItemError(f"method must be POST, got {json.dumps(data.get('method'))}", "method")
         is_chat = _openai_url(data.get("url")) == CHAT_URL
-        body = data.get("body")
-        if not isinstance(body, dict):
-            raise ItemError("'body' must be an object", "body")
-        n = choice_count(body.get("n", 1))
-        request = _openai_request(item_id, body, is_chat, defaults)
-        return PromptItem(line_number, item_id, request, is_chat=is_chat, n=n)
+        return openai_body_item(item_id, data.get("body"), is_chat, defaults, line_number)
     except ItemError as error:
         return PromptItem(line_number, item_id, None, f"line {line_number}: {error}", is_chat=is_chat,
                           error_param=error.param)
@@ -218,10 +213,23 @@ def _openai_url(url: Any) -> str:
     return url
 
 
+def openai_body_item(item_id: str, body: Any, is_chat: bool, defaults: SamplingParams,
+                     line_number: int = 0) -> PromptItem:
+    """One OpenAI request body, for /v1/chat/completions (is_chat) or /v1/completions: what a
+    Batch API line carries and what the server receives. The one translation of a body into
+    requests; ItemError (naming the field) when it cannot run."""
+    if not isinstance(body, dict):
+        raise ItemError("the request body must be a JSON object", "body")
+    n = choice_count(body.get("n", 1))
+    request = _openai_request(item_id, body, is_chat, defaults)
+    return PromptItem(line_number, item_id, request, is_chat=is_chat, n=n)
+
+
 def _openai_request(item_id: str, body: dict[str, Any], is_chat: bool, defaults: SamplingParams) -> Request:
     content_field = "messages" if is_chat else "prompt"
     if content_field not in body:
-        raise ItemError(f"'body' needs {content_field!r} for this url", content_field)
+        raise ItemError(f"{content_field!r} is required for {CHAT_URL if is_chat else COMPLETIONS_URL}",
+                        content_field)
     reject_unsupported(body)
     fields = dict(body)
     # The completions API's logprobs is a count of alternatives; the chat API's is true/false.

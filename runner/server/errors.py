@@ -1,0 +1,45 @@
+"""Errors as OpenAI's API gives them: {"error": {"message", "type", "param", "code"}}, with the
+HTTP status that goes with each. Nothing internal (a traceback, a path, an exception's repr)
+ever goes into a message: a failure the client did not cause is a 500 with a fixed text, and
+its details go to the server's log."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.responses import JSONResponse
+
+INVALID_REQUEST = "invalid_request_error"
+AUTHENTICATION = "authentication_error"
+NOT_FOUND = "not_found_error"
+SERVER_ERROR = "server_error"
+OVERLOADED = "overloaded_error"
+INTERNAL_ERROR_MESSAGE = "The server had an error while processing your request; its log has the details."
+
+
+class ApiError(Exception):
+    """A request that ends in an error response."""
+
+    def __init__(self, status: int, message: str, kind: str = INVALID_REQUEST, param: str | None = None,
+                 code: str | None = None, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.kind = kind
+        self.param = param
+        self.code = code
+        self.headers = headers
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.message, self.kind, self.param, self.code)
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+def error_body(message: str, kind: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def internal_error() -> ApiError:
+    return ApiError(500, INTERNAL_ERROR_MESSAGE, SERVER_ERROR)

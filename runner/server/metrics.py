@@ -1,0 +1,63 @@
+"""/metrics in Prometheus' text format (prometheus_client), a registry of each app's own.
+
+What the engine counts (requests running and waiting, slots in use, prompt tokens computed and
+reused, tokens generated) is read from the runner when /metrics is scraped, so the figures are
+those of that moment and cost nothing between scrapes. Latencies are what clients see: time to
+the first token and the gaps between tokens, observed as the server hands pieces out."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from ..runner import Runner
+
+# Seconds; TTFT spans queueing and prefill, gaps are one decode step or a stall.
+TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0)
+GAP_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class ServerMetrics:
+    def __init__(self, runner_of: Callable[[], Runner | None]) -> None:
+        self.registry = CollectorRegistry()
+        self.ttft = Histogram("multiseq_time_to_first_token_seconds", "Request arrival to its first token",
+                              buckets=TTFT_BUCKETS, registry=self.registry)
+        self.inter_token = Histogram("multiseq_inter_token_latency_seconds",
+                                     "Gap between two consecutive pieces of one response", buckets=GAP_BUCKETS,
+                                     registry=self.registry)
+        self.registry.register(_EngineCollector(runner_of))
+
+
+class _EngineCollector:
+    """The engine's state and totals, read when /metrics is scraped."""
+
+    def __init__(self, runner_of: Callable[[], Runner | None]) -> None:
+        self._runner_of = runner_of
+
+    def collect(self) -> Iterator[Metric]:
+        runner = self._runner_of()
+        if runner is None:  # still loading
+            return
+        snapshot = runner.snapshot()
+        stats = snapshot.stats
+        num_slots = len(snapshot.slots)
+        yield _gauge("multiseq_requests_running", "Requests holding a slot (prefilling or decoding)",
+                     snapshot.num_running)
+        yield _gauge("multiseq_requests_waiting", "Requests queued for a slot", runner.num_waiting)
+        yield _gauge("multiseq_slots", "Slots of the context", num_slots)
+        yield _gauge("multiseq_slot_occupancy", "Share of slots holding a request", snapshot.num_running / num_slots)
+        yield _counter("multiseq_prompt_tokens_computed", "Prompt tokens prefilled", stats.prompt_tokens)
+        yield _counter("multiseq_prompt_tokens_cached", "Prompt tokens reused from a prefix already computed",
+                       stats.prompt_tokens_reused)
+        yield _counter("multiseq_generation_tokens", "Tokens generated", stats.generated_tokens)
+        yield _counter("multiseq_decode_steps", "Batches decoded", stats.num_steps)
+
+
+def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, documentation, value=value)
+
+
+def _counter(name: str, documentation: str, value: float) -> CounterMetricFamily:
+    return CounterMetricFamily(name, documentation, value=value)

@@ -1,0 +1,120 @@
+"""Serving the app with uvicorn: listening at once, the model loading behind /health's 503.
+
+SIGINT or SIGTERM stops taking connections and cancels the running requests, whose streams end
+with an error event and [DONE] rather than a cut connection; an idle server exits at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import threading
+from collections.abc import Callable, Iterator
+
+import uvicorn
+
+from ..runner import Runner, RunnerConfig
+from .app import ServerSettings, ServerState, create_app
+
+logger = logging.getLogger("multiseq.server")
+
+# Long enough for streams to send their last event once their requests are cancelled.
+GRACEFUL_SHUTDOWN_SECONDS = 5
+
+
+class Server(uvicorn.Server):
+    """uvicorn's server, which also tells the app to wind down when a signal asks it to stop,
+    and says when it listens (and on which port: port 0 picks a free one)."""
+
+    def __init__(self, config: uvicorn.Config, state: ServerState) -> None:
+        super().__init__(config)
+        self.state = state
+        self.listening = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    @property
+    def port(self) -> int:
+        return self.servers[0].sockets[0].getsockname()[1]
+
+    async def startup(self, sockets=None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().startup(sockets)
+        if self.started:
+            self.listening.set()
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        """SIGINT and SIGTERM stop the server (uvicorn's own raises the signal again once it
+        stopped, which would end the process before the runner is closed)."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def handle_exit(self, sig, frame) -> None:
+        super().handle_exit(sig, frame)
+        if self._loop is not None:  # the signal handler interrupts the loop's own thread: hand it over
+            self._loop.call_soon_threadsafe(self.state.begin_shutdown)
+
+    def stop(self) -> None:
+        """Stop from another thread (what a signal does)."""
+        self.should_exit = True
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self.state.begin_shutdown)
+
+
+def make_server(app, host: str, port: int, access_log: bool = True) -> Server:
+    config = uvicorn.Config(app, host=host, port=port, access_log=access_log, log_config=None,
+                            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS, lifespan="off")
+    return Server(config, app.state.server)
+
+
+def serve(config: RunnerConfig, settings: ServerSettings, host: str, port: int, access_log: bool = True,
+          on_listening: Callable[[Server], None] | None = None, on_ready: Callable[[Runner], None] | None = None,
+          open_runner: Callable[[RunnerConfig], Runner] = Runner) -> str | None:
+    """Serve until a signal stops the server. The model loads after the socket is open. Returns
+    None, or why the model could not load (the server then stops)."""
+    app = create_app(None, settings)
+    server = make_server(app, host, port, access_log)
+    failure: list[str] = []
+
+    def load() -> None:
+        try:
+            runner = open_runner(config)
+        except Exception as error:  # noqa: BLE001 - reported in one line by the caller
+            failure.append(str(error))
+            server.should_exit = True
+            return
+        if server.should_exit:  # stopped while loading
+            runner.close()
+            return
+        app.state.server.attach(runner)
+        if on_ready is not None:
+            on_ready(runner)
+
+    loader = threading.Thread(target=load, name="multiseq-load", daemon=True)
+
+    async def run() -> None:
+        serving = asyncio.ensure_future(server.serve())
+        await asyncio.to_thread(server.listening.wait)
+        if on_listening is not None:
+            on_listening(server)
+        loader.start()
+        await serving
+
+    try:
+        asyncio.run(run())
+    finally:
+        if loader.is_alive():
+            loader.join()
+        runner = app.state.server.runner
+        if runner is not None:
+            runner.close()
+    return failure[0] if failure else None
