@@ -216,7 +216,7 @@ def serve(ctx_size: int | None, host: str, port: int, api_key: str | None, alias
     _configure_server_logs(verbose, access_log=not show_dashboard)
     if host not in LOCAL_HOSTS and not settings.api_key:
         stderr.print(f"[yellow]warning: listening on {host} without --api-key: anyone who can reach this port can "
-                     f"use the model[/]")
+                     f"use the model[/]", soft_wrap=True)
     address = f"http://{host}:{port}"
     view = ServerDashboard(stderr) if show_dashboard else None
 
@@ -224,10 +224,10 @@ def serve(ctx_size: int | None, host: str, port: int, api_key: str | None, alias
         nonlocal address
         address = f"http://{host}:{server.port}"
         stderr.print(f"[bold]multiseq[/] {settings.model_name}: {config.parallel} slots x {config.slot_ctx} tokens, "
-                     f"{config.threads} threads; OpenAI API at {address}/v1 (the model is loading)")
+                     f"{config.threads} threads; OpenAI API at {address}/v1 (the model is loading)", soft_wrap=True)
 
     def ready(runner: Runner) -> None:
-        stderr.print(f"ready: {settings.model_name} loaded, serving {address}/v1")
+        stderr.print(f"ready: {settings.model_name} loaded, serving {address}/v1", soft_wrap=True)
         if view is not None:
             view.show(runner, address)
 

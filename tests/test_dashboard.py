@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from multiseq.cli.dashboard import RunProgress, render
+from multiseq.cli.dashboard import RunProgress, render, render_server
 from multiseq.runner.stats import RunnerSnapshot, RunStats, SlotSnapshot
 
 
@@ -51,3 +51,12 @@ def test_render_fits_a_narrow_terminal():
     text = rendered_text(width=80)
     assert all(len(line) <= 80 for line in text.splitlines())
     assert "story-7" in text
+
+
+def test_the_server_view_shows_where_it_listens_slots_queue_and_throughput_without_a_progress_bar():
+    console = Console(width=160, record=True, color_system=None)
+    console.print(render_server(made_up_snapshot(), "http://127.0.0.1:8080"))
+    text = console.export_text()
+    for expected in ("serving on http://127.0.0.1:8080", "story-7", "waiting 41", "now 301.4 tok/s", "prefix hits 75%"):
+        assert expected in text, expected
+    assert "ETA" not in text and "/61" not in text

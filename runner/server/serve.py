@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import socket
 import threading
 from collections.abc import Callable, Iterator
 
@@ -70,6 +71,12 @@ class Server(uvicorn.Server):
             self._loop.call_soon_threadsafe(self.state.begin_shutdown)
 
 
+def open_socket(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on host:port (port 0: a free one), IPv4 or IPv6 as the host says."""
+    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+    return socket.create_server((host, port), family=family, backlog=2048)
+
+
 def make_server(app, host: str, port: int, access_log: bool = True) -> Server:
     config = uvicorn.Config(app, host=host, port=port, access_log=access_log, log_config=None,
                             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS, lifespan="off")
@@ -81,6 +88,7 @@ def serve(config: RunnerConfig, settings: ServerSettings, host: str, port: int, 
           open_runner: Callable[[RunnerConfig], Runner] = Runner) -> str | None:
     """Serve until a signal stops the server. The model loads after the socket is open. Returns
     None, or why the model could not load (the server then stops)."""
+    listener = open_socket(host, port)  # OSError (a taken port, say) before anything else starts
     app = create_app(None, settings)
     server = make_server(app, host, port, access_log)
     failure: list[str] = []
@@ -102,7 +110,7 @@ def serve(config: RunnerConfig, settings: ServerSettings, host: str, port: int, 
     loader = threading.Thread(target=load, name="multiseq-load", daemon=True)
 
     async def run() -> None:
-        serving = asyncio.ensure_future(server.serve())
+        serving = asyncio.ensure_future(server.serve(sockets=[listener]))
         await asyncio.to_thread(server.listening.wait)
         if on_listening is not None:
             on_listening(server)

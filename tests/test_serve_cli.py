@@ -1,0 +1,74 @@
+"""`multiseq serve` as a user runs it: in its own process, on a free port, stopped by a signal;
+and the mistakes a user makes, each one line and no traceback."""
+
+from __future__ import annotations
+
+import re
+import selectors
+import signal
+import socket
+import subprocess
+import time
+
+import openai
+import pytest
+
+pytestmark = pytest.mark.model
+
+LISTENING = re.compile(r"OpenAI API at (http://127\.0\.0\.1:\d+)/v1")
+
+
+def read_until(process: subprocess.Popen, pattern: str, timeout: float = 60.0) -> list[str]:
+    """Lines of the process's stderr up to the one holding `pattern` (bounded wait)."""
+    selector = selectors.DefaultSelector()
+    selector.register(process.stderr, selectors.EVENT_READ)
+    lines = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not selector.select(timeout=max(0.0, deadline - time.monotonic())):
+            break
+        line = process.stderr.readline()
+        if not line:
+            break
+        lines.append(line)
+        if pattern in line:
+            return lines
+    raise AssertionError(f"{pattern!r} never came; stderr so far:\n{''.join(lines)}")
+
+
+def test_serve_answers_the_openai_client_and_stops_on_sigterm(start_cli):
+    process = start_cli("serve", "-m", "smollm2-135m", "-np", "2", "-c", "1024", "--port", "0", "--no-dashboard",
+                        "--alias", "local", "-t", "1")
+    lines = read_until(process, "ready:")
+    base = next(match.group(1) for line in lines if (match := LISTENING.search(line)))
+    assert "2 slots x 512 tokens" in "".join(lines), "-c is the total, divided among the slots"
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
+    reply = client.chat.completions.create(model="local", messages=[{"role": "user", "content": "Hi"}], max_tokens=4)
+    assert reply.choices[0].message.content and reply.model == "local"
+    process.send_signal(signal.SIGTERM)
+    _, rest = process.communicate(timeout=15)
+    assert process.returncode == 0, rest
+    assert "multiseq serve stopped" in rest and "Traceback" not in "".join(lines) + rest
+
+
+def test_a_taken_port_is_one_line_and_exit_1(start_cli):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        process = start_cli("serve", "-np", "1", "--port", str(port), "--no-dashboard")
+        _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 1
+    assert f"cannot listen on 127.0.0.1:{port}" in stderr and "Traceback" not in stderr
+
+
+@pytest.mark.parametrize("args, words, code", [
+    (["-m", "no-such-model"], "unknown model 'no-such-model'", 1),
+    (["-c", "1024", "--slot-ctx", "512"], "not both", 2),
+    (["-np", "8", "-c", "64"], "leaves 8 tokens", 2),
+    (["--chat-template", "no-such-template"], "unknown chat template", 2),
+])
+def test_bad_options_are_one_line_and_nothing_starts(start_cli, args, words, code):
+    process = start_cli("serve", "--port", "0", "--no-dashboard", *args)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == code and words in stderr and "Traceback" not in stderr
