@@ -10,8 +10,10 @@ The public API is re-exported by the top-level package:
 Modules: config (RunnerConfig, SamplingParams), request (Request, Result), sequence (one
 request's state), scheduler (queue, slots, plan), batch (what a step hands the backend),
 engine (the thread-free step loop), runner (the threaded front end), backend (the only
-llama.cpp importer), sampling, constrained (sampling under a constraint), grammar (constraints
-as llguidance matchers), logprobs, detok, stats, pytest_plugin.
+llama.cpp importer), sampling, topk (exact top-k of logits rows), constrained (sampling under
+a constraint), grammar (constraints as llguidance matchers), logprobs, detok, stats,
+pytest_plugin. Prompt files and result records are the sibling package formats
+(multiseq.formats).
 """
 
 from .config import OverflowPolicy, RunnerConfig, SamplingParams

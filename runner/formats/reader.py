@@ -7,7 +7,7 @@
 A line that cannot run (bytes that are not UTF-8, malformed JSON, a field of the wrong type,
 an empty prompt, a field that cannot be honoured) becomes a PromptItem with an error naming
 its line number and the field, so the rest of the file still runs. The fields themselves are
-in cli/fields.py. Files are read lazily (read_prompts is a generator), so their size is no limit.
+in fields.py. Files are read lazily (read_prompts is a generator), so their size is no limit.
 
 A line with `n` > 1 stands for n requests of the same prompt, one per choice, with ids
 `<id>#<k>` inside the runner; their results are written back as one line.

@@ -2,7 +2,7 @@
 
 - jsonl and text input: multiseq's own result object per line; a line with n > 1 choices
   gets a `choices` list of such objects instead of one text.
-- openai input: the OpenAI Batch API output format (cli/openai_output.py), so tools that read
+- openai input: the OpenAI Batch API output format (openai_output.py), so tools that read
   those files read ours.
 
 Where the lines go (and --errors) is output.py; reading them back for --resume is resume.py.
