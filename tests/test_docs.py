@@ -17,6 +17,10 @@ HTML comments right before a code block say what it is (an unknown one fails the
     <!-- not-run: REASON -->        a python fragment: compiled, not run
     <!-- run: sh -->                 a shell block also executed (model test), in that folder
     <!-- run: pytest -->             a python block that is a test file: run with pytest
+    <!-- run: serve -->              a `multiseq serve` command: started (on a free port instead of
+                                     the one it names) for the client blocks after it
+    <!-- run: client -->             a python block run against the server started above it (the
+                                     address it names pointed at that server)
     <!-- file: NAME -->              the block is the file NAME (valid input, given to runs)
     <!-- input: jsonl|text|openai --> the block is valid input of that format
 """
@@ -29,6 +33,7 @@ import importlib
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -105,9 +110,10 @@ def read_blocks(path: Path) -> list[Block]:
 ALL_BLOCKS = [block for path in DOC_FILES for block in read_blocks(path)]
 SHELL_BLOCKS = [block for block in ALL_BLOCKS if block.language in SHELL_LANGUAGES]
 PYTHON_BLOCKS = [block for block in ALL_BLOCKS if block.language == "python"]
-RUNNABLE_PYTHON = [block for block in PYTHON_BLOCKS if block.marker_kind != "not-run"]
+RUNNABLE_PYTHON = [block for block in PYTHON_BLOCKS if block.marker_kind != "not-run" and block.marker != ("run", "client")]
 INPUT_BLOCKS = [block for block in ALL_BLOCKS if block.marker_kind in ("file", "input")]
 RUNNABLE_SHELL = [block for block in SHELL_BLOCKS if block.marker == ("run", "sh")]
+SERVE_BLOCKS = [block for block in SHELL_BLOCKS if block.marker == ("run", "serve")]
 
 
 def ids(blocks: list[Block]) -> list[str]:
@@ -314,7 +320,8 @@ def test_markers_are_known(block):
     kind, value = block.marker
     assert kind in MARKER_KINDS, f"{block.name}: unknown marker {kind!r}"
     if kind == "run":
-        assert (value, block.language in SHELL_LANGUAGES) in (("sh", True), ("pytest", False)), block.name
+        assert (value, block.language in SHELL_LANGUAGES) in (("sh", True), ("pytest", False), ("serve", True),
+                                                               ("client", False)), block.name
     if kind == "input":
         assert value in {fmt.value for fmt in PromptFormat}, f"{block.name}: unknown format {value!r}"
     if kind == "not-run":
@@ -486,3 +493,50 @@ def test_shell_examples_run(block, example_folder):
     result = _run(["bash", "-euo", "pipefail", "-c", block.text], example_folder)
     if result.returncode != 0:
         _fail_with_output(block, result)
+
+
+def client_blocks_of(serve: Block) -> list[Block]:
+    """The client blocks after a serve block, up to the next one."""
+    later = [block for block in ALL_BLOCKS if block.path == serve.path and block.line > serve.line]
+    clients = []
+    for block in later:
+        if block.marker == ("run", "serve"):
+            break
+        if block.marker == ("run", "client"):
+            clients.append(block)
+    return clients
+
+
+def _option_value(argv: list[str], option: str) -> str:
+    return argv[argv.index(option) + 1]
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("block", SERVE_BLOCKS, ids=ids(SERVE_BLOCKS))
+def test_server_examples_answer_their_clients(block, example_folder):
+    """The serve command as written, but on a free port; each client block after it, as
+    written, but pointed at that port; each must succeed and print something."""
+    [argv] = [simple for line in command_lines(block) for simple in simple_commands(line)]
+    written = f"http://{_option_value(argv, '--host')}:{_option_value(argv, '--port')}"
+    argv[argv.index("--port") + 1] = "0"
+    clients = client_blocks_of(block)
+    assert clients, f"{block.name}: a serve example with no client after it"
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    server = subprocess.Popen([*argv, "--no-dashboard"], cwd=example_folder, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        lines = []
+        while not any("ready:" in line for line in lines):
+            line = server.stderr.readline()
+            assert line, f"{block.name}: the server stopped before it was ready:\n{''.join(lines)}"
+            lines.append(line)
+        actual = re.search(r"(http://\S+?)/v1", next(line for line in lines if "ready:" in line)).group(1)
+        for client in clients:
+            assert written in client.text, f"{client.name} does not talk to {written}, which the command serves"
+            (example_folder / "client.py").write_text(client.text.replace(written, actual), encoding="utf-8")
+            result = _run([sys.executable, "client.py"], example_folder)
+            if result.returncode != 0 or not result.stdout.strip():
+                _fail_with_output(client, result)
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.communicate(timeout=60)
+    assert server.returncode == 0

@@ -1,0 +1,310 @@
+"""Load benchmark: concurrent streaming clients against multiseq serve and llama-server.
+
+Usage (from the repository root, in the project's virtual environment; nothing else running):
+
+    python bench/load.py --systems multiseq,llama-server --workloads distinct,shared-prefix
+    python bench/load.py --systems multiseq,batch-run --workloads distinct --clients 16 --parallel 16
+
+Each workload is a list of chat requests sent through the OpenAI chat API, streamed, by
+--clients clients in a closed loop (each sends its next request when the last one ended), to
+a server with --parallel slots started for the run on a free loopback port and stopped after:
+
+- distinct: 64 distinct short chats, 128 tokens each.
+- shared-prefix: the suite's 64 chats sharing a ~480-token system prompt, 48 tokens each
+  (llama-server with its default prompt cache).
+
+Every request is greedy and generates exactly its token budget (ignore_eos), so every system
+does the same work. The client is asyncio and the standard library only (one connection per
+request, the SSE stream parsed as it arrives), so it takes little CPU from the servers.
+Reported per system: output tokens/s over the run's wall time, TTFT p50/p95 (request sent to
+first content), gaps between consecutive content events p50/p99/p99.9/max, prompt tokens sent
+and cached. `batch-run` is the same chats through `multiseq batch-run` at the same -np, for
+the server's cost over the engine. The last line printed is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+import peers  # bench/ is the script's own folder, first on sys.path
+from workloads import shared_prefix_chats, short_prompts
+
+from multiseq import models
+
+SYSTEMS = ("multiseq", "llama-server", "batch-run")
+
+
+@dataclass(frozen=True)
+class ChatLoad:
+    name: str
+    chats: list[list[dict]]
+    max_tokens: int
+
+
+def chat_loads(num_requests: int) -> dict[str, ChatLoad]:
+    return {
+        "distinct": ChatLoad("distinct", [[{"role": "user", "content": prompt}] for prompt in short_prompts(num_requests)],
+                             128),
+        "shared-prefix": ChatLoad("shared-prefix", [list(chat) for chat in shared_prefix_chats(num_requests)], 48),
+    }
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+# --- the client ----------------------------------------------------------------------------------
+
+@dataclass
+class Exchange:
+    """One streamed request as the client saw it."""
+
+    sent_at: float
+    first_content_at: float | None = None
+    done_at: float | None = None
+    content_times: list[float] = field(default_factory=list)
+    completion_tokens: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    text: str = ""
+
+    @property
+    def gaps(self) -> list[float]:
+        return list(np.diff(self.content_times)) if len(self.content_times) > 1 else []
+
+
+async def _read_body(reader: asyncio.StreamReader, headers: dict[str, str]):
+    """The response body as it arrives: chunked transfer encoding, or until the connection closes."""
+    if headers.get("transfer-encoding", "").lower() == "chunked":
+        while True:
+            size = int((await reader.readline()).split(b";")[0].strip() or b"0", 16)
+            if size == 0:
+                return
+            data = await reader.readexactly(size)
+            await reader.readline()
+            yield data
+    else:
+        while data := await reader.read(65536):
+            yield data
+
+
+async def stream_chat(host: str, port: int, body: dict) -> Exchange:
+    """POST one streamed chat completion and time its events."""
+    reader, writer = await asyncio.open_connection(host, port)
+    payload = json.dumps(body).encode("utf-8")
+    exchange = Exchange(time.perf_counter())
+    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: %s:%d\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\nConnection: close\r\n\r\n" % (host.encode(), port, len(payload)) + payload)
+    await writer.drain()
+    status = (await reader.readline()).decode().split()
+    headers = {}
+    while (line := await reader.readline()) not in (b"\r\n", b""):
+        name, _, value = line.decode().partition(":")
+        headers[name.strip().lower()] = value.strip()
+    if len(status) < 2 or status[1] != "200":
+        raise RuntimeError(f"HTTP {' '.join(status[1:])}: {(await reader.read()).decode(errors='replace')[:300]}")
+    buffer = b""
+    async for data in _read_body(reader, headers):
+        buffer += data
+        while b"\n\n" in buffer:
+            event, buffer = buffer.split(b"\n\n", 1)
+            if _take_event(exchange, event):
+                writer.close()
+                return exchange
+    writer.close()
+    exchange.done_at = time.perf_counter()
+    return exchange
+
+
+def _take_event(exchange: Exchange, event: bytes) -> bool:
+    """Note one SSE event; True at [DONE]."""
+    now = time.perf_counter()
+    for line in event.split(b"\n"):
+        if not line.startswith(b"data:"):
+            continue
+        data = line[5:].strip()
+        if data == b"[DONE]":
+            exchange.done_at = now
+            return True
+        chunk = json.loads(data)
+        if "error" in chunk:
+            raise RuntimeError(f"stream error: {chunk['error']}")
+        for choice in chunk.get("choices") or []:
+            content = (choice.get("delta") or {}).get("content")
+            if content:
+                exchange.text += content
+                exchange.content_times.append(now)
+                if exchange.first_content_at is None:
+                    exchange.first_content_at = now
+        usage = chunk.get("usage")
+        if usage:
+            exchange.completion_tokens = usage.get("completion_tokens", 0)
+            exchange.prompt_tokens = usage.get("prompt_tokens", 0)
+            exchange.cached_tokens = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0) or 0
+    return False
+
+
+def request_body(chat: list[dict], max_tokens: int, model: str) -> dict:
+    return {"model": model, "messages": chat, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
+            "stream": True, "stream_options": {"include_usage": True}}
+
+
+async def closed_loop(host: str, port: int, load: ChatLoad, clients: int, model: str) -> tuple[list[Exchange], float]:
+    """`clients` clients, each sending the next chat as soon as its last one ended."""
+    pending = list(enumerate(load.chats))
+    pending.reverse()
+    exchanges: list[Exchange | None] = [None] * len(load.chats)
+
+    async def client() -> None:
+        while pending:
+            index, chat = pending.pop()
+            exchanges[index] = await stream_chat(host, port, request_body(chat, load.max_tokens, model))
+
+    started = time.perf_counter()
+    await asyncio.gather(*(client() for _ in range(clients)))
+    return exchanges, time.perf_counter() - started
+
+
+def summarize(system: str, load: ChatLoad, exchanges: list[Exchange], wall_s: float) -> dict:
+    generated = sum(exchange.completion_tokens for exchange in exchanges)
+    ttfts = [exchange.first_content_at - exchange.sent_at for exchange in exchanges if exchange.first_content_at]
+    gaps = [gap for exchange in exchanges for gap in exchange.gaps]
+    wrong = [index for index, exchange in enumerate(exchanges) if exchange.completion_tokens != load.max_tokens]
+    return {
+        "system": system, "workload": load.name, "requests": len(exchanges), "generated_tokens": generated,
+        "wall_s": wall_s, "tokens_per_s": generated / wall_s,
+        "ttft_p50_s": _percentile(ttfts, 50), "ttft_p95_s": _percentile(ttfts, 95),
+        "gap_p50_s": _percentile(gaps, 50), "gap_p99_s": _percentile(gaps, 99),
+        "gap_p999_s": _percentile(gaps, 99.9), "gap_max_s": max(gaps) if gaps else None,
+        "prompt_tokens": sum(exchange.prompt_tokens for exchange in exchanges),
+        "prompt_tokens_cached": sum(exchange.cached_tokens for exchange in exchanges),
+        "requests_with_wrong_length": len(wrong),
+    }
+
+
+def _percentile(values: list[float], percent: float) -> float | None:
+    return float(np.percentile(values, percent)) if values else None
+
+
+# --- the systems ---------------------------------------------------------------------------------
+
+@contextmanager
+def running(command: list[str], port: int, log_path: Path):
+    """A server process, healthy (GET /health 200) before the body runs, stopped after."""
+    with log_path.open("w") as log_file:
+        process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT)
+        try:
+            peers._wait_healthy(process, f"http://127.0.0.1:{port}", timeout_s=300)
+            yield process
+        except RuntimeError as error:
+            raise RuntimeError(f"{error}\n{peers._tail(log_path)}") from None
+        finally:
+            peers._stop(process)
+
+
+def multiseq_command(args, port: int) -> list[str]:
+    return [sys.executable, "-m", "multiseq.cli.main", "serve", "-m", args.model, "-np", str(args.parallel),
+            "--slot-ctx", str(args.slot_ctx), "-t", str(args.threads), "--port", str(port), "--no-dashboard",
+            "--max-queue", "4096"]
+
+
+def llama_server_command(args, port: int, model_path: Path, fallback_template: str | None) -> list[str]:
+    tools = peers.ensure_llama_tools(log=log)
+    extra = ["--chat-template", fallback_template] if fallback_template else []
+    return peers.server_command(tools, model_path, args.parallel, args.threads, args.slot_ctx, port,
+                                prompt_cache=True, extra_args=extra)
+
+
+def run_server(system: str, load: ChatLoad, args, workdir: Path) -> dict:
+    resolved = models.resolve(args.model)
+    port = peers._free_port()
+    if system == "multiseq":
+        command = multiseq_command(args, port)
+    else:
+        command = llama_server_command(args, port, resolved.path, resolved.chat_template_fallback)
+    with running(command, port, workdir / f"{system}-{load.name}.log"):
+        asyncio.run(closed_loop("127.0.0.1", port, ChatLoad(load.name, load.chats[:args.clients], 4), args.clients,
+                                resolved.name))  # warm-up: every slot once
+        exchanges, wall_s = asyncio.run(closed_loop("127.0.0.1", port, load, args.clients, resolved.name))
+    return summarize(system, load, exchanges, wall_s)
+
+
+def run_batch(load: ChatLoad, args, workdir: Path) -> dict:
+    """The same chats through `multiseq batch-run` at the same -np (its wall time includes
+    loading the model, so its own summary's throughput is used: first submission to last result)."""
+    prompts = workdir / f"{load.name}.jsonl"
+    prompts.write_text("".join(json.dumps({"id": str(index), "messages": chat, "max_tokens": load.max_tokens,
+                                           "temperature": 0, "ignore_eos": True}) + "\n"
+                               for index, chat in enumerate(load.chats)))
+    stats = workdir / f"{load.name}-stats.json"
+    subprocess.run([sys.executable, "-m", "multiseq.cli.main", "batch-run", str(prompts), "-o",
+                    str(workdir / f"{load.name}-out.jsonl"), "-m", args.model, "-np", str(args.parallel),
+                    "--slot-ctx", str(args.slot_ctx), "-t", str(args.threads), "--no-dashboard",
+                    "--stats-json", str(stats)], check=True, stderr=subprocess.DEVNULL)
+    summary = json.loads(stats.read_text())
+    return {"system": "batch-run", "workload": load.name, "requests": summary["requests"],
+            "generated_tokens": summary["generated_tokens"], "wall_s": summary["wall_s"],
+            "tokens_per_s": summary["tokens_per_s"], "ttft_p50_s": summary["ttft_p50_s"],
+            "ttft_p95_s": summary["ttft_p95_s"], "prompt_tokens": summary["prompt_tokens"],
+            "prompt_tokens_cached": summary["prompt_tokens_reused"]}
+
+
+def ratios(figures: list[dict]) -> dict[str, float]:
+    """multiseq's output tokens/s over each peer's, per workload."""
+    found = {}
+    for ours in (figure for figure in figures if figure["system"] == "multiseq"):
+        for peer in (figure for figure in figures if figure["workload"] == ours["workload"] and figure is not ours):
+            found[f"{ours['workload']}: multiseq / {peer['system']}"] = ours["tokens_per_s"] / peer["tokens_per_s"]
+    return found
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--systems", default="multiseq,llama-server")
+    parser.add_argument("--workloads", default="distinct,shared-prefix")
+    parser.add_argument("--model", default=models.DEFAULT_MODEL)
+    parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--parallel", type=int, default=16)
+    parser.add_argument("--slot-ctx", type=int, default=1024)
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--requests", type=int, default=64)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    systems = args.systems.split(",")
+    unknown = sorted(set(systems) - set(SYSTEMS))
+    if unknown:
+        raise SystemExit(f"unknown systems {unknown}; choose from {', '.join(SYSTEMS)}")
+    loads = chat_loads(args.requests)
+    figures = []
+    with tempfile.TemporaryDirectory(prefix="multiseq-load-") as tmp:
+        for name in args.workloads.split(","):
+            for system in systems:
+                log(f"[{name}] {system} -np {args.parallel}, {args.clients} clients ...")
+                figure = (run_batch(loads[name], args, Path(tmp)) if system == "batch-run"
+                          else run_server(system, loads[name], args, Path(tmp)))
+                figures.append(figure)
+                log("  " + ", ".join(f"{key} {value:.3f}" if isinstance(value, float) else f"{key} {value}"
+                                     for key, value in figure.items() if key not in ("system", "workload")))
+    report = {"model": args.model, "clients": args.clients, "parallel": args.parallel, "threads": args.threads,
+              "figures": figures, "ratios": ratios(figures)}
+    print(json.dumps(report))
+    return report
+
+
+if __name__ == "__main__":
+    main()
