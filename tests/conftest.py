@@ -7,6 +7,8 @@ import json
 import os
 import subprocess
 import sys
+import threading
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
@@ -23,6 +25,7 @@ from multiseq.runner.pytest_plugin import load_model
 pytest_plugins = ["pytester"]
 
 THREADS = os.cpu_count() or 1
+RUNNER_THREAD = "multiseq-runner"  # the name of a Runner's worker thread
 
 
 @pytest.fixture(autouse=True)
@@ -38,14 +41,22 @@ def isolated_models_dir(request, tmp_path_factory, monkeypatch):
 @pytest.fixture
 def make_runner():
     """make_runner(backend, autostart=True, **config): a Runner on a FakeBackend, its config
-    matching the fake's slots, window and batch size."""
-    def make(backend: FakeBackend, autostart: bool = True, **config) -> Runner:
-        settings = dict(parallel=backend.num_slots, slot_ctx=backend.window, n_batch=backend.n_batch, threads=1,
-                        seed=0)
-        settings.update(config)
-        return Runner(RunnerConfig(**settings), backend=backend, autostart=autostart)
+    matching the fake's slots, window and batch size. Every runner it made is closed with the
+    test (closing is idempotent, so a test may close its own), and no runner thread started
+    during the test is left running."""
+    before = set(threading.enumerate())
+    with ExitStack() as runners:
+        def make(backend: FakeBackend, autostart: bool = True, **config) -> Runner:
+            settings = dict(parallel=backend.num_slots, slot_ctx=backend.window, n_batch=backend.n_batch, threads=1,
+                            seed=0)
+            settings.update(config)
+            runner = Runner(RunnerConfig(**settings), backend=backend, autostart=autostart)
+            runners.callback(runner.close)
+            return runner
 
-    return make
+        yield make
+    left = [thread for thread in threading.enumerate() if thread.name == RUNNER_THREAD and thread not in before]
+    assert not left, f"runner threads outlive the test: {left}"
 
 
 # --- real models -----------------------------------------------------------------------------
