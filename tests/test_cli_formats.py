@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import wait_for_lines
 
 pytestmark = pytest.mark.model
 
@@ -106,15 +107,6 @@ def test_stats_json_holds_the_summary(tmp_path, run_cli):
     assert summary["ttft_p50_s"] > 0 and summary["tokens_per_s"] > 0 and "decode_tokens_per_s" in summary
 
 
-def wait_for_lines(path: Path, count: int, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if path.exists() and len(path.read_text().splitlines()) >= count:
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"{path} never reached {count} lines")
-
-
 def test_ctrl_c_writes_finished_and_partial_results_then_resume_completes_each_id_once(tmp_path, run_cli, read_jsonl, start_cli):
     ids = [f"item-{index}" for index in range(10)]
     prompts = write(tmp_path / "prompts.jsonl",
@@ -123,7 +115,7 @@ def test_ctrl_c_writes_finished_and_partial_results_then_resume_completes_each_i
     out = tmp_path / "out.jsonl"
     process = start_cli("batch-run", str(prompts), "-o", str(out), "-np", "2", "--temperature", "0", "--ignore-eos", "--slot-ctx", "512",
                               "--no-dashboard")
-    wait_for_lines(out, 1)  # item-0 finished; others are running or queued
+    wait_for_lines(out, 1, process)  # item-0 finished; others are running or queued
     process.send_signal(signal.SIGINT)
     _, stderr = process.communicate(timeout=120)
     assert process.returncode == 130, stderr
