@@ -8,13 +8,14 @@ import os
 import subprocess
 import sys
 import threading
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from fakes import FakeBackend
+from helpers import serving
 from multiseq import Runner, RunnerConfig, SamplingParams
 from multiseq.cli.interrupts import Interrupts
 from multiseq.cli.job import BatchJob, OpenedRunner
@@ -25,6 +26,7 @@ from multiseq.runner.backend import LlamaModel
 pytest_plugins = ["pytester"]
 
 THREADS = os.cpu_count() or 1
+RUNNER_THREAD = "multiseq-runner"  # the name of a Runner's worker thread
 
 
 @pytest.fixture(autouse=True)
@@ -40,14 +42,22 @@ def isolated_models_dir(request, tmp_path_factory, monkeypatch):
 @pytest.fixture
 def make_runner():
     """make_runner(backend, autostart=True, **config): a Runner on a FakeBackend, its config
-    matching the fake's slots, window and batch size."""
-    def make(backend: FakeBackend, autostart: bool = True, **config) -> Runner:
-        settings = dict(parallel=backend.num_slots, slot_ctx=backend.window, n_batch=backend.n_batch, threads=1,
-                        seed=0)
-        settings.update(config)
-        return Runner(RunnerConfig(**settings), backend=backend, autostart=autostart)
+    matching the fake's slots, window and batch size. Every runner it made is closed with the
+    test (closing is idempotent, so a test may close its own), and no runner thread started
+    during the test is left running."""
+    before = set(threading.enumerate())
+    with ExitStack() as runners:
+        def make(backend: FakeBackend, autostart: bool = True, **config) -> Runner:
+            settings = dict(parallel=backend.num_slots, slot_ctx=backend.window, n_batch=backend.n_batch, threads=1,
+                            seed=0)
+            settings.update(config)
+            runner = Runner(RunnerConfig(**settings), backend=backend, autostart=autostart)
+            runners.callback(runner.close)
+            return runner
 
-    return make
+        yield make
+    left = [thread for thread in threading.enumerate() if thread.name == RUNNER_THREAD and thread not in before]
+    assert not left, f"runner threads outlive the test: {left}"
 
 
 # --- real models -----------------------------------------------------------------------------
@@ -186,36 +196,9 @@ def fake_job(make_runner):
 
 # --- the server ------------------------------------------------------------------------------
 
-@contextmanager
-def serving(app):
-    """Serve an ASGI app with uvicorn on a free loopback port, from a thread; yields the base
-    URL once the socket listens, and stops the server (and waits for it) afterwards."""
-    from multiseq.server.serve import make_server
-
-    server = make_server(app, "127.0.0.1", 0, access_log=False)
-    thread = threading.Thread(target=server.run, name="test-server", daemon=True)
-    thread.start()
-    if not server.listening.wait(30):
-        raise RuntimeError("the test server did not start")
-    try:
-        yield f"http://127.0.0.1:{server.port}"
-    finally:
-        server.stop()
-        thread.join(30)
-
-
 @pytest.fixture
 def serve_app():
     """serve_app(app) -> base URL: the app served until the test ends."""
     with ExitStack() as stack:
         yield lambda app: stack.enter_context(serving(app))
 
-
-def wait_until(condition, timeout: float = 10.0, what: str = "the condition") -> None:
-    """Wait (bounded) for something another thread or process makes true."""
-    deadline = threading.Event()
-    for _ in range(int(timeout / 0.01)):
-        if condition():
-            return
-        deadline.wait(0.01)
-    raise AssertionError(f"{what} was not reached within {timeout} s")

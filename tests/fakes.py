@@ -72,6 +72,7 @@ class FakeBackend:
         self.calls: list[DecodeCall] = []
         self.shifts: list[tuple[int, int, int]] = []
         self.reuses: list[tuple[int, int, int]] = []  # (slot, source slot, length) of every reused prefix
+        self.refused_reuses: list[tuple[int, int, int]] = []  # those whose source had lost its start
         self.sliding_window = sliding_window
         self.chunk_rules = chunk_rules
         self.forgotten_below = [0] * num_slots  # positions the sliding window has dropped
@@ -197,6 +198,8 @@ class FakeBackend:
         self._note_kv_change(f"reuse slot {source_slot} in slot {slot}")
         self.reuses.append((slot, source_slot, length))
         intact = self.forgotten_below[source_slot] == 0 or length == 0
+        if not intact:
+            self.refused_reuses.append((slot, source_slot, length))
         kept = self.kv[source_slot][:length] if intact else []
         self.clear_slot(slot)
         self.kv[slot] = list(kept)

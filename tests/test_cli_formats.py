@@ -6,12 +6,12 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from helpers import wait_for_lines
 
 pytestmark = pytest.mark.model
 
@@ -106,15 +106,6 @@ def test_stats_json_holds_the_summary(tmp_path, run_cli):
     assert summary["ttft_p50_s"] > 0 and summary["tokens_per_s"] > 0 and "decode_tokens_per_s" in summary
 
 
-def wait_for_lines(path: Path, count: int, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if path.exists() and len(path.read_text().splitlines()) >= count:
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"{path} never reached {count} lines")
-
-
 def test_ctrl_c_writes_finished_and_partial_results_then_resume_completes_each_id_once(tmp_path, run_cli, read_jsonl, start_cli):
     ids = [f"item-{index}" for index in range(10)]
     prompts = write(tmp_path / "prompts.jsonl",
@@ -123,7 +114,7 @@ def test_ctrl_c_writes_finished_and_partial_results_then_resume_completes_each_i
     out = tmp_path / "out.jsonl"
     process = start_cli("batch-run", str(prompts), "-o", str(out), "-np", "2", "--temperature", "0", "--ignore-eos", "--slot-ctx", "512",
                               "--no-dashboard")
-    wait_for_lines(out, 1)  # item-0 finished; others are running or queued
+    wait_for_lines(out, 1, process)  # item-0 finished; others are running or queued
     process.send_signal(signal.SIGINT)
     _, stderr = process.communicate(timeout=120)
     assert process.returncode == 130, stderr
@@ -146,20 +137,45 @@ def test_ctrl_c_writes_finished_and_partial_results_then_resume_completes_each_i
     assert {record["id"]: record["text"] for record in final}["item-0"] == first["item-0"]["text"]
 
 
+def fill_pipe(fd: int) -> None:
+    """Write to the non-blocking `fd` until its pipe holds no more: a blocking writer to the same
+    pipe then waits until somebody reads."""
+    for size in (4096, 1):
+        try:
+            while True:
+                os.write(fd, b"." * size)
+        except BlockingIOError:
+            pass
+
+
 def test_a_second_ctrl_c_exits_at_once(tmp_path, start_cli):
-    prompts = write(tmp_path / "prompts.jsonl", [{"prompt": f"Long story {index}:"} for index in range(4)])
-    out = tmp_path / "out.jsonl"
-    process = start_cli("batch-run", str(prompts), "-o", str(out), "-np", "1", "-n", "2000", "--ignore-eos", "--no-dashboard")
-    deadline = time.monotonic() + 60
-    while process.poll() is None and not (out.exists() or time.monotonic() > deadline):
-        time.sleep(0.05)
-    time.sleep(1.0)  # generating now
-    process.send_signal(signal.SIGINT)
-    process.send_signal(signal.SIGINT)
-    started = time.monotonic()
-    process.communicate(timeout=30)
-    assert process.returncode == 130
-    assert time.monotonic() - started < 5
+    """The first Ctrl-C stops the run in order, and here that stop cannot finish: standard error
+    is a full pipe, so the summary it prints waits. Ctrl-C is pressed again until the process
+    ends, which only a later Ctrl-C that exits at once can do, before the summary is written."""
+    prompts = write(tmp_path / "prompts.jsonl",
+                    [{"prompt": "Hello", "max_tokens": 2}] + [{"prompt": f"Long story {index}:"} for index in range(3)])
+    out, fifo = tmp_path / "out.jsonl", tmp_path / "stderr"
+    os.mkfifo(fifo)
+    with open(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK), "rb", buffering=0) as reader:
+        with open(fifo, "wb", buffering=0) as stderr:  # blocking: the process waits when the pipe is full
+            process = start_cli("batch-run", str(prompts), "-o", str(out), "-np", "1", "-n", "2000", "--ignore-eos",
+                                "--no-dashboard", stdout=subprocess.DEVNULL, stderr=stderr)
+        with open(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK), "wb", buffering=0) as filler:
+            wait_for_lines(out, 1, process)  # the short prompt's result: the run is on, a long prompt generating
+            fill_pipe(filler.fileno())
+            presses, deadline = 0, time.monotonic() + 60
+            while process.poll() is None:
+                assert time.monotonic() < deadline, f"still running after {presses} Ctrl-C"
+                process.send_signal(signal.SIGINT)
+                presses += 1
+                try:
+                    process.wait(timeout=0.5)
+                except subprocess.TimeoutExpired:
+                    pass
+        written = reader.read().decode("utf-8", "replace")  # every writer is closed: up to the end
+    assert process.returncode == 130 and presses >= 2, (process.returncode, presses)
+    assert "multiseq" in written, "the header was written before the pipe filled"
+    assert "interrupted:" not in written, "the orderly stop did not get to its end"
 
 
 def test_dashboard_on_a_real_terminal_shows_slots_and_completes(tmp_path, read_jsonl, start_cli):

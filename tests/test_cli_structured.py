@@ -35,8 +35,8 @@ BATCH = [
     line("schema", {"messages": user("Classify the review 'I loved it' as JSON."), "max_tokens": 40,
                     "temperature": 0, "response_format": {"type": "json_schema", "json_schema": {
                         "name": "sentiment", "strict": True, "schema": SENTIMENT}}}),
-    line("object", {"messages": user("Give a JSON object with a key 'fruit'."), "max_tokens": 40, "temperature": 0,
-                    "response_format": {"type": "json_object"}}),
+    line("object", {"messages": user("Give a JSON object with a key 'fruit'."), "max_tokens": 64, "temperature": 0,
+                    "response_format": {"type": "json_object"}}),  # ends in 10 tokens
     line("logprobs", {"messages": user("Say yes."), "max_tokens": 3, "temperature": 0, "logprobs": True,
                       "top_logprobs": 5}),
     line("penalties", {"messages": user("List colors."), "max_tokens": 8, "presence_penalty": 0.6,
@@ -75,8 +75,9 @@ def test_a_realistic_openai_batch_runs_every_line_it_can_and_names_the_rest(tmp_
     schema_choice = bodies["schema"]["choices"][0]
     assert schema_choice["finish_reason"] == "stop"
     jsonschema.validate(json.loads(schema_choice["message"]["content"]), SENTIMENT)
-    if bodies["object"]["choices"][0]["finish_reason"] == "stop":
-        assert isinstance(json.loads(bodies["object"]["choices"][0]["message"]["content"]), dict)
+    object_choice = bodies["object"]["choices"][0]
+    assert object_choice["finish_reason"] == "stop", object_choice
+    assert isinstance(json.loads(object_choice["message"]["content"]), dict)
     content = bodies["logprobs"]["choices"][0]["logprobs"]["content"]
     assert len(content) >= 1 and all(len(entry["top_logprobs"]) == 5 for entry in content)
     assert all(entry["logprob"] == entry["top_logprobs"][0]["logprob"] for entry in content), "greedy: the top token"

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import count_lines, wait_for_lines
 from multiseq import models
 
 pytestmark = pytest.mark.model
@@ -21,18 +22,6 @@ FAST = ["-np", "4", "-n", "4", "--temperature", "0", "--slot-ctx", "256", "--ign
 def write_jsonl(path: Path, count: int) -> Path:
     path.write_text("".join(f'{{"id": "r{index}", "prompt": "Count: {index}"}}\n' for index in range(count)))
     return path
-
-
-def count_lines(path: Path) -> int:
-    return path.read_bytes().count(b"\n") if path.exists() else 0
-
-
-def wait_for_lines(path: Path, count: int, process, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while count_lines(path) < count:
-        assert process.poll() is None, process.stderr.read()
-        assert time.monotonic() < deadline, f"{path} never reached {count} lines"
-        time.sleep(0.02)
 
 
 def assert_clean_failure(stderr: str) -> None:

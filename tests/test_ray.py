@@ -12,10 +12,9 @@ import pytest
 
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'multiseq[ray]')")
 
+from helpers import wait_for_lines  # noqa: E402
 from multiseq import Request, RunnerConfig, SamplingParams  # noqa: E402
 from multiseq import ray as multiseq_ray  # noqa: E402
-
-from test_cli_formats import wait_for_lines  # noqa: E402
 
 pytestmark = pytest.mark.model
 
@@ -88,7 +87,7 @@ def test_ctrl_c_on_ray_writes_finished_and_partial_results_then_resume_completes
     process = start_cli("batch-run", str(prompts), "-o", str(out), "--ray", ray.get_runtime_context().gcs_address,
                         "--workers", "2", "-t", "1", "-np", "2", "--temperature", "0", "--ignore-eos",
                         "--slot-ctx", "512", "--no-dashboard")
-    wait_for_lines(out, 1)  # item-0 finished; the others are running on the workers or queued
+    wait_for_lines(out, 1, process)  # item-0 finished; the others are running on the workers or queued
     process.send_signal(signal.SIGINT)
     _, stderr = process.communicate(timeout=120)
     assert process.returncode == 130, stderr

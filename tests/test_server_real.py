@@ -6,12 +6,13 @@ from __future__ import annotations
 import asyncio
 import http.client
 import json
+import os
 
 import jsonschema
 import openai
 import pytest
 
-from conftest import serving, wait_until
+from helpers import serving, wait_until
 from multiseq import Request, SamplingParams
 from multiseq.server import ServerSettings, create_app
 
@@ -28,11 +29,10 @@ def served(unpacked_model):
     """(base URL, runner): a batch-invariant runner (greedy text independent of what shares
     the batch, so answers compare exactly) behind one server for the module."""
     from multiseq import Runner, RunnerConfig
-    from conftest import THREADS
 
     model = unpacked_model(MODEL)
     runner = Runner.on_model(model, RunnerConfig(model=model.path, parallel=PARALLEL, slot_ctx=512, n_batch=512,
-                                                 threads=THREADS, seed=0, batch_invariant=True))
+                                                 threads=os.cpu_count() or 1, seed=0, batch_invariant=True))
     with serving(create_app(runner, ServerSettings(model_name=MODEL))) as base:
         yield base, runner
     runner.close()

@@ -11,7 +11,7 @@ import threading
 import openai
 import pytest
 
-from conftest import serving, wait_until
+from helpers import serving, wait_until
 from fakes import FakeBackend
 from multiseq import FinishReason, Request, SamplingParams
 from multiseq.server import ServerSettings, create_app

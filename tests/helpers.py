@@ -1,0 +1,51 @@
+"""Plain helpers shared by test modules, so that no test module imports another."""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+
+def count_lines(path: Path) -> int:
+    return path.read_bytes().count(b"\n") if path.exists() else 0
+
+
+def wait_for_lines(path: Path, count: int, process: subprocess.Popen, timeout: float = 120) -> None:
+    """Wait until `path` has `count` lines; fail at once if `process` (which writes it) ends
+    first, and after `timeout` seconds if it never gets there."""
+    deadline = time.monotonic() + timeout
+    while count_lines(path) < count:
+        assert process.poll() is None, process.stderr.read() if process.stderr else process.returncode
+        assert time.monotonic() < deadline, f"{path} never reached {count} lines"
+        time.sleep(0.02)
+
+
+@contextmanager
+def serving(app):
+    """Serve an ASGI app with uvicorn on a free loopback port, from a thread; yields the base
+    URL once the socket listens, and stops the server (and waits for it) afterwards."""
+    from multiseq.server.serve import make_server
+
+    server = make_server(app, "127.0.0.1", 0, access_log=False)
+    thread = threading.Thread(target=server.run, name="test-server", daemon=True)
+    thread.start()
+    if not server.listening.wait(30):
+        raise RuntimeError("the test server did not start")
+    try:
+        yield f"http://127.0.0.1:{server.port}"
+    finally:
+        server.stop()
+        thread.join(30)
+
+
+def wait_until(condition, timeout: float = 10.0, what: str = "the condition") -> None:
+    """Wait (bounded) for something another thread or process makes true."""
+    deadline = threading.Event()
+    for _ in range(int(timeout / 0.01)):
+        if condition():
+            return
+        deadline.wait(0.01)
+    raise AssertionError(f"{what} was not reached within {timeout} s")
