@@ -216,12 +216,13 @@ def test_a_body_over_the_limit_is_413(server):
 
 def test_a_full_queue_is_503_with_retry_after(server):
     client, base, runner = server(autostart=False, max_queue=2)  # nothing runs: requests stay queued
-    waiting = [threading.Thread(target=lambda: post(base, "/v1/completions", json.dumps({"prompt": "abc"})))
-               for _ in range(2)]
+    answers = []
+    waiting = [threading.Thread(target=lambda: answers.append(post(base, "/v1/completions", json.dumps(
+        {"prompt": "abc", "max_tokens": 2})))) for _ in range(2)]
     for thread in waiting:
         thread.start()
-    while runner.num_waiting < 2:
-        threading.Event().wait(0.01)
+    wait_until(lambda: runner.num_waiting == 2 or answers, what=f"two queued requests")
+    assert not answers, f"a request that should wait was answered: {answers}"
     with pytest.raises(openai.APIStatusError) as busy:
         client.completions.create(model=MODEL, prompt="abc", max_tokens=2)
     assert busy.value.status_code == 503 and busy.value.response.headers["retry-after"] == "2"
@@ -229,6 +230,7 @@ def test_a_full_queue_is_503_with_retry_after(server):
     runner.start()
     for thread in waiting:
         thread.join(10)
+    assert [status for status, _, _ in answers] == [200, 200]
 
 
 def test_a_failure_inside_is_500_without_internals(server):

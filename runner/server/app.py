@@ -13,6 +13,7 @@ import dataclasses
 import hmac
 import json
 import logging
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -69,8 +70,14 @@ class ServerState:
         self.runner = runner
         self.settings = settings
         self.metrics = ServerMetrics(lambda: self.runner)
-        self.num_submitting = 0  # requests being handed to the runner right now
+        # Choices accepted but not yet handed to the runner (it counts them from then on).
+        self._num_dispatching = 0
+        self._dispatch_lock = threading.Lock()
         self.is_draining = False
+
+    def _count_dispatching(self, change: int) -> None:
+        with self._dispatch_lock:
+            self._num_dispatching += change
 
     def attach(self, runner: Runner) -> None:
         """The model has loaded: requests are served from now on."""
@@ -99,17 +106,18 @@ class ServerState:
     async def submit(self, runner: Runner, item: PromptItem) -> Job:
         """Queue a request's choices, or 503 when the queue is full. Tokenizing runs off the
         event loop, so a long prompt never stalls other clients' streams."""
-        waiting = runner.num_waiting + self.num_submitting
+        waiting = runner.num_waiting + self._num_dispatching
         if waiting + item.n > self.settings.max_queue:
             raise ApiError(503, f"The server is busy: {waiting} requests are waiting for a slot (at most "
                                 f"{self.settings.max_queue}). Retry later.", OVERLOADED, code="queue_full",
                            headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
         job = Job(runner, item, asyncio.get_running_loop(), response_id(item.is_chat))
-        self.num_submitting += item.n
+        self._count_dispatching(item.n)
         try:
-            await asyncio.to_thread(job.submit)
-        finally:
-            self.num_submitting -= item.n
+            await asyncio.to_thread(job.submit, lambda: self._count_dispatching(-1))
+        except BaseException:
+            self._count_dispatching(-(item.n - job.num_dispatched))
+            raise
         refused = job.rejection()
         if refused is not None:
             raise ApiError(400, refused.error or "the request cannot run", INVALID_REQUEST,

@@ -12,7 +12,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from ..formats.reader import PromptItem
@@ -47,11 +47,16 @@ class Job:
         self.arrived_at = time.perf_counter()
         self._loop = loop
         self._handles = []
+        self.num_dispatched = 0  # choices handed to the runner (or being handed) so far
 
-    def submit(self) -> None:
-        """Queue every choice (tokenizing happens here: call it off the event loop)."""
+    def submit(self, before_each: Callable[[], None]) -> None:
+        """Queue every choice, calling before_each() just before the runner takes one (from
+        then on it counts the request as waiting). Tokenizing happens here: call it off the
+        event loop."""
         for choice, request in enumerate(self.item.requests):
             request = dataclasses.replace(request, id=self.request_ids[choice])
+            self.num_dispatched += 1
+            before_each()
             self._handles.append(self.runner.submit(
                 request, on_piece=lambda piece, choice=choice: self._hand_over(PieceEvent(choice, piece, time.perf_counter())),
                 on_finish=lambda result, choice=choice: self._hand_over(ResultEvent(choice, result))))
