@@ -53,10 +53,15 @@ class ChatLoad:
     max_tokens: int
 
 
+# An explicit system message: without one, some chat templates (SmolLM2's, rendered by
+# llama-server's Jinja engine) add a default one, and the systems would not be sent the same text.
+SYSTEM = {"role": "system", "content": "You are a helpful assistant."}
+
+
 def chat_loads(num_requests: int) -> dict[str, ChatLoad]:
     return {
-        "distinct": ChatLoad("distinct", [[{"role": "user", "content": prompt}] for prompt in short_prompts(num_requests)],
-                             128),
+        "distinct": ChatLoad("distinct", [[SYSTEM, {"role": "user", "content": prompt}]
+                                          for prompt in short_prompts(num_requests)], 128),
         "shared-prefix": ChatLoad("shared-prefix", [list(chat) for chat in shared_prefix_chats(num_requests)], 48),
     }
 

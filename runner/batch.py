@@ -24,17 +24,23 @@ class BatchEntry:
 
 @dataclass(frozen=True)
 class ChunkRules:
-    """How a backend wants prompts cut so that a token's numbers do not depend on where the
-    cut fell: chunks of at least `min_tokens` (or a prompt's whole rest), each ending on a
-    multiple of `alignment` (but for a prompt's last chunk). Reused prefixes follow the same
-    rules, so a prompt computed in pieces matches one computed whole."""
+    """How a backend wants prompts cut: chunks of at least `min_tokens` (or a prompt's whole
+    rest), each ending on a multiple of `alignment` (but for a prompt's last chunk), so that a
+    token's numbers do not depend on where the cut fell and no chunk falls below a kernel's
+    tile. With `exact_reuse`, reused prefixes follow the same rules, so a prompt that reuses a
+    prefix is computed exactly as one computed whole; without it (where outputs depend on the
+    batch anyway), a reused prefix leaves only the last prompt token to compute."""
 
     min_tokens: int = 1
     alignment: int = 1
+    exact_reuse: bool = True
 
     def reusable(self, shared: int, prompt_length: int) -> int:
         """How many of `shared` leading tokens a prompt of prompt_length may take from a KV:
-        its last min_tokens (at least one, whose logits start generation) are computed."""
+        at least its last token is computed (its logits start generation); with exact_reuse,
+        its last min_tokens, and the prefix ends on the alignment."""
+        if not self.exact_reuse:
+            return max(0, min(shared, prompt_length - 1))
         most = min(shared, prompt_length - max(1, self.min_tokens))
         return max(0, most - most % self.alignment)
 

@@ -27,15 +27,15 @@ def chat(ticket: str, max_tokens: int = 12) -> Request:
                    id=ticket, sampling=SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True))
 
 
-@pytest.mark.parametrize("model_name", BOTH_MODELS)
-def test_greedy_text_is_the_same_with_and_without_reuse(request, model_name, real_runner,
-                                                        assert_slots_hold_only_kept_prefixes):
-    """One slot: the schedule is the same with and without reuse, so the text must be too."""
-    model = request.getfixturevalue(model_name)
+@pytest.mark.parametrize("model_name", ["smollm2-135m", "gemma3-270m"])
+def test_batch_invariant_greedy_text_is_the_same_with_and_without_reuse(model_name, unpacked_model, real_runner,
+                                                                        assert_slots_hold_only_kept_prefixes):
+    """One slot, batch-invariant: reused prefixes follow the chunk rules, so the text is exact."""
+    model = unpacked_model(model_name)
     requests = [chat(ticket) for ticket in TICKETS[:5]]
-    plain_runner = real_runner(model, 1, prefix_cache=False)
+    plain_runner = real_runner(model, 1, prefix_cache=False, batch_invariant=True)
     plain = plain_runner.run_batch(requests)
-    reuse_runner = real_runner(model, 1)
+    reuse_runner = real_runner(model, 1, batch_invariant=True)
     reused = reuse_runner.run_batch(requests)
     assert [r.text for r in reused] == [r.text for r in plain]
     assert all(r.prompt_tokens_cached == 0 for r in plain)
@@ -46,6 +46,25 @@ def test_greedy_text_is_the_same_with_and_without_reuse(request, model_name, rea
     assert len(plain_runner.engine.scheduler.prefixes.kept(0)) == 0
     reuse_runner.clear_prefix_cache()
     assert reuse_runner.backend.slot_pos_max(0) == -1
+
+
+@pytest.mark.parametrize("model_name", BOTH_MODELS)
+def test_default_mode_reuses_all_but_the_tokens_after_the_shared_prefix(request, model_name, real_runner,
+                                                                         assert_slots_hold_only_kept_prefixes):
+    """Where outputs depend on the batch anyway, a reused prefix leaves only what differs to
+    compute: each later prompt reuses exactly its common prefix with the one before it."""
+    model = request.getfixturevalue(model_name)
+    requests = [chat(ticket) for ticket in TICKETS[:5]]
+    runner = real_runner(model, 1)
+    results = runner.run_batch(requests)
+    prompts = [np.asarray(model.tokenize(model.render_chat(r.messages))) for r in requests]
+    for before, now, result in zip(prompts, prompts[1:], results[1:]):
+        shared = int(np.argmax(before[:len(now)] != now[:len(before)]))
+        assert result.prompt_tokens_cached == min(shared, len(now) - 1)
+        assert all(r.ok for r in results)
+    assert runner.stats().prompt_tokens == len(prompts[0]) + sum(
+        len(now) - result.prompt_tokens_cached for now, result in zip(prompts[1:], results[1:]))
+    assert_slots_hold_only_kept_prefixes(runner)
 
 
 @pytest.mark.parametrize("model_name", ["smollm2-135m", "gemma3-270m"])

@@ -203,3 +203,10 @@ def test_isolated_prefill_steps_hold_one_prompt_chunk_and_no_decoding_token(make
     # A sequence waiting to feed back its token is never held for two prefill steps in a row.
     held = [bool(call.slots_with_pending_token) and not call.decoding_slots for call in backend.calls]
     assert any(held) and not any(first and second for first, second in zip(held, held[1:]))
+
+
+def test_without_exact_reuse_a_prefix_leaves_only_the_last_prompt_token_to_compute():
+    exact, fast = ChunkRules(min_tokens=65, alignment=4), ChunkRules(min_tokens=65, alignment=4, exact_reuse=False)
+    assert exact.reusable(shared=30, prompt_length=40) == 0 and fast.reusable(shared=30, prompt_length=40) == 30
+    assert exact.reusable(shared=200, prompt_length=200) == 132 and fast.reusable(shared=200, prompt_length=200) == 199
+    assert fast.chunk_length(0, 300, 100) == exact.chunk_length(0, 300, 100) == 100, "chunking keeps its shape"
