@@ -310,8 +310,9 @@ class Runner:
         with self._lock:
             self._closing = True
             self._lock.notify_all()
-        if self._worker is not None:
-            self._worker.join()
+            worker = self._worker
+        if worker is not None:
+            worker.join()
         while self._has_work():  # without a worker (autostart off), finish the cancellations here
             self.step()
         self.backend.close()
@@ -332,7 +333,8 @@ class Runner:
 
     def _ensure_worker(self) -> None:
         with self._lock:
-            if self._worker is None:
+            # A submit that was tokenizing while close() ran must not start a worker afterwards.
+            if self._worker is None and not self._closing:
                 self._worker = threading.Thread(target=self._loop, name="multiseq-runner", daemon=True)
                 self._worker.start()
 
