@@ -9,7 +9,7 @@ The public API is re-exported by the top-level package:
 
 Modules: config (RunnerConfig, SamplingParams), request (Request, Result), sequence (one
 request's state), scheduler (queue, slots, plan), batch (what a step hands the backend),
-engine (the thread-free step loop), runner (the threaded front end), backend (the only
+hostcache (slot states saved in RAM), engine (the thread-free step loop), runner (the threaded front end), backend (the only
 llama.cpp importer), sampling, topk (exact top-k of logits rows), constrained (sampling under
 a constraint), grammar (constraints as llguidance matchers), logprobs, detok, stats,
 pytest_plugin. Prompt files and result records are the sibling package formats
@@ -20,13 +20,13 @@ from .config import OverflowPolicy, RunnerConfig, SamplingParams
 from .engine import Engine, StepOutput, TextPiece
 from .errors import BackendError
 from .logprobs import TokenLogprob, TopLogprob
-from .request import FinishReason, Request, Result, Timings
+from .request import FinishReason, Priority, Request, Result, Timings
 from .runner import RequestHandle, Runner
 from .sequence import CANCELLED_BEFORE_START
 from .stats import RunnerSnapshot, RunStats
 
 __all__ = [
-    "BackendError", "CANCELLED_BEFORE_START", "Engine", "FinishReason", "OverflowPolicy", "Request",
+    "BackendError", "CANCELLED_BEFORE_START", "Engine", "FinishReason", "OverflowPolicy", "Priority", "Request",
     "RequestHandle", "Result", "RunStats", "Runner", "RunnerConfig", "RunnerSnapshot", "SamplingParams",
     "StepOutput", "TextPiece", "Timings", "TokenLogprob", "TopLogprob",
 ]

@@ -11,11 +11,20 @@ from .logprobs import TokenLogprob
 CHAT_ROLES = ("system", "user", "assistant")
 
 
+class Priority:
+    """Named priorities (any int works; higher is admitted first and may preempt lower).
+    A person waiting on a stream outranks a file or a Batch API job."""
+
+    BATCH = 0
+    INTERACTIVE = 10
+
+
 @dataclass(frozen=True)
 class Request:
     """One prompt (a string, or chat messages rendered with the model's template) to complete.
 
     `n_keep` and `overflow` override the runner's sliding settings for this request only.
+    `priority` orders admission (higher first; see Priority): the default is batch work.
     """
 
     prompt: str | None = None
@@ -24,6 +33,7 @@ class Request:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     n_keep: int | None = None
     overflow: OverflowPolicy | None = None
+    priority: int = Priority.BATCH
 
     def __post_init__(self) -> None:
         if (self.prompt is None) == (self.messages is None):
@@ -39,6 +49,8 @@ class Request:
             object.__setattr__(self, "overflow", OverflowPolicy(self.overflow))
         if self.n_keep is not None and (not isinstance(self.n_keep, int) or self.n_keep < 0):
             raise ValueError(f"n_keep must be an integer >= 0, got {self.n_keep!r}")
+        if isinstance(self.priority, bool) or not isinstance(self.priority, int):
+            raise ValueError(f"priority must be an integer, got {self.priority!r}")
 
 
 def _check_messages(messages: tuple[dict, ...]) -> None:
@@ -84,7 +96,8 @@ class Result:
     completion_tokens: int
     timings: Timings
     error: str | None = None
-    prompt_tokens_cached: int = 0  # of prompt_tokens, how many were reused from a resident prefix
+    prompt_tokens_cached: int = 0  # of prompt_tokens, how many were reused from a prefix already computed
+    prompt_tokens_from_host: int = 0  # of those, how many were restored from host memory (--cache-ram)
     truncated: bool = False  # the prompt was slid or the generation was shifted
     prompt_tokens_dropped: int = 0
     tokens_shifted_out: int = 0
