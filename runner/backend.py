@@ -33,6 +33,7 @@ _load_lock = threading.Lock()
 _load_errors: list[str] | None = None  # llama.cpp's error lines during the current model load
 _PIECE_BUFFER_BYTES = 256
 _DECODE_NO_KV_SLOT = 1
+_STATE_FLAGS = 0  # LLAMA_STATE_SEQ_FLAGS_NONE: the whole state, in host memory
 _UNTILED_ROWS_BELOW = 64  # GGML_FA_TILE_Q of ggml-cpu's flash attention
 _TOKENS_PER_PRODUCT_GROUP = 4  # columns per ggml-cpu repacked GEMM call; the rest go through GEMV
 
@@ -323,6 +324,7 @@ class LlamaBackend:
         self.chunk_rules = ChunkRules(min_tokens=2 if batch_invariant else _UNTILED_ROWS_BELOW + 1,
                                       alignment=_TOKENS_PER_PRODUCT_GROUP, exact_reuse=batch_invariant)
         self._memory = llama.llama_get_memory(self._ctx)
+        self._n_swa = max(0, llama.llama_model_n_swa(model.handle))  # 0: no sliding-window attention
         self.n_vocab = model.n_vocab
         self.add_bos = model.add_bos
         # llama.cpp rounds each slot's window up to a multiple of 256; the runner enforces the
@@ -398,15 +400,42 @@ class LlamaBackend:
         Between two KV streams llama.cpp copies only whole streams (a partial range aborts
         the process), so the whole stream is copied and then cut back to the prefix. The
         copy itself is queued and done at the start of the next llama_decode, before that
-        decode writes anything. A sliding-window cache may have dropped the first positions
-        of a slot that ran far past them: then the prefix is not intact, and the slot is
-        cleared instead."""
+        decode writes anything. False (and the slot cleared) when the prefix is not intact."""
         if source_slot != slot:
             llama.llama_memory_seq_cp(self._memory, source_slot, slot, -1, -1)
+        return self._cut_back(slot, length)
+
+    def save_slot(self, slot: int) -> bytearray | None:
+        """The slot's KV state (llama_state_seq_get_data), to restore later; None on failure."""
+        size = llama.llama_state_seq_get_size_ext(self._ctx, slot, _STATE_FLAGS)
+        state = bytearray(size)
+        written = llama.llama_state_seq_get_data_ext(self._ctx, (ctypes.c_uint8 * size).from_buffer(state), size,
+                                                     slot, _STATE_FLAGS)
+        return state if size and written == size else None
+
+    def restore_slot(self, slot: int, state: bytearray, length: int) -> bool:
+        """Put a saved state into the slot (llama.cpp clears it first, and writes at once, not
+        at the next decode), cut back to positions [0, length). False (and the slot cleared)
+        when it does not load or the prefix is not intact."""
+        read = llama.llama_state_seq_set_data_ext(self._ctx, (ctypes.c_uint8 * len(state)).from_buffer(state),
+                                                  len(state), slot, _STATE_FLAGS)
+        if read != len(state):
+            self.clear_slot(slot)
+            return False
+        return self._cut_back(slot, length)
+
+    def _cut_back(self, slot: int, length: int) -> bool:
+        """Keep positions [0, length) of the slot; whether what the next tokens need is there.
+
+        A sliding-window cache keeps (and saves) only the cells inside its window, and
+        llama_memory_seq_pos_min reports that cache's first position: tokens from `length` on
+        attend to the window before it, so those n_swa positions must be there (all positions
+        for a model without one). Otherwise the slot is cleared and False returned."""
         removed = llama.llama_memory_seq_rm(self._memory, slot, length, -1)
         if length == 0:
             return True
-        intact = (removed and llama.llama_memory_seq_pos_min(self._memory, slot) == 0
+        needed_from = max(0, length - self._n_swa) if self._n_swa else 0
+        intact = (removed and 0 <= llama.llama_memory_seq_pos_min(self._memory, slot) <= needed_from
                   and llama.llama_memory_seq_pos_max(self._memory, slot) == length - 1)
         if not intact:
             self.clear_slot(slot)

@@ -82,5 +82,12 @@ class Backend(Protocol):
         KV when the slots differ; length 0 clears the slot). False when those positions are
         not all there (the slot is then cleared)."""
 
+    def save_slot(self, slot: int) -> bytearray | None:
+        """The slot's KV state, to restore into some slot later (None when it cannot be saved)."""
+
+    def restore_slot(self, slot: int, state: bytearray, length: int) -> bool:
+        """Put a saved state into the slot, cut back to positions [0, length). False when not
+        all of it is there (the slot is then cleared)."""
+
     def shift_slot(self, slot: int, keep: int, discard: int, n_past: int) -> None: ...
     def close(self) -> None: ...

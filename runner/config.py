@@ -187,6 +187,9 @@ class RunnerConfig:
     # or the path of a Jinja template file (rendered with jinja2; see chat_template.py).
     chat_template: str | None = None
     prefix_cache: bool = True  # reuse prompt prefixes already in some slot's KV instead of prefilling them
+    # Host memory (MiB) for slots' KV saved before it is overwritten, restored when a prompt
+    # comes back to it (llama-server's --cache-ram); 0 turns it off.
+    cache_ram_mib: int = 2048
     # A request's output independent of what shares its batch (parallelism, prefix reuse, the
     # other requests), at some cost in speed: flash attention and weight repacking are off, and
     # a step holds either one prompt chunk or the decoding tokens.
@@ -203,6 +206,8 @@ class RunnerConfig:
         _require(self.seed is None or (is_int(self.seed) and 0 <= self.seed < 2**64),
                  f"seed must be an integer in [0, 2**64), got {self.seed!r}")
         _check_flag(self, "prefix_cache")
+        _require(is_int(self.cache_ram_mib) and self.cache_ram_mib >= 0,
+                 f"cache_ram_mib must be an integer >= 0 (0: off), got {self.cache_ram_mib!r}")
         _check_flag(self, "batch_invariant")
         _require(is_int(self.parallel) and self.parallel >= 1, f"parallel must be >= 1, got {self.parallel!r}")
         _require(is_int(self.slot_ctx) and self.slot_ctx >= 16, f"slot_ctx must be >= 16 tokens, got {self.slot_ctx!r}")

@@ -35,7 +35,8 @@ from .grammar import TokenConstraint
 from .logprobs import TokenLogprob
 from .request import FinishReason, Request, Result
 from .sampling import Sampled, SequenceSampler, sample_rows
-from .scheduler import Scheduler, StepPlan, fit_prompt
+from .hostcache import MIN_SAVE_TOKENS, HostCache
+from .scheduler import Admission, Placement, Scheduler, StepPlan, fit_prompt
 from .sequence import Sequence, SequenceStatus
 from .stats import RunnerSnapshot, StatsRecorder, runner_snapshot
 
@@ -84,9 +85,10 @@ class Engine:
         self.config = config
         self.backend = backend
         self.window = backend.window
+        self.host_cache = HostCache(config.cache_ram_mib * 2**20 if config.prefix_cache else 0)
         self.scheduler = Scheduler(config.parallel, config.n_batch, self.window, self._clamped_n_discard(),
                                    prefix_cache=config.prefix_cache, chunk_rules=backend.chunk_rules,
-                                   isolate_prefill=config.batch_invariant)
+                                   isolate_prefill=config.batch_invariant, host_cache=self.host_cache)
         self.stats = StatsRecorder()
         self._base_seed = config.seed if config.seed is not None else int.from_bytes(os.urandom(8), "little")
         self._outbox = StepOutput()
@@ -203,21 +205,44 @@ class Engine:
 
     def _admit(self, now: float) -> None:
         """Admit waiting sequences, each into a slot whose KV starts with its reused prefix:
-        copied from another slot, or kept from the slot's last request. A prefix that is not
-        intact after all (a sliding-window cache may have overwritten its start) is dropped,
-        and the whole prompt is prefilled: a wrong reuse never becomes wrong text."""
+        copied from another slot, kept from the slot's last request, or restored from host
+        memory. What the slot held and the new sequence does not keep is saved to host memory
+        first (when worth it). A prefix that is not intact after all (a sliding-window cache
+        keeps only its window) is dropped, and the whole prompt is prefilled: a wrong reuse
+        never becomes wrong text."""
         for admission in self.scheduler.admit(now):
             seq, placement = admission.seq, admission.placement
-            if not self.backend.reuse_prefix(placement.slot, placement.source_slot, placement.num_cached):
-                logger.info("prefix of %d tokens in slot %d is not intact; prefilling %s in full",
-                            placement.num_cached, placement.source_slot, seq.id)
+            self._save_what_is_lost(admission)
+            if not self._place_prefix(placement):
+                logger.info("a prefix of %d tokens for %s is not intact; prefilling it in full",
+                            placement.num_cached, seq.id)
                 seq.drop_cached_prefix()
-            self.stats.note_admission(seq.num_cached)
+            self.stats.note_admission(seq.num_cached, seq.num_restored)
+
+    def _place_prefix(self, placement: Placement) -> bool:
+        entry = placement.host_entry
+        if entry is None:
+            return self.backend.reuse_prefix(placement.slot, placement.source_slot, placement.num_cached)
+        started = time.perf_counter()
+        intact = self.backend.restore_slot(placement.slot, entry.state, placement.num_cached)
+        if intact:
+            self.host_cache.note_restored(entry, placement.num_cached, time.perf_counter() - started)
+        return intact
+
+    def _save_what_is_lost(self, admission: Admission) -> None:
+        """Before a slot's KV is overwritten, keep it in host memory, under its tokens."""
+        cache, tokens = self.host_cache, admission.evicted
+        if (cache.is_enabled and admission.num_tokens_lost >= MIN_SAVE_TOKENS
+                and not cache.covers(tokens)):
+            state = self.backend.save_slot(admission.placement.slot)
+            if state is not None:
+                cache.add(tokens, state)
 
     def clear_prefix_cache(self) -> None:
-        """Forget every prefix kept in a free slot and clear that slot's KV."""
+        """Forget every prefix kept in a free slot (and clear that slot's KV) or in host memory."""
         for slot in self.scheduler.forget_prefixes():
             self.backend.reuse_prefix(slot, slot, 0)
+        self.host_cache.clear()
 
     def execute(self, plan: StepPlan) -> Executed:
         """llama_decode the plan (on a full KV, halve the prompt chunks and retry), then sample
@@ -263,6 +288,8 @@ class Engine:
                 self._accept_token(seq, sampled, started)
         self._retire_ending(seqs)
         self._outbox.num_tokens_decoded += plan.num_tokens
+        if not plan.num_decode_tokens:  # what prefilling costs, for whether a restore pays
+            self.host_cache.costs.note_prefill(plan.num_prefill_tokens, executed.decode_seconds)
         self.stats.record_step(executed.decode_seconds, plan.num_decode_tokens, plan.num_prefill_tokens,
                                len(executed.sampled))
         self.stats.add_phase("schedule", executed.batch_seconds)

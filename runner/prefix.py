@@ -14,8 +14,6 @@ array per slot, compared with numpy.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 # A copy costs ~1-5 ms of llama_decode time; prefilling a few tokens in a batch costs less.
@@ -34,16 +32,6 @@ def common_prefix_length(first: np.ndarray, second: np.ndarray) -> int:
         return 0
     mismatches = np.flatnonzero(first[:length] != second[:length])
     return int(mismatches[0]) if mismatches.size else length
-
-
-@dataclass(frozen=True)
-class Placement:
-    """Where an admitted prompt goes: its slot, and the prefix it starts from, found in
-    `source_slot`'s KV (the slot itself when nothing needs copying)."""
-
-    slot: int
-    source_slot: int
-    num_cached: int
 
 
 class PrefixIndex:

@@ -16,7 +16,8 @@ import numpy as np
 
 from .batch import BatchEntry, ChunkRules
 from .config import OverflowPolicy
-from .prefix import MIN_COPY_TOKENS, MIN_WAIT_TOKENS, Placement, PrefixIndex, common_prefix_length
+from .hostcache import HostCache, HostEntry
+from .prefix import MIN_COPY_TOKENS, MIN_WAIT_TOKENS, PrefixIndex, common_prefix_length
 from .sequence import Sequence, SequenceStatus
 
 # How far into the queue admission looks for a request that can start now, when the ones
@@ -137,11 +138,30 @@ class StepPlan:
 
 
 @dataclass(frozen=True)
+class Placement:
+    """Where an admitted prompt goes: its slot, and the prefix it starts from, found in
+    `source_slot`'s KV (the slot itself when nothing needs copying), or in a state saved to
+    host memory (`host_entry`; source_slot None)."""
+
+    slot: int
+    source_slot: int | None
+    num_cached: int
+    host_entry: HostEntry | None = None
+
+
+@dataclass(frozen=True)
 class Admission:
-    """A sequence given a slot, and the resident prefix it starts from."""
+    """A sequence given a slot, the prefix it starts from, and what the slot held before."""
 
     seq: Sequence
     placement: Placement
+    evicted: np.ndarray  # the tokens the slot's KV held until now (its last request's)
+
+    @property
+    def num_tokens_lost(self) -> int:
+        """Of the slot's old tokens, how many the new sequence does not keep in place."""
+        kept = self.placement.num_cached if self.placement.source_slot == self.placement.slot else 0
+        return len(self.evicted) - min(kept, len(self.evicted))
 
 
 @dataclass(frozen=True)
@@ -156,7 +176,7 @@ class Shift:
 class Scheduler:
     def __init__(self, num_slots: int, max_batch_tokens: int, window: int, n_discard: int = 0,
                  prefix_cache: bool = True, chunk_rules: ChunkRules = ChunkRules(),
-                 isolate_prefill: bool = False) -> None:
+                 isolate_prefill: bool = False, host_cache: HostCache | None = None) -> None:
         assert max_batch_tokens >= num_slots, "every slot must be able to decode each step"
         self.num_slots = num_slots
         self.max_batch_tokens = max_batch_tokens
@@ -164,6 +184,11 @@ class Scheduler:
         self.n_discard = n_discard  # 0: half of what follows n_keep, as llama.cpp does
         self.prefix_cache = prefix_cache
         self.chunk_rules = chunk_rules
+        # A free slot keeps its last request's prompt and generated tokens for reuse; where
+        # reuse must be exact, only the prompt: generated tokens were computed a row at a time,
+        # which rounds differently from the same tokens computed as a prompt.
+        self.keeps_generated = not chunk_rules.exact_reuse
+        self.host_cache = host_cache if host_cache is not None and host_cache.is_enabled and prefix_cache else None
         # llama.cpp cuts a batch into micro-batches of equal tokens per sequence, so a prompt
         # chunk beside decoding sequences has its first token computed as a lone row, which
         # other kernels do with other rounding. Isolated, a step holds one prompt chunk or the
@@ -209,21 +234,26 @@ class Scheduler:
         longest prefix of its prompt that some slot's KV holds. A sequence whose prefix is
         still being prefilled in another slot waits for it; the ones behind it may go first."""
         admitted = []
+        # A copy between slots lands at the next decode, a restore from host memory at once:
+        # a slot copied from this round must not be overwritten by a restore in the same round.
+        copy_sources: set[int] = set()
         for seq in list(islice(self.waiting, _LOOKAHEAD_PER_SLOT * self.num_slots)):
             free = [slot for slot, holder in enumerate(self.slots) if holder is None]
             if not free:
                 break
-            placement = self._place(seq, free)
+            placement = self._place(seq, free, copy_sources)
             if placement is None:
                 continue
-            seq.admit(placement.slot, now, placement.num_cached)
+            seq.admit(placement.slot, now, placement.num_cached, from_host=placement.host_entry is not None)
             self.waiting.remove(seq)
-            self.prefixes.take(placement.slot)
+            evicted = self.prefixes.take(placement.slot)
+            if placement.source_slot not in (None, placement.slot):
+                copy_sources.add(placement.source_slot)
             self.slots[placement.slot] = seq
-            admitted.append(Admission(seq, placement))
+            admitted.append(Admission(seq, placement, evicted))
         return admitted
 
-    def _place(self, seq: Sequence, free: list[int]) -> Placement | None:
+    def _place(self, seq: Sequence, free: list[int], copy_sources: set[int]) -> Placement | None:
         """The slot for seq and the prefix it reuses; None to wait for one being prefilled."""
         if not self.prefix_cache:
             return Placement(free[0], free[0], 0)
@@ -245,11 +275,24 @@ class Scheduler:
         own = max(free, key=lambda slot: (resident[slot], -self.prefixes.last_used(slot)))
         oldest = self.prefixes.least_recently_used(free)  # an empty slot, else the LRU prefix to evict
         if resident[best] >= resident[own] + MIN_COPY_TOKENS:
-            return Placement(oldest, best, resident[best])
-        if resident[own] >= MIN_COPY_TOKENS:
-            return Placement(own, own, resident[own])
-        # Too little in common to be worth evicting another prompt for (a BOS, a template header).
-        return Placement(oldest, oldest, resident[oldest])
+            placement = Placement(oldest, best, resident[best])
+        elif resident[own] >= MIN_COPY_TOKENS:
+            placement = Placement(own, own, resident[own])
+        else:  # too little in common to be worth evicting another prompt for (a BOS, a template header)
+            placement = Placement(oldest, oldest, resident[oldest])
+        return self._restored_instead(placement, prompt, [slot for slot in free if slot not in copy_sources])
+
+    def _restored_instead(self, placement: Placement, prompt: np.ndarray, targets: list[int]) -> Placement:
+        """A placement that restores a saved state from host memory, where one holds a longer
+        prefix than any slot and restoring it costs less than computing what it adds."""
+        if self.host_cache is None or not targets:
+            return placement
+        entry, shared = self.host_cache.best_match(prompt)
+        num_cached = self.chunk_rules.reusable(shared, len(prompt))
+        gain = num_cached - placement.num_cached
+        if entry is None or gain < MIN_COPY_TOKENS or not self.host_cache.costs.restoring_pays(entry.num_bytes, gain):
+            return placement
+        return Placement(self.prefixes.least_recently_used(targets), None, num_cached, entry)
 
     def release(self, seq: Sequence, keeps_prefix: bool, now: float) -> int:
         """Take a finished sequence out of its slot or out of the queue. Returns how many
@@ -257,7 +300,7 @@ class Scheduler:
         slot's KV must be cleared)."""
         if seq.slot is not None and self.slots[seq.slot] is seq:
             self.slots[seq.slot] = None
-            kept = seq.prompt_array[:seq.num_reusable_prompt_tokens] if self.prefix_cache and keeps_prefix else _NONE
+            kept = seq.reusable_kv_tokens(self.keeps_generated) if self.prefix_cache and keeps_prefix else _NONE
             self.prefixes.keep(seq.slot, kept, now)
             return len(kept)
         if seq in self.waiting:

@@ -89,7 +89,8 @@ class Sequence:
         self.num_logprobs_streamed = 0  # of self.logprobs, how many went out with text pieces
         self.text_parts: list[str] = []
         self.num_prefilled = 0  # prompt tokens in the slot's KV (reused or decoded)
-        self.num_cached = 0  # prompt tokens reused from a prefix already in some slot's KV
+        self.num_cached = 0  # prompt tokens reused from a prefix already computed (a slot's KV or host memory)
+        self.num_restored = 0  # of those, how many were restored from host memory
         self.num_intact_prompt = len(prompt_tokens)  # prompt tokens still at their positions after shifts
         self.n_past = 0  # tokens in the slot's KV; the next token goes at this position
         self._prompt_array: np.ndarray | None = None
@@ -124,6 +125,15 @@ class Sequence:
         """Leading prompt tokens the slot's KV holds at their own positions: what another
         request may reuse. A generation shift moves everything after n_keep."""
         return min(self.num_prefilled, self.num_intact_prompt)
+
+    def reusable_kv_tokens(self, with_generated: bool) -> np.ndarray:
+        """The tokens the slot's KV holds at their own positions, from position 0: the prompt
+        and (with_generated) the generated tokens fed back, unless a shift moved them (then
+        only the prompt tokens before the shifted part)."""
+        num_generated_in_kv = self.n_past - len(self.prompt_tokens)
+        if not with_generated or self.tokens_shifted_out or num_generated_in_kv <= 0:
+            return self.prompt_array[:self.num_reusable_prompt_tokens]
+        return np.asarray(self.prompt_tokens + self.output_tokens[:num_generated_in_kv], dtype=np.int32)
 
     @property
     def last_token(self) -> int:
@@ -169,19 +179,20 @@ class Sequence:
         if self.ending is None:
             self.ending = Ending(reason, error)
 
-    def admit(self, slot: int, now: float, num_cached: int = 0) -> None:
+    def admit(self, slot: int, now: float, num_cached: int = 0, from_host: bool = False) -> None:
         """Waiting -> prefilling in `slot`, whose KV already holds the first num_cached
-        prompt tokens (a reused prefix)."""
+        prompt tokens (a reused prefix; from_host: restored from host memory)."""
         assert 0 <= num_cached < len(self.prompt_tokens), "the last prompt token is always decoded"
         self._move_to(SequenceStatus.PREFILLING)
         self.slot = slot
         self.admitted_at = now
         self.num_cached = self.num_prefilled = self.n_past = num_cached
+        self.num_restored = num_cached if from_host else 0
 
     def drop_cached_prefix(self) -> None:
         """The reused prefix turned out not to be intact in the KV: prefill the whole prompt."""
         assert self.status is SequenceStatus.PREFILLING and self.n_past == self.num_cached
-        self.num_cached = self.num_prefilled = self.n_past = 0
+        self.num_cached = self.num_prefilled = self.n_past = self.num_restored = 0
 
     def record_decoded(self, num_tokens: int, is_prefill: bool, now: float) -> None:
         """A step put num_tokens of this sequence into its slot's KV; its last prompt token
@@ -288,6 +299,7 @@ class Sequence:
             finish_reason=self.ending.reason,
             prompt_tokens=len(self.prompt_tokens) + self.prompt_tokens_dropped,
             prompt_tokens_cached=self.num_cached,
+            prompt_tokens_from_host=self.num_restored,
             completion_tokens=len(self.output_tokens),
             timings=self.timings(),
             error=self.ending.error,

@@ -39,7 +39,8 @@ class RunStats:
     phase_seconds: dict[str, float] = field(default_factory=dict)
     num_admitted: int = 0
     num_prefix_hits: int = 0  # admitted requests that started from a reused prefix
-    prompt_tokens_reused: int = 0  # prompt tokens taken from a prefix resident in the KV
+    prompt_tokens_reused: int = 0  # prompt tokens taken from a prefix already computed (slots or host memory)
+    prompt_tokens_restored: int = 0  # of those, the ones restored from host memory
 
     @property
     def prefix_hit_rate(self) -> float | None:
@@ -80,6 +81,7 @@ class StatsRecorder:
         self.num_admitted = 0
         self.num_prefix_hits = 0
         self.prompt_tokens_reused = 0
+        self.prompt_tokens_restored = 0
         self.finished_by_reason: Counter[str] = Counter()
         self._recent: deque[tuple[float, int]] = deque()  # (time, generated tokens so far) per step
 
@@ -87,10 +89,11 @@ class StatsRecorder:
         if self.first_submit_at is None:
             self.first_submit_at = now
 
-    def note_admission(self, num_cached: int) -> None:
+    def note_admission(self, num_cached: int, num_restored: int = 0) -> None:
         self.num_admitted += 1
         self.num_prefix_hits += num_cached > 0
         self.prompt_tokens_reused += num_cached
+        self.prompt_tokens_restored += num_restored
 
     def note_finish(self, now: float, reason: str) -> None:
         self.last_finish_at = now
@@ -148,6 +151,7 @@ class StatsRecorder:
             num_admitted=self.num_admitted,
             num_prefix_hits=self.num_prefix_hits,
             prompt_tokens_reused=self.prompt_tokens_reused,
+            prompt_tokens_restored=self.prompt_tokens_restored,
         )
 
 

@@ -17,6 +17,7 @@ the logits get a seeded random component so that sampling has a real distributio
 
 from __future__ import annotations
 
+import json
 import time
 import zlib
 from dataclasses import dataclass
@@ -51,7 +52,7 @@ class FakeBackend:
     def __init__(self, num_slots: int = 4, window: int = 256, n_batch: int = 64, replies: dict[str, str] | None = None,
                  noisy: bool = False, can_shift: bool = True, decode_delay: float = 0.0,
                  no_kv_slot_above: int | None = None, sliding_window: int | None = None,
-                 chunk_rules: ChunkRules = ChunkRules()) -> None:
+                 chunk_rules: ChunkRules = ChunkRules(exact_reuse=False), state_bytes_per_token: int = 0) -> None:
         self.num_slots = num_slots
         self.window = window
         self.n_batch = n_batch
@@ -72,6 +73,9 @@ class FakeBackend:
         self.calls: list[DecodeCall] = []
         self.shifts: list[tuple[int, int, int]] = []
         self.reuses: list[tuple[int, int, int]] = []  # (slot, source slot, length) of every reused prefix
+        self.saves: list[int] = []  # slots whose state was saved to host memory
+        self.state_bytes_per_token = state_bytes_per_token  # padding, to give saved states a size
+        self.restores: list[tuple[int, int]] = []  # (slot, length) of every state restored
         self.refused_reuses: list[tuple[int, int, int]] = []  # those whose source had lost its start
         self.sliding_window = sliding_window
         self.chunk_rules = chunk_rules
@@ -194,16 +198,35 @@ class FakeBackend:
         self.forgotten_below[slot] = 0
 
     def reuse_prefix(self, slot: int, source_slot: int, length: int) -> bool:
-        assert length <= len(self.prompts[source_slot]), "only prompt tokens are reused"
+        assert length <= len(self.kv[source_slot]), "a slot can only give what its KV holds"
         self._note_kv_change(f"reuse slot {source_slot} in slot {slot}")
         self.reuses.append((slot, source_slot, length))
         intact = self.forgotten_below[source_slot] == 0 or length == 0
         if not intact:
             self.refused_reuses.append((slot, source_slot, length))
-        kept = self.kv[source_slot][:length] if intact else []
+        self._hold(slot, self.kv[source_slot][:length] if intact else [])
+        return intact
+
+    def _hold(self, slot: int, tokens: list[int]) -> None:
+        """The slot's KV becomes exactly `tokens`, the start of the next request's prompt."""
         self.clear_slot(slot)
-        self.kv[slot] = list(kept)
-        self.prompts[slot] = list(kept)
+        self.kv[slot] = list(tokens)
+        self.prompts[slot] = list(tokens)
+
+    def save_slot(self, slot: int) -> bytearray | None:
+        """A saved state: the slot's KV as bytes (a sliding window's forgotten start is lost,
+        as llama.cpp saves only the cells inside the window)."""
+        self.saves.append(slot)
+        kept = self.kv[slot][self.forgotten_below[slot]:]
+        return bytearray(json.dumps([self.forgotten_below[slot], kept]).encode().ljust(
+            len(kept) * self.state_bytes_per_token))
+
+    def restore_slot(self, slot: int, state: bytearray, length: int) -> bool:
+        self._note_kv_change(f"restore into slot {slot}")
+        forgotten, kept = json.loads(bytes(state).rstrip())
+        self.restores.append((slot, length))
+        intact = forgotten == 0 and length <= len(kept)
+        self._hold(slot, kept[:length] if intact else [])
         return intact
 
     def shift_slot(self, slot: int, keep: int, discard: int, n_past: int) -> None:
@@ -213,12 +236,12 @@ class FakeBackend:
         self.shifts.append((slot, keep, discard))
 
     def assert_free_slots_hold_only_kept_prompts(self, scheduler) -> None:
-        """Every slot is free and its KV is exactly the prompt prefix the scheduler keeps for
-        it: nothing generated, nothing beyond what a later request may reuse."""
+        """Every slot is free and its KV is exactly what the scheduler keeps for it (a prompt
+        and what was generated after it): nothing beyond what a later request may reuse."""
         for slot, holder in enumerate(scheduler.slots):
             assert holder is None, f"slot {slot} is still busy"
             kept = scheduler.prefixes.kept(slot).tolist()
-            assert self.kv[slot] == kept == self.prompts[slot][:len(kept)], f"slot {slot} holds {self.kv[slot]}"
+            assert self.kv[slot] == kept, f"slot {slot} holds {self.kv[slot]}, keeps {kept}"
 
     def slot_pos_max(self, slot: int) -> int:
         return len(self.kv[slot]) - 1

@@ -1,0 +1,148 @@
+"""The host-RAM tier of the prefix cache: slots' KV saved to memory before it is overwritten.
+
+A free slot keeps the KV of its last request (prompt and generated tokens), so that the next
+turn of that conversation, or another prompt with the same start, reuses it. With more live
+conversations than slots, a slot's KV is overwritten for another request; before that, its
+state (llama.cpp's llama_state_seq_get_data) is saved here, under the tokens it holds. A
+request whose prompt starts with an entry's tokens has that state restored into its slot
+(set_data, then cut back to the shared prefix) instead of prefilling it, when restoring is
+cheaper than computing: both costs are measured as the runner goes.
+
+Entries are bounded in bytes and evicted least recently used first. An entry whose tokens are
+a prefix of a newer one is dropped (the newer one covers it), and a state whose tokens an
+entry already covers is not saved twice. Pure Python: the backend does the saving and
+restoring; this is the index, the memory bound and the cost model.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .prefix import common_prefix_length
+
+# Saving costs a copy of the slot's KV (~23 kB a token on SmolLM2, 9 on Gemma 3): a slot whose
+# loss would cost fewer tokens than this is not worth the memory.
+MIN_SAVE_TOKENS = 32
+# Starting estimates, replaced by measurements as the runner goes (2-core CPU: a restore of
+# 1,201 tokens, 27.7 MB, took 3-8 ms; prefilling them ~3.9 s).
+INITIAL_RESTORE_SECONDS_PER_BYTE = 1e-9
+INITIAL_PREFILL_SECONDS_PER_TOKEN = 3e-3
+_SMOOTHING = 0.2  # weight of a new measurement in the running estimates
+
+
+@dataclass(eq=False)
+class HostEntry:
+    """A slot's KV saved in host memory: the tokens at positions 0..len-1, and the state."""
+
+    tokens: np.ndarray
+    state: bytearray
+
+    @property
+    def num_bytes(self) -> int:
+        return len(self.state)
+
+
+@dataclass
+class CostModel:
+    """Running estimates of what restoring a byte and prefilling a token cost."""
+
+    restore_seconds_per_byte: float = INITIAL_RESTORE_SECONDS_PER_BYTE
+    prefill_seconds_per_token: float = INITIAL_PREFILL_SECONDS_PER_TOKEN
+
+    def note_restore(self, num_bytes: int, seconds: float) -> None:
+        if num_bytes > 0:
+            self.restore_seconds_per_byte = _smoothed(self.restore_seconds_per_byte, seconds / num_bytes)
+
+    def note_prefill(self, num_tokens: int, seconds: float) -> None:
+        if num_tokens > 0:
+            self.prefill_seconds_per_token = _smoothed(self.prefill_seconds_per_token, seconds / num_tokens)
+
+    def restoring_pays(self, num_bytes: int, num_tokens_saved: int) -> bool:
+        """Whether restoring num_bytes costs less than prefilling the tokens it saves."""
+        return num_bytes * self.restore_seconds_per_byte < num_tokens_saved * self.prefill_seconds_per_token
+
+
+def _smoothed(estimate: float, measured: float) -> float:
+    return (1 - _SMOOTHING) * estimate + _SMOOTHING * measured
+
+
+@dataclass
+class HostCacheStats:
+    num_saved: int = 0
+    num_restored: int = 0
+    num_evicted: int = 0
+    tokens_restored: int = 0
+
+
+class HostCache:
+    """Saved slot states, found by the longest common prefix with a prompt, LRU-bounded in bytes."""
+
+    def __init__(self, limit_bytes: int) -> None:
+        self.limit_bytes = limit_bytes
+        self._entries: OrderedDict[int, HostEntry] = OrderedDict()  # least recently used first
+        self._next_key = 0
+        self.num_bytes = 0
+        self.costs = CostModel()
+        self.stats = HostCacheStats()
+
+    @property
+    def is_enabled(self) -> bool:
+        return self.limit_bytes > 0
+
+    @property
+    def num_entries(self) -> int:
+        return len(self._entries)
+
+    def entries(self) -> list[HostEntry]:
+        return list(self._entries.values())
+
+    def best_match(self, prompt: np.ndarray) -> tuple[HostEntry | None, int]:
+        """The entry sharing the longest prefix with `prompt`, and that length."""
+        best, best_length = None, 0
+        for entry in self._entries.values():
+            length = common_prefix_length(entry.tokens, prompt)
+            if length > best_length:
+                best, best_length = entry, length
+        return best, best_length
+
+    def covers(self, tokens: np.ndarray) -> bool:
+        """Whether an entry already holds these tokens (it starts with all of them)."""
+        return any(len(entry.tokens) >= len(tokens) and common_prefix_length(entry.tokens, tokens) == len(tokens)
+                   for entry in self._entries.values())
+
+    def add(self, tokens: np.ndarray, state: bytearray) -> bool:
+        """Keep a slot's state under its tokens, evicting the least recently used entries to
+        make room; False when the state alone is larger than the limit."""
+        if len(state) > self.limit_bytes:
+            return False
+        for key, entry in list(self._entries.items()):  # entries the new one covers
+            if len(entry.tokens) <= len(tokens) and common_prefix_length(entry.tokens, tokens) == len(entry.tokens):
+                self._remove(key)
+        while self.num_bytes + len(state) > self.limit_bytes:
+            self._remove(next(iter(self._entries)))
+            self.stats.num_evicted += 1
+        self._entries[self._next_key] = HostEntry(np.asarray(tokens, dtype=np.int32), state)
+        self._next_key += 1
+        self.num_bytes += len(state)
+        self.stats.num_saved += 1
+        return True
+
+    def note_restored(self, entry: HostEntry, num_tokens: int, seconds: float) -> None:
+        """An entry was restored into a slot: it becomes the most recently used."""
+        for key, held in self._entries.items():
+            if held is entry:
+                self._entries.move_to_end(key)
+                break
+        self.costs.note_restore(entry.num_bytes, seconds)
+        self.stats.num_restored += 1
+        self.stats.tokens_restored += num_tokens
+
+    def clear(self) -> None:
+        for key in list(self._entries):
+            self._remove(key)
+
+    def _remove(self, key: int) -> None:
+        self.num_bytes -= self._entries.pop(key).num_bytes
