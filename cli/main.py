@@ -134,10 +134,13 @@ def _resolve_model(name: str) -> models.ResolvedModel:
               help="Spread the rows over Ray actors, each a runner with -np slots and -t threads: on a local "
                    "Ray started on this machine, or on the cluster at ADDRESS. Needs multiseq[ray].")
 @click.option("--workers", type=click.IntRange(1), help="Ray actors (with --ray). Default: 1.")
+@click.option("--worker-gpus", type=click.FloatRange(0), help="GPUs Ray gives each worker (with --ray; Ray hides "
+              "the GPUs from a worker that asks for none, so give 1 with -ngl). Default: 0.")
 @click.option("-v", "--verbose", is_flag=True, help="Show llama.cpp warnings.")
 def batch_run(prompts_file: Path, output: Path | None, prompt_format: str | None, text_mode: str, order: str,
               errors_file: Path | None, resume: bool, strict: bool, stats_json: Path | None, dashboard: bool | None,
-              ray_address: str | None, workers: int | None, verbose: bool, **options) -> None:
+              ray_address: str | None, workers: int | None, worker_gpus: float | None, verbose: bool,
+              **options) -> None:
     """Run every prompt in PROMPTS_FILE and write one result per line.
 
     PROMPTS_FILE is JSON lines ({"id"?, "prompt" | "messages", ...}), plain text (one prompt
@@ -155,9 +158,10 @@ def batch_run(prompts_file: Path, output: Path | None, prompt_format: str | None
         if dashboard:
             raise click.UsageError("--dashboard shows the slots of one runner; with --ray a progress bar shows the run")
         dashboard = False
-        open_runner = _ray_runner_opener(None if ray_address == "local" else ray_address, workers or 1)
-    elif workers is not None:
-        raise click.UsageError("--workers needs --ray")
+        open_runner = _ray_runner_opener(None if ray_address == "local" else ray_address, workers or 1,
+                                         worker_gpus or 0)
+    elif workers is not None or worker_gpus is not None:
+        raise click.UsageError(f"{'--workers' if workers is not None else '--worker-gpus'} needs --ray")
     job = BatchJob(prompts_file, output, PromptFormat(prompt_format) if prompt_format else None, TextMode(text_mode),
                    defaults, config, order == "input", resume, strict, stats_json, dashboard, open_runner,
                    errors_file)
@@ -227,7 +231,8 @@ def serve(ctx_size: int | None, host: str, port: int, api_key: str | None, alias
                      f"{config.threads} threads; OpenAI API at {address}/v1 (the model is loading)", soft_wrap=True)
 
     def ready(runner: Runner) -> None:
-        stderr.print(f"ready: {settings.model_name} loaded, serving {address}/v1", soft_wrap=True)
+        where = f" on {runner.device}" if runner.device else ""
+        stderr.print(f"ready: {settings.model_name} loaded{where}, serving {address}/v1", soft_wrap=True)
         if view is not None:
             view.show(runner, address)
 
@@ -275,9 +280,9 @@ def _open_runner(config: RunnerConfig) -> OpenedRunner:
         raise click.ClickException(str(error)) from None
 
 
-def _ray_runner_opener(address: str | None, workers: int):
+def _ray_runner_opener(address: str | None, workers: int, gpus: float = 0):
     """Opens the runners of a --ray run: Ray joined (or started), then `workers` actors that
-    each load the model (fetching it on their node if needed)."""
+    each load the model (fetching it on their node if needed), each given `gpus` GPUs."""
     def open_ray_runner(config: RunnerConfig) -> OpenedRunner:
         try:
             from .. import ray as multiseq_ray
@@ -285,8 +290,8 @@ def _ray_runner_opener(address: str | None, workers: int):
             raise click.ClickException(str(error)) from None
         try:
             multiseq_ray.connect(address)
-            multiseq_ray.check_cpus(workers, config.threads)
-            pool = multiseq_ray.RayRunnerPool(config, workers)
+            multiseq_ray.check_cpus(workers, config.threads, gpus)
+            pool = multiseq_ray.RayRunnerPool(config, workers, gpus=gpus)
         except multiseq_ray.RayError as error:
             raise click.ClickException(str(error)) from None
         return OpenedRunner(pool, pool.model_name, ray_workers=workers)

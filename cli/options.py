@@ -14,11 +14,49 @@ import click
 
 from .. import models
 from ..runner import RunnerConfig, SamplingParams
-from ..runner.config import OverflowPolicy, default_of
+from ..runner.config import FlashAttention, OverflowPolicy, SplitMode, default_of
 
 ENGINE_FIELDS = ("model", "parallel", "slot_ctx", "threads", "n_keep", "n_discard", "seed", "chat_template",
-                 "prefix_cache", "batch_invariant", "overflow")
+                 "prefix_cache", "batch_invariant", "overflow", "n_gpu_layers", "main_gpu", "split_mode", "tensor_split",
+                 "flash_attn")
 SAMPLING_FIELDS = ("max_tokens", "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "stop", "ignore_eos")
+
+
+class GpuLayers(click.ParamType):
+    """-ngl: a number of layers, or `all` (also -1) for every one."""
+
+    name = "N|all"
+
+    def convert(self, value: Any, param, ctx) -> int:
+        if isinstance(value, int):
+            return value
+        text = str(value).strip().lower()
+        if text == "all":
+            return -1
+        try:
+            layers = int(text)
+        except ValueError:
+            layers = None
+        if layers is None or layers < -1:
+            self.fail(f"{value!r} is not a number of layers >= 0, or all (-1)", param, ctx)
+        return layers
+
+
+class TensorSplit(click.ParamType):
+    """-ts: each GPU's share of the model, as llama.cpp writes it: 3,1 (or 3/1)."""
+
+    name = "N0,N1,..."
+
+    def convert(self, value: Any, param, ctx) -> tuple[float, ...]:
+        if isinstance(value, tuple):
+            return value
+        try:
+            shares = tuple(float(part) for part in str(value).replace("/", ",").split(","))
+        except ValueError:
+            shares = ()
+        if not shares or any(not 0 <= share < float("inf") for share in shares) or sum(shares) <= 0:
+            self.fail(f"{value!r} is not a list of shares >= 0 such as 3,1", param, ctx)
+        return shares
 
 
 def _apply(decorators: list[Callable]) -> Callable:
@@ -53,6 +91,19 @@ def engine_options(slot_ctx_help: str = "Context tokens per slot (prompt + gener
         click.option("--chat-template", metavar="NAME_OR_FILE",
                      help="Chat template for messages: a llama.cpp built-in name (chatml, gemma, llama3, ...) or a "
                           "Jinja template file. Default: the model's own."),
+        click.option("-ngl", "--n-gpu-layers", type=GpuLayers(),
+                     help="Layers stored on the GPU: a number, or all (-1). A build without a GPU backend says so "
+                          "and runs on the CPU. [default: llama.cpp's, every layer on a GPU build]"),
+        click.option("-mg", "--main-gpu", default=default_of(RunnerConfig, "main_gpu"), show_default=True,
+                     type=click.IntRange(0), help="The GPU for the whole model with --split-mode none."),
+        click.option("-sm", "--split-mode", type=click.Choice([mode.value for mode in SplitMode]),
+                     default=default_of(RunnerConfig, "split_mode").value, show_default=True,
+                     help="How the model is spread over several GPUs (llama.cpp's modes)."),
+        click.option("-ts", "--tensor-split", type=TensorSplit(),
+                     help="Each GPU's share of the model, e.g. 3,1. [default: by their memory]"),
+        click.option("-fa", "--flash-attn", type=click.Choice([mode.value for mode in FlashAttention]),
+                     default=default_of(RunnerConfig, "flash_attn").value, show_default=True,
+                     help="Flash attention; auto lets llama.cpp decide (--batch-invariant turns it off)."),
     ])
 
 
