@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sys
 from contextlib import contextmanager
@@ -237,8 +238,8 @@ def serve(ctx_size: int | None, host: str, port: int, api_key: str | None, alias
             view.show(runner, address)
 
     try:
-        failure = serve_app(config, settings, host, port, access_log=not show_dashboard, on_listening=listening,
-                            on_ready=ready)
+        failure = serve_app(_resolved_config(config, resolved), settings, host, port, access_log=not show_dashboard,
+                            on_listening=listening, on_ready=ready)
     except OSError as error:  # the address is taken, or not ours to bind
         raise click.ClickException(f"cannot listen on {host}:{port}: {error.strerror or error}") from None
     finally:
@@ -271,11 +272,17 @@ def _configure_server_logs(verbose: bool, access_log: bool) -> None:
     logging.getLogger("uvicorn.access").setLevel(logging.INFO if access_log else logging.WARNING)
 
 
+def _resolved_config(config: RunnerConfig, resolved: models.ResolvedModel) -> RunnerConfig:
+    """The config with its model as the file it resolved to, unless a registry name: a
+    Hugging Face model is then not looked up again when the runner loads it."""
+    return config if resolved.spec is not None else dataclasses.replace(config, model=str(resolved.path))
+
+
 def _open_runner(config: RunnerConfig) -> OpenedRunner:
     """The real runner: the model fetched if needed (with progress), loaded, and a context on it."""
     resolved = _resolve_model(config.model)
     try:
-        return OpenedRunner(Runner(config), resolved.name)
+        return OpenedRunner(Runner(_resolved_config(config, resolved)), resolved.name)
     except (BackendError, models.ModelError) as error:
         raise click.ClickException(str(error)) from None
 

@@ -70,7 +70,11 @@ def _apply(decorators: list[Callable]) -> Callable:
 def engine_options(slot_ctx_help: str = "Context tokens per slot (prompt + generation).") -> Callable:
     return _apply([
         click.option("-m", "--model", default=models.DEFAULT_MODEL, show_default=True,
-                     help="Registry model name or path to a .gguf file."),
+                     help="Registry model name, path to a .gguf file, or a Hugging Face model: hf:OWNER/REPO[:QUANT] "
+                          "or hf:OWNER/REPO/FILE.gguf."),
+        click.option("-hf", "--hf-repo", metavar="OWNER/REPO[:QUANT]",
+                     help="A Hugging Face repository's GGUF model, as llama.cpp's -hf (the same as -m hf:OWNER/REPO"
+                          "[:QUANT]): QUANT (case-insensitive) by default Q4_K_M, else Q8_0, else the only one."),
         click.option("-np", "--parallel", default=default_of(RunnerConfig, "parallel"), show_default=True,
                      type=click.IntRange(1, 256), help="Sequences decoded together (slots)."),
         click.option("--slot-ctx", default=None, type=click.IntRange(16), help=slot_ctx_help + " [default: "
@@ -138,10 +142,31 @@ def runner_config(options: dict[str, Any]) -> RunnerConfig:
     values = {name: options[name] for name in ENGINE_FIELDS if name in options}
     if values.get("slot_ctx") is None:
         values.pop("slot_ctx", None)
+    if options.get("hf_repo"):
+        values["model"] = _hub_model(options["hf_repo"])
+    elif models.hub.is_hub_name(str(values.get("model", ""))):
+        _check_hub_name(values["model"], "-m/--model")
     try:
         return RunnerConfig(**values)
     except ValueError as error:
         raise click.UsageError(str(error)) from None
+
+
+def _hub_model(repo: str) -> str:
+    """-hf OWNER/REPO[:QUANT] as a model name, refused beside an -m of the user's."""
+    context = click.get_current_context(silent=True)
+    if context is not None and context.get_parameter_source("model") is not click.core.ParameterSource.DEFAULT:
+        raise click.UsageError("give -m/--model or -hf/--hf-repo, not both")
+    name = models.hub.PREFIX + repo.removeprefix(models.hub.PREFIX)
+    _check_hub_name(name, "-hf/--hf-repo")
+    return name
+
+
+def _check_hub_name(name: str, option: str) -> None:
+    try:
+        models.hub.parse(name)
+    except models.ModelError as error:
+        raise click.UsageError(f"{option}: {error}") from None
 
 
 def sampling_defaults(options: dict[str, Any]) -> SamplingParams:

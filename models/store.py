@@ -17,15 +17,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import hub
+from .errors import ModelError
 from .folders import cache_dir
 from .registry import DEFAULT_MODEL, MODELS, ModelSpec, get_spec, unknown_model_message
 
 GGUF_MAGIC = b"GGUF"
 _COPY_BLOCK_BYTES = 1 << 20
-
-
-class ModelError(Exception):
-    """A model that cannot be used: unknown, missing, corrupt or not fetchable. One line."""
 
 
 @dataclass(frozen=True)
@@ -44,14 +42,18 @@ ProgressCallback = Callable[[FetchProgress], None]
 
 @dataclass(frozen=True)
 class ResolvedModel:
-    """A model file ready to load, with the registry entry when it came from the registry."""
+    """A model file ready to load, with the registry entry when it came from the registry, or
+    the Hugging Face file (hf:OWNER/REPO/FILE.gguf) it is."""
 
     path: Path
     spec: ModelSpec | None
+    hub_name: str | None = None
 
     @property
     def name(self) -> str:
-        return self.spec.name if self.spec else self.path.name
+        if self.spec:
+            return self.spec.name
+        return self.hub_name or self.path.name
 
     @property
     def chat_template_fallback(self) -> str | None:
@@ -201,16 +203,24 @@ def _check_registry_file(spec: ModelSpec) -> Path:
 
 
 def resolve(name_or_path: str | os.PathLike | None = None, progress: ProgressCallback | None = None) -> ResolvedModel:
-    """Turn a registry name (fetched on first use) or a path to a .gguf file into a file to load."""
+    """Turn a registry name (fetched on first use), a Hugging Face model (hf:OWNER/REPO[:QUANT]
+    or hf:OWNER/REPO/FILE.gguf: from the Hugging Face cache, downloaded there unless offline)
+    or a path to a .gguf file into a file to load."""
     text = str(name_or_path) if name_or_path is not None else DEFAULT_MODEL
     if text in MODELS:
         spec = MODELS[text]
         if not local_path(spec).exists():
             fetch(text, progress=progress)
         return ResolvedModel(_check_registry_file(spec), spec)
+    if hub.is_hub_name(text):
+        found = hub.resolve(text)
+        _check_gguf_file(found.path)
+        return ResolvedModel(found.path, None, found.name)
     path = Path(text).expanduser()
     if path.suffix != ".gguf" and not path.exists():
         raise ModelError(unknown_model_message(text))
     _check_gguf_file(path)
-    return ResolvedModel(path.resolve(), None)
+    # Not resolved through symbolic links: a split GGUF's parts are found by the name of the
+    # first one, in its folder (the Hugging Face cache links names to blobs named by hash).
+    return ResolvedModel(path.absolute(), None)
 
