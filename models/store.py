@@ -180,6 +180,26 @@ def fetch(name: str, force: bool = False, progress: ProgressCallback | None = No
     return _verify_into_place(spec, partial, progress)
 
 
+def remove(name: str) -> list[Path]:
+    """Delete a fetched registry model (its file, its stamp, a partial fetch), or take a Hugging
+    Face model out of its cache (hf:OWNER/REPO/FILE.gguf, or hf:OWNER/REPO for the repository).
+    Returns the paths removed; a ModelError when there is nothing of that name to remove.
+    Nothing else is ever deleted: a local .gguf path is the user's, not multiseq's."""
+    if hub.is_hub_name(name):
+        return hub.remove(name)
+    if name not in MODELS:
+        raise ModelError(f"{name!r} is neither a registry model ({', '.join(sorted(MODELS))}) nor a Hugging Face model "
+                         f"(hf:OWNER/REPO/FILE.gguf): multiseq removes only the models it fetched")
+    path = local_path(MODELS[name])
+    candidates = [path, _stamp_path(path), path.with_name(path.name + ".partial")]
+    removed = [candidate for candidate in candidates if candidate.exists()]
+    if not removed:
+        raise ModelError(f"{name} is not fetched: nothing to remove in {models_dir()}")
+    for candidate in removed:
+        candidate.unlink()
+    return removed
+
+
 def _check_gguf_file(path: Path) -> None:
     if not path.is_file():
         raise ModelError(f"model file not found: {path}")

@@ -1,4 +1,4 @@
-"""The only module that imports llama_cpp: model, context, batch, decode, logits, KV, tokenizer.
+"""The only module that imports llama_cpp: model, context, batch, decode, logits, KV, tokenizer, devices.
 
 One llama.cpp context holds `num_slots` sequences (n_seq_max) with one KV stream each
 (kv_unified off), so each slot owns a window of llama_n_ctx_seq() positions. The batch is a

@@ -45,6 +45,12 @@ def offline_hub_cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
 
 
+@pytest.fixture
+def hub_cache() -> Path:
+    """This test's (empty) Hugging Face cache folder: helpers.add_hub_repo fills it."""
+    return Path(os.environ["HF_HUB_CACHE"])
+
+
 # --- the fake backend ------------------------------------------------------------------------
 
 @pytest.fixture

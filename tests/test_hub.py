@@ -5,7 +5,6 @@ listing a repository on the hub fails the test."""
 
 from __future__ import annotations
 
-import hashlib
 import os
 import socket
 from pathlib import Path
@@ -17,8 +16,8 @@ from click.testing import CliRunner
 from multiseq import models
 from multiseq.cli.main import cli
 from multiseq.models import hub
+from helpers import add_hub_repo as add_repo
 
-COMMIT = "0123456789abcdef0123456789abcdef01234567"
 FAKE_GGUF = b"GGUF" + bytes(60)
 
 
@@ -32,34 +31,6 @@ def no_network(monkeypatch):
     monkeypatch.setattr(huggingface_hub.HfApi, "list_repo_files", refuse)
     monkeypatch.setattr(socket.socket, "connect", refuse)
     monkeypatch.setattr(socket.socket, "connect_ex", refuse)
-
-
-def add_repo(cache: Path, repo: str, files: dict[str, bytes | Path], commit: str = COMMIT) -> Path:
-    """A model repository in huggingface_hub's cache layout: refs/main names the commit, each
-    file of snapshots/COMMIT/ is a relative link to its blob in blobs/ (a blob is the bytes, or a
-    link to a real file). Returns the snapshot folder."""
-    repo_dir = cache / ("models--" + repo.replace("/", "--"))
-    (repo_dir / "refs").mkdir(parents=True, exist_ok=True)
-    (repo_dir / "refs" / "main").write_text(commit)
-    snapshot = repo_dir / "snapshots" / commit
-    for name, content in files.items():
-        blobs = repo_dir / "blobs"
-        blobs.mkdir(exist_ok=True)
-        digest = hashlib.sha256(name.encode() + (content if isinstance(content, bytes) else str(content).encode()))
-        blob = blobs / digest.hexdigest()
-        if isinstance(content, Path):
-            blob.symlink_to(content)
-        else:
-            blob.write_bytes(content)
-        link = snapshot / name
-        link.parent.mkdir(parents=True, exist_ok=True)
-        link.symlink_to(os.path.relpath(blob, link.parent))
-    return snapshot
-
-
-@pytest.fixture
-def hub_cache() -> Path:
-    return Path(os.environ["HF_HUB_CACHE"])
 
 
 # --- names and choices, no cache needed ---------------------------------------------------------
