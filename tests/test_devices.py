@@ -205,3 +205,40 @@ def test_a_cpu_run_with_ngl_99_works_and_says_so_once(start_cli, tmp_path):
     assert stderr.count("no GPU backend") == expected_notices, stderr
     header = next(line for line in stderr.splitlines() if line.startswith("multiseq smollm2-135m"))
     assert " on " in header and (llama_backend.gpu_offload_supported() or " on CPU" in header), header
+
+
+# --- Ray workers and their GPUs ---------------------------------------------------------------
+
+def test_worker_gpus_needs_ray(tmp_path, configs_opened):
+    result = batch_run(tmp_path, "--worker-gpus", "1")
+    assert result.exit_code == 2 and "Error: --worker-gpus needs --ray" in result.output and not configs_opened
+
+
+def test_a_ray_run_needing_more_gpus_than_the_cluster_has_is_refused(monkeypatch):
+    ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'multiseq[ray]')")
+    from multiseq import ray as multiseq_ray
+
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 8.0})
+    multiseq_ray.check_cpus(2, 2)
+    with pytest.raises(multiseq_ray.RayError, match="2 workers x 1 GPUs need 2 GPUs, and the Ray cluster has 0"):
+        multiseq_ray.check_cpus(2, 2, gpus=1)
+
+
+def test_the_ray_predictor_takes_the_placement(monkeypatch):
+    pytest.importorskip("ray", reason="Ray is not installed (pip install 'multiseq[ray]')")
+    from multiseq import ray as multiseq_ray
+
+    class NoActor:
+        def __init__(self, config):
+            self.config = config
+
+        def ready(self):
+            return {"error": None, "model_name": "fake"}
+
+    monkeypatch.setattr(multiseq_ray, "_RunnerActor", NoActor)
+    predictor = multiseq_ray.MultiseqPredictor(n_gpu_layers=-1, split_mode="none", main_gpu=1, tensor_split=(1, 1),
+                                               flash_attn="off", max_tokens=8)
+    config = predictor._actor.config
+    assert (config.n_gpu_layers, config.split_mode, config.main_gpu, config.tensor_split, config.flash_attn) == \
+        (-1, SplitMode.NONE, 1, (1.0, 1.0), FlashAttention.OFF)
+    assert predictor._defaults.max_tokens == 8
