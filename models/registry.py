@@ -79,4 +79,5 @@ def get_spec(name: str) -> ModelSpec:
 
 def unknown_model_message(name: str) -> str:
     known = ", ".join(sorted(MODELS))
-    return f"unknown model {name!r}: known models are {known}, or give a path to a .gguf file"
+    return (f"unknown model {name!r}: known models are {known}, or give a path to a .gguf file, or a Hugging Face "
+            f"model as hf:OWNER/REPO[:QUANT] or hf:OWNER/REPO/FILE.gguf")

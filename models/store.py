@@ -17,15 +17,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import hub
+from .errors import ModelError
 from .folders import cache_dir
 from .registry import DEFAULT_MODEL, MODELS, ModelSpec, get_spec, unknown_model_message
 
 GGUF_MAGIC = b"GGUF"
 _COPY_BLOCK_BYTES = 1 << 20
-
-
-class ModelError(Exception):
-    """A model that cannot be used: unknown, missing, corrupt or not fetchable. One line."""
 
 
 @dataclass(frozen=True)
@@ -44,14 +42,18 @@ ProgressCallback = Callable[[FetchProgress], None]
 
 @dataclass(frozen=True)
 class ResolvedModel:
-    """A model file ready to load, with the registry entry when it came from the registry."""
+    """A model file ready to load, with the registry entry when it came from the registry, or
+    the Hugging Face file (hf:OWNER/REPO/FILE.gguf) it is."""
 
     path: Path
     spec: ModelSpec | None
+    hub_name: str | None = None
 
     @property
     def name(self) -> str:
-        return self.spec.name if self.spec else self.path.name
+        if self.spec:
+            return self.spec.name
+        return self.hub_name or self.path.name
 
     @property
     def chat_template_fallback(self) -> str | None:
@@ -178,6 +180,26 @@ def fetch(name: str, force: bool = False, progress: ProgressCallback | None = No
     return _verify_into_place(spec, partial, progress)
 
 
+def remove(name: str) -> list[Path]:
+    """Delete a fetched registry model (its file, its stamp, a partial fetch), or take a Hugging
+    Face model out of its cache (hf:OWNER/REPO/FILE.gguf, or hf:OWNER/REPO for the repository).
+    Returns the paths removed; a ModelError when there is nothing of that name to remove.
+    Nothing else is ever deleted: a local .gguf path is the user's, not multiseq's."""
+    if hub.is_hub_name(name):
+        return hub.remove(name)
+    if name not in MODELS:
+        raise ModelError(f"{name!r} is neither a registry model ({', '.join(sorted(MODELS))}) nor a Hugging Face model "
+                         f"(hf:OWNER/REPO/FILE.gguf): multiseq removes only the models it fetched")
+    path = local_path(MODELS[name])
+    candidates = [path, _stamp_path(path), path.with_name(path.name + ".partial")]
+    removed = [candidate for candidate in candidates if candidate.exists()]
+    if not removed:
+        raise ModelError(f"{name} is not fetched: nothing to remove in {models_dir()}")
+    for candidate in removed:
+        candidate.unlink()
+    return removed
+
+
 def _check_gguf_file(path: Path) -> None:
     if not path.is_file():
         raise ModelError(f"model file not found: {path}")
@@ -201,16 +223,24 @@ def _check_registry_file(spec: ModelSpec) -> Path:
 
 
 def resolve(name_or_path: str | os.PathLike | None = None, progress: ProgressCallback | None = None) -> ResolvedModel:
-    """Turn a registry name (fetched on first use) or a path to a .gguf file into a file to load."""
+    """Turn a registry name (fetched on first use), a Hugging Face model (hf:OWNER/REPO[:QUANT]
+    or hf:OWNER/REPO/FILE.gguf: from the Hugging Face cache, downloaded there unless offline)
+    or a path to a .gguf file into a file to load."""
     text = str(name_or_path) if name_or_path is not None else DEFAULT_MODEL
     if text in MODELS:
         spec = MODELS[text]
         if not local_path(spec).exists():
             fetch(text, progress=progress)
         return ResolvedModel(_check_registry_file(spec), spec)
+    if hub.is_hub_name(text):
+        found = hub.resolve(text)
+        _check_gguf_file(found.path)
+        return ResolvedModel(found.path, None, found.name)
     path = Path(text).expanduser()
     if path.suffix != ".gguf" and not path.exists():
         raise ModelError(unknown_model_message(text))
     _check_gguf_file(path)
-    return ResolvedModel(path.resolve(), None)
+    # Not resolved through symbolic links: a split GGUF's parts are found by the name of the
+    # first one, in its folder (the Hugging Face cache links names to blobs named by hash).
+    return ResolvedModel(path.absolute(), None)
 

@@ -1,4 +1,4 @@
-"""The only module that imports llama_cpp: model, context, batch, decode, logits, KV, tokenizer.
+"""The only module that imports llama_cpp: model, context, batch, decode, logits, KV, tokenizer, devices.
 
 One llama.cpp context holds `num_slots` sequences (n_seq_max) with one KV stream each
 (kv_unified off), so each slot owns a window of llama_n_ctx_seq() positions. The batch is a
@@ -10,11 +10,14 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import re
 import threading
 import time
 import warnings
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import numpy as np
 import llama_cpp as llama
@@ -25,43 +28,68 @@ from .chat_template import ChatTemplate, JinjaRenderer, load_chat_template
 from .errors import BackendError, NoKvSlot
 
 logger = logging.getLogger("multiseq.llama")
+notices = logging.getLogger("multiseq.backend")  # multiseq's own notices about llama.cpp (not its log)
 
 _GGML_LOG_LEVELS = {3: logging.WARNING, 4: logging.ERROR}  # ggml's WARN and ERROR
+_GGML_DEBUG, _GGML_INFO = 1, 2
 _init_lock = threading.Lock()
 _log_callback = None  # kept referenced: llama.cpp calls it for the life of the process
-_load_lock = threading.Lock()
-_load_errors: list[str] | None = None  # llama.cpp's error lines during the current model load
+_capture_lock = threading.Lock()
+_capture: _LlamaLog | None = None  # what llama.cpp logs while a model loads or a context is created
 _PIECE_BUFFER_BYTES = 256
 _DECODE_NO_KV_SLOT = 1
 _STATE_FLAGS = 0  # LLAMA_STATE_SEQ_FLAGS_NONE: the whole state, in host memory
 _UNTILED_ROWS_BELOW = 64  # GGML_FA_TILE_Q of ggml-cpu's flash attention
 _TOKENS_PER_PRODUCT_GROUP = 4  # columns per ggml-cpu repacked GEMM call; the rest go through GEMV
 
+_SPLIT_MODES = {"none": llama.LLAMA_SPLIT_MODE_NONE, "layer": llama.LLAMA_SPLIT_MODE_LAYER,
+                "row": llama.LLAMA_SPLIT_MODE_ROW, "tensor": llama.LLAMA_SPLIT_MODE_TENSOR}
+_FLASH_ATTENTION = {"on": llama.LLAMA_FLASH_ATTN_TYPE_ENABLED, "off": llama.LLAMA_FLASH_ATTN_TYPE_DISABLED,
+                    "auto": llama.LLAMA_FLASH_ATTN_TYPE_AUTO}
+# What llama.cpp says, at debug and info level, about where things run (llama-model.cpp's
+# load_tensors and llama-context.cpp; the lines are the same on every backend).
+_LAYER_DEVICE = re.compile(r"load_tensors: layer +\d+ assigned to device (\S+?),")
+_FLASH_ATTENTION_ASKED = re.compile(r"llama_context: flash_attn += (\w+)")
+_FLASH_ATTENTION_RESOLVED = re.compile(r"Flash Attention (enabled|not supported)")
+_no_gpu_noted = False
+
+
+@dataclass
+class _LlamaLog:
+    """llama.cpp's log lines during one model load or context creation: its errors, which a
+    failure reports, and its debug and info lines, which say where layers went."""
+
+    errors: list[str]
+    lines: list[str]
+
 
 def _forward_llama_log(level: int, text: bytes, _user_data) -> None:
+    capture = _capture
+    if capture is not None and level in (_GGML_DEBUG, _GGML_INFO) and text:
+        capture.lines.append(text.decode("utf-8", "replace"))
+        return
     python_level = _GGML_LOG_LEVELS.get(level)
     if python_level is None or not text:
         return
     message = text.decode("utf-8", "replace").rstrip()
-    capture = _load_errors
     if capture is not None and python_level >= logging.ERROR:
         # A failed load is reported by its BackendError, in one line naming this cause; the
         # log lines themselves are only warnings then (batch-run shows them with -v).
-        capture.append(message)
+        capture.errors.append(message)
         python_level = logging.WARNING
     logger.log(python_level, message)
 
 
 @contextmanager
-def _capturing_load_errors() -> Iterator[list[str]]:
-    """While a model loads, collect the errors llama.cpp logs (one load at a time)."""
-    global _load_errors
-    with _load_lock:
-        _load_errors = []
+def _capturing_llama_log() -> Iterator[_LlamaLog]:
+    """While a model loads or a context is created, collect what llama.cpp logs (one at a time)."""
+    global _capture
+    with _capture_lock:
+        _capture = _LlamaLog([], [])
         try:
-            yield _load_errors
+            yield _capture
         finally:
-            _load_errors = None
+            _capture = None
 
 
 def builtin_chat_templates() -> list[str]:
@@ -135,21 +163,25 @@ class LlamaModel:
     """A loaded GGUF: weights, vocabulary, chat template. Contexts are created on it."""
 
     def __init__(self, model_path: str, chat_template: str | None = None,
-                 chat_template_fallback: str | None = None, repack_weights: bool = True) -> None:
+                 chat_template_fallback: str | None = None, repack_weights: bool = True,
+                 n_gpu_layers: int | None = None, main_gpu: int = 0, split_mode: str = "layer",
+                 tensor_split: Sequence[float] | None = None) -> None:
         _init_llama_once()
         # A template the user gave is checked before the (slower) load.
         chosen = _load_user_template(chat_template) if chat_template else None
-        params = llama.llama_model_default_params()
-        # llama.cpp repacks some weight types for faster matrix products, which then take a
-        # batch's tokens four at a time and its last ones one by one, with other rounding: a
-        # token's numbers would depend on how many tokens share its micro-batch.
-        params.use_extra_bufts = repack_weights
+        self.params = self._model_params(repack_weights, n_gpu_layers, main_gpu, split_mode, tensor_split)
         self.repack_weights = repack_weights
-        with _capturing_load_errors() as errors:
-            self.handle = llama.llama_model_load_from_file(str(model_path).encode(), params)
+        if n_gpu_layers and not gpu_offload_supported():
+            _note_no_gpu(n_gpu_layers)
+        with _capturing_llama_log() as log:
+            self.handle = llama.llama_model_load_from_file(str(model_path).encode(), self.params)
         if not self.handle:
-            cause = f": {errors[0]}" if errors else ""
+            cause = f": {log.errors[0]}" if log.errors else ""
             raise BackendError(f"llama.cpp could not load the model file {model_path}{cause}")
+        # Where llama.cpp put each layer (the output layer counted, as llama.cpp counts it), by
+        # device name: the placement it chose, read back from what it reports.
+        self.layer_devices: dict[str, int] = dict(Counter(
+            match.group(1) for line in log.lines if (match := _LAYER_DEVICE.search(line))))
         self.path = str(model_path)
         self._vocab = llama.llama_model_get_vocab(self.handle)
         self.n_vocab = llama.llama_vocab_n_tokens(self._vocab)
@@ -168,13 +200,50 @@ class LlamaModel:
         self._grammar_tokenizer = None
         self._grammar_tokenizer_lock = threading.Lock()
 
+    def _model_params(self, repack_weights: bool, n_gpu_layers: int | None, main_gpu: int, split_mode: str,
+                      tensor_split: Sequence[float] | None):
+        """llama.cpp's model parameters; kept on the model (with the array tensor_split points
+        to), so that what was passed can be read back."""
+        params = llama.llama_model_default_params()
+        # llama.cpp repacks some weight types for faster matrix products, which then take a
+        # batch's tokens four at a time and its last ones one by one, with other rounding: a
+        # token's numbers would depend on how many tokens share its micro-batch.
+        params.use_extra_bufts = repack_weights
+        if n_gpu_layers is not None:
+            params.n_gpu_layers = n_gpu_layers
+        params.main_gpu = main_gpu
+        params.split_mode = _SPLIT_MODES[str(getattr(split_mode, "value", split_mode))]
+        self._tensor_split = None
+        if tensor_split:
+            max_devices = llama.llama_max_devices()
+            if len(tensor_split) > max_devices:
+                raise BackendError(f"tensor_split has {len(tensor_split)} shares; this llama.cpp build takes at "
+                                   f"most {max_devices} devices")
+            self._tensor_split = (ctypes.c_float * max_devices)(*tensor_split)
+            params.tensor_split = self._tensor_split
+        return params
+
     @classmethod
     def open(cls, name_or_path: str | os.PathLike | None = None, chat_template: str | None = None,
-             repack_weights: bool = True) -> LlamaModel:
+             repack_weights: bool = True, **placement) -> LlamaModel:
         """A registry model by name (fetched into the user's cache on first use; None: the
-        default model) or a .gguf file by path, loaded. Raises ModelError or BackendError."""
+        default model), a Hugging Face model (hf:OWNER/REPO[:QUANT] or hf:OWNER/REPO/FILE.gguf)
+        or a .gguf file by path, loaded. `placement` is n_gpu_layers, main_gpu, split_mode and
+        tensor_split, as RunnerConfig has them. Raises ModelError or BackendError."""
         resolved = models.resolve(name_or_path)
-        return cls(str(resolved.path), chat_template, resolved.chat_template_fallback, repack_weights=repack_weights)
+        return cls(str(resolved.path), chat_template, resolved.chat_template_fallback, repack_weights=repack_weights,
+                   **placement)
+
+    @property
+    def num_layers(self) -> int:
+        """The model's layers, plus its output layer (what llama.cpp's -ngl counts)."""
+        return llama.llama_model_n_layer(self.handle) + 1
+
+    @property
+    def device(self) -> str:
+        """Where the model runs, as llama.cpp placed its layers: "CPU (AMD EPYC)", or the GPUs
+        and how many layers each holds."""
+        return describe_placement(self.layer_devices, device_descriptions())
 
     def close(self) -> None:
         if self.handle:
@@ -300,7 +369,8 @@ class LlamaBackend:
     """One llama.cpp context with `num_slots` sequences on a model, driven a step at a time."""
 
     def __init__(self, model: LlamaModel, num_slots: int, slot_ctx: int, n_batch: int, threads: int,
-                 owns_model: bool = False, swa_full: bool = True, batch_invariant: bool = False) -> None:
+                 owns_model: bool = False, swa_full: bool = True, batch_invariant: bool = False,
+                 flash_attn: str = "auto") -> None:
         if batch_invariant and model.repack_weights:
             raise BackendError("batch_invariant needs the model loaded with repack_weights=False "
                                "(repacked weights compute a token differently by its place in the batch)")
@@ -308,7 +378,8 @@ class LlamaBackend:
         self.num_slots = num_slots
         self.n_batch = n_batch
         self._owns_model = owns_model
-        self._ctx = self._new_context(num_slots, slot_ctx, n_batch, threads, swa_full, batch_invariant)
+        self._ctx = self._new_context(num_slots, slot_ctx, n_batch, threads, swa_full, batch_invariant,
+                                      str(getattr(flash_attn, "value", flash_attn)))
         # Where llama.cpp's CPU kernels change with the shape of a micro-batch: flash attention
         # computes a sequence's rows in tiles once it has 64 of them, and one by one below that;
         # without it, only a sequence's lone row is computed differently. Matrix products with
@@ -331,6 +402,7 @@ class LlamaBackend:
         # size that was asked for, so a run behaves the same whatever the rounding.
         self.allocated_window = llama.llama_n_ctx_seq(self._ctx)
         self.window = min(slot_ctx, self.allocated_window)
+        self.device = model.device
         self.can_shift = bool(llama.llama_memory_can_shift(self._memory))
         self._batch = _BatchBuffers(n_batch)
         self.last_decode_seconds = 0.0  # the llama_decode call alone, without filling the batch
@@ -343,12 +415,13 @@ class LlamaBackend:
         self.grammar_tokenizer = model.grammar_tokenizer
 
     def _new_context(self, num_slots: int, slot_ctx: int, n_batch: int, threads: int, swa_full: bool,
-                     batch_invariant: bool):
+                     batch_invariant: bool, flash_attn: str):
+        """The context, its parameters kept as context_params, and whether llama.cpp runs
+        flash attention in it (as it reports: "auto" is settled when the context is made)."""
         params = llama.llama_context_default_params()
         # llama.cpp's default lets flash attention decide per micro-batch shape which kernels
         # run, so a sequence's numbers depend on what shares its batch. Without it, they do not.
-        if batch_invariant:
-            params.flash_attn_type = llama.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        params.flash_attn_type = _FLASH_ATTENTION["off" if batch_invariant else flash_attn]
         # A full-size sliding-window cache (llama.cpp's default) never drops a slot's first
         # positions, so every prefix a slot held stays reusable; a smaller one saves memory.
         params.swa_full = swa_full
@@ -359,9 +432,13 @@ class LlamaBackend:
         params.kv_unified = False  # one KV stream per slot: attention never scans other slots
         params.n_threads = threads
         params.n_threads_batch = threads
-        ctx = llama.llama_init_from_model(self.model.handle, params)
+        self.context_params = params
+        with _capturing_llama_log() as log:
+            ctx = llama.llama_init_from_model(self.model.handle, params)
         if not ctx:
-            raise BackendError(f"llama.cpp could not create a context of {num_slots} x {slot_ctx} tokens")
+            cause = f": {log.errors[0]}" if log.errors else ""
+            raise BackendError(f"llama.cpp could not create a context of {num_slots} x {slot_ctx} tokens{cause}")
+        self.flash_attention = _flash_attention_used(log.lines)
         return ctx
 
     def close(self) -> None:
@@ -454,3 +531,171 @@ class LlamaBackend:
         """The smallest position in the slot's KV, -1 when empty."""
         return llama.llama_memory_seq_pos_min(self._memory, slot)
 
+
+# --- where things run --------------------------------------------------------------------------
+
+def _flash_attention_used(lines: list[str]) -> str:
+    """"enabled" or "disabled", as llama.cpp reported it while making a context: what was asked,
+    or what "auto" became."""
+    asked = resolved = None
+    for line in lines:
+        if match := _FLASH_ATTENTION_ASKED.search(line):
+            asked = match.group(1)
+        elif match := _FLASH_ATTENTION_RESOLVED.search(line):
+            resolved = "enabled" if match.group(1) == "enabled" else "disabled"
+    return resolved or asked or "unknown"
+
+
+def gpu_offload_supported() -> bool:
+    """Whether this llama.cpp build has a GPU backend (CUDA, Metal, Vulkan, ...)."""
+    return bool(llama.llama_supports_gpu_offload())
+
+
+def _note_no_gpu(n_gpu_layers: int) -> None:
+    """Say once per process that GPU layers were asked of a build without a GPU backend."""
+    global _no_gpu_noted
+    if not _no_gpu_noted:
+        _no_gpu_noted = True
+        notices.warning(f"no GPU backend in this llama.cpp build (CPU only): n_gpu_layers {n_gpu_layers} (-ngl) has "
+                        f"no effect, the model runs on the CPU; `multiseq info` shows the build, and the README's "
+                        f"GPU section how to install one with a GPU backend")
+
+
+def describe_placement(layer_devices: dict[str, int], descriptions: dict[str, str]) -> str:
+    """A model's place in words: "CPU (AMD EPYC)" when every layer is on the CPU, else each
+    device with its share of the layers, GPUs first: "CUDA0 (NVIDIA L4) 31/31 layers"."""
+    total = sum(layer_devices.values())
+    if not total:
+        return "unknown"
+
+    def named(device: str) -> str:
+        description = descriptions.get(device)
+        return f"{device} ({description})" if description and description != device else device
+
+    if set(layer_devices) == {"CPU"}:
+        return named("CPU")
+    order = sorted(layer_devices, key=lambda device: (device == "CPU", device))
+    return ", ".join(f"{named(device)} {layer_devices[device]}/{total} layers" for device in order)
+
+
+@dataclass(frozen=True)
+class Device:
+    """A device ggml sees: its name (CPU, CUDA0, Metal, Vulkan0, ...), description, kind, memory."""
+
+    name: str
+    description: str
+    kind: str  # "CPU", "GPU", "integrated GPU", "accelerator" or "meta"
+    memory_free_bytes: int
+    memory_total_bytes: int
+
+
+_DEVICE_KINDS = ("CPU", "GPU", "integrated GPU", "accelerator", "meta")  # ggml_backend_dev_type's order
+_ggml_library = None
+
+
+def _ggml():
+    """ggml's device registry (ggml-backend.h), which llama-cpp-python loads but does not bind:
+    bound here, on the library llama_cpp loaded. None when it cannot be found."""
+    global _ggml_library
+    if _ggml_library is None:
+        try:
+            from llama_cpp import _ggml as ggml_module
+
+            library = ctypes.CDLL(ggml_module.libggml._name)
+            library.ggml_backend_reg_count.restype = ctypes.c_size_t
+            library.ggml_backend_reg_get.argtypes = [ctypes.c_size_t]
+            library.ggml_backend_reg_get.restype = ctypes.c_void_p
+            library.ggml_backend_reg_name.argtypes = [ctypes.c_void_p]
+            library.ggml_backend_reg_name.restype = ctypes.c_char_p
+            library.ggml_backend_dev_count.restype = ctypes.c_size_t
+            library.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
+            library.ggml_backend_dev_get.restype = ctypes.c_void_p
+            for name in ("ggml_backend_dev_name", "ggml_backend_dev_description"):
+                getattr(library, name).argtypes = [ctypes.c_void_p]
+                getattr(library, name).restype = ctypes.c_char_p
+            library.ggml_backend_dev_type.argtypes = [ctypes.c_void_p]
+            library.ggml_backend_dev_type.restype = ctypes.c_int
+            library.ggml_backend_dev_memory.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t),
+                                                        ctypes.POINTER(ctypes.c_size_t)]
+            library.ggml_backend_dev_memory.restype = None
+        except (ImportError, AttributeError, OSError):
+            return None
+        _ggml_library = library
+    return _ggml_library
+
+
+def _text(value: bytes | None) -> str:
+    return value.decode("utf-8", "replace") if value else ""
+
+
+def backends() -> list[str]:
+    """The ggml backends this build registered (CPU, CUDA, Metal, Vulkan, BLAS, ...)."""
+    _init_llama_once()
+    library = _ggml()
+    if library is None:
+        return []
+    return [_text(library.ggml_backend_reg_name(library.ggml_backend_reg_get(index)))
+            for index in range(library.ggml_backend_reg_count())]
+
+
+def devices() -> list[Device]:
+    """Every device the build's backends see, with its memory (free and total)."""
+    _init_llama_once()
+    library = _ggml()
+    if library is None:
+        return []
+    found = []
+    for index in range(library.ggml_backend_dev_count()):
+        device = library.ggml_backend_dev_get(index)
+        free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+        library.ggml_backend_dev_memory(device, ctypes.byref(free), ctypes.byref(total))
+        kind = library.ggml_backend_dev_type(device)
+        found.append(Device(_text(library.ggml_backend_dev_name(device)),
+                            _text(library.ggml_backend_dev_description(device)),
+                            _DEVICE_KINDS[kind] if 0 <= kind < len(_DEVICE_KINDS) else str(kind),
+                            free.value, total.value))
+    return found
+
+
+def device_descriptions() -> dict[str, str]:
+    return {device.name: device.description for device in devices()}
+
+
+@dataclass(frozen=True)
+class LlamaBuild:
+    """What the llama.cpp under multiseq was built with, and what it sees on this machine."""
+
+    llama_cpp_python: str  # the version of llama-cpp-python, which pins llama.cpp's sources
+    gpu_offload: bool  # whether a GPU backend is present
+    max_devices: int
+    supports_mmap: bool
+    supports_mlock: bool
+    backends: list[str]
+    devices: list[Device]
+    cpu_features: list[str]  # the CPU features the build uses (AVX2, NEON, ...), from system_info
+    system_info: str  # llama_print_system_info(), as llama.cpp prints it
+
+
+def _system_info_sections(text: str) -> dict[str, dict[str, str]]:
+    """llama_print_system_info()'s "CPU : SSE3 = 1 | AVX = 1 | CUDA : ARCHS = 890 | ..." as
+    {"CPU": {"SSE3": "1", "AVX": "1"}, "CUDA": {"ARCHS": "890"}}."""
+    sections: dict[str, dict[str, str]] = {}
+    current = sections.setdefault("", {})
+    for part in text.split("|"):
+        if " : " in part:
+            section, part = part.split(" : ", 1)
+            current = sections.setdefault(section.strip(), {})
+        name, equals, value = part.partition("=")
+        if equals:
+            current[name.strip()] = value.strip()
+    return sections
+
+
+def llama_build() -> LlamaBuild:
+    _init_llama_once()
+    system_info = _text(llama.llama_print_system_info()).strip()
+    features = [name for name, value in _system_info_sections(system_info).get("CPU", {}).items() if value == "1"]
+    return LlamaBuild(llama_cpp_python=llama.__version__, gpu_offload=gpu_offload_supported(),
+                      max_devices=int(llama.llama_max_devices()), supports_mmap=bool(llama.llama_supports_mmap()),
+                      supports_mlock=bool(llama.llama_supports_mlock()), backends=backends(), devices=devices(),
+                      cpu_features=features, system_info=system_info)

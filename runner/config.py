@@ -35,6 +35,23 @@ class OverflowPolicy(str, Enum):
     REJECT = "reject"
 
 
+class SplitMode(str, Enum):
+    """How a model is spread over several GPUs (llama.cpp's --split-mode)."""
+
+    NONE = "none"  # one GPU only: --main-gpu
+    LAYER = "layer"  # layers and KV split across the GPUs (llama.cpp's default)
+    ROW = "row"  # weights split by rows, the GPUs working in parallel
+    TENSOR = "tensor"  # weights and KV split across the GPUs (llama.cpp calls it experimental)
+
+
+class FlashAttention(str, Enum):
+    """Whether llama.cpp uses flash attention (its --flash-attn)."""
+
+    ON = "on"
+    OFF = "off"
+    AUTO = "auto"  # llama.cpp decides, by what the device supports
+
+
 def _require(condition: bool, message: str) -> None:
     if not condition:
         raise ValueError(message)
@@ -194,6 +211,15 @@ class RunnerConfig:
     # other requests), at some cost in speed: flash attention and weight repacking are off, and
     # a step holds either one prompt chunk or the decoding tokens.
     batch_invariant: bool = False
+    # Where the model runs; llama.cpp's model and context parameters of the same names.
+    # Layers stored on the GPU: None is llama.cpp's default (every layer, on a build with a GPU
+    # backend), -1 every layer, 0 none. A CPU-only build ignores all of these but flash_attn.
+    n_gpu_layers: int | None = None
+    main_gpu: int = 0  # the GPU for the whole model with split_mode "none"
+    split_mode: SplitMode = SplitMode.LAYER
+    tensor_split: tuple[float, ...] | None = None  # each GPU's share of the model, e.g. (3, 1)
+    # "auto" lets llama.cpp decide; batch_invariant turns it off (its kernels depend on the batch).
+    flash_attn: FlashAttention = FlashAttention.AUTO
 
     def __post_init__(self) -> None:
         _require(self.overflow in [policy.value for policy in OverflowPolicy],
@@ -217,3 +243,25 @@ class RunnerConfig:
         _require(is_int(self.n_keep) and 0 <= self.n_keep < self.slot_ctx // 2,
                  f"n_keep must be in [0, slot_ctx/2) = [0, {self.slot_ctx // 2}), got {self.n_keep!r}")
         _require(is_int(self.n_discard) and self.n_discard >= 0, f"n_discard must be >= 0, got {self.n_discard!r}")
+        self._check_devices()
+
+    def _check_devices(self) -> None:
+        _require(self.n_gpu_layers is None or (is_int(self.n_gpu_layers) and self.n_gpu_layers >= -1),
+                 f"n_gpu_layers must be an integer >= -1 (-1: every layer) or None, got {self.n_gpu_layers!r}")
+        _require(is_int(self.main_gpu) and self.main_gpu >= 0, f"main_gpu must be an integer >= 0, got {self.main_gpu!r}")
+        _require(self.split_mode in [mode.value for mode in SplitMode],
+                 f"split_mode must be one of {', '.join(mode.value for mode in SplitMode)}, got {self.split_mode!r}")
+        object.__setattr__(self, "split_mode", SplitMode(self.split_mode))
+        if self.tensor_split is not None:
+            shares = self.tensor_split
+            _require(isinstance(shares, (list, tuple)) and len(shares) > 0
+                     and all(is_number(share) and 0 <= share < float("inf") for share in shares)
+                     and sum(shares) > 0,
+                     f"tensor_split must be a list of shares >= 0 (one per GPU), not all 0, got {shares!r}")
+            object.__setattr__(self, "tensor_split", tuple(float(share) for share in shares))
+        _require(self.flash_attn in [mode.value for mode in FlashAttention],
+                 f"flash_attn must be one of {', '.join(mode.value for mode in FlashAttention)}, got {self.flash_attn!r}")
+        object.__setattr__(self, "flash_attn", FlashAttention(self.flash_attn))
+        _require(not (self.flash_attn is FlashAttention.ON and self.batch_invariant),
+                 "flash_attn 'on' does not go with batch_invariant, which turns flash attention off "
+                 "(its kernels compute a token differently by what shares its batch)")

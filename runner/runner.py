@@ -128,7 +128,8 @@ class Runner:
     def on_model(cls, model, config: RunnerConfig, autostart: bool = True) -> Runner:
         """A runner with a new context on an already loaded runner.backend.LlamaModel, which
         it does not free on close: many runners (say, at different parallelism) can share one
-        loaded model."""
+        loaded model. The model stays where it was loaded: the config's n_gpu_layers, main_gpu,
+        split_mode and tensor_split are the model's business, not the context's."""
         return cls(config, backend=_llama_backend(model, config, owns_model=False), autostart=autostart)
 
     @property
@@ -144,6 +145,12 @@ class Runner:
     def allocated_window(self) -> int:
         """The per-slot window llama.cpp allocated (it rounds up), where the backend has one."""
         return getattr(self.backend, "allocated_window", self.window)
+
+    @property
+    def device(self) -> str | None:
+        """Where the model runs, as llama.cpp placed it ("CPU (...)", or GPUs and their layers);
+        None when the backend does not say."""
+        return getattr(self.backend, "device", None)
 
     # --- public API ------------------------------------------------------------------------
 
@@ -389,13 +396,20 @@ def _llama_backend(model, config: RunnerConfig, owns_model: bool) -> Backend:
     from .backend import LlamaBackend
 
     return LlamaBackend(model, config.parallel, config.slot_ctx, config.n_batch, config.threads, owns_model=owns_model,
-                        batch_invariant=config.batch_invariant)
+                        batch_invariant=config.batch_invariant, flash_attn=config.flash_attn.value)
+
+
+def model_placement(config: RunnerConfig) -> dict[str, Any]:
+    """The config's model parameters for llama.cpp: where the layers go."""
+    return dict(n_gpu_layers=config.n_gpu_layers, main_gpu=config.main_gpu, split_mode=config.split_mode.value,
+                tensor_split=config.tensor_split)
 
 
 def _open_llama_backend(config: RunnerConfig) -> Backend:
     from .backend import LlamaModel
 
-    model = LlamaModel.open(config.model, config.chat_template, repack_weights=not config.batch_invariant)
+    model = LlamaModel.open(config.model, config.chat_template, repack_weights=not config.batch_invariant,
+                            **model_placement(config))
     try:
         return _llama_backend(model, config, owns_model=True)
     except BaseException:

@@ -37,6 +37,20 @@ def isolated_models_dir(request, tmp_path_factory, monkeypatch):
         monkeypatch.setenv("MULTISEQ_MODELS_DIR", str(tmp_path_factory.mktemp("models")))
 
 
+@pytest.fixture(autouse=True)
+def offline_hub_cache(tmp_path_factory, monkeypatch):
+    """Every test gets an empty Hugging Face cache of its own and offline mode: none reads the
+    user's cache, and none can reach the network (tests that need a hub cache build one)."""
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path_factory.mktemp("hf-hub")))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+@pytest.fixture
+def hub_cache() -> Path:
+    """This test's (empty) Hugging Face cache folder: helpers.add_hub_repo fills it."""
+    return Path(os.environ["HF_HUB_CACHE"])
+
+
 # --- the fake backend ------------------------------------------------------------------------
 
 @pytest.fixture

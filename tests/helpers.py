@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import os
 import subprocess
 import threading
 import time
@@ -49,3 +51,29 @@ def wait_until(condition, timeout: float = 10.0, what: str = "the condition") ->
             return
         deadline.wait(0.01)
     raise AssertionError(f"{what} was not reached within {timeout} s")
+
+
+HUB_COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+def add_hub_repo(cache: Path, repo: str, files: dict[str, bytes | Path], commit: str = HUB_COMMIT) -> Path:
+    """A model repository in huggingface_hub's cache layout: refs/main names the commit, each
+    file of snapshots/COMMIT/ is a relative link to its blob in blobs/ (a blob is the bytes, or a
+    link to a real file). Returns the snapshot folder."""
+    repo_dir = cache / ("models--" + repo.replace("/", "--"))
+    (repo_dir / "refs").mkdir(parents=True, exist_ok=True)
+    (repo_dir / "refs" / "main").write_text(commit)
+    snapshot = repo_dir / "snapshots" / commit
+    for name, content in files.items():
+        blobs = repo_dir / "blobs"
+        blobs.mkdir(exist_ok=True)
+        digest = hashlib.sha256(name.encode() + (content if isinstance(content, bytes) else str(content).encode()))
+        blob = blobs / digest.hexdigest()
+        if isinstance(content, Path):
+            blob.symlink_to(content)
+        else:
+            blob.write_bytes(content)
+        link = snapshot / name
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(os.path.relpath(blob, link.parent))
+    return snapshot

@@ -58,7 +58,8 @@ def test_unknown_model_is_one_clear_line(tmp_path):
     result = CliRunner().invoke(cli, ["batch-run", str(prompts), "-m", "no-such-model"])
     assert result.exit_code == 1
     assert result.stderr.strip().splitlines() == [
-        "Error: unknown model 'no-such-model': known models are gemma3-270m, smollm2-135m, or give a path to a .gguf file"]
+        "Error: unknown model 'no-such-model': known models are gemma3-270m, smollm2-135m, or give a path to a .gguf file, "
+        "or a Hugging Face model as hf:OWNER/REPO[:QUANT] or hf:OWNER/REPO/FILE.gguf"]
 
 
 def test_models_path_prints_the_file(tmp_path, run_cli):

@@ -60,3 +60,9 @@ def test_the_server_view_shows_where_it_listens_slots_queue_and_throughput_witho
     for expected in ("serving on http://127.0.0.1:8080", "story-7", "waiting 41", "now 301.4 tok/s", "prefix hits 75%"):
         assert expected in text, expected
     assert "ETA" not in text and "/61" not in text
+
+
+def test_the_server_view_names_the_device_the_model_runs_on():
+    console = Console(width=160, record=True, color_system=None)
+    console.print(render_server(made_up_snapshot(), "http://127.0.0.1:8080", "CUDA0 (NVIDIA L4) 31/31 layers"))
+    assert "serving on http://127.0.0.1:8080, model on CUDA0 (NVIDIA L4) 31/31 layers" in console.export_text()

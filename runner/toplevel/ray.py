@@ -47,6 +47,8 @@ from multiseq.runner.request import NO_TIMINGS
 # An actor that dies is started again and its requests are retried this many times.
 MAX_RESTARTS = 3
 _COLLECT_WAIT_S = 0.1
+# The RunnerConfig fields MultiseqPredictor takes besides its named arguments: where the model runs.
+_PLACEMENT_FIELDS = ("n_gpu_layers", "main_gpu", "split_mode", "tensor_split", "flash_attn")
 _CONNECT_TIMEOUT_S = 5.0
 
 
@@ -74,7 +76,8 @@ class _RunnerActor:
         if self._runner is None:
             return {"error": self._failure}
         return {"error": None, "model_name": self._model_name, "window": self._runner.window,
-                "allocated_window": self._runner.allocated_window, "node": os.uname().nodename}
+                "allocated_window": self._runner.allocated_window, "device": self._runner.device,
+                "node": os.uname().nodename}
 
     def run(self, request: Request) -> Result:
         return self._runner.submit(request).result()
@@ -101,8 +104,9 @@ class _RunnerActor:
         self._runner.close()
 
 
-def _actor_class(threads: int, max_concurrency: int):
-    return ray.remote(_RunnerActor).options(num_cpus=threads, max_concurrency=max_concurrency,
+def _actor_class(threads: int, max_concurrency: int, gpus: float = 0):
+    # Ray hides every GPU from an actor that asks for none (CUDA_VISIBLE_DEVICES is emptied).
+    return ray.remote(_RunnerActor).options(num_cpus=threads, num_gpus=gpus, max_concurrency=max_concurrency,
                                             max_restarts=MAX_RESTARTS, max_task_retries=MAX_RESTARTS)
 
 
@@ -137,12 +141,18 @@ def _check_reachable(address: str) -> None:
         raise RayError(f"could not connect to the Ray cluster at {address}: {error.strerror or error}") from None
 
 
-def check_cpus(workers: int, threads: int) -> None:
-    """Every worker must get its own cores: refuse a run the cluster cannot place at once."""
-    available = int(ray.cluster_resources().get("CPU", 0))
+def check_cpus(workers: int, threads: int, gpus: float = 0) -> None:
+    """Every worker must get its own cores (and the GPUs it asks for): refuse a run the cluster
+    cannot place at once."""
+    resources = ray.cluster_resources()
+    available = int(resources.get("CPU", 0))
     if workers * threads > available:
         raise RayError(f"{workers} workers x {threads} threads need {workers * threads} CPUs, and the Ray cluster "
                        f"has {available}: use fewer --workers or --threads")
+    available_gpus = resources.get("GPU", 0)
+    if workers * gpus > available_gpus:
+        raise RayError(f"{workers} workers x {gpus:g} GPUs need {workers * gpus:g} GPUs, and the Ray cluster has "
+                       f"{available_gpus:g}: use fewer --workers or --worker-gpus")
 
 
 # --- batch-run --ray -----------------------------------------------------------------------------
@@ -152,11 +162,11 @@ class RayRunnerPool:
     goes to the actor holding the fewest; its result is passed to on_finish from a collecting
     thread, as Runner does from its worker thread."""
 
-    def __init__(self, config: RunnerConfig, workers: int, window: int | None = None) -> None:
+    def __init__(self, config: RunnerConfig, workers: int, window: int | None = None, gpus: float = 0) -> None:
         self.config = config
         self.workers = workers
         per_actor = window or default_window(config.parallel)
-        actor_class = _actor_class(config.threads, per_actor + 2)  # +2: cancel_all and stats get through
+        actor_class = _actor_class(config.threads, per_actor + 2, gpus)  # +2: cancel_all and stats get through
         self._actors = [actor_class.remote(config) for _ in range(workers)]
         self._load = [0] * workers
         self._pending: dict[Any, tuple[Request, int, Callable[[Result], None] | None]] = {}
@@ -181,6 +191,11 @@ class RayRunnerPool:
     @property
     def allocated_window(self) -> int:
         return self.info["allocated_window"]
+
+    @property
+    def device(self) -> str:
+        """Where the first worker's model runs (the others are alike, on alike nodes)."""
+        return self.info["device"]
 
     def _wait_ready(self) -> dict[str, Any]:
         answers = ray.get([actor.ready.remote() for actor in self._actors])
@@ -289,17 +304,19 @@ class MultiseqPredictor:
     """For `ray.data.Dataset.map_batches` (with concurrency=N: N actors, each loads the model
     once and keeps its Runner). Each row has the fields of a JSONL prompt line (`id`, `prompt`
     or `messages`, per-row sampling fields); each output row is the record batch-run writes for
-    it, with an error record for a row that cannot run. Sampling defaults (max_tokens,
-    temperature, ...) are keyword arguments, like batch-run's options."""
+    it, with an error record for a row that cannot run. Where the model runs (n_gpu_layers,
+    main_gpu, split_mode, tensor_split, flash_attn) is RunnerConfig's; sampling defaults
+    (max_tokens, temperature, ...) are keyword arguments, like batch-run's options."""
 
     def __init__(self, model: str = models.DEFAULT_MODEL, parallel: int = default_of(RunnerConfig, "parallel"),
                  threads: int = 1,
                  slot_ctx: int | None = None, batch_invariant: bool = False, seed: int | None = None,
-                 **sampling: Any) -> None:
+                 **options: Any) -> None:
         config = {"slot_ctx": slot_ctx} if slot_ctx is not None else {}
+        placement = {name: options.pop(name) for name in _PLACEMENT_FIELDS if name in options}
         self._config = RunnerConfig(model=model, parallel=parallel, threads=threads, batch_invariant=batch_invariant,
-                                    seed=seed, **config)
-        self._defaults = SamplingParams(**sampling)
+                                    seed=seed, **config, **placement)
+        self._defaults = SamplingParams(**options)
         self._actor = _RunnerActor(self._config)
         answer = self._actor.ready()
         if answer["error"]:
@@ -332,14 +349,16 @@ class MultiseqPredictor:
             runner.close()
 
 
-def generate(dataset, workers: int = 1, threads: int = 1, batch_size: int | None = None, **predictor_args: Any):
+def generate(dataset, workers: int = 1, threads: int = 1, batch_size: int | None = None, gpus: float = 0,
+             **predictor_args: Any):
     """`dataset` (rows of JSONL prompt fields) mapped to result records by `workers` actors of
-    `threads` llama.cpp threads each, every actor asking Ray for `threads` CPUs. When the actors
-    take every CPU, read the dataset with num_cpus=0: its read tasks need a
-    CPU too, and would otherwise wait for ever."""
+    `threads` llama.cpp threads each, every actor asking Ray for `threads` CPUs and `gpus` GPUs
+    (Ray hides the GPUs from an actor that asks for none: give gpus=1 with n_gpu_layers). When
+    the actors take every CPU, read the dataset with num_cpus=0: its read tasks need a CPU too,
+    and would otherwise wait for ever."""
     parallel = predictor_args.get("parallel", default_of(RunnerConfig, "parallel"))
     return dataset.map_batches(MultiseqPredictor, fn_constructor_kwargs={"threads": threads, **predictor_args},
-                               compute=ray.data.ActorPoolStrategy(size=workers), num_cpus=threads,
+                               compute=ray.data.ActorPoolStrategy(size=workers), num_cpus=threads, num_gpus=gpus,
                                batch_format="pyarrow",
                                batch_size=batch_size or default_window(parallel))
 

@@ -1,0 +1,120 @@
+"""What `multiseq models list` and `multiseq info` show: the models on this machine (the
+registry's, fetched or not, and the GGUF models of the Hugging Face cache), and what llama.cpp
+was built with and sees. Plain values first (for --json), then rich tables."""
+
+from __future__ import annotations
+
+import dataclasses
+import platform
+import sys
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+from rich.console import Console, Group
+from rich.table import Table
+from rich.text import Text
+
+from .. import models
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """One model this machine has, or can fetch (a registry model not fetched yet)."""
+
+    name: str
+    source: str  # "registry" or "huggingface"
+    size_bytes: int  # on disk when downloaded; the registry's size otherwise
+    downloaded: bool
+    path: str | None  # where it is, when downloaded
+    description: str = ""
+    is_default: bool = False  # the model -m defaults to
+
+
+def model_entries() -> list[ModelEntry]:
+    """The registry's models, then every GGUF model in the Hugging Face cache."""
+    entries = []
+    for spec in models.MODELS.values():
+        path = models.local_path(spec)
+        downloaded = path.exists()
+        entries.append(ModelEntry(spec.name, "registry", path.stat().st_size if downloaded else spec.size_bytes,
+                                  downloaded, str(path) if downloaded else None, spec.description,
+                                  spec.name == models.DEFAULT_MODEL))
+    for cached in models.hub.cached_ggufs():
+        entries.append(ModelEntry(cached.name, "huggingface", cached.size_bytes, True, str(cached.path)))
+    return entries
+
+
+def folders() -> dict[str, Any]:
+    return {"models_dir": str(models.models_dir()), "hf_hub_cache": str(models.hub.cache_dir()),
+            "hf_hub_offline": models.hub.is_offline()}
+
+
+def size_text(num_bytes: int) -> str:
+    if num_bytes >= 10**9:
+        return f"{num_bytes / 10**9:.1f} GB"
+    return f"{num_bytes / 10**6:.0f} MB"
+
+
+def models_table(entries: list[ModelEntry]) -> Table:
+    table = Table("name", "size", "downloaded", "where", "description", box=None, pad_edge=False)
+    for entry in entries:
+        table.add_row(entry.name + (" (default)" if entry.is_default else ""), size_text(entry.size_bytes),
+                      "yes" if entry.downloaded else "no",
+                      entry.path or "(fetched on first use)", entry.description)
+    return table
+
+
+def folders_lines(where: dict[str, Any]) -> Text:
+    offline = " (HF_HUB_OFFLINE: nothing is downloaded)" if where["hf_hub_offline"] else ""
+    return Text(f"registry models: {where['models_dir']}\nHugging Face cache: {where['hf_hub_cache']}{offline}")
+
+
+def output_console() -> Console:
+    """Standard output; when it is not a terminal, wide enough that no line wraps (for grep)."""
+    console = Console()
+    return console if console.is_terminal else Console(width=10_000)
+
+
+# --- multiseq info ------------------------------------------------------------------------------
+
+def system_report() -> dict[str, Any]:
+    """multiseq's version, the Python and machine under it, llama.cpp's build and devices, and
+    the model folders with what they hold."""
+    from ..runner.backend import llama_build  # loads llama.cpp's library, not a model
+
+    try:
+        multiseq_version = version("multiseq")
+    except PackageNotFoundError:
+        multiseq_version = "unknown"
+    return {
+        "multiseq": multiseq_version,
+        "python": platform.python_version(),
+        "platform": f"{platform.system()} {platform.machine()}",
+        "executable": sys.executable,
+        "llama_cpp": dataclasses.asdict(llama_build()),
+        **folders(),
+        "models": [dataclasses.asdict(entry) for entry in model_entries()],
+    }
+
+
+def render_report(report: dict[str, Any]) -> Group:
+    build = report["llama_cpp"]
+    offload = "yes" if build["gpu_offload"] else "no (CPU only: -ngl has no effect)"
+    head = Table.grid(padding=(0, 2))
+    for label, value in (
+            ("multiseq", f"{report['multiseq']} (Python {report['python']}, {report['platform']})"),
+            ("llama-cpp-python", f"{build['llama_cpp_python']}"),
+            ("GPU offload", offload),
+            ("backends", ", ".join(build["backends"]) or "(unknown)"),
+            ("CPU features", " ".join(build["cpu_features"]) or "(none reported)"),
+            ("system info", build["system_info"]),
+            ("mmap / mlock", f"{'yes' if build['supports_mmap'] else 'no'} / {'yes' if build['supports_mlock'] else 'no'}"),
+    ):
+        head.add_row(Text(label, style="bold"), Text(value))
+    devices = Table("device", "kind", "description", "memory free / total", box=None, pad_edge=False)
+    for device in build["devices"]:
+        devices.add_row(device["name"], device["kind"], device["description"],
+                        f"{device['memory_free_bytes'] / 2**30:.1f} / {device['memory_total_bytes'] / 2**30:.1f} GiB")
+    entries = [ModelEntry(**entry) for entry in report["models"]]
+    return Group(head, Text(""), devices, Text(""), folders_lines(report), models_table(entries))
