@@ -14,7 +14,11 @@ import pytest
 
 from fakes import FakeBackend
 from multiseq import FinishReason, Request, SamplingParams
-from multiseq.formats.reader import parse_jsonl_line
+from multiseq.formats.openai_output import openai_record
+from multiseq.formats.reader import parse_jsonl_line, parse_openai_line
+from multiseq.formats.records import result_record
+from multiseq.formats.resume import record_succeeded
+from multiseq.formats.summary import RunTally
 from multiseq.runner import grammar
 from multiseq.runner.schema import SchemaCheck
 
@@ -131,6 +135,58 @@ def test_a_schema_nothing_can_compile_is_refused_even_leniently(make_runner):
     assert result.is_invalid_request and "json_schema cannot be compiled" in result.error and "missing" in result.error
 
 
+def test_a_jsonl_line_and_an_openai_line_choose_strictness():
+    schema = APPROXIMATED["uniqueItems"][0]
+    lenient = parse_jsonl_line(json.dumps({"prompt": "p", "json_schema": schema}), 1, SamplingParams())
+    strict_line = parse_jsonl_line(json.dumps({"prompt": "p", "json_schema": schema, "strict_schema": True}), 2,
+                                   SamplingParams())
+    assert lenient.is_valid and not strict_line.is_valid
+    assert strict_line.error_param == "json_schema" and 'Unimplemented keys: ["uniqueItems"]' in strict_line.error
+
+    def openai_line(strict, defaults=SamplingParams()):
+        spec = {"name": "x", "schema": schema} | ({} if strict is None else {"strict": strict})
+        body = {"messages": [{"role": "user", "content": "hi"}],
+                "response_format": {"type": "json_schema", "json_schema": spec}}
+        return parse_openai_line(json.dumps({"custom_id": "c", "method": "POST", "url": "/v1/chat/completions",
+                                             "body": body}), 1, defaults)
+
+    assert not openai_line(True).is_valid and openai_line(True).error_param == "response_format"
+    assert openai_line(False).is_valid and openai_line(None).is_valid
+    strict_default = SamplingParams(strict_schema=True)
+    assert not openai_line(None, strict_default).is_valid, "--strict-schema for lines that do not say"
+    assert openai_line(False, strict_default).is_valid, "a line's own strict: false wins"
+    bad = openai_line("yes")
+    assert bad.error_param == "response_format.json_schema.strict" and "true or false" in bad.error
+
+
+def test_the_flag_reaches_result_lines_and_openai_output(make_runner):
+    schema, _, breaking, keeping = APPROXIMATED["uniqueItems"]
+    [broken, kept] = run(make_runner, [Request(prompt="bad", id="bad", sampling=greedy(schema)),
+                                       Request(prompt="good", id="good", sampling=greedy(schema))],
+                         {"bad": breaking, "good": keeping})
+    line = result_record(broken)
+    assert line["finish_reason"] == "stop" and line["text"] == breaking and line["approximated"] == ["uniqueItems"]
+    assert "non-unique elements" in line["error"] and not record_succeeded(line), "--errors and --resume see it"
+    assert result_record(kept)["error"] is None and record_succeeded(result_record(kept))
+    tally = RunTally()
+    tally.add_result(broken)
+    tally.add_result(kept)
+    assert (tally.num_succeeded, tally.num_failed, tally.num_requests) == (1, 1, 2), "the summary counts it as failed"
+
+    item = parse_openai_line(json.dumps({"custom_id": "c", "method": "POST", "url": "/v1/chat/completions", "body": {
+        "messages": [{"role": "user", "content": "hi"}], "n": 2,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}}}), 1,
+        SamplingParams())
+    failed = openai_record(item, [kept, broken], "m")["response"]
+    assert failed["status_code"] == 422 and failed["body"]["error"]["type"] == "invalid_output_error"
+    assert failed["body"]["error"]["code"] == "output_does_not_validate"
+    assert failed["body"]["error"]["message"].startswith("choice 1: the output does not validate")
+    assert "(the grammar approximated: uniqueItems)" in failed["body"]["error"]["message"]
+    assert not record_succeeded(openai_record(item, [kept, broken], "m"))
+    passed = openai_record(item, [kept, kept], "m")["response"]
+    assert passed["status_code"] == 200 and passed["body"]["schema_approximated"] == ["uniqueItems"]
+
+
 def test_validation_counts_repeated_keys_and_reads_the_schemas_draft():
     check = SchemaCheck({"type": "object", "additionalProperties": {"type": "integer"}})
     assert check.error('{"a":1,"b":2}') is None
@@ -202,3 +258,15 @@ def test_a_schema_that_compiles_too_slowly_is_its_requests_error_and_the_run_goe
         assert later.error == slow_one.error, "even once the slow compile has finished"
     finally:
         release.set()
+
+
+def test_strict_schema_on_the_command_line_applies_to_lines_that_do_not_say(tmp_path, run_cli):
+    schema = APPROXIMATED["uniqueItems"][0]
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"id": "say-nothing", "prompt": "p", "json_schema": schema}) + "\n"
+                       + json.dumps({"id": "lenient", "prompt": "p", "json_schema": schema, "strict_schema": False})
+                       + "\n")
+    # --strict stops before the model loads when any line is bad, and names the bad lines.
+    result = run_cli("batch-run", str(prompts), "-o", str(tmp_path / "out.jsonl"), "--strict", "--strict-schema")
+    assert result.exit_code == 2, result.output
+    assert "1 bad line" in result.output and 'line 1: json_schema cannot be compiled exactly' in result.output
