@@ -9,6 +9,7 @@ import json
 import threading
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -270,3 +271,20 @@ def test_strict_schema_on_the_command_line_applies_to_lines_that_do_not_say(tmp_
     result = run_cli("batch-run", str(prompts), "-o", str(tmp_path / "out.jsonl"), "--strict", "--strict-schema")
     assert result.exit_code == 2, result.output
     assert "1 bad line" in result.output and 'line 1: json_schema cannot be compiled exactly' in result.output
+
+
+def test_every_schema_of_the_benchmark_sample_compiles_and_strict_mode_refuses_some():
+    """The 60 JSONSchemaBench schemas of bench/schemabench.py: translated leniently, none is
+    refused; strictly, those with keywords the grammar cannot enforce are."""
+    sample = Path(__file__).resolve().parent.parent / "bench" / "jsonschemabench_sample.jsonl"
+    schemas = [json.loads(line)["schema"] for line in sample.read_text(encoding="utf-8").splitlines()]
+    assert len(schemas) == 60
+    approximated = [grammar.translate(SamplingParams(json_schema=schema)).approximated for schema in schemas]
+    assert sum(bool(found) for found in approximated) >= 10
+    refused = 0
+    for schema in schemas:
+        try:
+            grammar.translate(SamplingParams(json_schema=schema, strict_schema=True))
+        except ValueError:
+            refused += 1
+    assert refused >= 10
