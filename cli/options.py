@@ -19,7 +19,8 @@ from ..runner.config import FlashAttention, OverflowPolicy, SplitMode, default_o
 ENGINE_FIELDS = ("model", "parallel", "slot_ctx", "threads", "n_keep", "n_discard", "seed", "chat_template",
                  "prefix_cache", "batch_invariant", "overflow", "n_gpu_layers", "main_gpu", "split_mode", "tensor_split",
                  "flash_attn")
-SAMPLING_FIELDS = ("max_tokens", "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "stop", "ignore_eos")
+SAMPLING_FIELDS = ("max_tokens", "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "stop", "ignore_eos",
+                   "strict_schema")
 
 
 class GpuLayers(click.ParamType):
@@ -134,6 +135,9 @@ def sampling_options(max_tokens_default: int | None, max_tokens_help: str) -> Ca
                      type=click.FloatRange(0, min_open=True)),
         click.option("--stop", multiple=True, help="Stop string (repeatable)."),
         click.option("--ignore-eos", is_flag=True, help="Never sample end-of-generation tokens."),
+        click.option("--strict-schema", is_flag=True, default=default_of(SamplingParams, "strict_schema"),
+                     help="Refuse a JSON schema the grammar cannot enforce exactly (naming the keyword), instead of "
+                          "approximating it and validating each output; a request's own strict wins."),
     ])
 
 

@@ -98,7 +98,9 @@ class SamplingParams:
     top-k, top-p, min-p, then temperature, then a draw from the seeded generator of that
     request. A constraint (json_schema, grammar or json_object) removes the tokens it forbids
     before the filters, so a constrained request samples exactly as if those tokens did not
-    exist; its output always follows the constraint.
+    exist; its output always follows the constraint's grammar. A json_schema whose keywords
+    the grammar cannot all enforce is approximated (strict_schema refuses it instead), and
+    every output that ends is validated against the whole schema (Result.schema_error).
     """
 
     max_tokens: int | None = 256  # None: until the slot's window is full (OpenAI's default)
@@ -118,6 +120,9 @@ class SamplingParams:
     json_schema: dict[str, Any] | None = None  # the output is JSON valid under this schema
     grammar: str | None = None  # the output follows this GBNF grammar (llama.cpp's format)
     json_object: bool = False  # the output is one JSON object (OpenAI's {"type": "json_object"})
+    # A json_schema is compiled exactly, or the request is refused naming what cannot be
+    # enforced; otherwise such keywords are approximated and each output validated after.
+    strict_schema: bool = False
     logprobs: bool = False  # report each output token's log probability
     top_logprobs: int = 0  # and this many most likely alternatives at each position (0-20)
 
@@ -167,6 +172,7 @@ class SamplingParams:
         _require(self.grammar is None or (isinstance(self.grammar, str) and self.grammar.strip() != ""),
                  f"grammar must be non-empty GBNF text, got {self.grammar!r}")
         _check_flag(self, "json_object")
+        _check_flag(self, "strict_schema")
 
     @property
     def is_greedy(self) -> bool:

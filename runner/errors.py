@@ -1,4 +1,5 @@
-"""Errors a backend raises, importable without loading llama.cpp (the fake backend uses them)."""
+"""Errors a backend or a constraint raises, importable without loading llama.cpp (the fake backend
+uses them)."""
 
 
 class BackendError(Exception):
@@ -7,6 +8,10 @@ class BackendError(Exception):
 
 class NoKvSlot(BackendError):
     """llama_decode found no KV room for the batch; a smaller batch may succeed."""
+
+
+class ConstraintError(ValueError):
+    """A schema or grammar that cannot be compiled (in time), or output the matcher refused."""
 
 
 def first_line(message: object) -> str:

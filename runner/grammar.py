@@ -1,11 +1,20 @@
 """Constrained output: a request's JSON schema or GBNF grammar as a token matcher (llguidance).
 
-A request's constraint is compiled once, when the request becomes a sequence, into an
-llguidance matcher over the model's vocabulary. Each step the matchers of the constrained rows
-fill one bitmask each (one bit per token: may this token come next?), computed in parallel by
+A request's constraint is compiled when the request becomes a sequence, into an llguidance
+matcher over the model's vocabulary. Each step the matchers of the constrained rows fill one
+bitmask each (one bit per token: may this token come next?), computed in parallel by
 llguidance; the sampler uses them to sample exactly from the allowed tokens, and each accepted
 token advances the matcher. A constraint that cannot be compiled is the request's error, so a
-request never runs unconstrained when it asked for a constraint.
+request never runs unconstrained when it asked for a constraint. A JSON schema is translated
+exactly or approximated (runner.schema), and a schema's outputs are validated when they end.
+
+Compiling has two stages, each done once per distinct constraint and cached: translating the
+request's schema or grammar into llguidance's grammar (no vocabulary needed, so input files
+are checked with it before a run), and building the matcher of that grammar over a vocabulary.
+Batch files repeat one schema on thousands of lines: each line then costs a cache lookup and a
+copy of the matcher (about a microsecond). Each stage runs on a thread of its own and is waited
+for at most COMPILE_TIMEOUT_S: a constraint that takes longer is that request's error (and
+stays one: the same constraint is not tried again), and the run goes on.
 
 The matcher's tokenizer is llguidance's view of the vocabulary, built once per model by the
 backend (the llama.cpp one from its vocab; a test backend from its byte pieces).
@@ -16,68 +25,132 @@ from __future__ import annotations
 import functools
 import json
 import threading
-from collections.abc import Callable, Sequence
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any
 
 import llguidance
 import llguidance.numpy
 import numpy as np
 
 from .config import SamplingParams
-from .errors import first_line
+from .errors import ConstraintError, first_line
+from .schema import SchemaCheck, Translation, schema_grammar
+
+__all__ = ["COMPILE_TIMEOUT_S", "ConstraintError", "TokenConstraint", "check_constraint", "translate"]
 
 _BITS = 32  # tokens per bitmask word
-# Whitespace between JSON tokens, as llama.cpp's JSON-schema grammars allow it: one space, or
-# one or two newlines and an indent of up to 20. JSON itself allows any run of whitespace, and
-# small models then tend to write whitespace until max_tokens instead of finishing.
-_JSON_OPTIONS = {"whitespace_pattern": r"(?: |\n{1,2}[ \t]{0,20})?"}
+# Longest wait for one stage of compiling a constraint; real schemas take milliseconds, the
+# largest of JSONSchemaBench's about a second.
+COMPILE_TIMEOUT_S = 10.0
+_CACHED_TRANSLATIONS = 256
+_CACHED_MATCHERS = 64
 _executor: llguidance.LLExecutor | None = None
 _executor_lock = threading.Lock()
-# Batch files repeat one schema on thousands of lines: each distinct constraint is compiled
-# once per vocabulary and every request gets a copy of that matcher (a copy costs about a
-# microsecond, a compile about half a millisecond).
-_CACHED_CONSTRAINTS = 64
-# Each entry holds its tokenizer too, so that no other tokenizer can reuse its id meanwhile.
-_compiled: dict[tuple[int, str], tuple[llguidance.LLTokenizer, llguidance.LLMatcher]] = {}
-_compiled_lock = threading.Lock()
 
 
-class ConstraintError(ValueError):
-    """A schema or grammar that cannot be compiled, or output the matcher refused."""
+class _Compilation:
+    """One compile, run on a thread of its own so that waiting for it can be bounded. It keeps
+    its outcome (a value, or the message of a ConstraintError) for every later request of the
+    same constraint. Whether it was in time is measured from its start, so every request of
+    the same constraint gets the same answer, even one that comes after a late finish."""
 
+    def __init__(self, work: Callable[[], Any]) -> None:
+        self._finished = threading.Event()
+        self._value: Any = None
+        self._error: str | None = None
+        self._started = time.monotonic()
+        self._seconds: float | None = None  # how long it took, once it is done
+        threading.Thread(target=self._run, args=(work,), name="multiseq-compile", daemon=True).start()
 
-def grammar_definition(params: SamplingParams) -> str | None:
-    """The llguidance grammar for a request's constraint (None when it has none).
-    Raises ConstraintError when the text cannot even be translated (bad GBNF syntax)."""
-    if params.json_schema is not None:
-        return llguidance.LLMatcher.grammar_from_json_schema(json.dumps(params.json_schema), defaults=_JSON_OPTIONS)
-    if params.json_object:
-        return llguidance.LLMatcher.grammar_from_json_schema(json.dumps({"type": "object"}), defaults=_JSON_OPTIONS)
-    if params.grammar is not None:
+    def _run(self, work: Callable[[], Any]) -> None:
         try:
-            return llguidance.grammar_from("gbnf", params.grammar)
-        except ValueError as error:
-            raise ConstraintError(f"grammar cannot be compiled: {first_line(error)}") from None
-    return None
+            self._value = work()
+        except ConstraintError as error:
+            self._error = str(error)
+        except Exception as error:  # noqa: BLE001 - llguidance failing on a constraint is that constraint's error
+            self._error = f"cannot be compiled: {first_line(error)}"
+        finally:
+            self._seconds = time.monotonic() - self._started
+            self._finished.set()
+
+    def result(self, what: str) -> Any:
+        """The compiled value; ConstraintError (naming `what`, the request's field) when the
+        compile failed, or did not finish within COMPILE_TIMEOUT_S of its start."""
+        self._finished.wait(max(0.0, self._started + COMPILE_TIMEOUT_S - time.monotonic()))
+        if not self._finished.is_set() or self._seconds > COMPILE_TIMEOUT_S:
+            raise ConstraintError(f"{what} took longer than {COMPILE_TIMEOUT_S:g} s to compile")
+        if self._error is not None:
+            raise ConstraintError(self._error if self._error.startswith(what) else f"{what} {self._error}")
+        return self._value
 
 
-def check_constraint(params: SamplingParams) -> None:
-    """Compile a request's constraint without a vocabulary: raises ConstraintError naming the
-    field when the schema or grammar is invalid (so input files can be checked before a run)."""
-    definition = grammar_definition(params)
-    if definition is not None:
-        error = _validation_error(definition)
-        if error is not None:
-            raise ConstraintError(f"{_field_name(params)} cannot be compiled: {error}")
+class _CompileCache:
+    """The compilations of the most recently used constraints (least recently used go first)."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._entries: OrderedDict[Hashable, _Compilation] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: Hashable, work: Callable[[], Any]) -> _Compilation:
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                entry = self._entries[key] = _Compilation(work)
+                if len(self._entries) > self._size:
+                    self._entries.popitem(last=False)
+            else:
+                self._entries.move_to_end(key)
+            return entry
 
 
-@functools.lru_cache(maxsize=_CACHED_CONSTRAINTS)
-def _validation_error(definition: str) -> str | None:
-    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(definition)
-    return first_line(messages[0]) if is_error else None
+_translations = _CompileCache(_CACHED_TRANSLATIONS)
+# Keyed by the tokenizer's id; each matcher entry holds its tokenizer too (the matcher refers
+# to it), so that no other tokenizer can reuse that id meanwhile.
+_matchers = _CompileCache(_CACHED_MATCHERS)
 
 
 def _field_name(params: SamplingParams) -> str:
     return "json_schema" if params.json_schema is not None else "grammar" if params.grammar is not None else "json_object"
+
+
+def translate(params: SamplingParams) -> Translation | None:
+    """The llguidance grammar of a request's constraint (None when it has none), translated
+    once per distinct constraint. Raises ConstraintError naming the field when it cannot be
+    compiled, or not within COMPILE_TIMEOUT_S."""
+    if params.json_schema is not None:
+        try:
+            text = json.dumps(params.json_schema, allow_nan=False)
+        except (ValueError, TypeError, RecursionError) as error:
+            raise ConstraintError(f"json_schema cannot be compiled: it is not JSON ({first_line(error)})") from None
+        key: tuple = ("json_schema", params.strict_schema, text)
+        work = functools.partial(schema_grammar, params.json_schema, params.strict_schema)
+    elif params.json_object:
+        key, work = ("json_object",), functools.partial(schema_grammar, {"type": "object"}, True)
+    elif params.grammar is not None:
+        key, work = ("grammar", params.grammar), functools.partial(_translate_gbnf, params.grammar)
+    else:
+        return None
+    return _translations.get(key, work).result(_field_name(params))
+
+
+def _translate_gbnf(text: str) -> Translation:
+    try:
+        grammar = llguidance.grammar_from("gbnf", text)
+    except ValueError as error:
+        raise ConstraintError(f"grammar cannot be compiled: {first_line(error)}") from None
+    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
+    if is_error:
+        raise ConstraintError(f"grammar cannot be compiled: {first_line(messages[0])}")
+    return Translation(grammar)
+
+
+def check_constraint(params: SamplingParams) -> Translation | None:
+    """Translate a request's constraint without a vocabulary: raises ConstraintError naming the
+    field when the schema or grammar is invalid (so input files can be checked before a run)."""
+    return translate(params)
 
 
 def tokenizer_from_pieces(pieces: Sequence[bytes], end_tokens: Sequence[int], special_tokens: Sequence[int],
@@ -99,16 +172,21 @@ def tokenizer_from_pieces(pieces: Sequence[bytes], end_tokens: Sequence[int], sp
 
 
 class TokenConstraint:
-    """One sequence's compiled constraint: which tokens may come next, advanced token by token."""
+    """One sequence's compiled constraint: which tokens may come next, advanced token by token;
+    for a JSON schema, what its grammar approximates and the check of the finished output."""
 
     def __init__(self, tokenizer: llguidance.LLTokenizer, params: SamplingParams) -> None:
-        definition = grammar_definition(params)
-        assert definition is not None, "only a constrained request gets a TokenConstraint"
-        compiled = _compiled_matcher(tokenizer, definition)
-        if compiled.is_error():
-            raise ConstraintError(f"{_field_name(params)} cannot be compiled: {first_line(compiled.get_error())}")
-        self.matcher = compiled.deep_copy()
+        translation = translate(params)
+        assert translation is not None, "only a constrained request gets a TokenConstraint"
+        compiled = _matchers.get((id(tokenizer), translation.grammar),
+                                 lambda: (tokenizer, _build_matcher(tokenizer, translation.grammar)))
+        matcher = compiled.result(_field_name(params))[1]
+        if matcher.is_error():
+            raise ConstraintError(f"{_field_name(params)} cannot be compiled: {first_line(matcher.get_error())}")
+        self.matcher = matcher.deep_copy()  # the cached matcher stays in its initial state
         self.vocab_size = tokenizer.vocab_size
+        self.approximated = translation.approximated
+        self._check = None if params.json_schema is None else _schema_check(params.json_schema)
 
     def accept(self, token: int) -> None:
         if not self.matcher.consume_token(token):
@@ -119,18 +197,34 @@ class TokenConstraint:
         """The output is a whole document and nothing may follow it but the end."""
         return self.matcher.is_stopped() and not self.matcher.is_error()
 
+    def output_error(self, text: str) -> str | None:
+        """Why an output that ended is not valid under the request's JSON schema (None when it
+        is, or when the constraint is no schema: a grammar's output is exactly its language)."""
+        return None if self._check is None else self._check.error(text)
 
-def _compiled_matcher(tokenizer: llguidance.LLTokenizer, definition: str) -> llguidance.LLMatcher:
-    """The matcher of a definition in its initial state, compiled once (never advanced: each
-    request advances its own copy)."""
-    key = (id(tokenizer), definition)
-    with _compiled_lock:
-        entry = _compiled.get(key)
-        if entry is None:
-            if len(_compiled) >= _CACHED_CONSTRAINTS:
-                _compiled.pop(next(iter(_compiled)))
-            entry = _compiled[key] = (tokenizer, llguidance.LLMatcher(tokenizer, definition, log_level=0))
-        return entry[1]
+
+def _build_matcher(tokenizer: llguidance.LLTokenizer, grammar: str) -> llguidance.LLMatcher:
+    """The matcher of a grammar in its initial state (never advanced: each request advances
+    its own copy)."""
+    return llguidance.LLMatcher(tokenizer, grammar, log_level=0)
+
+
+_checks: OrderedDict[str, SchemaCheck] = OrderedDict()
+_checks_lock = threading.Lock()
+
+
+def _schema_check(schema: dict[str, Any]) -> SchemaCheck:
+    """The validator of a schema, built once per distinct schema (by its JSON text)."""
+    key = json.dumps(schema)
+    with _checks_lock:
+        check = _checks.get(key)
+        if check is None:
+            check = _checks[key] = SchemaCheck(schema)
+            if len(_checks) > _CACHED_TRANSLATIONS:
+                _checks.popitem(last=False)
+        else:
+            _checks.move_to_end(key)
+        return check
 
 
 def _shared_executor() -> llguidance.LLExecutor:

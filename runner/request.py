@@ -86,8 +86,10 @@ NO_TIMINGS = Timings(None, None, None, None, 0.0)
 
 @dataclass(frozen=True)
 class Result:
-    """How one request ended. `ok` is true for stop and length; cancelled requests keep the
-    text they produced, and a request cancelled before it started has an error saying so."""
+    """How one request ended. `ok` is true for stop and length, unless the output ended but
+    does not validate against the request's JSON schema (`schema_error` says why; the text is
+    kept). Cancelled requests keep the text they produced, and a request cancelled before it
+    started has an error saying so."""
 
     id: str
     text: str
@@ -105,10 +107,16 @@ class Result:
     logprobs: tuple[TokenLogprob, ...] | None = None
     # The request could not run as given (it failed before it was queued): a client error.
     is_invalid_request: bool = False
+    # The output ended (stop) but is not valid under the request's JSON schema: why.
+    schema_error: str | None = None
+    # What the constraint left out of the request's JSON schema because its grammar cannot
+    # enforce it (keywords such as "not" or "uniqueItems", "format: uri-reference", ...): the
+    # output was validated against them afterwards. Empty when the schema was enforced exactly.
+    approximated: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
-        return self.finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
+        return self.finish_reason in (FinishReason.STOP, FinishReason.LENGTH) and self.schema_error is None
 
     @classmethod
     def rejected(cls, request_id: str, error: str) -> Result:

@@ -92,6 +92,16 @@ class SequenceSampler:
         """The constrained output is a whole document: nothing may follow but the end."""
         return self.constraint is not None and self.constraint.is_complete
 
+    @property
+    def approximated(self) -> tuple[str, ...]:
+        """What the constraint leaves out of the request's JSON schema (empty when exact)."""
+        return () if self.constraint is None else self.constraint.approximated
+
+    def output_error(self, text: str) -> str | None:
+        """Why an output that ended does not satisfy the request's JSON schema (None when it
+        does, or when there is no schema to check)."""
+        return None if self.constraint is None else self.constraint.output_error(text)
+
     def adjust(self, row: np.ndarray) -> None:
         """The chain's steps before top-k, in llama.cpp's order: logit bias, penalties, bans."""
         if self.bias_ids is not None:

@@ -13,7 +13,8 @@ The life of a sequence, and every reason it ends, are here:
 A sequence decides *that* it ends (`ending`: a stop token or string, max_tokens, a full window
 that cannot slide, a cancel, a failure) in the method that learns it; the engine retires every
 sequence with an ending at the next step boundary, in one place (Engine._retire), and finish()
-makes the move to the final status.
+makes the move to the final status. An output that ended by itself under a JSON schema is
+validated there, against the whole schema (the grammar may have approximated some of it).
 """
 
 from __future__ import annotations
@@ -97,6 +98,7 @@ class Sequence:
         self.tokens_shifted_out = 0
         self.is_window_exhausted = False  # the window filled up and could not slide
         self.has_reached_stop_string = False
+        self.schema_error: str | None = None  # why the finished output does not validate
         self.submitted_at = time.perf_counter() if submitted_at is None else submitted_at
         self.admitted_at: float | None = None
         self.prefilled_at: float | None = None
@@ -263,7 +265,9 @@ class Sequence:
 
         Held text (a possible stop-string start) is released when generation ends by itself
         or fails; never after a stop string, and never on cancel, so that nothing is emitted
-        for a request after cancel() returned."""
+        for a request after cancel() returned. An output that ended by itself (stop) is
+        checked against the request's JSON schema; one cut at max_tokens or cancelled is not
+        a whole document, and is not."""
         assert self.ending is not None, "only a sequence with an ending finishes"
         reason = self.ending.reason
         releases_held_text = (self.is_running and reason is not FinishReason.CANCELLED
@@ -273,6 +277,8 @@ class Sequence:
             self.text_parts.append(text)
         self._move_to(_FINAL_STATUS[reason])
         self.finished_at = now
+        if reason is FinishReason.STOP:
+            self.schema_error = self.sampler.output_error(self.text)
         return text
 
     # --- reporting -------------------------------------------------------------------------
@@ -307,6 +313,8 @@ class Sequence:
             prompt_tokens_dropped=self.prompt_tokens_dropped,
             tokens_shifted_out=self.tokens_shifted_out,
             logprobs=None if self.logprobs is None else tuple(self.logprobs),
+            schema_error=self.schema_error,
+            approximated=self.sampler.approximated,
         )
 
 

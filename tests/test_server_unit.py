@@ -247,6 +247,47 @@ def test_a_failure_inside_is_500_without_internals(server):
     assert "secret" not in json.dumps(body) and "/srv" not in json.dumps(body)
 
 
+UNIQUE = {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}  # the grammar cannot enforce uniqueItems
+
+
+def schema_format(strict: bool | None = None) -> dict:
+    spec = {"name": "numbers", "schema": UNIQUE} | ({} if strict is None else {"strict": strict})
+    return {"type": "json_schema", "json_schema": spec}
+
+
+def test_an_output_that_does_not_validate_is_422_streamed_or_not(server):
+    """The fake writes [1,1] for this chat: the grammar lets it through (uniqueItems is
+    approximated), the check after it does not, and the client sees an error, not content."""
+    client, base, _ = server(FakeBackend(num_slots=2, replies={HI: "[1,1]", "<user>Two<assistant>": "[1,2]"}))
+    with pytest.raises(openai.UnprocessableEntityError) as invalid:
+        client.chat.completions.create(model=MODEL, messages=USER_HI, temperature=0, response_format=schema_format())
+    assert_error_shape({"error": invalid.value.body}, "invalid_output_error", "response_format",
+                       "output_does_not_validate")
+    assert "non-unique elements" in invalid.value.body["message"] and "uniqueItems" in invalid.value.body["message"]
+    events = list(client.chat.completions.create(model=MODEL, messages=USER_HI, temperature=0, stream=True,
+                                                 response_format=schema_format()).response.iter_lines())
+    errors = [json.loads(line[5:]) for line in events if line.startswith("data: {\"error\"")]
+    assert len(errors) == 1 and errors[0]["error"]["code"] == "output_does_not_validate" and events[-2] == "data: [DONE]"
+    assert not any('"finish_reason": "stop"' in line for line in events), "no choice ends as a success"
+    valid = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Two"}], temperature=0,
+                                           response_format=schema_format())
+    assert valid.choices[0].message.content == "[1,2]" and valid.model_extra["schema_approximated"] == ["uniqueItems"]
+    chunks = list(client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Two"}],
+                                                 temperature=0, stream=True, response_format=schema_format()))
+    assert chunks[-1].choices[0].finish_reason == "stop" and chunks[-1].model_extra["schema_approximated"] == [
+        "uniqueItems"]
+
+
+def test_strict_refuses_a_schema_it_cannot_enforce_with_400(server):
+    client, _, _ = server()
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model=MODEL, messages=USER_HI, response_format=schema_format(strict=True))
+    assert refused.value.body["param"] == "response_format" and "uniqueItems" in refused.value.body["message"]
+    client, _, _ = server(defaults=SamplingParams(max_tokens=None, strict_schema=True))  # serve --strict-schema
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model=MODEL, messages=USER_HI, response_format=schema_format())
+
+
 # --- disconnects and shutdown ---------------------------------------------------------------------
 
 def open_stream(base: str, body: dict) -> http.client.HTTPResponse:

@@ -135,3 +135,42 @@ def test_constrained_greedy_batched_equals_one_at_a_time(smollm, real_runner):
     batched = real_runner(smollm, parallel=4, slot_ctx=256).run_batch(requests())
     alone = real_runner(smollm, parallel=1, slot_ctx=256).run_batch(requests())
     assert [r.text for r in batched] == [r.text for r in alone]
+
+
+APPROXIMATED_SCHEMAS = {
+    "uniqueItems": {"type": "object", "required": ["tags"], "additionalProperties": False,
+                    "properties": {"tags": {"type": "array", "minItems": 2, "maxItems": 4, "uniqueItems": True,
+                                            "items": {"enum": ["food", "film", "lyon", "baker", "comedy"]}}}},
+    "not": {"type": "object", "required": ["genre"], "additionalProperties": False,
+            "properties": {"genre": {"type": "string", "maxLength": 12, "not": {"const": "comedy"}}}},
+    "oneOf": {"type": "object", "required": ["rating"], "additionalProperties": False,
+              "properties": {"rating": {"oneOf": [{"type": "integer", "maximum": 5}, {"type": "integer", "minimum": 3}]}}},
+    "format": {"type": "object", "required": ["link"], "additionalProperties": False,
+               "properties": {"link": {"type": "string", "format": "uri-reference", "maxLength": 30}}},
+}
+
+
+def test_approximated_schemas_on_a_real_vocabulary_validate_or_are_flagged(smollm, real_runner):
+    """Schemas the grammar can only approximate run on the real tokenizer: every output that
+    ends by itself either validates against the whole schema or says why it does not; strict
+    mode refuses the same schemas."""
+    runner = real_runner(smollm, parallel=4, slot_ctx=256)
+    requests = [Request(messages=ask(f"Describe this review as JSON ({name}): {TEXT}"), id=name,
+                        sampling=SamplingParams(max_tokens=48, temperature=0, json_schema=schema))
+                for name, schema in APPROXIMATED_SCHEMAS.items()]
+    strict = [Request(prompt="x", id=f"strict-{name}", sampling=SamplingParams(json_schema=schema, strict_schema=True))
+              for name, schema in APPROXIMATED_SCHEMAS.items()]
+    results = runner.run_batch(requests + strict)
+    for result in results[:len(requests)]:
+        assert result.approximated, result.id
+        if result.finish_reason is FinishReason.STOP and result.schema_error is None:
+            jsonschema.validate(json.loads(result.text), APPROXIMATED_SCHEMAS[result.id])
+            assert result.ok
+        elif result.finish_reason is FinishReason.STOP:
+            assert not result.ok and "json_schema" in result.schema_error
+            with pytest.raises((ValueError, jsonschema.ValidationError)):
+                jsonschema.validate(json.loads(result.text), APPROXIMATED_SCHEMAS[result.id])
+        else:
+            assert result.finish_reason is FinishReason.LENGTH and result.schema_error is None
+    for result in results[len(requests):]:
+        assert result.is_invalid_request and "cannot be compiled exactly" in result.error

@@ -52,6 +52,7 @@ SAMPLING_FIELDS = {
     "json_schema": (lambda value: isinstance(value, dict), "a JSON Schema object"),
     "grammar": (lambda value: isinstance(value, str), "GBNF grammar text"),
     "json_object": (lambda value: isinstance(value, bool), "true or false"),
+    "strict_schema": (lambda value: isinstance(value, bool), "true or false"),
 }
 # Fields every line may carry besides the sampling fields.
 COMMON_FIELDS = {"n", "response_format", "max_completion_tokens"}
@@ -103,7 +104,9 @@ def _logit_bias(value: dict[str, Any]) -> dict[int, float]:
 
 def response_format_overrides(value: Any) -> dict[str, Any]:
     """OpenAI's response_format as SamplingParams keywords: text (no constraint), json_object,
-    or json_schema with its schema."""
+    or json_schema with its schema. OpenAI's `strict: true` asks that the output follow the
+    schema exactly, refusing schemas it cannot enforce: strict_schema; false or absent leaves
+    the line's default (approximate what cannot be enforced, and validate the output)."""
     if not isinstance(value, dict):
         raise ItemError("'response_format' must be an object with a 'type'", "response_format")
     kind = value.get("type")
@@ -116,7 +119,11 @@ def response_format_overrides(value: Any) -> dict[str, Any]:
         if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
             raise ItemError("response_format json_schema needs 'json_schema': {'name', 'schema': {...}}",
                             "response_format.json_schema.schema")
-        return {"json_schema": spec["schema"]}
+        strict = spec.get("strict")
+        if strict is not None and not isinstance(strict, bool):
+            raise ItemError(f"response_format json_schema 'strict' must be true or false, got {json.dumps(strict)}",
+                            "response_format.json_schema.strict")
+        return {"json_schema": spec["schema"]} | ({} if strict is None else {"strict_schema": strict})
     raise ItemError(f"response_format type must be text, json_object or json_schema, got {json.dumps(kind)}",
                     "response_format.type")
 

@@ -6,6 +6,9 @@
   that cannot fit): `response.status_code` 400 and `response.body.error` {message, type,
   param, code}, `param` naming the field when one is to blame.
 - A line that failed while running: 500 with a server_error.
+- A line whose output ended but does not validate against its JSON schema (the grammar could
+  only approximate the schema): 422 with an invalid_output_error naming the choice and what
+  does not validate, never a 200 a client would take as valid.
 - A line cancelled by an interrupted run: no response, and `error` {code: batch_cancelled}.
 """
 
@@ -40,15 +43,40 @@ def openai_record(item: PromptItem, results: list[Result] | None, model_name: st
     elif cancelled is not None:
         record["error"] = {"code": "batch_cancelled",
                            "message": cancelled.error or "the run was interrupted before this request finished"}
+    elif schema_failure(results) is not None:
+        record["response"] = _error_response(INVALID_OUTPUT_STATUS, schema_failure(results), INVALID_OUTPUT,
+                                             "response_format", INVALID_OUTPUT_CODE)
     else:
         record["response"] = {"status_code": 200, "request_id": f"req_{_uid()}",
                               "body": completion_body(item, results, model_name)}
     return record
 
 
-def _error_response(status: int, message: str | None, kind: str, param: str | None) -> dict[str, Any]:
+def _error_response(status: int, message: str | None, kind: str, param: str | None,
+                    code: str | None = None) -> dict[str, Any]:
     return {"status_code": status, "request_id": f"req_{_uid()}",
-            "body": {"error": {"message": message, "type": kind, "param": param, "code": None}}}
+            "body": {"error": {"message": message, "type": kind, "param": param, "code": code}}}
+
+
+# An output that ended but does not validate against the request's JSON schema.
+INVALID_OUTPUT_STATUS = 422
+INVALID_OUTPUT = "invalid_output_error"
+INVALID_OUTPUT_CODE = "output_does_not_validate"
+
+
+def schema_failure(results: list[Result]) -> str | None:
+    """What is wrong with the first choice whose output does not validate against the
+    request's JSON schema (None: every output that ended validates)."""
+    return next((schema_failure_message(result, index, len(results))
+                 for index, result in enumerate(results) if result.schema_error is not None), None)
+
+
+def schema_failure_message(result: Result, index: int, num_choices: int) -> str:
+    """A choice's validation failure in words: the choice (when there are several), what does
+    not validate, and what the grammar approximated."""
+    where = f"choice {index}: " if num_choices > 1 else ""
+    approximated = f" (the grammar approximated: {', '.join(result.approximated)})" if result.approximated else ""
+    return f"{where}{result.schema_error}{approximated}"
 
 
 def response_id(is_chat: bool) -> str:
@@ -74,9 +102,16 @@ def completion_body(item: PromptItem, results: list[Result], model_name: str, bo
     else:
         choices = [{"index": index, "text": result.text, "logprobs": completion_logprobs(result.logprobs),
                     "finish_reason": result.finish_reason.value} for index, result in enumerate(results)]
-    return {"id": body_id or response_id(item.is_chat), "object": "chat.completion" if item.is_chat else "text_completion",
+    body = {"id": body_id or response_id(item.is_chat), "object": "chat.completion" if item.is_chat else "text_completion",
             "created": created if created is not None else int(time.time()), "model": model_name,
             "choices": choices, "usage": usage_of(results)}
+    return body | approximated_field(results)
+
+
+def approximated_field(results: list[Result]) -> dict[str, Any]:
+    """`schema_approximated`: what the constraint left out of the request's JSON schema (the
+    outputs were validated against it afterwards); present only when something was."""
+    return {"schema_approximated": list(results[0].approximated)} if results and results[0].approximated else {}
 
 
 def stream_chunk(is_chat: bool, body_id: str, created: int, model_name: str, choices: list[dict[str, Any]],

@@ -29,7 +29,8 @@ def result_record(result: Result) -> dict[str, Any]:
         "id": result.id,
         "text": result.text,
         "finish_reason": result.finish_reason.value,
-        "error": result.error,
+        # An output that ended but does not validate against its JSON schema is an error too.
+        "error": result.error or result.schema_error,
         "prompt_tokens": result.prompt_tokens,
         "prompt_tokens_cached": result.prompt_tokens_cached,
         "completion_tokens": result.completion_tokens,
@@ -44,6 +45,7 @@ def result_record(result: Result) -> dict[str, Any]:
             "total_s": _rounded(timings.total_s),
         },
         **({} if result.logprobs is None else {"logprobs": logprobs_record(result.logprobs)}),
+        **({"approximated": list(result.approximated)} if result.approximated else {}),
     }
 
 

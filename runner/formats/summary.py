@@ -26,7 +26,7 @@ class RunTally:
 
     def __init__(self, seed: int = 0) -> None:
         self.num_succeeded = 0
-        self.num_failed = 0  # errors, including lines that could not run
+        self.num_failed = 0  # errors, including lines that could not run and invalid outputs
         self.num_cancelled = 0  # stopped while running (their partial text is written)
         self.num_not_started = 0  # interrupted before they started (no line; --resume runs them)
         self.num_truncated = 0
@@ -38,7 +38,8 @@ class RunTally:
 
     def add_result(self, result: Result) -> None:
         self.num_succeeded += result.ok
-        self.num_failed += result.finish_reason is FinishReason.ERROR
+        # An output that does not validate against its schema ended, but did not succeed.
+        self.num_failed += result.finish_reason is FinishReason.ERROR or result.schema_error is not None
         self.num_cancelled += result.finish_reason is FinishReason.CANCELLED
         self.num_truncated += result.truncated
         self.prompt_tokens += result.prompt_tokens

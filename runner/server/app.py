@@ -31,7 +31,9 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..formats.fields import ItemError
-from ..formats.openai_output import completion_body, response_id, stream_choice, stream_chunk, usage_of
+from ..formats.openai_output import (INVALID_OUTPUT, INVALID_OUTPUT_CODE, INVALID_OUTPUT_STATUS, approximated_field,
+                                     completion_body, response_id, schema_failure_message, stream_choice, stream_chunk,
+                                     usage_of)
 from ..formats.reader import PromptItem, openai_body_item
 from ..runner import FinishReason, OverflowPolicy, Result, Runner, SamplingParams
 from .errors import INVALID_REQUEST, NOT_FOUND, OVERLOADED, ApiError, error_body, internal_error
@@ -173,8 +175,8 @@ async def _complete(request: HttpRequest, is_chat: bool) -> Response:
     body = await _read_json(request, state.settings.max_body_bytes)
     state.check_model(body.get("model"))
     stream, include_usage = _stream_options(body)
-    try:
-        item = openai_body_item(uuid.uuid4().hex, body, is_chat, state.settings.defaults)
+    try:  # off the event loop: a schema seen for the first time is compiled here
+        item = await asyncio.to_thread(openai_body_item, uuid.uuid4().hex, body, is_chat, state.settings.defaults)
     except ItemError as error:
         raise ApiError(400, str(error), INVALID_REQUEST, error.param) from None
     item = dataclasses.replace(item, request=dataclasses.replace(item.request, overflow=state.settings.overflow))
@@ -187,7 +189,7 @@ async def _complete(request: HttpRequest, is_chat: bool) -> Response:
     _observe_latency(state, job, results)
     failure = failure_of(results)
     if failure is not None:
-        raise _failure_error(failure)
+        raise _failure_error(failure, results.index(failure), len(results))
     return JSONResponse(completion_body(item, results, state.settings.model_name, job.body_id))
 
 
@@ -255,7 +257,10 @@ async def _disconnect(receive: Receive) -> None:
         pass
 
 
-def _failure_error(failure: Result) -> ApiError:
+def _failure_error(failure: Result, choice: int, num_choices: int) -> ApiError:
+    if failure.schema_error is not None:  # the output ended, but the schema could only be approximated
+        return ApiError(INVALID_OUTPUT_STATUS, schema_failure_message(failure, choice, num_choices), INVALID_OUTPUT,
+                        "response_format", INVALID_OUTPUT_CODE)
     if failure.finish_reason is FinishReason.CANCELLED:
         return ApiError(503, "The server is shutting down; the request was cancelled.", OVERLOADED,
                         code="shutting_down")
@@ -309,14 +314,16 @@ async def _stream_events(job: Job, state: ServerState, include_usage: bool) -> A
             continue
         result = event.result
         if not result.ok:
-            error = _failure_error(result)
+            error = _failure_error(result, event.choice, item.n)
             yield _sse(error.body())
             job.cancel()
             yield _sse("[DONE]")
             return
         rest = result.logprobs[streamed_logprobs[event.choice]:] if wants_logprobs and result.logprobs else None
-        yield chunk([stream_choice(is_chat, event.choice, None, rest if wants_logprobs else None,
-                                   result.finish_reason.value, text_offset=text_length[event.choice])])
+        last = stream_choice(is_chat, event.choice, None, rest if wants_logprobs else None,
+                             result.finish_reason.value, text_offset=text_length[event.choice])
+        yield _sse(stream_chunk(is_chat, job.body_id, created, model, [last], None, include_usage)
+                   | approximated_field([result]))
     if include_usage:
         yield chunk([], usage_of([job.results[choice] for choice in range(item.n)]))
     yield _sse("[DONE]")

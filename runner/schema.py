@@ -1,0 +1,317 @@
+"""JSON schemas as clients send them: the grammar that constrains the output, and a check of
+every finished output against the whole schema.
+
+llguidance compiles a JSON schema into a grammar exactly, or refuses a keyword it cannot
+enforce: oneOf whose branches may overlap, not, dependencies, uniqueItems, propertyNames,
+if/then/else, a format it does not know, and a few more. Real schemas (Pydantic models,
+JSON Schema Store files, API specs) are full of them, so by default a schema is translated
+leniently:
+
+1. llguidance's `lenient` option leaves out the keywords and formats it does not implement
+   and treats oneOf as anyOf (its `coerce_one_of`); its warnings name each one;
+2. where even that fails, the schema is rewritten to leave out a little more, one rewrite per
+   failure, each named: a regex llguidance cannot compile (a lookaround, say) is dropped,
+   overlapping patternProperties are dropped, and a recursive $ref that would have to be
+   intersected with sibling keys is cut at those places (llguidance cannot intersect a
+   definition with itself while it is still compiling it).
+
+Everything left out is listed (`Translation.approximated`), and every output that ends is
+validated against the full, original schema (`SchemaCheck`), so an output that breaks a
+keyword the grammar could not enforce is flagged, never passed off as valid. A strict
+translation compiles the schema exactly or refuses it, naming the keyword.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import jsonschema
+import jsonschema.validators
+import llguidance
+from jsonschema.exceptions import ValidationError, best_match
+
+from .errors import ConstraintError, first_line
+
+# Whitespace between JSON tokens, as llama.cpp's JSON-schema grammars allow it: one space, or
+# one or two newlines and an indent of up to 20. JSON itself allows any run of whitespace, and
+# small models then tend to write whitespace until max_tokens instead of finishing.
+JSON_OPTIONS = {"whitespace_pattern": r"(?: |\n{1,2}[ \t]{0,20})?"}
+_LENIENT = {**JSON_OPTIONS, "lenient": True}  # lenient implies coerce_one_of
+# A strict translation overrides whatever the schema's own "x-guidance" options say.
+_STRICT_OVERRIDES = {"lenient": False, "coerce_one_of": False}
+# Each rewrite removes something from the schema, so a handful always settles it; the bound
+# only guards against a failure that keeps coming back.
+MAX_REWRITES = 16
+MAX_MESSAGE = 300  # characters of a validation message (it may quote a whole document)
+# Keywords whose values are data, not schemas: never looked into for schema keywords.
+_DATA_KEYWORDS = frozenset({"enum", "const", "default", "examples", "example"})
+# Keywords that only annotate a schema: they do not make their neighbours an intersection.
+_ANNOTATIONS = frozenset({"title", "description", "$comment", "default", "examples", "example", "definitions",
+                          "$defs", "$schema", "$id", "id", "deprecated", "readOnly", "writeOnly"})
+
+
+@dataclass(frozen=True)
+class Translation:
+    """A constraint translated for llguidance: its grammar (validated), and what the grammar
+    leaves out of a JSON schema, one entry per keyword (or regex, or $ref) in words; empty
+    when exact."""
+
+    grammar: str
+    approximated: tuple[str, ...] = ()
+
+
+def schema_grammar(schema: dict[str, Any], strict: bool) -> Translation:
+    """The grammar of a JSON schema: exact when `strict` (ConstraintError names what cannot be
+    enforced), otherwise approximated where it must be (module docstring)."""
+    if strict:
+        grammar = _grammar(schema, JSON_OPTIONS, _STRICT_OVERRIDES)
+        is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
+        if is_error:
+            raise ConstraintError(f"json_schema cannot be compiled exactly: {_summary(messages[0])} (without "
+                                  f"strict it would be approximated, and each output validated)")
+        return Translation(grammar)
+    rewrites: list[str] = []
+    for _ in range(MAX_REWRITES + 1):
+        grammar = _grammar(schema, _LENIENT)
+        is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
+        if not is_error:
+            return Translation(grammar, _unique([*rewrites, *(keyword for message in messages
+                                                                for keyword in _approximations(message))]))
+        rewritten = _rewrite(schema, messages[0]) if len(rewrites) < MAX_REWRITES else None
+        if rewritten is None:
+            raise ConstraintError(f"json_schema cannot be compiled: {_summary(messages[0])}")
+        schema, notes = rewritten
+        rewrites += notes
+    raise AssertionError("unreachable: the loop returns or raises")
+
+
+def _grammar(schema: dict[str, Any], defaults: dict[str, Any], overrides: dict[str, Any] | None = None) -> str:
+    try:
+        return llguidance.LLMatcher.grammar_from_json_schema(json.dumps(schema), defaults=defaults,
+                                                             overrides=overrides)
+    except ValueError as error:  # not a JSON object after all (a NaN, say)
+        raise ConstraintError(f"json_schema cannot be compiled: {first_line(error)}") from None
+
+
+def _summary(message: str) -> str:
+    """llguidance's message on one line: a regex error names the regex and the reason (its
+    first line says only "regex parse error:")."""
+    lines = [line.strip() for line in message.strip().splitlines()]
+    if len(lines) >= 4 and lines[0] == "regex parse error:" and lines[-1].startswith("error: "):
+        return f"regex {lines[1]} cannot be compiled: {lines[-1].removeprefix('error: ')}"
+    return first_line(message)
+
+
+def _unique(items: list[str]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(items))
+
+
+_UNIMPLEMENTED = re.compile(r'Unimplemented keys: \[(.*)\]')
+_TIMES = re.compile(r" \(\d+ times\)$")
+
+
+def _approximations(warning: str) -> list[str]:
+    """One of llguidance's lenient warnings as the keywords it left out."""
+    text = _TIMES.sub("", first_line(warning))
+    keys = _UNIMPLEMENTED.match(text)
+    if keys:
+        try:
+            return [str(key) for key in json.loads(f"[{keys.group(1)}]")]
+        except ValueError:
+            return [text]
+    if text.startswith("Unknown format: "):
+        return [f"format: {text.removeprefix('Unknown format: ')}"]
+    if text.startswith("oneOf not fully supported"):
+        return ["oneOf (as anyOf)"]
+    if text.startswith("min/maxProperties"):
+        return ["minProperties/maxProperties"]
+    return [text]
+
+
+# --- rewrites: what lenient compilation still refuses ------------------------------------------
+
+def _rewrite(schema: dict[str, Any], error: str) -> tuple[dict[str, Any], list[str]] | None:
+    """The schema with what `error` is about left out, and notes naming it; None when the
+    error is not one a rewrite settles (then the schema is refused)."""
+    schema = copy.deepcopy(schema)
+    text = first_line(error)
+    circular = re.match(r"circular references with sibling keys are not supported: \S*?(#\S*)$", text)
+    if circular:
+        fragment = circular.group(1)
+        if _cut_refs(schema, fragment, only_intersected=True):
+            return schema, [f"$ref {fragment} (recursive, intersected with sibling keys)"]
+        # The intersection lies inside other definitions (a property that a patternProperties
+        # regex matches too, say): the recursion is cut wherever the definition is used.
+        return (schema, [f"$ref {fragment} (recursive, intersected)"]) \
+            if _cut_refs(schema, fragment, only_intersected=False) else None
+    overlapping = re.match(r"patternProperty regexes /(.*)/ and /(.*)/ are not disjoint", text)
+    if overlapping:
+        found = _drop_overlapping_pattern_properties(schema, set(overlapping.groups()))
+        return (schema, [f"patternProperties: /{overlapping.group(1)}/ and /{overlapping.group(2)}/ overlap"]) \
+            if found else None
+    if "regex" in error.lower():
+        dropped = _drop_uncompilable_patterns(schema)
+        return (schema, [f"pattern: {pattern}" for pattern in dropped]) if dropped else None
+    return None
+
+
+def _schemas_in(node: Any) -> Iterator[dict[str, Any]]:
+    """Every object in a schema that may be a schema (data keywords are not looked into)."""
+    if isinstance(node, dict):
+        yield node
+        for key, value in node.items():
+            if key not in _DATA_KEYWORDS:
+                yield from _schemas_in(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _schemas_in(value)
+
+
+@functools.lru_cache(maxsize=1024)
+def _is_compilable_regex(pattern: str) -> bool:
+    grammar = llguidance.LLMatcher.grammar_from_json_schema(json.dumps({"type": "string", "pattern": pattern}))
+    return not llguidance.LLMatcher.validate_grammar_with_warnings(grammar)[0]
+
+
+def _drop_uncompilable_patterns(schema: dict[str, Any]) -> list[str]:
+    """Leave out every `pattern`, and every patternProperties entry, whose regex llguidance
+    cannot compile (such a string or key is then unconstrained); return those regexes."""
+    dropped = []
+    for node in _schemas_in(schema):
+        pattern = node.get("pattern")
+        if isinstance(pattern, str) and not _is_compilable_regex(pattern):
+            del node["pattern"]
+            dropped.append(pattern)
+        properties = node.get("patternProperties")
+        if isinstance(properties, dict):
+            for key in [key for key in properties if not _is_compilable_regex(key)]:
+                del properties[key]
+                dropped.append(key)
+    return _unique(dropped)
+
+
+def _drop_overlapping_pattern_properties(schema: dict[str, Any], regexes: set[str]) -> bool:
+    """Leave out the patternProperties that hold both overlapping regexes (their keys then fall
+    to additionalProperties); whether any were found."""
+    found = False
+    for node in _schemas_in(schema):
+        properties = node.get("patternProperties")
+        if isinstance(properties, dict) and regexes <= set(properties):
+            del node["patternProperties"]
+            found = True
+    return found
+
+
+def _cut_refs(schema: dict[str, Any], fragment: str, only_intersected: bool) -> bool:
+    """Replace by {} (any value) every $ref to `fragment`, or (only_intersected) those that
+    llguidance has to intersect with something where they stand: inside an allOf, inside an
+    anyOf or oneOf that has sibling keys, or beside sibling keys of their own. Whether any
+    were found."""
+
+    def is_target(node: Any) -> bool:
+        return isinstance(node, dict) and isinstance(node.get("$ref"), str) and node["$ref"].endswith(fragment)
+
+    def has_siblings(node: dict[str, Any], keyword: str) -> bool:
+        return bool(set(node) - _ANNOTATIONS - {keyword})
+
+    found = False
+
+    def visit(node: Any, intersected: bool) -> None:
+        nonlocal found
+        if isinstance(node, list):
+            for index, value in enumerate(node):
+                if intersected and is_target(value):
+                    node[index], found = {}, True
+                else:
+                    visit(value, intersected)
+            return
+        if not isinstance(node, dict):
+            return
+        here = intersected or ("$ref" in node and has_siblings(node, "$ref"))
+        for key, value in node.items():
+            if key in _DATA_KEYWORDS or key == "$ref":
+                continue
+            inner = here or key == "allOf" or (key in ("anyOf", "oneOf") and has_siblings(node, key))
+            if inner and is_target(value):
+                node[key], found = {}, True
+            else:
+                visit(value, inner)
+
+    visit(schema, not only_intersected)
+    return found
+
+
+# --- validation after generation ---------------------------------------------------------------
+
+def _dependencies(validator: Any, dependencies: Any, instance: Any, schema: Any) -> Iterator[ValidationError]:
+    """Draft 7's `dependencies` (split into dependentRequired and dependentSchemas since
+    2019-09), still common in schemas that name no draft."""
+    if not validator.is_type(instance, "object") or not isinstance(dependencies, dict):
+        return
+    for name, dependency in dependencies.items():
+        if name not in instance:
+            continue
+        if isinstance(dependency, list):
+            for other in dependency:
+                if other not in instance:
+                    yield ValidationError(f"{other!r} is a dependency of {name!r}")
+        else:
+            yield from validator.descend(instance, dependency, schema_path=name)
+
+
+# A schema that names no draft is read as JSON Schema 2020-12 (as llguidance reads it), plus
+# draft 7's `dependencies`, which 2020-12 dropped but real schemas still use.
+_DefaultValidator = jsonschema.validators.extend(jsonschema.Draft202012Validator, {"dependencies": _dependencies})
+
+
+class _DuplicateKey(ValueError):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    # llguidance does not keep keys from repeating where additionalProperties or
+    # patternProperties allow them, and JSON parsers disagree about which repeat wins.
+    result = {}
+    for key, value in pairs:
+        if key in result:
+            raise _DuplicateKey(key)
+        result[key] = value
+    return result
+
+
+class SchemaCheck:
+    """Validates outputs against one schema (its draft's rules, per its $schema; formats
+    checked where jsonschema can check them)."""
+
+    def __init__(self, schema: dict[str, Any]) -> None:
+        cls = jsonschema.validators.validator_for(schema, default=_DefaultValidator)
+        self._validator = cls(schema, format_checker=cls.FORMAT_CHECKER)
+
+    def error(self, text: str) -> str | None:
+        """Why `text` is not one JSON document valid under the schema; None when it is."""
+        try:
+            document = json.loads(text, object_pairs_hook=_unique_keys)
+        except _DuplicateKey as error:
+            return f"the output repeats the key {json.dumps(error.key)} in one object"
+        except (ValueError, RecursionError) as error:
+            return f"the output is not one JSON document ({_shortened(first_line(error))})"
+        try:
+            found = best_match(self._validator.iter_errors(document))
+        except Exception as error:  # noqa: BLE001 - a schema jsonschema cannot apply (a bad regex, a remote $ref)
+            return f"the output could not be validated against json_schema ({_shortened(first_line(error))})"
+        if found is None:
+            return None
+        return f"the output does not validate against json_schema: at {found.json_path}: {_shortened(found.message)}"
+
+
+def _shortened(text: str) -> str:
+    return text if len(text) <= MAX_MESSAGE else text[:MAX_MESSAGE - 3] + "..."
+
