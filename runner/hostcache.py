@@ -17,7 +17,7 @@ restoring; this is the index, the memory bound and the cost model.
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 

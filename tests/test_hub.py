@@ -5,9 +5,7 @@ listing a repository on the hub fails the test."""
 
 from __future__ import annotations
 
-import os
 import socket
-from pathlib import Path
 
 import huggingface_hub
 import pytest

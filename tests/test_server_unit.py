@@ -221,7 +221,7 @@ def test_a_full_queue_is_503_with_retry_after(server):
         {"prompt": "abc", "max_tokens": 2})))) for _ in range(2)]
     for thread in waiting:
         thread.start()
-    wait_until(lambda: runner.num_waiting == 2 or answers, what=f"two queued requests")
+    wait_until(lambda: runner.num_waiting == 2 or answers, what="two queued requests")
     assert not answers, f"a request that should wait was answered: {answers}"
     with pytest.raises(openai.APIStatusError) as busy:
         client.completions.create(model=MODEL, prompt="abc", max_tokens=2)
