@@ -99,12 +99,27 @@ def _throughput_line(snapshot: RunnerSnapshot) -> Table:
     return throughput
 
 
+def _ram_cache_line(snapshot: RunnerSnapshot) -> Table | Text:
+    """The RAM tier of the prefix cache: how full, and how often it saved a prefill."""
+    cache = snapshot.host_cache
+    if cache is None or cache.limit_bytes == 0:
+        return Text("RAM cache off")
+    line = Table.grid(padding=(0, 2))
+    line.add_row(
+        f"RAM cache [bold]{cache.num_bytes / 2**20:.0f}[/] / {cache.limit_bytes / 2**20:.0f} MiB",
+        f"entries [bold]{cache.num_entries}[/]", f"saved [bold]{cache.num_saved}[/]",
+        f"restored [bold]{cache.num_restored}[/] ({cache.tokens_restored} tokens)",
+        f"evicted [bold]{cache.num_evicted}[/]")
+    return line
+
+
 def render(snapshot: RunnerSnapshot, progress: RunProgress) -> Group:
     """The dashboard for one moment of a run: slots, queue and progress, throughput."""
     bar = Table.grid(padding=(0, 2))
     bar.add_row(ProgressBar(total=max(progress.total, 1), completed=progress.written, width=40),
                 f"{progress.written}/{progress.total}", f"ETA {_eta(progress)}", f"elapsed {progress.elapsed_s:.0f}s")
-    return Group(_slots_table(snapshot), _queue_line(snapshot), bar, _throughput_line(snapshot))
+    return Group(_slots_table(snapshot), _queue_line(snapshot), bar, _throughput_line(snapshot),
+                 _ram_cache_line(snapshot))
 
 
 def render_server(snapshot: RunnerSnapshot, address: str, device: str | None = None) -> Group:
@@ -112,7 +127,7 @@ def render_server(snapshot: RunnerSnapshot, address: str, device: str | None = N
     queue, throughput."""
     where = f", model on {device}" if device else ""
     return Group(Text(f"serving on {address}{where}", style="bold"), _slots_table(snapshot), _queue_line(snapshot),
-                 _throughput_line(snapshot))
+                 _throughput_line(snapshot), _ram_cache_line(snapshot))
 
 
 class ServerDashboard:

@@ -17,7 +17,7 @@ from ..runner import RunnerConfig, SamplingParams
 from ..runner.config import FlashAttention, OverflowPolicy, SplitMode, default_of
 
 ENGINE_FIELDS = ("model", "parallel", "slot_ctx", "threads", "n_keep", "n_discard", "seed", "chat_template",
-                 "prefix_cache", "batch_invariant", "overflow", "n_gpu_layers", "main_gpu", "split_mode", "tensor_split",
+                 "prefix_cache", "cache_ram_mib", "batch_invariant", "overflow", "n_gpu_layers", "main_gpu", "split_mode", "tensor_split",
                  "flash_attn")
 SAMPLING_FIELDS = ("max_tokens", "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "stop", "ignore_eos",
                    "strict_schema")
@@ -90,6 +90,10 @@ def engine_options(slot_ctx_help: str = "Context tokens per slot (prompt + gener
         click.option("--prefix-cache/--no-prefix-cache", default=default_of(RunnerConfig, "prefix_cache"),
                      show_default=True,
                      help="Reuse prompt prefixes already computed in some slot (a shared system prompt is prefilled once)."),
+        click.option("--cache-ram", "cache_ram_mib", type=click.IntRange(min=0), metavar="MIB",
+                     default=default_of(RunnerConfig, "cache_ram_mib"), show_default=True,
+                     help="Host memory for slot states saved before their slot is reused, restored when that "
+                          "conversation or prefix comes back (0: off)."),
         click.option("--batch-invariant", is_flag=True, default=default_of(RunnerConfig, "batch_invariant"),
                      help="Make each output independent of what runs beside it (parallelism, prefix reuse), "
                           "at some cost in speed."),

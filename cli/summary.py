@@ -37,8 +37,9 @@ def render_summary(summary: dict[str, Any]) -> Table:
         ("decode rate", _fmt(summary["decode_tokens_per_s"], " tok/s")),
         ("prefill rate", _fmt(summary["prefill_tokens_per_s"], " tok/s")),
         ("avg sequences per decode step", _fmt(summary["avg_seqs_per_decode_step"], "", 2)),
-        ("prompt tokens computed / reused",
-         f"{_fmt(summary['prompt_tokens_computed'])} / {_fmt(summary['prompt_tokens_reused'])}"),
+        ("prompt tokens computed / reused (from RAM)",
+         f"{_fmt(summary['prompt_tokens_computed'])} / {_fmt(summary['prompt_tokens_reused'])}"
+         f" ({_fmt(summary['prompt_tokens_from_ram'])})"),
         ("prefix hit rate", _percent(summary["prefix_hit_rate"])),
     ]
     for name, value in rows:

@@ -344,4 +344,4 @@ class Engine:
 
     def snapshot(self, now: float) -> RunnerSnapshot:
         """Every slot and counter at this moment, as plain values (for a dashboard)."""
-        return runner_snapshot(self.scheduler, self.stats, self.window, now)
+        return runner_snapshot(self.scheduler, self.stats, self.window, now, self.host_cache)

@@ -99,7 +99,7 @@ class Result:
     timings: Timings
     error: str | None = None
     prompt_tokens_cached: int = 0  # of prompt_tokens, how many were reused from a prefix already computed
-    prompt_tokens_from_host: int = 0  # of those, how many were restored from host memory (--cache-ram)
+    prompt_tokens_from_ram: int = 0  # of those, how many were restored from host memory (--cache-ram)
     truncated: bool = False  # the prompt was slid or the generation was shifted
     prompt_tokens_dropped: int = 0
     tokens_shifted_out: int = 0

@@ -305,7 +305,7 @@ class Sequence:
             finish_reason=self.ending.reason,
             prompt_tokens=len(self.prompt_tokens) + self.prompt_tokens_dropped,
             prompt_tokens_cached=self.num_cached,
-            prompt_tokens_from_host=self.num_restored,
+            prompt_tokens_from_ram=self.num_restored,
             completion_tokens=len(self.output_tokens),
             timings=self.timings(),
             error=self.ending.error,

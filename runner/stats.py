@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from .hostcache import HostCache
     from .scheduler import Scheduler
     from .sequence import Sequence
 
@@ -177,6 +178,19 @@ class SlotSnapshot:
 
 
 @dataclass(frozen=True)
+class HostCacheSnapshot:
+    """The RAM tier of the prefix cache (--cache-ram) at one moment."""
+
+    limit_bytes: int  # 0: off
+    num_bytes: int
+    num_entries: int
+    num_saved: int
+    num_restored: int
+    num_evicted: int
+    tokens_restored: int
+
+
+@dataclass(frozen=True)
 class RunnerSnapshot:
     """The whole runner at one moment: plain values a display can render without locks."""
 
@@ -188,6 +202,7 @@ class RunnerSnapshot:
     num_cancelled: int
     recent_tokens_per_s: float | None
     stats: RunStats
+    host_cache: HostCacheSnapshot | None = None
 
 
 # Enough recent pieces to show the end of the text being generated.
@@ -195,7 +210,8 @@ _TAIL_PIECES = 48
 _TAIL_CHARS = 120
 
 
-def runner_snapshot(scheduler: Scheduler, stats: StatsRecorder, window: int, now: float) -> RunnerSnapshot:
+def runner_snapshot(scheduler: Scheduler, stats: StatsRecorder, window: int, now: float,
+                    host_cache: HostCache | None = None) -> RunnerSnapshot:
     """Every slot and counter at this moment, as plain values."""
     finished = stats.finished_by_reason
     slots = [_slot_snapshot(slot, seq, window, now, len(scheduler.prefixes.kept(slot)))
@@ -209,7 +225,14 @@ def runner_snapshot(scheduler: Scheduler, stats: StatsRecorder, window: int, now
         num_cancelled=finished["cancelled"],
         recent_tokens_per_s=stats.recent_tokens_per_s(now),
         stats=stats.snapshot(),
+        host_cache=None if host_cache is None else host_cache_snapshot(host_cache),
     )
+
+
+def host_cache_snapshot(cache: HostCache) -> HostCacheSnapshot:
+    counts = cache.stats
+    return HostCacheSnapshot(cache.limit_bytes, cache.num_bytes, cache.num_entries, counts.num_saved,
+                             counts.num_restored, counts.num_evicted, counts.tokens_restored)
 
 
 def _slot_snapshot(slot: int, seq: Sequence | None, window: int, now: float, num_kept: int) -> SlotSnapshot:

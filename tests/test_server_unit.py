@@ -351,3 +351,21 @@ def _chain(first, second):
             first(value)
         second(value)
     return both
+
+
+def test_a_conversation_restored_from_ram_says_so_in_its_usage_and_in_the_metrics(server):
+    system = {"role": "system", "content": "You answer questions about the weather, briefly. " * 2}
+    first = [system, {"role": "user", "content": "Is it raining in Paris today?"}]
+    other = [system, {"role": "user", "content": "Will it snow in Oslo tomorrow?"}]
+    client, base, _ = server(FakeBackend(num_slots=1, window=512, n_batch=64))
+    reply = client.chat.completions.create(model=MODEL, messages=first, max_tokens=8, temperature=0)
+    client.chat.completions.create(model=MODEL, messages=other, max_tokens=8, temperature=0)  # takes the one slot
+    follow_up = [*first, {"role": "assistant", "content": reply.choices[0].message.content},
+                 {"role": "user", "content": "And in Lyon?"}]
+    again = client.chat.completions.create(model=MODEL, messages=follow_up, max_tokens=8, temperature=0)
+    details = again.usage.prompt_tokens_details
+    assert details.cached_tokens_from_ram == details.cached_tokens > len(system["content"])
+    metrics = get(base, "/metrics")[1].decode()
+    assert "multiseq_ram_cache_restores_total 1.0" in metrics
+    assert f"multiseq_prompt_tokens_from_ram_total {float(details.cached_tokens)}" in metrics
+    assert "multiseq_ram_cache_entries" in metrics and "multiseq_ram_cache_bytes" in metrics

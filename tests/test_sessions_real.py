@@ -54,9 +54,9 @@ def test_a_turn_restored_from_host_memory_continues_as_if_it_never_left(request,
     assert ask(moved, FIRST).text == first.text
     ask(moved, OTHER)  # takes the slot: the first conversation's KV goes to host memory
     restored = ask(moved, second_messages)
-    assert restored.prompt_tokens_from_host == restored.prompt_tokens_cached == in_slot.prompt_tokens_cached
+    assert restored.prompt_tokens_from_ram == restored.prompt_tokens_cached == in_slot.prompt_tokens_cached
     assert restored.text == in_slot.text
-    assert moved.stats().prompt_tokens_restored == restored.prompt_tokens_from_host
+    assert moved.stats().prompt_tokens_restored == restored.prompt_tokens_from_ram
 
 
 def test_gemma_does_not_restore_a_shorter_prefix_whose_window_was_not_saved(gemma, real_runner):
@@ -71,7 +71,7 @@ def test_gemma_does_not_restore_a_shorter_prefix_whose_window_was_not_saved(gemm
     other_question = [{"role": "system", "content": long_system}, {"role": "user", "content": "What is a comet?"}]
     result = ask(runner, other_question)
     assert runner.engine.host_cache.stats.num_saved >= 1
-    assert result.prompt_tokens_from_host == 0 and result.prompt_tokens_cached == 0
+    assert result.prompt_tokens_from_ram == 0 and result.prompt_tokens_cached == 0
     assert result.text == ask(real_runner(gemma, 1, slot_ctx=2048), other_question).text
 
 
@@ -87,5 +87,5 @@ def test_gemma_restores_a_conversation_longer_than_its_window_when_the_next_turn
     ask(moved, history)
     ask(moved, OTHER)
     restored = ask(moved, second_messages)
-    assert restored.prompt_tokens_from_host == in_slot.prompt_tokens_cached > 600
+    assert restored.prompt_tokens_from_ram == in_slot.prompt_tokens_cached > 600
     assert restored.text == in_slot.text

@@ -71,7 +71,7 @@ def test_the_next_turn_reuses_the_last_prompt_and_reply_from_its_slot(make_runne
         # The last turn's prompt and reply (but the end-of-generation token, never decoded)
         # were in the slot; the new prompt repeats them, then adds the reply's end and a question.
         assert now.prompt_tokens_cached == before.prompt_tokens + before.completion_tokens - 1
-        assert now.prompt_tokens_from_host == 0
+        assert now.prompt_tokens_from_ram == 0
 
 
 def test_turns_of_two_conversations_on_one_slot_come_back_from_host_memory(make_runner):
@@ -82,18 +82,18 @@ def test_turns_of_two_conversations_on_one_slot_come_back_from_host_memory(make_
             {"content": CONVERSATIONS[conversation][number]}])
         if number:
             before = results[(conversation, number - 1)]
-            assert result.prompt_tokens_from_host == result.prompt_tokens_cached == \
+            assert result.prompt_tokens_from_ram == result.prompt_tokens_cached == \
                 before.prompt_tokens + before.completion_tokens - 1, "restored whole from host memory"
     assert len(backend.restores) == 4 and len(backend.saves) >= 4
     stats = runner.stats()
-    assert stats.prompt_tokens_restored == sum(r.prompt_tokens_from_host for r in results.values())
+    assert stats.prompt_tokens_restored == sum(r.prompt_tokens_from_ram for r in results.values())
 
 
 def test_the_same_turns_without_host_memory_compute_the_history_again(make_runner):
     backend = FakeBackend(num_slots=1, window=512, replies=scripted(CONVERSATIONS))
     results, _ = run_conversations(make_runner, CONVERSATIONS, [0, 1, 0, 1, 0, 1], backend, cache_ram_mib=0)
     assert not backend.saves and not backend.restores
-    assert all(result.prompt_tokens_from_host == 0 for result in results.values())
+    assert all(result.prompt_tokens_from_ram == 0 for result in results.values())
     # Only the system prompt and its template header, shared by both, comes from the slot.
     assert max(result.prompt_tokens_cached for result in results.values()) < len(SYSTEM) + 20
 
@@ -109,8 +109,8 @@ def test_host_memory_is_bounded_and_evicts_the_least_recently_used_state(make_ru
     assert all(result.ok for result in results.values())
     # The first conversations' states were evicted by the later ones: their second turns
     # were computed again (all but the shared system prompt), not restored.
-    assert results[(0, 1)].prompt_tokens_from_host == 0
-    assert results[(4, 1)].prompt_tokens_from_host > 0, "the most recent state is still there"
+    assert results[(0, 1)].prompt_tokens_from_ram == 0
+    assert results[(4, 1)].prompt_tokens_from_ram > 0, "the most recent state is still there"
 
 
 def test_exact_reuse_keeps_only_the_prompt_in_a_free_slot(make_runner):

@@ -89,7 +89,9 @@ def usage_of(results: list[Result]) -> dict[str, Any]:
     completion_tokens = sum(result.completion_tokens for result in results)
     return {"prompt_tokens": results[0].prompt_tokens, "completion_tokens": completion_tokens,
             "total_tokens": results[0].prompt_tokens + completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": results[0].prompt_tokens_cached}}
+            # cached_tokens as OpenAI counts it (all reused); the part restored from RAM (--cache-ram) apart
+            "prompt_tokens_details": {"cached_tokens": results[0].prompt_tokens_cached,
+                                      "cached_tokens_from_ram": results[0].prompt_tokens_from_ram}}
 
 
 def completion_body(item: PromptItem, results: list[Result], model_name: str, body_id: str | None = None,

@@ -33,6 +33,7 @@ def result_record(result: Result) -> dict[str, Any]:
         "error": result.error or result.schema_error,
         "prompt_tokens": result.prompt_tokens,
         "prompt_tokens_cached": result.prompt_tokens_cached,
+        "prompt_tokens_from_ram": result.prompt_tokens_from_ram,
         "completion_tokens": result.completion_tokens,
         "truncated": result.truncated,
         "prompt_tokens_dropped": result.prompt_tokens_dropped,

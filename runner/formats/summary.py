@@ -92,5 +92,6 @@ def summarize(tally: RunTally, stats: RunStats, wall_s: float) -> dict[str, Any]
         "outside_decode_share": stats.outside_decode_share,
         "prompt_tokens_computed": stats.prompt_tokens,
         "prompt_tokens_reused": stats.prompt_tokens_reused,
+        "prompt_tokens_from_ram": stats.prompt_tokens_restored,
         "prefix_hit_rate": stats.prefix_hit_rate,
     }

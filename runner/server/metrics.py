@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from ..runner import Runner
+from ..runner.stats import HostCacheSnapshot
 
 # Seconds; TTFT spans queueing and prefill, gaps are one decode step or a stall.
 TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0)
@@ -53,6 +54,19 @@ class _EngineCollector:
                        stats.prompt_tokens_reused)
         yield _counter("multiseq_generation_tokens", "Tokens generated", stats.generated_tokens)
         yield _counter("multiseq_decode_steps", "Batches decoded", stats.num_steps)
+        yield _counter("multiseq_prompt_tokens_from_ram", "Prompt tokens restored from the RAM cache",
+                       stats.prompt_tokens_restored)
+        if snapshot.host_cache is not None:
+            yield from _ram_cache_metrics(snapshot.host_cache)
+
+
+def _ram_cache_metrics(cache: HostCacheSnapshot) -> Iterator[Metric]:
+    yield _gauge("multiseq_ram_cache_bytes", "Bytes of slot state held in the RAM cache", cache.num_bytes)
+    yield _gauge("multiseq_ram_cache_limit_bytes", "The RAM cache's bound (--cache-ram)", cache.limit_bytes)
+    yield _gauge("multiseq_ram_cache_entries", "Slot states held in the RAM cache", cache.num_entries)
+    yield _counter("multiseq_ram_cache_saves", "Slot states saved before their slot was reused", cache.num_saved)
+    yield _counter("multiseq_ram_cache_restores", "Slot states restored instead of a prefill", cache.num_restored)
+    yield _counter("multiseq_ram_cache_evictions", "Slot states dropped to stay within the bound", cache.num_evicted)
 
 
 def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
