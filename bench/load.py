@@ -4,6 +4,8 @@ Usage (from the repository root, in the project's virtual environment; nothing e
 
     python bench/load.py --systems multiseq,llama-server --workloads distinct,shared-prefix
     python bench/load.py --systems multiseq,batch-run --workloads distinct --clients 16 --parallel 16
+    python bench/load.py --systems multiseq,llama-server --workloads agents --parallel 4 --sessions 8 \
+        --turns 4 --system-tokens 1000 --slot-ctx 4096
 
 Each workload is a list of chat requests sent through the OpenAI chat API, streamed, by
 --clients clients in a closed loop (each sends its next request when the last one ended), to
@@ -12,6 +14,11 @@ a server with --parallel slots started for the run on a free loopback port and s
 - distinct: 64 distinct short chats, 128 tokens each.
 - shared-prefix: the suite's 64 chats sharing a ~480-token system prompt, 48 tokens each
   (llama-server with its default prompt cache).
+- agents: --sessions agent sessions (default 2 x --parallel) sharing one system prompt of
+  about --system-tokens tokens with tool descriptions, each --turns turns of a ~60-token user
+  message and a reply of 64 to 96 tokens (by session); each session sends its next turn, the
+  whole conversation so far as the OpenAI API wants it, as soon as its last reply ended.
+  Reported besides: TTFT p50/p95 per turn, and prompt tokens computed (sent minus cached).
 
 Every request is greedy and generates exactly its token budget (ignore_eos), so every system
 does the same work. The client is asyncio and the standard library only (one connection per
@@ -39,7 +46,7 @@ from pathlib import Path
 import numpy as np
 
 import peers  # bench/ is the script's own folder, first on sys.path
-from workloads import shared_prefix_chats, short_prompts
+from workloads import agent_system_prompt, agent_user_messages, shared_prefix_chats, short_prompts
 
 from multiseq import models
 
@@ -66,6 +73,26 @@ def chat_loads(num_requests: int) -> dict[str, ChatLoad]:
     }
 
 
+@dataclass(frozen=True)
+class AgentLoad:
+    """Sessions that share a system prompt, each a conversation of several turns."""
+
+    name: str
+    system: dict
+    users: list[list[str]]  # per session, its user messages in turn order
+    reply_tokens: list[int]  # per session
+
+    @property
+    def chats(self) -> list[list[dict]]:  # each session's first turn (for a warm-up or a peek)
+        return [[self.system, {"role": "user", "content": users[0]}] for users in self.users]
+
+
+def agent_load(sessions: int, turns: int, system_tokens: int) -> AgentLoad:
+    return AgentLoad("agents", {"role": "system", "content": agent_system_prompt(system_tokens)},
+                     [agent_user_messages(session, turns) for session in range(sessions)],
+                     [64 + (session * 11) % 33 for session in range(sessions)])
+
+
 def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
@@ -84,6 +111,8 @@ class Exchange:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     text: str = ""
+    turn: int = 0
+    max_tokens: int = 0  # what it asked for (every request ignores EOS: exactly that many are expected)
 
     @property
     def gaps(self) -> list[float]:
@@ -109,7 +138,7 @@ async def stream_chat(host: str, port: int, body: dict) -> Exchange:
     """POST one streamed chat completion and time its events."""
     reader, writer = await asyncio.open_connection(host, port)
     payload = json.dumps(body).encode("utf-8")
-    exchange = Exchange(time.perf_counter())
+    exchange = Exchange(time.perf_counter(), max_tokens=body["max_tokens"])
     writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: %s:%d\r\nContent-Type: application/json\r\n"
                  b"Content-Length: %d\r\nConnection: close\r\n\r\n" % (host.encode(), port, len(payload)) + payload)
     await writer.drain()
@@ -182,13 +211,46 @@ async def closed_loop(host: str, port: int, load: ChatLoad, clients: int, model:
     return exchanges, time.perf_counter() - started
 
 
-def summarize(system: str, load: ChatLoad, exchanges: list[Exchange], wall_s: float) -> dict:
+async def agent_sessions(host: str, port: int, load: AgentLoad, model: str) -> tuple[list[Exchange], float]:
+    """Every session at once, each sending its next turn (the whole conversation so far) as
+    soon as its last reply ended."""
+    exchanges: list[Exchange] = []
+
+    async def session(index: int) -> None:
+        history = [load.system]
+        for turn, user in enumerate(load.users[index]):
+            history.append({"role": "user", "content": user})
+            exchange = await stream_chat(host, port, request_body(history, load.reply_tokens[index], model))
+            exchange.turn = turn
+            exchanges.append(exchange)
+            history.append({"role": "assistant", "content": exchange.text})
+
+    started = time.perf_counter()
+    await asyncio.gather(*(session(index) for index in range(len(load.users))))
+    return exchanges, time.perf_counter() - started
+
+
+def summarize_agents(system: str, load: AgentLoad, exchanges: list[Exchange], wall_s: float) -> dict:
+    figure = summarize(system, load.name, exchanges, wall_s)
+    sent = figure["prompt_tokens"]
+    figure["prompt_tokens_computed"] = sent - figure["prompt_tokens_cached"]
+    figure["first_prompt_tokens"] = min((exchange.prompt_tokens for exchange in exchanges if exchange.turn == 0),
+                                        default=None)
+    for turn in sorted({exchange.turn for exchange in exchanges}):
+        ttfts = [exchange.first_content_at - exchange.sent_at for exchange in exchanges
+                 if exchange.turn == turn and exchange.first_content_at]
+        figure[f"turn{turn + 1}_ttft_p50_s"] = _percentile(ttfts, 50)
+        figure[f"turn{turn + 1}_ttft_p95_s"] = _percentile(ttfts, 95)
+    return figure
+
+
+def summarize(system: str, workload: str, exchanges: list[Exchange], wall_s: float) -> dict:
     generated = sum(exchange.completion_tokens for exchange in exchanges)
     ttfts = [exchange.first_content_at - exchange.sent_at for exchange in exchanges if exchange.first_content_at]
     gaps = [gap for exchange in exchanges for gap in exchange.gaps]
-    wrong = [index for index, exchange in enumerate(exchanges) if exchange.completion_tokens != load.max_tokens]
+    wrong = [index for index, exchange in enumerate(exchanges) if exchange.completion_tokens != exchange.max_tokens]
     return {
-        "system": system, "workload": load.name, "requests": len(exchanges), "generated_tokens": generated,
+        "system": system, "workload": workload, "requests": len(exchanges), "generated_tokens": generated,
         "wall_s": wall_s, "tokens_per_s": generated / wall_s,
         "ttft_p50_s": _percentile(ttfts, 50), "ttft_p95_s": _percentile(ttfts, 95),
         "gap_p50_s": _percentile(gaps, 50), "gap_p99_s": _percentile(gaps, 99),
@@ -232,7 +294,7 @@ def llama_server_command(args, port: int, model_path: Path, fallback_template: s
                                 prompt_cache=True, extra_args=extra)
 
 
-def run_server(system: str, load: ChatLoad, args, workdir: Path) -> dict:
+def run_server(system: str, load: ChatLoad | AgentLoad, args, workdir: Path) -> dict:
     resolved = models.resolve(args.model)
     port = peers._free_port()
     if system == "multiseq":
@@ -240,10 +302,15 @@ def run_server(system: str, load: ChatLoad, args, workdir: Path) -> dict:
     else:
         command = llama_server_command(args, port, resolved.path, resolved.chat_template_fallback)
     with running(command, port, workdir / f"{system}-{load.name}.log"):
-        asyncio.run(closed_loop("127.0.0.1", port, ChatLoad(load.name, load.chats[:args.clients], 4), args.clients,
-                                resolved.name))  # warm-up: every slot once
+        # Warm-up, every slot once, with chats the run does not send (so that no cache starts warm).
+        warm_up = ChatLoad("warm-up", [[SYSTEM, {"role": "user", "content": f"Say {word}."}]
+                                       for word in ("one", "two", "three", "four") * args.parallel], 4)
+        asyncio.run(closed_loop("127.0.0.1", port, warm_up, args.parallel, resolved.name))
+        if isinstance(load, AgentLoad):
+            exchanges, wall_s = asyncio.run(agent_sessions("127.0.0.1", port, load, resolved.name))
+            return summarize_agents(system, load, exchanges, wall_s)
         exchanges, wall_s = asyncio.run(closed_loop("127.0.0.1", port, load, args.clients, resolved.name))
-    return summarize(system, load, exchanges, wall_s)
+    return summarize(system, load.name, exchanges, wall_s)
 
 
 def run_batch(load: ChatLoad, args, workdir: Path) -> dict:
@@ -285,6 +352,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--slot-ctx", type=int, default=1024)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--requests", type=int, default=64)
+    parser.add_argument("--sessions", type=int, default=None, help="agents: sessions (default 2 x --parallel)")
+    parser.add_argument("--turns", type=int, default=4, help="agents: turns per session")
+    parser.add_argument("--system-tokens", type=int, default=1000, help="agents: system prompt size, about")
     return parser.parse_args(argv)
 
 
@@ -294,12 +364,17 @@ def main(argv: list[str] | None = None) -> dict:
     unknown = sorted(set(systems) - set(SYSTEMS))
     if unknown:
         raise SystemExit(f"unknown systems {unknown}; choose from {', '.join(SYSTEMS)}")
-    loads = chat_loads(args.requests)
+    loads: dict[str, ChatLoad | AgentLoad] = {**chat_loads(args.requests), "agents": agent_load(
+        args.sessions or 2 * args.parallel, args.turns, args.system_tokens)}
+    if "agents" in args.workloads.split(",") and "batch-run" in systems:
+        raise SystemExit("the agents workload is a conversation with a server: batch-run cannot take it")
     figures = []
     with tempfile.TemporaryDirectory(prefix="multiseq-load-") as tmp:
         for name in args.workloads.split(","):
             for system in systems:
-                log(f"[{name}] {system} -np {args.parallel}, {args.clients} clients ...")
+                who = (f"{len(loads[name].users)} sessions" if isinstance(loads[name], AgentLoad)
+                       else f"{args.clients} clients")
+                log(f"[{name}] {system} -np {args.parallel}, {who} ...")
                 figure = (run_batch(loads[name], args, Path(tmp)) if system == "batch-run"
                           else run_server(system, loads[name], args, Path(tmp)))
                 figures.append(figure)

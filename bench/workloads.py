@@ -129,3 +129,51 @@ def standard_workloads(num_prompts: int = 64) -> dict[str, Workload]:
             Workload("shared-prefix", [], 48, GREEDY, chats=shared_prefix_chats(num_prompts)),
         )
     }
+
+
+_TOOL_NAMES = ["search_files", "read_file", "write_file", "run_tests", "list_directory", "git_diff", "git_commit",
+               "open_issue", "query_database", "send_email", "fetch_calendar", "create_ticket", "summarize_log",
+               "translate_text", "format_code", "lint_code", "deploy_preview", "rollback_release"]
+_TOOL_PURPOSES = ["finds every file whose name or content matches a pattern", "returns the text of one file",
+                  "replaces a file's content after showing the user the change", "runs the project's test suite",
+                  "lists what a folder holds", "shows what changed since the last commit",
+                  "records the staged changes with a message", "files a new issue in the tracker",
+                  "runs a read-only SQL query", "sends a short email to a colleague"]
+_TOOL_ARGUMENTS = ["path (string, required)", "pattern (string, required)", "limit (integer, default 20)",
+                   "message (string, required)", "recursive (boolean, default false)", "timeout (seconds, default 60)"]
+_AGENT_ASKS = ["Find where the configuration file is read and tell me which keys it expects",
+               "Run the tests for the parser module and summarize what failed",
+               "Read the changelog and list the three most recent changes",
+               "Check whether the export function handles empty tables",
+               "Open an issue about the slow start-up we saw yesterday",
+               "Look at the last commit and explain what it changed and why",
+               "Search the logs for timeouts and count how many there were this week",
+               "Draft a short email to the team about the release date"]
+_AGENT_DETAILS = ["The project lives in the usual folder and uses the standard layout.",
+                  "Keep the answer short and say which tool you would call first.",
+                  "If something is unclear, say what you would need to know.",
+                  "We are in a hurry, so skip anything that is not essential.",
+                  "Mention any risk you see before changing anything."]
+
+
+def agent_system_prompt(approx_tokens: int = 1000) -> str:
+    """A long agent instruction with tool descriptions, shared by every session: about
+    `approx_tokens` tokens on these models (4.3 characters a token for this English)."""
+    parts = ["You are a coding assistant working in a user's repository. You can call the tools below; "
+             "describe the call you would make, then answer. Tools:"]
+    index = 0
+    while sum(len(part) + 1 for part in parts) < approx_tokens * 4.3:
+        name = _TOOL_NAMES[index % len(_TOOL_NAMES)]
+        parts.append(f"Tool {index + 1}, {name}{'' if index < len(_TOOL_NAMES) else f'_v{index // len(_TOOL_NAMES) + 1}'}: "
+                     f"{_TOOL_PURPOSES[index % len(_TOOL_PURPOSES)]}. Arguments: "
+                     f"{_TOOL_ARGUMENTS[index % len(_TOOL_ARGUMENTS)]}, {_TOOL_ARGUMENTS[(index + 3) % len(_TOOL_ARGUMENTS)]}.")
+        index += 1
+    return " ".join(parts)
+
+
+def agent_user_messages(session: int, turns: int, seed: int = 0) -> list[str]:
+    """One session's user messages, one per turn, about 60 tokens each."""
+    rng = random.Random(seed * 1000 + session)
+    return [f"Session {session + 1}, step {turn + 1}. {rng.choice(_AGENT_ASKS)}. {rng.choice(_AGENT_DETAILS)} "
+            f"{rng.choice(_AGENT_DETAILS)} " + " ".join(rng.choice(part) for part in _SENTENCE_PARTS)
+            for turn in range(turns)]
