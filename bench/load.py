@@ -6,6 +6,8 @@ Usage (from the repository root, in the project's virtual environment; nothing e
     python bench/load.py --systems multiseq,batch-run --workloads distinct --clients 16 --parallel 16
     python bench/load.py --systems multiseq,llama-server --workloads agents --parallel 4 --sessions 8 \
         --turns 4 --system-tokens 1000 --slot-ctx 4096
+    python bench/load.py --systems multiseq,llama-server --workloads distinct,long-prompts --clients 16 \
+        --parallel 16 --slot-ctx 4096
 
 Each workload is a list of chat requests sent through the OpenAI chat API, streamed, by
 --clients clients in a closed loop (each sends its next request when the last one ended), to
@@ -19,6 +21,10 @@ a server with --parallel slots started for the run on a free loopback port and s
   message and a reply of 64 to 96 tokens (by session); each session sends its next turn, the
   whole conversation so far as the OpenAI API wants it, as soon as its last reply ended.
   Reported besides: TTFT p50/p95 per turn, and prompt tokens computed (sent minus cached).
+- long-prompts: the distinct chats, while one more client sends a long prompt (about
+  --long-tokens tokens, a distinct one each time, 16 tokens to generate) every --long-every
+  seconds: what a long prompt does to everyone else's stream. Gaps and TTFT are reported for
+  the short chats, TTFT for the long prompts apart.
 
 Every request is greedy and generates exactly its token budget (ignore_eos), so every system
 does the same work. The client is asyncio and the standard library only (one connection per
@@ -46,7 +52,7 @@ from pathlib import Path
 import numpy as np
 
 import peers  # bench/ is the script's own folder, first on sys.path
-from workloads import agent_system_prompt, agent_user_messages, shared_prefix_chats, short_prompts
+from workloads import agent_system_prompt, agent_user_messages, long_prompts, shared_prefix_chats, short_prompts
 
 from multiseq import models
 
@@ -85,6 +91,30 @@ class AgentLoad:
     @property
     def chats(self) -> list[list[dict]]:  # each session's first turn (for a warm-up or a peek)
         return [[self.system, {"role": "user", "content": users[0]}] for users in self.users]
+
+
+@dataclass(frozen=True)
+class LongPromptLoad:
+    """Short chats in a closed loop, and long prompts arriving on a clock beside them."""
+
+    name: str
+    short: ChatLoad
+    long_chats: list[list[dict]]
+    every_s: float
+    long_max_tokens: int = 16
+
+    @property
+    def chats(self) -> list[list[dict]]:
+        return self.short.chats
+
+
+def long_prompt_load(short: ChatLoad, approx_tokens: int, every_s: float) -> LongPromptLoad:
+    """Long prompts of about approx_tokens tokens (paragraphs of notes, ~300 tokens each, joined)."""
+    paragraphs = long_prompts(256, seed=7)
+    per_prompt = max(1, round(approx_tokens / 300))
+    chats = [[SYSTEM, {"role": "user", "content": "\n".join(paragraphs[index:index + per_prompt])}]
+             for index in range(0, len(paragraphs) - per_prompt + 1, per_prompt)]
+    return LongPromptLoad("long-prompts", short, chats, every_s)
 
 
 def agent_load(sessions: int, turns: int, system_tokens: int) -> AgentLoad:
@@ -230,6 +260,35 @@ async def agent_sessions(host: str, port: int, load: AgentLoad, model: str) -> t
     return exchanges, time.perf_counter() - started
 
 
+async def with_long_prompts(host: str, port: int, load: LongPromptLoad, clients: int,
+                            model: str) -> tuple[list[Exchange], list[Exchange], float]:
+    """The short chats' closed loop, and a long prompt every load.every_s seconds (the first
+    after one period) until the short chats are done; then the long ones still out finish."""
+    short_run = asyncio.ensure_future(closed_loop(host, port, load.short, clients, model))
+    long_runs = []
+    for chat in load.long_chats:
+        try:
+            await asyncio.wait_for(asyncio.shield(short_run), load.every_s)
+            break
+        except asyncio.TimeoutError:
+            long_runs.append(asyncio.ensure_future(
+                stream_chat(host, port, request_body(chat, load.long_max_tokens, model))))
+    short_exchanges, wall_s = await short_run
+    return short_exchanges, list(await asyncio.gather(*long_runs)), wall_s
+
+
+def summarize_long_prompts(system: str, load: LongPromptLoad, short: list[Exchange], long: list[Exchange],
+                           wall_s: float) -> dict:
+    figure = summarize(system, load.name, short, wall_s)
+    figure["tokens_per_s"] = (figure["generated_tokens"] + sum(exchange.completion_tokens for exchange in long)) / wall_s
+    figure["long_requests"] = len(long)
+    figure["long_prompt_tokens_mean"] = float(np.mean([exchange.prompt_tokens for exchange in long])) if long else None
+    long_ttfts = [exchange.first_content_at - exchange.sent_at for exchange in long if exchange.first_content_at]
+    figure["long_ttft_p50_s"] = _percentile(long_ttfts, 50)
+    figure["long_ttft_max_s"] = max(long_ttfts) if long_ttfts else None
+    return figure
+
+
 def summarize_agents(system: str, load: AgentLoad, exchanges: list[Exchange], wall_s: float) -> dict:
     figure = summarize(system, load.name, exchanges, wall_s)
     sent = figure["prompt_tokens"]
@@ -284,7 +343,7 @@ def running(command: list[str], port: int, log_path: Path):
 def multiseq_command(args, port: int) -> list[str]:
     return [sys.executable, "-m", "multiseq.cli.main", "serve", "-m", args.model, "-np", str(args.parallel),
             "--slot-ctx", str(args.slot_ctx), "-t", str(args.threads), "--port", str(port), "--no-dashboard",
-            "--max-queue", "4096"]
+            "--max-queue", "4096", *(["--step-tokens", str(args.step_tokens)] if args.step_tokens else [])]
 
 
 def llama_server_command(args, port: int, model_path: Path, fallback_template: str | None) -> list[str]:
@@ -294,7 +353,7 @@ def llama_server_command(args, port: int, model_path: Path, fallback_template: s
                                 prompt_cache=True, extra_args=extra)
 
 
-def run_server(system: str, load: ChatLoad | AgentLoad, args, workdir: Path) -> dict:
+def run_server(system: str, load: ChatLoad | AgentLoad | LongPromptLoad, args, workdir: Path) -> dict:
     resolved = models.resolve(args.model)
     port = peers._free_port()
     if system == "multiseq":
@@ -309,6 +368,9 @@ def run_server(system: str, load: ChatLoad | AgentLoad, args, workdir: Path) -> 
         if isinstance(load, AgentLoad):
             exchanges, wall_s = asyncio.run(agent_sessions("127.0.0.1", port, load, resolved.name))
             return summarize_agents(system, load, exchanges, wall_s)
+        if isinstance(load, LongPromptLoad):
+            short, long, wall_s = asyncio.run(with_long_prompts("127.0.0.1", port, load, args.clients, resolved.name))
+            return summarize_long_prompts(system, load, short, long, wall_s)
         exchanges, wall_s = asyncio.run(closed_loop("127.0.0.1", port, load, args.clients, resolved.name))
     return summarize(system, load.name, exchanges, wall_s)
 
@@ -355,6 +417,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--sessions", type=int, default=None, help="agents: sessions (default 2 x --parallel)")
     parser.add_argument("--turns", type=int, default=4, help="agents: turns per session")
     parser.add_argument("--system-tokens", type=int, default=1000, help="agents: system prompt size, about")
+    parser.add_argument("--long-tokens", type=int, default=1200, help="long-prompts: a long prompt's size, about")
+    parser.add_argument("--long-every", type=float, default=12.0, help="long-prompts: seconds between long prompts")
+    parser.add_argument("--step-tokens", type=int, default=None, help="multiseq serve's --step-tokens (default: its own)")
     return parser.parse_args(argv)
 
 
@@ -364,10 +429,12 @@ def main(argv: list[str] | None = None) -> dict:
     unknown = sorted(set(systems) - set(SYSTEMS))
     if unknown:
         raise SystemExit(f"unknown systems {unknown}; choose from {', '.join(SYSTEMS)}")
-    loads: dict[str, ChatLoad | AgentLoad] = {**chat_loads(args.requests), "agents": agent_load(
-        args.sessions or 2 * args.parallel, args.turns, args.system_tokens)}
-    if "agents" in args.workloads.split(",") and "batch-run" in systems:
-        raise SystemExit("the agents workload is a conversation with a server: batch-run cannot take it")
+    chats = chat_loads(args.requests)
+    loads: dict[str, ChatLoad | AgentLoad | LongPromptLoad] = {
+        **chats, "agents": agent_load(args.sessions or 2 * args.parallel, args.turns, args.system_tokens),
+        "long-prompts": long_prompt_load(chats["distinct"], args.long_tokens, args.long_every)}
+    if {"agents", "long-prompts"} & set(args.workloads.split(",")) and "batch-run" in systems:
+        raise SystemExit("the agents and long-prompts workloads need a server: batch-run cannot take them")
     figures = []
     with tempfile.TemporaryDirectory(prefix="multiseq-load-") as tmp:
         for name in args.workloads.split(","):

@@ -21,7 +21,7 @@ from .interrupts import EXIT_INTERRUPTED, Interrupts
 from ..server.app import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_QUEUE, ServerSettings
 from .dashboard import ServerDashboard
 from .job import BatchJob, OpenedRunner, check_chat_template
-from .options import engine_options, overflow_option, runner_config, sampling_defaults, sampling_options
+from .options import SERVE_STEP_TOKENS, engine_options, overflow_option, runner_config, sampling_defaults, sampling_options
 from ..formats.reader import PromptFormat, TextMode
 
 stderr = Console(stderr=True)
@@ -210,7 +210,10 @@ def batch_run(prompts_file: Path, output: Path | None, prompt_format: str | None
 # --- serve -------------------------------------------------------------------------------------
 
 @cli.command("serve")
-@engine_options(slot_ctx_help="Context tokens per slot (prompt + generation); or give -c.")
+@engine_options(slot_ctx_help="Context tokens per slot (prompt + generation); or give -c.",
+                step_tokens_help=f"Token budget of a step: every decoding token, then prompt chunks up to it, so "
+                                 f"that a long prompt never stalls the streams. [default: {SERVE_STEP_TOKENS}, or "
+                                 f"-np if more]")
 @click.option("-c", "--ctx-size", type=click.IntRange(16),
               help="Context tokens in all, as llama-server counts them: each of the -np slots gets ctx-size / np. "
                    "[default: --slot-ctx x -np]")
@@ -240,6 +243,8 @@ def serve(ctx_size: int | None, host: str, port: int, api_key: str | None, alias
     from ..server.serve import serve as serve_app
 
     options["slot_ctx"] = _slot_ctx(ctx_size, options["slot_ctx"], options["parallel"])
+    if options["step_tokens"] is None:
+        options["step_tokens"] = min(max(SERVE_STEP_TOKENS, options["parallel"]), default_of(RunnerConfig, "n_batch"))
     config = runner_config(options)
     settings_defaults = sampling_defaults(options)
     if config.chat_template:

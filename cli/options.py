@@ -17,7 +17,7 @@ from ..runner import RunnerConfig, SamplingParams
 from ..runner.config import FlashAttention, OverflowPolicy, SplitMode, default_of
 
 ENGINE_FIELDS = ("model", "parallel", "slot_ctx", "threads", "n_keep", "n_discard", "seed", "chat_template",
-                 "prefix_cache", "cache_ram_mib", "batch_invariant", "overflow", "n_gpu_layers", "main_gpu", "split_mode", "tensor_split",
+                 "prefix_cache", "cache_ram_mib", "step_tokens", "batch_invariant", "overflow", "n_gpu_layers", "main_gpu", "split_mode", "tensor_split",
                  "flash_attn")
 SAMPLING_FIELDS = ("max_tokens", "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "stop", "ignore_eos",
                    "strict_schema")
@@ -68,8 +68,16 @@ def _apply(decorators: list[Callable]) -> Callable:
     return decorate
 
 
-def engine_options(slot_ctx_help: str = "Context tokens per slot (prompt + generation).") -> Callable:
+# The server's step budget: 16 decoding streams and one prompt chunk of 65-68 tokens. Measured
+# on SmolLM2, 2 cores (bench/load.py --workloads long-prompts): see docs/server.md.
+SERVE_STEP_TOKENS = 96
+
+
+def engine_options(slot_ctx_help: str = "Context tokens per slot (prompt + generation).",
+                   step_tokens_help: str = "Token budget of a step: every decoding token, then prompt chunks up to "
+                                           "it. [default: 512, the whole batch]") -> Callable:
     return _apply([
+        click.option("--step-tokens", type=click.IntRange(1), metavar="N", help=step_tokens_help),
         click.option("-m", "--model", default=models.DEFAULT_MODEL, show_default=True,
                      help="Registry model name, path to a .gguf file, or a Hugging Face model: hf:OWNER/REPO[:QUANT] "
                           "or hf:OWNER/REPO/FILE.gguf."),

@@ -201,6 +201,10 @@ class RunnerConfig:
     parallel: int = 8
     slot_ctx: int = 2048
     n_batch: int = 512  # most tokens in one llama_decode call
+    # The step's token budget: every decoding sequence's token, then prompt chunks up to it (at
+    # least one chunk of the backend's smallest size). Smaller keeps streams flowing while long
+    # prompts arrive; None is n_batch (throughput first, as a batch job wants).
+    step_tokens: int | None = None
     threads: int = field(default_factory=lambda: os.cpu_count() or 1)
     n_keep: int = 0  # prompt tokens always kept when sliding (the BOS token is kept besides)
     n_discard: int = 0  # tokens dropped per generation shift; 0: half of what follows n_keep
@@ -245,6 +249,9 @@ class RunnerConfig:
         _require(is_int(self.slot_ctx) and self.slot_ctx >= 16, f"slot_ctx must be >= 16 tokens, got {self.slot_ctx!r}")
         _require(is_int(self.n_batch) and self.n_batch >= self.parallel,
                  f"n_batch ({self.n_batch}) must be at least parallel ({self.parallel}) so every slot can decode each step")
+        _require(self.step_tokens is None or (is_int(self.step_tokens) and self.parallel <= self.step_tokens <= self.n_batch),
+                 f"step_tokens must be between parallel ({self.parallel}) and n_batch ({self.n_batch}), "
+                 f"or None (n_batch), got {self.step_tokens!r}")
         _require(is_int(self.threads) and self.threads >= 1, f"threads must be >= 1, got {self.threads!r}")
         _require(is_int(self.n_keep) and 0 <= self.n_keep < self.slot_ctx // 2,
                  f"n_keep must be in [0, slot_ctx/2) = [0, {self.slot_ctx // 2}), got {self.n_keep!r}")

@@ -88,7 +88,8 @@ class Engine:
         self.host_cache = HostCache(config.cache_ram_mib * 2**20 if config.prefix_cache else 0)
         self.scheduler = Scheduler(config.parallel, config.n_batch, self.window, self._clamped_n_discard(),
                                    prefix_cache=config.prefix_cache, chunk_rules=backend.chunk_rules,
-                                   isolate_prefill=config.batch_invariant, host_cache=self.host_cache)
+                                   isolate_prefill=config.batch_invariant, host_cache=self.host_cache,
+                                   step_tokens=config.step_tokens)
         self.stats = StatsRecorder()
         self._base_seed = config.seed if config.seed is not None else int.from_bytes(os.urandom(8), "little")
         self._outbox = StepOutput()
@@ -120,7 +121,7 @@ class Engine:
         banned = self.backend.end_of_generation_tokens() if params.ignore_eos else ()
         sampler = SequenceSampler(params, seed, fit.tokens, banned, self._constraint(params), self.backend.token_bytes)
         return Sequence(request_id, fit.tokens, sampler, n_keep, overflow, fit.max_tokens,
-                        prompt_tokens_dropped=fit.num_dropped)
+                        prompt_tokens_dropped=fit.num_dropped, priority=request.priority)
 
     def _constraint(self, params: SamplingParams) -> TokenConstraint | None:
         """The request's compiled constraint; raises ValueError when it cannot be compiled (a
@@ -198,6 +199,7 @@ class Engine:
         started = time.perf_counter()
         self._retire_ending(self.scheduler.running)  # cancelled since the last step
         self._shift_full_windows()
+        self._preempt(time.perf_counter())
         self._admit(time.perf_counter())
         plan = self.scheduler.plan()
         self.stats.add_phase("schedule", time.perf_counter() - started)
@@ -213,11 +215,41 @@ class Engine:
         for admission in self.scheduler.admit(now):
             seq, placement = admission.seq, admission.placement
             self._save_what_is_lost(admission)
+            if seq.num_preemptions and seq.status is SequenceStatus.DECODING:
+                self._resume(seq, placement)
+                continue
             if not self._place_prefix(placement):
                 logger.info("a prefix of %d tokens for %s is not intact; prefilling it in full",
                             placement.num_cached, seq.id)
                 seq.drop_cached_prefix()
             self.stats.note_admission(seq.num_cached, seq.num_restored)
+
+    def _preempt(self, now: float) -> None:
+        """Give slots held by lower-priority sequences to waiting ones of higher priority: each
+        preempted sequence's KV is parked in host memory, and restored when it resumes, so it
+        goes on exactly where it stopped. Without room in host memory nothing is preempted
+        (recomputing its KV would not give the same numbers)."""
+        for victim in self.scheduler.preemptions(now):
+            tokens = victim.reusable_kv_tokens(with_generated=True)
+            state = self.backend.save_slot(victim.slot) if self.host_cache.is_enabled else None
+            parked = None if state is None else self.host_cache.park(tokens, state)
+            if parked is None:
+                return
+            logger.info("preempting %s (priority %d) after %d tokens", victim.id, victim.priority,
+                        len(victim.output_tokens))
+            self.scheduler.preempt(victim, parked, now)
+            self.stats.note_preemption()
+
+    def _resume(self, seq: Sequence, placement: Placement) -> None:
+        """A preempted sequence back in a slot: its parked KV restored (or still there)."""
+        parked = placement.host_entry
+        if placement.source_slot == placement.slot:
+            intact = self.backend.reuse_prefix(placement.slot, placement.slot, placement.num_cached)
+        else:
+            intact = self.backend.restore_slot(placement.slot, parked.state, placement.num_cached)
+        self.host_cache.unpark(parked)
+        if not intact:
+            seq.fail("internal error: the KV of a preempted request could not be restored")
 
     def _place_prefix(self, placement: Placement) -> bool:
         entry = placement.host_entry
@@ -323,6 +355,8 @@ class Engine:
         slot = seq.slot if seq.is_running else None
         now = time.perf_counter()
         self._emit(seq, seq.finish(now))
+        if seq.parked is not None:  # preempted, then cancelled (or failed) while it waited
+            self.host_cache.unpark(seq.parked)
         num_kept = self.scheduler.release(seq, seq.status is not SequenceStatus.FAILED, now)
         if slot is not None and not self.backend.reuse_prefix(slot, slot, num_kept):
             self.scheduler.prefixes.take(slot)  # not intact: the backend cleared it, keep nothing

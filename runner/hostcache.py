@@ -8,7 +8,9 @@ request whose prompt starts with an entry's tokens has that state restored into 
 (set_data, then cut back to the shared prefix) instead of prefilling it, when restoring is
 cheaper than computing: both costs are measured as the runner goes.
 
-Entries are bounded in bytes and evicted least recently used first. An entry whose tokens are
+A sequence preempted for a request of higher priority parks its slot's KV here too: a parked
+state belongs to its sequence, is never evicted, and counts against the same bound until the
+sequence resumes. Entries are bounded in bytes and evicted least recently used first. An entry whose tokens are
 a prefix of a newer one is dropped (the newer one covers it), and a state whose tokens an
 entry already covers is not saved twice. Pure Python: the backend does the saving and
 restoring; this is the index, the memory bound and the cost model.
@@ -75,6 +77,7 @@ class HostCacheStats:
     num_restored: int = 0
     num_evicted: int = 0
     tokens_restored: int = 0
+    num_parked: int = 0
 
 
 class HostCache:
@@ -84,7 +87,9 @@ class HostCache:
         self.limit_bytes = limit_bytes
         self._entries: OrderedDict[int, HostEntry] = OrderedDict()  # least recently used first
         self._next_key = 0
-        self.num_bytes = 0
+        self.num_bytes = 0  # entries' and parked states'
+        self.num_parked_bytes = 0
+        self._parked: dict[int, HostEntry] = {}  # by id(): found by prompts too, while parked
         self.costs = CostModel()
         self.stats = HostCacheStats()
 
@@ -99,10 +104,13 @@ class HostCache:
     def entries(self) -> list[HostEntry]:
         return list(self._entries.values())
 
+    def _all_states(self) -> list[HostEntry]:
+        return [*self._entries.values(), *self._parked.values()]
+
     def best_match(self, prompt: np.ndarray) -> tuple[HostEntry | None, int]:
-        """The entry sharing the longest prefix with `prompt`, and that length."""
+        """The entry (or parked state) sharing the longest prefix with `prompt`, and that length."""
         best, best_length = None, 0
-        for entry in self._entries.values():
+        for entry in self._all_states():
             length = common_prefix_length(entry.tokens, prompt)
             if length > best_length:
                 best, best_length = entry, length
@@ -111,7 +119,7 @@ class HostCache:
     def covers(self, tokens: np.ndarray) -> bool:
         """Whether an entry already holds these tokens (it starts with all of them)."""
         return any(len(entry.tokens) >= len(tokens) and common_prefix_length(entry.tokens, tokens) == len(tokens)
-                   for entry in self._entries.values())
+                   for entry in self._all_states())
 
     def add(self, tokens: np.ndarray, state: bytearray) -> bool:
         """Keep a slot's state under its tokens, evicting the least recently used entries to
@@ -121,14 +129,40 @@ class HostCache:
         for key, entry in list(self._entries.items()):  # entries the new one covers
             if len(entry.tokens) <= len(tokens) and common_prefix_length(entry.tokens, tokens) == len(entry.tokens):
                 self._remove(key)
-        while self.num_bytes + len(state) > self.limit_bytes:
-            self._remove(next(iter(self._entries)))
-            self.stats.num_evicted += 1
+        if not self._make_room(len(state)):
+            return False
         self._entries[self._next_key] = HostEntry(np.asarray(tokens, dtype=np.int32), state)
         self._next_key += 1
         self.num_bytes += len(state)
         self.stats.num_saved += 1
         return True
+
+    def _make_room(self, num_bytes: int) -> bool:
+        """Evict least recently used entries until num_bytes more fit; False if they cannot."""
+        if self.num_parked_bytes + num_bytes > self.limit_bytes:
+            return False
+        while self.num_bytes + num_bytes > self.limit_bytes:
+            self._remove(next(iter(self._entries)))
+            self.stats.num_evicted += 1
+        return True
+
+    def park(self, tokens: np.ndarray, state: bytearray) -> HostEntry | None:
+        """Hold a preempted sequence's state (never evicted) until unpark(); None when it
+        cannot fit beside the other parked states."""
+        if not self._make_room(len(state)):
+            return None
+        self.num_bytes += len(state)
+        self.num_parked_bytes += len(state)
+        self.stats.num_parked += 1
+        entry = HostEntry(np.asarray(tokens, dtype=np.int32), state)
+        self._parked[id(entry)] = entry
+        return entry
+
+    def unpark(self, entry: HostEntry) -> None:
+        """The preempted sequence resumed or ended: its parked state's bytes are free again."""
+        del self._parked[id(entry)]
+        self.num_bytes -= entry.num_bytes
+        self.num_parked_bytes -= entry.num_bytes
 
     def note_restored(self, entry: HostEntry, num_tokens: int, seconds: float) -> None:
         """An entry was restored into a slot: it becomes the most recently used."""

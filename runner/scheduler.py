@@ -7,10 +7,8 @@ plans each step.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
-from itertools import islice
 
 import numpy as np
 
@@ -19,6 +17,7 @@ from .config import OverflowPolicy
 from .hostcache import HostCache, HostEntry
 from .prefix import MIN_COPY_TOKENS, MIN_WAIT_TOKENS, PrefixIndex, common_prefix_length
 from .sequence import Sequence, SequenceStatus
+from .waiting import WaitingQueue
 
 # How far into the queue admission looks for a request that can start now, when the ones
 # before it wait for a prefix being prefilled (bounded: the queue may hold thousands).
@@ -141,7 +140,8 @@ class StepPlan:
 class Placement:
     """Where an admitted prompt goes: its slot, and the prefix it starts from, found in
     `source_slot`'s KV (the slot itself when nothing needs copying), or in a state saved to
-    host memory (`host_entry`; source_slot None)."""
+    host memory (`host_entry`; source_slot None). A preempted sequence's placement always
+    names its parked state, and source_slot is its slot when that still holds it."""
 
     slot: int
     source_slot: int | None
@@ -176,10 +176,14 @@ class Shift:
 class Scheduler:
     def __init__(self, num_slots: int, max_batch_tokens: int, window: int, n_discard: int = 0,
                  prefix_cache: bool = True, chunk_rules: ChunkRules = ChunkRules(),
-                 isolate_prefill: bool = False, host_cache: HostCache | None = None) -> None:
+                 isolate_prefill: bool = False, host_cache: HostCache | None = None,
+                 step_tokens: int | None = None) -> None:
         assert max_batch_tokens >= num_slots, "every slot must be able to decode each step"
         self.num_slots = num_slots
         self.max_batch_tokens = max_batch_tokens
+        # The step's token budget: every decoding token, then prompt chunks up to it, so that a
+        # long prompt is prefilled over several steps while the others keep decoding.
+        self.step_tokens = min(step_tokens or max_batch_tokens, max_batch_tokens)
         self.window = window
         self.n_discard = n_discard  # 0: half of what follows n_keep, as llama.cpp does
         self.prefix_cache = prefix_cache
@@ -196,7 +200,7 @@ class Scheduler:
         self.isolate_prefill = isolate_prefill
         self._last_step_prefilled = False
         self.prefixes = PrefixIndex(num_slots)
-        self.waiting: deque[Sequence] = deque()
+        self.waiting = WaitingQueue()
         self.slots: list[Sequence | None] = [None] * num_slots
 
     # --- queries -------------------------------------------------------------------------
@@ -230,21 +234,26 @@ class Scheduler:
         self.waiting.append(seq)
 
     def admit(self, now: float) -> list[Admission]:
-        """Give free slots to waiting sequences in arrival order, each starting from the
-        longest prefix of its prompt that some slot's KV holds. A sequence whose prefix is
-        still being prefilled in another slot waits for it; the ones behind it may go first."""
+        """Give free slots to waiting sequences by priority, then age (see WaitingQueue), each
+        starting from the longest prefix of its prompt that some slot's KV holds. A sequence
+        whose prefix is still being prefilled in another slot waits for it; the ones behind it
+        may go first. A preempted sequence resumes from its parked KV."""
         admitted = []
         # A copy between slots lands at the next decode, a restore from host memory at once:
         # a slot copied from this round must not be overwritten by a restore in the same round.
         copy_sources: set[int] = set()
-        for seq in list(islice(self.waiting, _LOOKAHEAD_PER_SLOT * self.num_slots)):
+        for seq in self.waiting.in_admission_order(now, _LOOKAHEAD_PER_SLOT * self.num_slots):
             free = [slot for slot, holder in enumerate(self.slots) if holder is None]
             if not free:
                 break
-            placement = self._place(seq, free, copy_sources)
-            if placement is None:
-                continue
-            seq.admit(placement.slot, now, placement.num_cached, from_host=placement.host_entry is not None)
+            if seq.parked is not None:
+                placement = self._place_parked(seq, free, copy_sources)
+                seq.resume(placement.slot)
+            else:
+                placement = self._place(seq, free, copy_sources)
+                if placement is None:
+                    continue
+                seq.admit(placement.slot, now, placement.num_cached, from_host=placement.host_entry is not None)
             self.waiting.remove(seq)
             evicted = self.prefixes.take(placement.slot)
             if placement.source_slot not in (None, placement.slot):
@@ -252,6 +261,43 @@ class Scheduler:
             self.slots[placement.slot] = seq
             admitted.append(Admission(seq, placement, evicted))
         return admitted
+
+    def _place_parked(self, seq: Sequence, free: list[int], copy_sources: set[int]) -> Placement:
+        """A preempted sequence's slot: one that still holds its KV (nothing to restore), else
+        the least recently used, where its parked KV is restored."""
+        tokens = seq.parked.tokens
+        for slot in free:
+            kept = self.prefixes.kept(slot)
+            if len(kept) == len(tokens) and common_prefix_length(kept, tokens) == len(tokens):
+                return Placement(slot, slot, len(tokens), seq.parked)
+        targets = [slot for slot in free if slot not in copy_sources] or free
+        return Placement(self.prefixes.least_recently_used(targets), None, len(tokens), seq.parked)
+
+    def preemptions(self, now: float) -> list[Sequence]:
+        """Running sequences to preempt now: for each waiting sequence that no free slot will
+        take, in admission order, the lowest-priority decoding sequence below it (the most
+        recently admitted of those: the least work to set aside), while there is one."""
+        free = self.num_free_slots
+        victims: list[Sequence] = []
+        for seq in self.waiting.in_admission_order(now, self.num_slots):
+            if free > 0:
+                free -= 1
+                continue
+            below = [running for running in self.running
+                     if running.priority < seq.priority and running.can_be_preempted and running not in victims]
+            if not below:
+                continue
+            victims.append(min(below, key=lambda running: (running.priority, -running.admitted_at)))
+        return victims
+
+    def preempt(self, seq: Sequence, parked: HostEntry, now: float) -> None:
+        """Take a decoding sequence out of its slot, back into the queue, its KV parked. The
+        slot keeps that KV as a prefix until it is overwritten (then the parked copy serves)."""
+        slot = seq.slot
+        seq.preempt(parked)
+        self.slots[slot] = None
+        self.prefixes.keep(slot, parked.tokens, now)
+        self.waiting.put_back(seq)
 
     def _place(self, seq: Sequence, free: list[int], copy_sources: set[int]) -> Placement | None:
         """The slot for seq and the prefix it reuses; None to wait for one being prefilled."""
@@ -316,16 +362,16 @@ class Scheduler:
 
     def drain_waiting(self) -> list[Sequence]:
         """Take every waiting sequence out of the queue (for cancel_all)."""
-        drained = list(self.waiting)
-        self.waiting.clear()
-        return drained
+        return self.waiting.clear()
 
     # --- the step ------------------------------------------------------------------------
 
     def plan(self) -> StepPlan:
-        """One token for every decoding sequence, then prompt chunks in arrival order, up to
-        max_batch_tokens in all (isolated: one or the other)."""
-        prefilling = self._prefilling_in_arrival_order()
+        """One token for every decoding sequence, then prompt chunks by priority, then age, up
+        to the step's token budget (isolated: one or the other). Prompt chunks always get room
+        for one chunk the backend's rules allow, so that prefill progresses beside any number
+        of decoding slots."""
+        prefilling = self._prefilling_in_order()
         decoding = [seq for seq in self.running if seq.status is SequenceStatus.DECODING]
         if self.isolate_prefill:
             self._last_step_prefilled = bool(prefilling) and not (decoding and self._last_step_prefilled)
@@ -336,18 +382,20 @@ class Scheduler:
         chunks: dict[int, Chunk] = {}
         for seq in decoding:
             chunks[seq.slot] = Chunk(seq, BatchEntry(seq.slot, [seq.last_token], seq.n_past, True), False)
-        budget = self.max_batch_tokens - len(chunks)
+        budget = self.step_tokens - len(chunks)
+        room = self.max_batch_tokens - len(chunks)
         for seq in prefilling:
-            if budget <= 0:
-                break
+            # The first prompt chunk of a step goes whatever the budget, so prompts progress.
+            floor = 0 if len(chunks) > len(decoding) else self._least_progress(seq)
             start = seq.num_prefilled
-            length = self._chunk_length(start, seq.num_prompt_remaining, budget)
+            length = self._chunk_length(start, seq.num_prompt_remaining, min(room, max(budget, floor)))
             if length == 0:
                 continue
             tokens = seq.prompt_tokens[start:start + length]
             is_last = start + length == len(seq.prompt_tokens)
             chunks[seq.slot] = Chunk(seq, BatchEntry(seq.slot, tokens, seq.n_past, is_last), True)
             budget -= length
+            room -= length
         return StepPlan([chunks[slot] for slot in sorted(chunks)])
 
     def _chunk_length(self, start: int, remaining: int, budget: int) -> int:
@@ -359,9 +407,16 @@ class Scheduler:
             return min(remaining, budget)
         return rules.chunk_length(start, remaining, budget)
 
-    def _prefilling_in_arrival_order(self) -> list[Sequence]:
+    def _least_progress(self, seq: Sequence) -> int:
+        """Room enough for one chunk of seq's prompt that the rules allow: the smallest chunk,
+        or its whole rest when no cut would leave a rest the rules allow."""
+        rules = self.chunk_rules
+        remaining = seq.num_prompt_remaining
+        return remaining if remaining <= 2 * rules.min_tokens + rules.alignment else rules.min_tokens + rules.alignment - 1
+
+    def _prefilling_in_order(self) -> list[Sequence]:
         prefilling = [seq for seq in self.running if seq.status is SequenceStatus.PREFILLING]
-        return sorted(prefilling, key=lambda seq: seq.admitted_at)
+        return sorted(prefilling, key=lambda seq: (-seq.priority, seq.admitted_at))
 
     def shifts_needed(self) -> tuple[list[Shift], list[Sequence]]:
         """Decoding sequences whose window is full: the shift each needs, and those that

@@ -6,9 +6,11 @@ the queue and the slots, and the engine calls these methods with what each step 
 The life of a sequence, and every reason it ends, are here:
 
     waiting ──admit──> prefilling ──last prompt token decoded──> decoding ──ending──> finished
-       │                   │                                        │
-       └──── cancel ───────┴──── cancel ─────────> cancelled <──────┘ cancel
-       └──── failure ──────┴──── failure ────────> failed    <──────┘ failure (a bad token, a failed decode)
+       │ ^                 │                                       │ │
+       │ └─────────────────┼──── preempt (its KV parked in RAM) ───┘ │
+       │ ──── resume (its KV restored) ────────────────────────────> │
+       └──── cancel ───────┴──── cancel ─────────> cancelled <───────┘ cancel
+       └──── failure ──────┴──── failure ────────> failed    <───────┘ failure (a bad token, a failed decode)
 
 A sequence decides *that* it ends (`ending`: a stop token or string, max_tokens, a full window
 that cannot slide, a cancel, a failure) in the method that learns it; the engine retires every
@@ -22,14 +24,18 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from enum import Enum
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .config import OverflowPolicy, SamplingParams
 from .detok import TextAssembler
 from .logprobs import TokenLogprob
-from .request import FinishReason, Result, Timings
+from .request import FinishReason, Priority, Result, Timings
 from .sampling import Sampled, SequenceSampler
+
+if TYPE_CHECKING:
+    from .hostcache import HostEntry
 
 CANCELLED_BEFORE_START = "Cancelled: the request was cancelled before it started"
 
@@ -45,9 +51,11 @@ class SequenceStatus(Enum):
 
 # Every move a sequence may make, from each status; the final ones lead nowhere.
 _NEXT_STATUSES = {
-    SequenceStatus.WAITING: {SequenceStatus.PREFILLING, SequenceStatus.CANCELLED, SequenceStatus.FAILED},
+    SequenceStatus.WAITING: {SequenceStatus.PREFILLING, SequenceStatus.DECODING, SequenceStatus.CANCELLED,
+                             SequenceStatus.FAILED},
     SequenceStatus.PREFILLING: {SequenceStatus.DECODING, SequenceStatus.CANCELLED, SequenceStatus.FAILED},
-    SequenceStatus.DECODING: {SequenceStatus.FINISHED, SequenceStatus.CANCELLED, SequenceStatus.FAILED},
+    SequenceStatus.DECODING: {SequenceStatus.FINISHED, SequenceStatus.WAITING, SequenceStatus.CANCELLED,
+                              SequenceStatus.FAILED},
     SequenceStatus.FINISHED: set(),
     SequenceStatus.CANCELLED: set(),
     SequenceStatus.FAILED: set(),
@@ -73,8 +81,9 @@ class Sequence:
 
     def __init__(self, request_id: str, prompt_tokens: list[int], sampler: SequenceSampler, n_keep: int,
                  overflow: OverflowPolicy, max_tokens: int, prompt_tokens_dropped: int = 0,
-                 submitted_at: float | None = None) -> None:
+                 submitted_at: float | None = None, priority: int = Priority.BATCH) -> None:
         self.id = request_id
+        self.priority = priority
         self.prompt_tokens = prompt_tokens
         self.sampler = sampler
         self.n_keep = n_keep
@@ -104,6 +113,8 @@ class Sequence:
         self.prefilled_at: float | None = None
         self.first_token_at: float | None = None
         self.finished_at: float | None = None
+        self.parked: HostEntry | None = None  # preempted: its slot's KV, saved to resume from
+        self.num_preemptions = 0
 
     # --- derived state -------------------------------------------------------------------
 
@@ -172,7 +183,9 @@ class Sequence:
     # --- transitions -----------------------------------------------------------------------
 
     def _move_to(self, status: SequenceStatus) -> None:
-        if status not in _NEXT_STATUSES[self.status]:
+        resumes_without_kv = self.status is SequenceStatus.WAITING and status is SequenceStatus.DECODING \
+            and self.parked is None  # only a preempted sequence, its KV parked, skips the prefill
+        if status not in _NEXT_STATUSES[self.status] or resumes_without_kv:
             raise InvalidTransition(f"sequence {self.id}: {self.status.value} -> {status.value} is not allowed")
         self.status = status
 
@@ -190,6 +203,29 @@ class Sequence:
         self.admitted_at = now
         self.num_cached = self.num_prefilled = self.n_past = num_cached
         self.num_restored = num_cached if from_host else 0
+
+    @property
+    def can_be_preempted(self) -> bool:
+        """Decoding, not ending, and its KV holds exactly its tokens at their own positions
+        (a shifted window's KV could not be matched with tokens again)."""
+        return self.status is SequenceStatus.DECODING and self.ending is None and not self.is_truncated
+
+    def preempt(self, parked: HostEntry) -> None:
+        """Decoding -> waiting: its slot goes to a request of higher priority; its KV (prompt
+        and generated tokens but the newest, which the next step decodes) is parked."""
+        assert self.can_be_preempted and len(parked.tokens) == self.n_past
+        self._move_to(SequenceStatus.WAITING)
+        self.slot = None
+        self.parked = parked
+        self.num_preemptions += 1
+
+    def resume(self, slot: int) -> None:
+        """Waiting -> decoding again in `slot`, whose KV now holds what was parked: the next
+        step decodes its newest token, as if it had never left."""
+        assert self.parked is not None
+        self._move_to(SequenceStatus.DECODING)
+        self.slot = slot
+        self.parked = None
 
     def drop_cached_prefix(self) -> None:
         """The reused prefix turned out not to be intact in the KV: prefill the whole prompt."""
@@ -246,7 +282,8 @@ class Sequence:
     def request_cancel(self) -> None:
         """A waiting sequence ends without running; a running one at the next step boundary,
         keeping its text."""
-        self._end(FinishReason.CANCELLED, CANCELLED_BEFORE_START if self.is_waiting else None)
+        never_started = self.is_waiting and not self.output_tokens  # (a preempted one keeps its text)
+        self._end(FinishReason.CANCELLED, CANCELLED_BEFORE_START if never_started else None)
 
     def fail(self, error: str, overriding: bool = False) -> None:
         """End with an error. `overriding`: even if another ending was decided first (after a
@@ -270,7 +307,7 @@ class Sequence:
         a whole document, and is not."""
         assert self.ending is not None, "only a sequence with an ending finishes"
         reason = self.ending.reason
-        releases_held_text = (self.is_running and reason is not FinishReason.CANCELLED
+        releases_held_text = ((self.is_running or self.parked is not None) and reason is not FinishReason.CANCELLED
                               and not self.has_reached_stop_string)
         text = self.assembler.flush() if releases_held_text else ""
         if text:

@@ -42,6 +42,7 @@ class RunStats:
     num_prefix_hits: int = 0  # admitted requests that started from a reused prefix
     prompt_tokens_reused: int = 0  # prompt tokens taken from a prefix already computed (slots or host memory)
     prompt_tokens_restored: int = 0  # of those, the ones restored from host memory
+    num_preempted: int = 0  # times a sequence left its slot for one of higher priority
 
     @property
     def prefix_hit_rate(self) -> float | None:
@@ -83,6 +84,7 @@ class StatsRecorder:
         self.num_prefix_hits = 0
         self.prompt_tokens_reused = 0
         self.prompt_tokens_restored = 0
+        self.num_preempted = 0
         self.finished_by_reason: Counter[str] = Counter()
         self._recent: deque[tuple[float, int]] = deque()  # (time, generated tokens so far) per step
 
@@ -95,6 +97,9 @@ class StatsRecorder:
         self.num_prefix_hits += num_cached > 0
         self.prompt_tokens_reused += num_cached
         self.prompt_tokens_restored += num_restored
+
+    def note_preemption(self) -> None:
+        self.num_preempted += 1
 
     def note_finish(self, now: float, reason: str) -> None:
         self.last_finish_at = now
@@ -153,6 +158,7 @@ class StatsRecorder:
             num_prefix_hits=self.num_prefix_hits,
             prompt_tokens_reused=self.prompt_tokens_reused,
             prompt_tokens_restored=self.prompt_tokens_restored,
+            num_preempted=self.num_preempted,
         )
 
 
