@@ -41,6 +41,7 @@ def serving(app):
     finally:
         server.stop()
         thread.join(30)
+        app.state.server.close()  # the batch worker, if any, before the test closes the runner
 
 
 def wait_until(condition, timeout: float = 10.0, what: str = "the condition") -> None:
