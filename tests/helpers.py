@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import selectors
 import subprocess
 import threading
 import time
@@ -23,6 +24,24 @@ def wait_for_lines(path: Path, count: int, process: subprocess.Popen, timeout: f
         assert process.poll() is None, process.stderr.read() if process.stderr else process.returncode
         assert time.monotonic() < deadline, f"{path} never reached {count} lines"
         time.sleep(0.02)
+
+
+def read_until(process: subprocess.Popen, pattern: str, timeout: float = 60.0) -> list[str]:
+    """Lines of the process's stderr up to the one holding `pattern` (bounded wait)."""
+    selector = selectors.DefaultSelector()
+    selector.register(process.stderr, selectors.EVENT_READ)
+    lines = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not selector.select(timeout=max(0.0, deadline - time.monotonic())):
+            break
+        line = process.stderr.readline()
+        if not line:
+            break
+        lines.append(line)
+        if pattern in line:
+            return lines
+    raise AssertionError(f"{pattern!r} never came; stderr so far:\n{''.join(lines)}")
 
 
 @contextmanager
