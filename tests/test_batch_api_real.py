@@ -63,3 +63,12 @@ def test_a_batch_killed_mid_run_resumes_and_writes_each_custom_id_once(start_cli
     process.send_signal(signal.SIGTERM)
     process.wait(30)
     assert process.returncode == 0
+
+
+def test_a_data_directory_that_cannot_be_used_is_one_line_and_exit_1(start_cli, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    process = start_cli("serve", "--port", "0", "--no-dashboard", "--data-dir", str(blocker / "data"))
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 1, stderr
+    assert "cannot use the data directory" in stderr and "Traceback" not in stderr
