@@ -41,7 +41,7 @@ from ..formats.resume import drop_torn_tail, written_ids
 from ..formats.scan import scan_file
 from ..runner import FinishReason, OverflowPolicy, Priority, Request, Result, Runner, SamplingParams
 from .errors import INTERNAL_ERROR_MESSAGE, NOT_FOUND, ApiError
-from .store import BatchRecord, FileRecord, Page, Store
+from .store import BatchRecord, FileRecord, Page, Store, StoreError
 from .uploads import UPLOAD_PREFIX, Upload
 
 logger = logging.getLogger("multiseq.server")
@@ -123,10 +123,14 @@ class BatchService:
         self.store = Store.open(data_dir)  # StoreError when the folder cannot be used
         self.files_dir = data_dir / "files"
         self.batches_dir = data_dir / "batches"
-        self.files_dir.mkdir(exist_ok=True)
-        self.batches_dir.mkdir(exist_ok=True)
-        for leftover in self.files_dir.glob(f"{UPLOAD_PREFIX}*"):  # an upload a crash cut short
-            leftover.unlink(missing_ok=True)
+        try:
+            self.files_dir.mkdir(exist_ok=True)
+            self.batches_dir.mkdir(exist_ok=True)
+            for leftover in self.files_dir.glob(f"{UPLOAD_PREFIX}*"):  # an upload a crash cut short
+                leftover.unlink(missing_ok=True)
+        except OSError as error:
+            self.store.close()
+            raise StoreError(f"cannot use the data directory {data_dir}: {error}") from None
         self.rules = rules
         self._runner: Runner | None = None
         self._lock = threading.Lock()  # guards _current, _validating and starting
@@ -301,10 +305,6 @@ class BatchService:
         for batch in self.store.batches_with_status(["validating"]):
             self._start_validation(batch.id)
         self._worker.start()
-
-    @property
-    def is_started(self) -> bool:
-        return self._worker is not None
 
     def stop(self) -> None:
         """Stop taking batch work: the running batch's requests are cancelled and get no line
