@@ -18,7 +18,10 @@ from ..runner import BackendError, Runner, RunnerConfig, SamplingParams
 from ..runner.config import OverflowPolicy, default_of
 from . import info
 from .interrupts import EXIT_INTERRUPTED, Interrupts
-from ..server.app import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_QUEUE, ServerSettings
+from ..server.app import (DEFAULT_MAX_BATCH_LINES, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_QUEUE,
+                          DEFAULT_MAX_UPLOAD_BYTES, ServerSettings)
+from ..server.store import StoreError
+from ..models.folders import DATA_DIR_VARIABLE
 from .dashboard import ServerDashboard
 from .job import BatchJob, OpenedRunner, check_chat_template
 from .options import SERVE_STEP_TOKENS, engine_options, overflow_option, runner_config, sampling_defaults, sampling_options
@@ -230,16 +233,26 @@ def batch_run(prompts_file: Path, output: Path | None, prompt_format: str | None
               help="Requests that may wait for a slot; beyond that, 503 with Retry-After.")
 @click.option("--max-body-mb", default=DEFAULT_MAX_BODY_BYTES / 2**20, show_default=True,
               type=click.FloatRange(0, min_open=True), help="Largest request body; a larger one gets 413.")
+@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path),
+              help=f"Where the Files and Batch APIs keep uploads, batches and their results, across restarts "
+                   f"(also {DATA_DIR_VARIABLE}). [default: the user's data folder for multiseq]")
+@click.option("--max-upload-mb", default=DEFAULT_MAX_UPLOAD_BYTES / 2**20, show_default=True,
+              type=click.FloatRange(0, min_open=True), help="Largest file POST /v1/files takes; a larger one gets 413.")
+@click.option("--max-batch-lines", default=DEFAULT_MAX_BATCH_LINES, show_default=True, type=click.IntRange(1),
+              help="Most requests one batch may hold; a batch with more fails validation.")
 @click.option("--dashboard/--no-dashboard", default=None,
               help="Live view of the slots instead of access logs. Default: on when standard error is a terminal.")
 @click.option("-v", "--verbose", is_flag=True, help="Show llama.cpp warnings.")
 def serve(ctx_size: int | None, host: str, port: int, api_key: str | None, alias: str | None, max_queue: int,
-          max_body_mb: float, dashboard: bool | None, verbose: bool, **options) -> None:
+          max_body_mb: float, data_dir: Path | None, max_upload_mb: float, max_batch_lines: int,
+          dashboard: bool | None, verbose: bool, **options) -> None:
     """Serve the model over an OpenAI-compatible HTTP API, batching concurrent clients.
 
     POST /v1/chat/completions and /v1/completions (streamed or not), GET /v1/models, /health
-    (503 while the model loads) and /metrics (Prometheus). Ctrl-C or SIGTERM stops it: running
-    streams end with an error event, and an idle server exits at once."""
+    (503 while the model loads) and /metrics (Prometheus); the Files and Batch APIs
+    (/v1/files, /v1/batches), whose batches fill the slots interactive requests leave free and
+    resume after a restart. Ctrl-C or SIGTERM stops it: running streams end with an error
+    event, and an idle server exits at once."""
     from ..server.serve import serve as serve_app
 
     options["slot_ctx"] = _slot_ctx(ctx_size, options["slot_ctx"], options["parallel"])
@@ -252,7 +265,8 @@ def serve(ctx_size: int | None, host: str, port: int, api_key: str | None, alias
     resolved = _resolve_model(config.model)
     settings = ServerSettings(model_name=alias or resolved.name, api_key=api_key or None, max_queue=max_queue,
                               max_body_bytes=int(max_body_mb * 2**20), defaults=settings_defaults,
-                              overflow=config.overflow)
+                              overflow=config.overflow, data_dir=data_dir or models.data_dir(),
+                              max_upload_bytes=int(max_upload_mb * 2**20), max_batch_lines=max_batch_lines)
     show_dashboard = dashboard if dashboard is not None else stderr.is_terminal
     _configure_server_logs(verbose, access_log=not show_dashboard)
     if host not in LOCAL_HOSTS and not settings.api_key:
@@ -266,6 +280,7 @@ def serve(ctx_size: int | None, host: str, port: int, api_key: str | None, alias
         address = f"http://{host}:{server.port}"
         stderr.print(f"[bold]multiseq[/] {settings.model_name}: {config.parallel} slots x {config.slot_ctx} tokens, "
                      f"{config.threads} threads; OpenAI API at {address}/v1 (the model is loading)", soft_wrap=True)
+        stderr.print(f"files and batches kept in {settings.data_dir}", soft_wrap=True, highlight=False)
 
     def ready(runner: Runner) -> None:
         where = f" on {runner.device}" if runner.device else ""
@@ -278,6 +293,8 @@ def serve(ctx_size: int | None, host: str, port: int, api_key: str | None, alias
                             on_listening=listening, on_ready=ready)
     except OSError as error:  # the address is taken, or not ours to bind
         raise click.ClickException(f"cannot listen on {host}:{port}: {error.strerror or error}") from None
+    except StoreError as error:
+        raise click.ClickException(str(error)) from None
     finally:
         if view is not None:
             view.stop()

@@ -17,3 +17,13 @@ def cache_dir() -> Path:
     the user's cache folder for multiseq."""
     configured = os.environ.get(CACHE_DIR_VARIABLE)
     return Path(configured) if configured else Path(platformdirs.user_cache_dir(APP_NAME))
+
+DATA_DIR_VARIABLE = "MULTISEQ_DATA_DIR"
+
+
+def data_dir() -> Path:
+    """What cannot be made again (the server's uploaded files, batches and their results):
+    $MULTISEQ_DATA_DIR, else the user's data folder for multiseq (~/.local/share/multiseq on
+    Linux)."""
+    configured = os.environ.get(DATA_DIR_VARIABLE)
+    return Path(configured) if configured else Path(platformdirs.user_data_dir(APP_NAME))

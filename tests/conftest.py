@@ -45,6 +45,13 @@ def offline_hub_cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
 
 
+@pytest.fixture(autouse=True)
+def isolated_data_dir(tmp_path_factory, monkeypatch):
+    """Every test (and every `multiseq serve` it starts) keeps the Files and Batch APIs' data in
+    a folder of its own, never in the user's."""
+    monkeypatch.setenv("MULTISEQ_DATA_DIR", str(tmp_path_factory.mktemp("data")))
+
+
 @pytest.fixture
 def hub_cache() -> Path:
     """This test's (empty) Hugging Face cache folder: helpers.add_hub_repo fills it."""

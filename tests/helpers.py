@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import selectors
 import subprocess
 import threading
 import time
@@ -25,6 +26,24 @@ def wait_for_lines(path: Path, count: int, process: subprocess.Popen, timeout: f
         time.sleep(0.02)
 
 
+def read_until(process: subprocess.Popen, pattern: str, timeout: float = 60.0) -> list[str]:
+    """Lines of the process's stderr up to the one holding `pattern` (bounded wait)."""
+    selector = selectors.DefaultSelector()
+    selector.register(process.stderr, selectors.EVENT_READ)
+    lines = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not selector.select(timeout=max(0.0, deadline - time.monotonic())):
+            break
+        line = process.stderr.readline()
+        if not line:
+            break
+        lines.append(line)
+        if pattern in line:
+            return lines
+    raise AssertionError(f"{pattern!r} never came; stderr so far:\n{''.join(lines)}")
+
+
 @contextmanager
 def serving(app):
     """Serve an ASGI app with uvicorn on a free loopback port, from a thread; yields the base
@@ -41,6 +60,7 @@ def serving(app):
     finally:
         server.stop()
         thread.join(30)
+        app.state.server.close()  # the batch worker, if any, before the test closes the runner
 
 
 def wait_until(condition, timeout: float = 10.0, what: str = "the condition") -> None:

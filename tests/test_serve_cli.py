@@ -4,36 +4,17 @@ and the mistakes a user makes, each one line and no traceback."""
 from __future__ import annotations
 
 import re
-import selectors
 import signal
 import socket
-import subprocess
-import time
 
 import openai
 import pytest
 
+from helpers import read_until
+
 pytestmark = pytest.mark.model
 
 LISTENING = re.compile(r"OpenAI API at (http://127\.0\.0\.1:\d+)/v1")
-
-
-def read_until(process: subprocess.Popen, pattern: str, timeout: float = 60.0) -> list[str]:
-    """Lines of the process's stderr up to the one holding `pattern` (bounded wait)."""
-    selector = selectors.DefaultSelector()
-    selector.register(process.stderr, selectors.EVENT_READ)
-    lines = []
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not selector.select(timeout=max(0.0, deadline - time.monotonic())):
-            break
-        line = process.stderr.readline()
-        if not line:
-            break
-        lines.append(line)
-        if pattern in line:
-            return lines
-    raise AssertionError(f"{pattern!r} never came; stderr so far:\n{''.join(lines)}")
 
 
 def test_serve_answers_the_openai_client_and_stops_on_sigterm(start_cli):

@@ -105,7 +105,7 @@ class BatchRun:
             completed = True
         finally:
             if not completed:
-                self.runner.cancel_all()  # stop the work at once; the runner's close drains it
+                self._cancel_open()  # stop the work at once; the runner's close drains it
             else:
                 self.writer.flush_pending()
         if self.interrupted:
@@ -123,12 +123,33 @@ class BatchRun:
                 display.tick()
                 continue
             if message is _INTERRUPT:
-                self.runner.cancel_all()
+                self._cancel_open()
             else:
                 self._on_result(message, display)
 
     def _num_open(self) -> int:
         return self._num_open_items + self.writer.num_held
+
+    @property
+    def num_open_requests(self) -> int:
+        """Requests submitted and not yet handled (safe to read from any thread)."""
+        return len(self._open)
+
+    # --- what a run of another kind (the server's Batch API) changes ---------------------------
+
+    def _cancel_open(self) -> None:
+        """Stop the run's requests (on interrupt, or when the run fails). The runner is this
+        run's alone here, so everything in it goes at once."""
+        self.runner.cancel_all()
+
+    def _runner_request(self, request: Request) -> Request:
+        """A choice's request as the runner gets it (its id may still change, to be unique)."""
+        return request
+
+    def _leaves_unwritten(self, results: list[Result]) -> bool:
+        """Whether an item's results get no line: here, an interrupted item that never started
+        (--resume runs it); one cancelled while running is written with its partial text."""
+        return self.interrupted and all(result.error == CANCELLED_BEFORE_START for result in results)
 
     def _fill(self, display) -> None:
         """Read items until the window is full. Bounded work per call (a file of bad lines
@@ -154,7 +175,7 @@ class BatchRun:
         self._num_open_items += 1
         requests = []
         for request in entry.item.requests:
-            requests.append(with_free_id(request, self._open))
+            requests.append(with_free_id(self._runner_request(request), self._open))
             self._open[requests[-1].id] = entry
             entry.request_ids.append(requests[-1].id)
         for request in requests:  # every id is registered before any result can arrive
@@ -167,8 +188,8 @@ class BatchRun:
             return
         self._num_open_items -= 1
         results = entry.ordered_results()
-        if self.interrupted and all(result.error == CANCELLED_BEFORE_START for result in results):
-            self.writer.skip(entry.position)  # never started: no line, --resume runs it
+        if self._leaves_unwritten(results):
+            self.writer.skip(entry.position)  # no line: a later run runs it
             self.tally.add_not_started()
             return
         for result in results:

@@ -30,15 +30,19 @@ class ResultSink:
     """Where result lines go, one complete line per write, each handed to the operating
     system at once, so a killed run loses nothing that finished. A file is opened for
     appending before the model loads (to find an unwritable path early, without clearing a
-    file the run may never replace); start() empties it when the run is not a resume."""
+    file the run may never replace); start() empties it when the run is not a resume.
+    A durable sink also waits for each line to reach the disk (fsync), so that not even a
+    power cut loses a line it reported written (the server's Batch API counts on that)."""
 
-    def __init__(self, stream: BinaryIO, name: str) -> None:
+    def __init__(self, stream: BinaryIO, name: str, durable: bool = False) -> None:
         self._stream = stream
         self.name = name
+        self._durable = durable
+        self.num_lines = 0  # lines written through this sink
 
     @classmethod
-    def open_file(cls, path: Path) -> ResultSink:
-        return cls(path.open("ab", buffering=0), str(path))
+    def open_file(cls, path: Path, durable: bool = False) -> ResultSink:
+        return cls(path.open("ab", buffering=0), str(path), durable)
 
     @classmethod
     def stdout(cls) -> ResultSink:
@@ -52,6 +56,7 @@ class ResultSink:
 
     def write_line(self, data: bytes) -> None:
         self._guarded(lambda: self._write_all(data))
+        self.num_lines += 1
 
     def _write_all(self, data: bytes) -> None:
         view = memoryview(data)
@@ -59,6 +64,8 @@ class ResultSink:
             written = self._stream.write(view)
             view = view[written if written is not None else len(view):]
         self._stream.flush()
+        if self._durable:
+            os.fsync(self._stream.fileno())
 
     def _guarded(self, action) -> None:
         try:

@@ -105,3 +105,62 @@ def _rewrite_keeping(path: Path, keep: np.ndarray) -> None:
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
+
+
+# --- an output appended to across restarts (the server's Batch API) ---------------------------
+
+_TAIL_BLOCK = 1 << 16
+
+
+def drop_torn_tail(path: Path) -> int:
+    """Cut the file back to its last whole line: a process killed while appending may have left
+    part of a line, which would otherwise run into the next one written. Returns how many
+    bytes were cut (0: the file ends with a newline, is empty, or does not exist)."""
+    if not path.exists():
+        return 0
+    with path.open("r+b") as handle:
+        size = handle.seek(0, os.SEEK_END)
+        keep = _end_of_last_line(handle, size)
+        if keep == size:
+            return 0
+        handle.truncate(keep)
+        handle.flush()
+        os.fsync(handle.fileno())
+    return size - keep
+
+
+def _end_of_last_line(handle, size: int) -> int:
+    """The offset just past the file's last newline (0 when it has none), read from the end."""
+    end = size
+    while end > 0:
+        start = max(0, end - _TAIL_BLOCK)
+        handle.seek(start)
+        block = handle.read(end - start)
+        newline = block.rfind(b"\n")
+        if newline >= 0:
+            return start + newline + 1
+        end = start
+    return 0
+
+
+def written_ids(path: Path) -> tuple[IdSet, int]:
+    """The ids of the lines of an output file (whole lines, as drop_torn_tail leaves them),
+    whatever their outcome, and how many lines it has: a line written is done, failed or not.
+    Holds 8 bytes per line."""
+    if not path.exists():
+        return IdSet(), 0
+    collector, num_lines = HashCollector(), 0
+    for data in _binary_lines(path):
+        num_lines += 1
+        item_id = _line_record_id(data)
+        if item_id is not None:
+            collector.add(item_id)
+    return IdSet(collector.to_array()), num_lines
+
+
+def _line_record_id(data: bytes) -> str | None:
+    try:
+        record = json.loads(data)
+    except (ValueError, RecursionError):
+        return None
+    return record_id(record) if isinstance(record, dict) else None

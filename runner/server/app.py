@@ -1,9 +1,11 @@
 """The OpenAI-compatible HTTP app: create_app(runner) builds it, starting nothing.
 
 Routes: POST /v1/chat/completions and /v1/completions (streamed as server-sent events, or
-not), GET /v1/models, GET /health (503 while the model loads, 200 when ready), GET /metrics.
-A request body becomes engine requests through multiseq.formats, the same translation
-batch-run applies to OpenAI Batch lines, and results become response bodies the same way.
+not), GET /v1/models, GET /health (503 while the model loads, 200 when ready), GET /metrics,
+and with a data directory the Files and Batch APIs (batch_api.py). A request body becomes
+engine requests through multiseq.formats, the same translation batch-run applies to OpenAI
+Batch lines, and results become response bodies the same way. Interactive requests run at
+Priority.INTERACTIVE, above the Batch API's lines.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -35,7 +38,10 @@ from ..formats.openai_output import (INVALID_OUTPUT, INVALID_OUTPUT_CODE, INVALI
                                      completion_body, response_id, schema_failure_message, stream_choice, stream_chunk,
                                      usage_of)
 from ..formats.reader import PromptItem, openai_body_item
-from ..runner import FinishReason, OverflowPolicy, Result, Runner, SamplingParams
+from ..runner import FinishReason, OverflowPolicy, Priority, Result, Runner, SamplingParams
+from . import batch_api
+from .batches import BatchRules, BatchService
+from .bodies import read_json
 from .errors import INVALID_REQUEST, NOT_FOUND, OVERLOADED, ApiError, error_body, internal_error
 from .jobs import Job, PieceEvent, failure_of
 from .metrics import ServerMetrics
@@ -44,6 +50,8 @@ logger = logging.getLogger("multiseq.server")
 
 DEFAULT_MAX_QUEUE = 256
 DEFAULT_MAX_BODY_BYTES = 16 << 20
+DEFAULT_MAX_UPLOAD_BYTES = 200 << 20  # OpenAI's limit for a batch input file
+DEFAULT_MAX_BATCH_LINES = 50_000  # OpenAI's limit for the requests of one batch
 RETRY_AFTER_SECONDS = 2
 CHAT_ENDPOINT = "/v1/chat/completions"
 COMPLETIONS_ENDPOINT = "/v1/completions"
@@ -59,10 +67,14 @@ class ServerSettings:
     defaults: SamplingParams = field(default_factory=lambda: SamplingParams(max_tokens=None))
     # A request that does not fit its slot is a 400 naming the numbers (never silently slid).
     overflow: OverflowPolicy = OverflowPolicy.REJECT
+    # Where the Files and Batch APIs keep files, batches and results (None: those APIs are off).
+    data_dir: Path | None = None
+    max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES  # a larger upload gets 413
+    max_batch_lines: int = DEFAULT_MAX_BATCH_LINES  # a batch with more requests fails validation
 
     def __post_init__(self) -> None:
-        if self.max_queue < 1 or self.max_body_bytes < 1:
-            raise ValueError("max_queue and max_body_bytes must be >= 1")
+        if min(self.max_queue, self.max_body_bytes, self.max_upload_bytes, self.max_batch_lines) < 1:
+            raise ValueError("max_queue, max_body_bytes, max_upload_bytes and max_batch_lines must be >= 1")
 
 
 class ServerState:
@@ -72,6 +84,9 @@ class ServerState:
         self.runner = runner
         self.settings = settings
         self.metrics = ServerMetrics(lambda: self.runner)
+        # StoreError when the data directory cannot be used.
+        self.batches = None if settings.data_dir is None else BatchService(settings.data_dir, BatchRules(
+            settings.model_name, settings.defaults, settings.overflow, settings.max_batch_lines))
         # Choices accepted but not yet handed to the runner (it counts them from then on).
         self._num_dispatching = 0
         self._dispatch_lock = threading.Lock()
@@ -82,14 +97,30 @@ class ServerState:
             self._num_dispatching += change
 
     def attach(self, runner: Runner) -> None:
-        """The model has loaded: requests are served from now on."""
+        """The model has loaded: requests are served, and batches run, from now on."""
         self.runner = runner
+        self.start_batches()
+
+    def start_batches(self) -> None:
+        """Run batches once there is a runner (an app made with one starts them at the first
+        Files or Batch API request; `multiseq serve` as soon as the model has loaded)."""
+        if self.batches is not None and self.runner is not None and not self.is_draining:
+            self.batches.start(self.runner)
 
     def begin_shutdown(self) -> None:
-        """Stop taking requests and end the running ones (their streams end cleanly)."""
+        """Stop taking requests and end the running ones (their streams end cleanly). Batch
+        work stops first, so no new line takes a slot; its cancelled lines run again next time."""
         self.is_draining = True
+        if self.batches is not None:
+            self.batches.stop()
         if self.runner is not None:
             self.runner.cancel_all()
+
+    def close(self) -> None:
+        """After the server has stopped, before the runner closes: wait for the batch worker
+        (its cancelled requests end at the runner's next step) and close the database."""
+        if self.batches is not None:
+            self.batches.close()
 
     def ready_runner(self) -> Runner:
         if self.is_draining:
@@ -109,6 +140,8 @@ class ServerState:
         """Queue a request's choices, or 503 when the queue is full. Tokenizing runs off the
         event loop, so a long prompt never stalls other clients' streams."""
         waiting = runner.num_waiting + self._num_dispatching
+        if waiting + item.n > self.settings.max_queue and self.batches is not None:
+            waiting -= self.batches.num_waiting_lines(runner)  # the queue limit is for interactive requests
         if waiting + item.n > self.settings.max_queue:
             raise ApiError(503, f"The server is busy: {waiting} requests are waiting for a slot (at most "
                                 f"{self.settings.max_queue}). Retry later.", OVERLOADED, code="queue_full",
@@ -172,14 +205,15 @@ async def completions(request: HttpRequest) -> Response:
 async def _complete(request: HttpRequest, is_chat: bool) -> Response:
     state = state_of(request)
     runner = state.ready_runner()
-    body = await _read_json(request, state.settings.max_body_bytes)
+    body = await read_json(request, state.settings.max_body_bytes)
     state.check_model(body.get("model"))
     stream, include_usage = _stream_options(body)
     try:  # off the event loop: a schema seen for the first time is compiled here
         item = await asyncio.to_thread(openai_body_item, uuid.uuid4().hex, body, is_chat, state.settings.defaults)
     except ItemError as error:
         raise ApiError(400, str(error), INVALID_REQUEST, error.param) from None
-    item = dataclasses.replace(item, request=dataclasses.replace(item.request, overflow=state.settings.overflow))
+    item = dataclasses.replace(item, request=dataclasses.replace(item.request, overflow=state.settings.overflow,
+                                                                 priority=Priority.INTERACTIVE))
     job = await state.submit(runner, item)
     if stream:
         return EventStream(_stream_events(job, state, include_usage), on_disconnect=job.cancel)
@@ -191,36 +225,6 @@ async def _complete(request: HttpRequest, is_chat: bool) -> Response:
     if failure is not None:
         raise _failure_error(failure, results.index(failure), len(results))
     return JSONResponse(completion_body(item, results, state.settings.model_name, job.body_id))
-
-
-async def _read_json(request: HttpRequest, limit: int) -> dict[str, Any]:
-    """The body as a JSON object; 413 past `limit` bytes (checked as it arrives, never held
-    whole beyond the limit), 400 when it is not JSON."""
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise _too_large(limit)
-    data, size = bytearray(), 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise _too_large(limit)
-        data += chunk
-    try:
-        body = json.loads(data)
-    except (ValueError, RecursionError) as error:
-        raise ApiError(400, f"The request body is not valid JSON ({_json_error(error)}).") from None
-    if not isinstance(body, dict):
-        raise ApiError(400, "The request body must be a JSON object.")
-    return body
-
-
-def _json_error(error: Exception) -> str:
-    return error.msg if isinstance(error, json.JSONDecodeError) else "nested too deeply or malformed"
-
-
-def _too_large(limit: int) -> ApiError:
-    return ApiError(413, f"The request body is larger than this server's limit of {limit} bytes.",
-                    code="request_too_large")
 
 
 def _stream_options(body: dict[str, Any]) -> tuple[bool, bool]:
@@ -414,7 +418,9 @@ class ApiKeyGuard:
 def create_app(runner: Runner | None = None, settings: ServerSettings | None = None) -> Starlette:
     """The ASGI app over `runner` (None: not loaded yet; attach it later with
     app.state.server.attach(runner), /health answering 503 until then). Nothing is started:
-    serve it with uvicorn, or mount it in an app of your own."""
+    serve it with uvicorn, or mount it in an app of your own. With settings.data_dir, its
+    database is opened here (StoreError when the folder cannot be used); call
+    app.state.server.close() once the server has stopped."""
     settings = settings or ServerSettings()
     routes = [
         Route("/health", health, methods=["GET"]),
@@ -423,6 +429,7 @@ def create_app(runner: Runner | None = None, settings: ServerSettings | None = N
         Route("/v1/models/{model:path}", get_model, methods=["GET"]),
         Route(CHAT_ENDPOINT, chat_completions, methods=["POST"]),
         Route(COMPLETIONS_ENDPOINT, completions, methods=["POST"]),
+        *batch_api.ROUTES,
     ]
     app = Starlette(routes=routes, exception_handlers={
         ApiError: _api_error, HTTPException: _http_error, Exception: _unexpected_error})

@@ -88,8 +88,12 @@ def serve(config: RunnerConfig, settings: ServerSettings, host: str, port: int, 
           open_runner: Callable[[RunnerConfig], Runner] = Runner) -> str | None:
     """Serve until a signal stops the server. The model loads after the socket is open. Returns
     None, or why the model could not load (the server then stops)."""
-    listener = open_socket(host, port)  # OSError (a taken port, say) before anything else starts
-    app = create_app(None, settings)
+    app = create_app(None, settings)  # StoreError: the data directory cannot be used
+    try:
+        listener = open_socket(host, port)  # OSError (a taken port, say) before anything else starts
+    except BaseException:
+        app.state.server.close()
+        raise
     server = make_server(app, host, port, access_log)
     failure: list[str] = []
 
@@ -122,6 +126,7 @@ def serve(config: RunnerConfig, settings: ServerSettings, host: str, port: int, 
     finally:
         if loader.is_alive():
             loader.join()
+        app.state.server.close()  # the batch worker ends before the runner it feeds
         runner = app.state.server.runner
         if runner is not None:
             runner.close()
