@@ -5,6 +5,7 @@ Usage (from the repository root, in the project's virtual environment with the t
 which bring the openai client; nothing else running):
 
     python bench/batchapi.py --lines 1000 --parallel 16 --max-tokens 32
+    python bench/batchapi.py --interactive 20 --lines 400 --parallel 8 --max-tokens 64
 
 The file holds --lines chat requests (distinct short instructions), each greedy and generating
 exactly --max-tokens tokens (ignore_eos), so both runs do the same work. batch-run's time is its
@@ -13,20 +14,31 @@ time is what a client sees of a server whose model is loaded: upload, create, po
 --poll seconds until completed, download the output. Both outputs are checked: every
 custom_id once, every line a 200 of --max-tokens tokens. The last line printed is one JSON
 object; `api_over_batch_run` is the API's wall time over batch-run's (the target: at most 1.1).
+
+With --interactive N it measures priorities instead: the time to first token of N interactive
+chats (streamed, one after another, 16 tokens each) on the idle server, then again while the
+batch runs in the background; `busy_over_idle_ttft_p95` is the second p95 over the first (the
+target: at most 1.5), and `preemptions` how many batch lines gave up their slot meanwhile.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
 
+import numpy as np
+
 import peers  # bench/ is the script's own folder, first on sys.path
+from load import request_body, stream_chat
 from workloads import short_prompts
 
 from multiseq import models
@@ -79,7 +91,9 @@ def run_batch_run(source: Path, args, workdir: Path) -> dict:
             "tokens_per_s": tokens / summary["wall_s"]}
 
 
-def run_batch_api(source: Path, args, workdir: Path) -> dict:
+@contextmanager
+def serving(args, workdir: Path):
+    """A multiseq serve process with its model loaded: (openai client, port); stopped after."""
     from openai import OpenAI
 
     port = peers._free_port()
@@ -90,24 +104,61 @@ def run_batch_api(source: Path, args, workdir: Path) -> dict:
         process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT)
         try:
             peers._wait_healthy(process, f"http://127.0.0.1:{port}", timeout_s=300)
-            client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
-            started = time.perf_counter()
-            with source.open("rb") as handle:
-                uploaded = client.files.create(file=handle, purpose="batch")
-            batch = client.batches.create(input_file_id=uploaded.id, endpoint=CHAT_URL, completion_window="24h")
-            while batch.status not in ("completed", "failed", "cancelled"):
-                time.sleep(args.poll)
-                batch = client.batches.retrieve(batch.id)
-            if batch.status != "completed" or batch.output_file_id is None:
-                raise RuntimeError(f"the batch ended {batch.status}: {batch.errors}")
-            lines = client.files.content(batch.output_file_id).text.splitlines()
-            wall_s = time.perf_counter() - started
+            yield OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0), port
         except (RuntimeError, OSError) as error:
             raise RuntimeError(f"{error}\n{peers._tail(log_path)}") from None
         finally:
             peers._stop(process)
+
+
+def start_batch(client, source: Path):
+    with source.open("rb") as handle:
+        uploaded = client.files.create(file=handle, purpose="batch")
+    return client.batches.create(input_file_id=uploaded.id, endpoint=CHAT_URL, completion_window="24h")
+
+
+def run_batch_api(source: Path, args, workdir: Path) -> dict:
+    with serving(args, workdir) as (client, _):
+        started = time.perf_counter()
+        batch = start_batch(client, source)
+        while batch.status not in ("completed", "failed", "cancelled"):
+            time.sleep(args.poll)
+            batch = client.batches.retrieve(batch.id)
+        if batch.status != "completed" or batch.output_file_id is None:
+            raise RuntimeError(f"the batch ended {batch.status}: {batch.errors}")
+        lines = client.files.content(batch.output_file_id).text.splitlines()
+        wall_s = time.perf_counter() - started
     tokens = check_output(lines, args.lines, args.max_tokens)
     return {"wall_s": wall_s, "generated_tokens": tokens, "tokens_per_s": tokens / wall_s}
+
+
+def interactive_ttfts(port: int, model: str, count: int, offset: int) -> list[float]:
+    """Time to first token of `count` streamed chats sent one after another."""
+    ttfts = []
+    for prompt in short_prompts(offset + count)[offset:]:
+        chat = [{"role": "user", "content": f"In one sentence: {prompt}"}]
+        exchange = asyncio.run(stream_chat("127.0.0.1", port, request_body(chat, 16, model)))
+        ttfts.append(exchange.first_content_at - exchange.sent_at)
+    return ttfts
+
+
+def run_interactive_beside_batch(source: Path, args, workdir: Path, model: str) -> dict:
+    with serving(args, workdir) as (client, port):
+        idle = interactive_ttfts(port, model, args.interactive, offset=10_000)
+        batch = start_batch(client, source)
+        while client.batches.retrieve(batch.id).request_counts.completed < args.parallel:
+            time.sleep(args.poll)  # the batch holds every slot
+        busy = interactive_ttfts(port, model, args.interactive, offset=20_000)
+        counts = client.batches.retrieve(batch.id).request_counts
+        metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+        client.batches.cancel(batch.id)
+    preemptions = next((float(line.split()[-1]) for line in metrics.splitlines()
+                        if line.startswith("multiseq_preemptions_total")), None)
+    figures = {"idle_ttft_p50_s": float(np.percentile(idle, 50)), "idle_ttft_p95_s": float(np.percentile(idle, 95)),
+               "busy_ttft_p50_s": float(np.percentile(busy, 50)), "busy_ttft_p95_s": float(np.percentile(busy, 95)),
+               "batch_lines_done_meanwhile": counts.completed, "preemptions": preemptions}
+    figures["busy_over_idle_ttft_p95"] = figures["busy_ttft_p95_s"] / figures["idle_ttft_p95_s"]
+    return figures
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -119,6 +170,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--poll", type=float, default=0.1, help="seconds between two GET /v1/batches/{id}")
+    parser.add_argument("--interactive", type=int, default=0,
+                        help="measure this many interactive chats' TTFT, idle and beside the batch, instead")
     return parser.parse_args(argv)
 
 
@@ -129,6 +182,12 @@ def main(argv: list[str] | None = None) -> dict:
         workdir = Path(tmp)
         source = workdir / "batch.jsonl"
         write_batch_file(source, args.lines, args.max_tokens, model)
+        if args.interactive:
+            log(f"{args.interactive} interactive chats, idle, then beside a {args.lines}-line batch, -np {args.parallel} ...")
+            report = {"model": model, "lines": args.lines, "parallel": args.parallel, "threads": args.threads,
+                      **run_interactive_beside_batch(source, args, workdir, model)}
+            print(json.dumps(report))
+            return report
         log(f"batch-run: {args.lines} lines, -np {args.parallel}, {args.max_tokens} tokens each ...")
         batch_run = run_batch_run(source, args, workdir)
         log(f"  {batch_run['wall_s']:.2f} s, {batch_run['tokens_per_s']:.1f} tokens/s")

@@ -135,7 +135,7 @@ def test_openai_chat_output_with_n_choices_and_logprobs():
     assert [c["message"]["content"] for c in body["choices"]] == ["ok", "no"]
     assert [c["finish_reason"] for c in body["choices"]] == ["stop", "length"]
     assert body["usage"] == {"prompt_tokens": 10, "completion_tokens": 6, "total_tokens": 16,
-                             "prompt_tokens_details": {"cached_tokens": 0}}
+                             "prompt_tokens_details": {"cached_tokens": 0, "cached_tokens_from_ram": 0}}
     assert body["choices"][0]["logprobs"]["content"] == [
         {"token": "ok", "logprob": -0.1, "bytes": [111, 107],
          "top_logprobs": [{"token": "ok", "logprob": -0.1, "bytes": [111, 107]},

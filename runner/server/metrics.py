@@ -54,6 +54,8 @@ class _EngineCollector:
                        stats.prompt_tokens_reused)
         yield _counter("multiseq_generation_tokens", "Tokens generated", stats.generated_tokens)
         yield _counter("multiseq_decode_steps", "Batches decoded", stats.num_steps)
+        yield _counter("multiseq_preemptions", "Times a batch request left its slot for an interactive one",
+                       stats.num_preempted)
         yield _counter("multiseq_prompt_tokens_from_ram", "Prompt tokens restored from the RAM cache",
                        stats.prompt_tokens_restored)
         if snapshot.host_cache is not None:
