@@ -109,9 +109,9 @@ class LongPromptLoad:
 
 
 def long_prompt_load(short: ChatLoad, approx_tokens: int, every_s: float) -> LongPromptLoad:
-    """Long prompts of about approx_tokens tokens (paragraphs of notes, ~300 tokens each, joined)."""
+    """Long prompts of about approx_tokens tokens (paragraphs of notes, ~400 tokens each on SmolLM2, joined)."""
     paragraphs = long_prompts(256, seed=7)
-    per_prompt = max(1, round(approx_tokens / 300))
+    per_prompt = max(1, round(approx_tokens / 400))
     chats = [[SYSTEM, {"role": "user", "content": "\n".join(paragraphs[index:index + per_prompt])}]
              for index in range(0, len(paragraphs) - per_prompt + 1, per_prompt)]
     return LongPromptLoad("long-prompts", short, chats, every_s)

@@ -373,6 +373,13 @@ class Scheduler:
         of decoding slots."""
         prefilling = self._prefilling_in_order()
         decoding = [seq for seq in self.running if seq.status is SequenceStatus.DECODING]
+        if prefilling and not self.isolate_prefill:
+            # A prompt is prefilled without lower-priority work beside it (their streams and
+            # prompts): on a CPU each token in a step costs, and a waiting person's first token
+            # comes before batch work's next.
+            top = prefilling[0].priority
+            decoding = [seq for seq in decoding if seq.priority >= top]
+            prefilling = [seq for seq in prefilling if seq.priority >= top]
         if self.isolate_prefill:
             self._last_step_prefilled = bool(prefilling) and not (decoding and self._last_step_prefilled)
             if self._last_step_prefilled:

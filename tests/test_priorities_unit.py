@@ -161,3 +161,21 @@ def test_a_preempted_request_cancelled_while_it_waits_keeps_its_text():
     assert result.error is None and len(result.text) >= 5, "what it generated before it left is kept"
     assert engine.host_cache.num_parked_bytes == 0
     assert run_until_done(engine)["chat"].ok
+
+
+def test_lower_priority_streams_sit_out_the_steps_that_prefill_a_higher_priority_prompt():
+    backend = FakeBackend(num_slots=3, window=512, n_batch=256)
+    engine = make_engine(backend)
+    for index in range(2):
+        submit(engine, f"batch-{index}", f"batch job {index}", SamplingParams(max_tokens=30, temperature=0))
+    for _ in range(3):
+        engine.step()
+    before = len(backend.calls)
+    submit(engine, "chat", "hello there", SamplingParams(max_tokens=5, temperature=0), priority=Priority.INTERACTIVE)
+    engine.step()
+    prefill_step = backend.calls[before]
+    assert [is_prefill for _, _, is_prefill in prefill_step.entries] == [True], "the chat's prompt alone"
+    engine.step()
+    assert len(backend.calls[before + 1].decoding_slots) == 3, "then every stream decodes again"
+    results = run_until_done(engine)
+    assert all(result.ok for result in results.values()) and len(results) == 3
