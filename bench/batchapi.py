@@ -98,7 +98,8 @@ def serving(args, workdir: Path):
 
     port = peers._free_port()
     command = [sys.executable, "-m", "multiseq.cli.main", "serve", *engine_args(args), "--port", str(port),
-               "--no-dashboard", "--data-dir", str(workdir / "data")]
+               "--no-dashboard", "--data-dir", str(workdir / "data"),
+               *(["--step-tokens", str(args.step_tokens)] if args.step_tokens else [])]
     log_path = workdir / "serve.log"
     with log_path.open("w") as log_file:
         process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT)
@@ -170,6 +171,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--poll", type=float, default=0.1, help="seconds between two GET /v1/batches/{id}")
+    parser.add_argument("--step-tokens", type=int, default=None, help="multiseq serve's --step-tokens (default: its own)")
     parser.add_argument("--interactive", type=int, default=0,
                         help="measure this many interactive chats' TTFT, idle and beside the batch, instead")
     return parser.parse_args(argv)
