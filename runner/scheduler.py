@@ -280,6 +280,8 @@ class Scheduler:
         free = self.num_free_slots
         victims: list[Sequence] = []
         for seq in self.waiting.in_admission_order(now, self.num_slots):
+            if self._waits_for_prefill(seq):  # a slot freed for it would go to another
+                continue
             if free > 0:
                 free -= 1
                 continue
@@ -304,17 +306,7 @@ class Scheduler:
         if not self.prefix_cache:
             return Placement(free[0], free[0], 0)
         prompt = seq.prompt_array
-        reusable = self.chunk_rules.reusable
-        resident = [0] * self.num_slots
-        in_flight = 0
-        for slot, holder in enumerate(self.slots):
-            if holder is None:
-                resident[slot] = reusable(common_prefix_length(self.prefixes.kept(slot), prompt), len(prompt))
-                continue
-            shared = common_prefix_length(holder.prompt_array, prompt)
-            resident[slot] = reusable(min(shared, holder.num_reusable_prompt_tokens), len(prompt))
-            if holder.status is SequenceStatus.PREFILLING:
-                in_flight = max(in_flight, reusable(shared, len(prompt)))
+        resident, in_flight = self._prefixes_for(prompt)
         best = max(range(self.num_slots), key=resident.__getitem__)
         if in_flight >= resident[best] + MIN_WAIT_TOKENS:
             return None
@@ -327,6 +319,29 @@ class Scheduler:
         else:  # too little in common to be worth evicting another prompt for (a BOS, a template header)
             placement = Placement(oldest, oldest, resident[oldest])
         return self._restored_instead(placement, prompt, [slot for slot in free if slot not in copy_sources])
+
+    def _prefixes_for(self, prompt: np.ndarray) -> tuple[list[int], int]:
+        """How much of the prompt each slot's KV holds (reusable by the chunk rules), and the
+        most that a prompt still being prefilled will hold."""
+        reusable = self.chunk_rules.reusable
+        resident = [0] * self.num_slots
+        in_flight = 0
+        for slot, holder in enumerate(self.slots):
+            if holder is None:
+                resident[slot] = reusable(common_prefix_length(self.prefixes.kept(slot), prompt), len(prompt))
+                continue
+            shared = common_prefix_length(holder.prompt_array, prompt)
+            resident[slot] = reusable(min(shared, holder.num_reusable_prompt_tokens), len(prompt))
+            if holder.status is SequenceStatus.PREFILLING:
+                in_flight = max(in_flight, reusable(shared, len(prompt)))
+        return resident, in_flight
+
+    def _waits_for_prefill(self, seq: Sequence) -> bool:
+        """Whether admission would hold seq back for a prefix another slot is prefilling."""
+        if not self.prefix_cache or seq.parked is not None:
+            return False
+        resident, in_flight = self._prefixes_for(seq.prompt_array)
+        return in_flight >= max(resident) + MIN_WAIT_TOKENS
 
     def _restored_instead(self, placement: Placement, prompt: np.ndarray, targets: list[int]) -> Placement:
         """A placement that restores a saved state from host memory, where one holds a longer

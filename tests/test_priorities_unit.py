@@ -179,3 +179,19 @@ def test_lower_priority_streams_sit_out_the_steps_that_prefill_a_higher_priority
     assert len(backend.calls[before + 1].decoding_slots) == 3, "then every stream decodes again"
     results = run_until_done(engine)
     assert all(result.ok for result in results.values()) and len(results) == 3
+
+
+def test_nothing_is_preempted_for_a_request_that_waits_for_a_prefix_being_prefilled():
+    shared = "You are the triage assistant; read the ticket and label it. " * 3
+    backend = FakeBackend(num_slots=2, window=512, n_batch=256, chunk_rules=ChunkRules(8, 4, exact_reuse=False))
+    engine = make_engine(backend, step_tokens=16)
+    submit(engine, "batch", "a long batch job", SamplingParams(max_tokens=60, temperature=0))
+    engine.step()
+    submit(engine, "chat-1", shared + "first ticket", priority=Priority.INTERACTIVE)
+    engine.step()  # chat-1 takes the free slot and prefills its long prompt over several steps
+    submit(engine, "chat-2", shared + "second ticket", priority=Priority.INTERACTIVE)
+    for _ in range(5):
+        engine.step()
+        assert engine.stats.snapshot().num_preempted == 0, "chat-2 waits for chat-1's prefix, not for a slot"
+    results = run_until_done(engine)
+    assert results["chat-2"].prompt_tokens_cached > len(shared) // 2, "it reused chat-1's prefix"
