@@ -215,7 +215,7 @@ class Engine:
         for admission in self.scheduler.admit(now):
             seq, placement = admission.seq, admission.placement
             self._save_what_is_lost(admission)
-            if seq.num_preemptions and seq.status is SequenceStatus.DECODING:
+            if seq.status is SequenceStatus.DECODING:  # a preempted sequence, resumed
                 self._resume(seq, placement)
                 continue
             if not self._place_prefix(placement):
@@ -231,7 +231,7 @@ class Engine:
         (recomputing its KV would not give the same numbers)."""
         for victim in self.scheduler.preemptions(now):
             tokens = victim.reusable_kv_tokens(with_generated=True)
-            state = self.backend.save_slot(victim.slot) if self.host_cache.is_enabled else None
+            state = self.backend.save_slot(victim.slot)
             parked = None if state is None else self.host_cache.park(tokens, state)
             if parked is None:
                 return

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .prefix import common_prefix_length
+from .prefix import common_prefix_length, starts_with
 
 # Saving costs a copy of the slot's KV (~23 kB a token on SmolLM2, 9 on Gemma 3): a slot whose
 # loss would cost fewer tokens than this is not worth the memory.
@@ -118,8 +118,7 @@ class HostCache:
 
     def covers(self, tokens: np.ndarray) -> bool:
         """Whether an entry already holds these tokens (it starts with all of them)."""
-        return any(len(entry.tokens) >= len(tokens) and common_prefix_length(entry.tokens, tokens) == len(tokens)
-                   for entry in self._all_states())
+        return any(starts_with(entry.tokens, tokens) for entry in self._all_states())
 
     def add(self, tokens: np.ndarray, state: bytearray) -> bool:
         """Keep a slot's state under its tokens, evicting the least recently used entries to
@@ -127,7 +126,7 @@ class HostCache:
         if len(state) > self.limit_bytes:
             return False
         for key, entry in list(self._entries.items()):  # entries the new one covers
-            if len(entry.tokens) <= len(tokens) and common_prefix_length(entry.tokens, tokens) == len(entry.tokens):
+            if starts_with(tokens, entry.tokens):
                 self._remove(key)
         if not self._make_room(len(state)):
             return False

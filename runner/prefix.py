@@ -2,9 +2,9 @@
 should start from.
 
 With one KV stream per slot, a slot's KV is a row of positions 0..n-1. A running sequence's
-slot holds the part of its prompt decoded so far; a free slot keeps the prompt of the last
-request it served (its generated tokens are removed), so that a later request with the same
-start can reuse it. A new prompt starts from the longest common prefix found in any slot:
+slot holds the part of its prompt decoded so far; a free slot keeps what the last request it
+served left in its KV (its prompt, and in the default mode its generated tokens too), so that
+a later request with the same start can reuse it. A new prompt starts from the longest common prefix found in any slot:
   - in the free slot it is given: nothing to do but drop what follows the prefix;
   - in another slot: llama.cpp copies that slot's whole KV stream into the free slot (the
     copy runs inside the next llama_decode) and the copy is cut back to the prefix.
@@ -32,6 +32,11 @@ def common_prefix_length(first: np.ndarray, second: np.ndarray) -> int:
         return 0
     mismatches = np.flatnonzero(first[:length] != second[:length])
     return int(mismatches[0]) if mismatches.size else length
+
+
+def starts_with(tokens: np.ndarray, prefix: np.ndarray) -> bool:
+    """Whether `tokens` begins with all of `prefix`."""
+    return len(prefix) <= len(tokens) and common_prefix_length(tokens, prefix) == len(prefix)
 
 
 class PrefixIndex:

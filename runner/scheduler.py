@@ -267,8 +267,7 @@ class Scheduler:
         the least recently used, where its parked KV is restored."""
         tokens = seq.parked.tokens
         for slot in free:
-            kept = self.prefixes.kept(slot)
-            if len(kept) == len(tokens) and common_prefix_length(kept, tokens) == len(tokens):
+            if np.array_equal(self.prefixes.kept(slot), tokens):
                 return Placement(slot, slot, len(tokens), seq.parked)
         targets = [slot for slot in free if slot not in copy_sources] or free
         return Placement(self.prefixes.least_recently_used(targets), None, len(tokens), seq.parked)
@@ -276,7 +275,13 @@ class Scheduler:
     def preemptions(self, now: float) -> list[Sequence]:
         """Running sequences to preempt now: for each waiting sequence that no free slot will
         take, in admission order, the lowest-priority decoding sequence below it (the most
-        recently admitted of those: the least work to set aside), while there is one."""
+        recently admitted of those: the least work to set aside), while there is one. None
+        without host memory to park them in, or with no waiting priority above a running one
+        (so a queue of equals, as in a batch job, costs no prefix search here)."""
+        top = self.waiting.highest_priority
+        if self.host_cache is None or top is None or not any(
+                running.priority < top and running.can_be_preempted for running in self.running):
+            return []
         free = self.num_free_slots
         victims: list[Sequence] = []
         for seq in self.waiting.in_admission_order(now, self.num_slots):

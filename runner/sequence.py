@@ -114,7 +114,6 @@ class Sequence:
         self.first_token_at: float | None = None
         self.finished_at: float | None = None
         self.parked: HostEntry | None = None  # preempted: its slot's KV, saved to resume from
-        self.num_preemptions = 0
 
     # --- derived state -------------------------------------------------------------------
 
@@ -217,7 +216,6 @@ class Sequence:
         self._move_to(SequenceStatus.WAITING)
         self.slot = None
         self.parked = parked
-        self.num_preemptions += 1
 
     def resume(self, slot: int) -> None:
         """Waiting -> decoding again in `slot`, whose KV now holds what was parked: the next

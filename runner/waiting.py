@@ -35,6 +35,10 @@ class WaitingQueue:
         for priority in sorted(self._queues, reverse=True):
             yield from self._queues[priority]
 
+    @property
+    def highest_priority(self) -> int | None:
+        return max((priority for priority, queue in self._queues.items() if queue), default=None)
+
     def __contains__(self, seq: Sequence) -> bool:
         return seq in self._queues.get(seq.priority, ())
 
