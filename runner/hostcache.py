@@ -77,7 +77,6 @@ class HostCacheStats:
     num_restored: int = 0
     num_evicted: int = 0
     tokens_restored: int = 0
-    num_parked: int = 0
 
 
 class HostCache:
@@ -100,9 +99,6 @@ class HostCache:
     @property
     def num_entries(self) -> int:
         return len(self._entries)
-
-    def entries(self) -> list[HostEntry]:
-        return list(self._entries.values())
 
     def _all_states(self) -> list[HostEntry]:
         return [*self._entries.values(), *self._parked.values()]
@@ -152,7 +148,6 @@ class HostCache:
             return None
         self.num_bytes += len(state)
         self.num_parked_bytes += len(state)
-        self.stats.num_parked += 1
         entry = HostEntry(np.asarray(tokens, dtype=np.int32), state)
         self._parked[id(entry)] = entry
         return entry
