@@ -139,7 +139,7 @@ def interactive_ttfts(port: int, model: str, count: int, offset: int) -> list[fl
     for prompt in short_prompts(offset + count)[offset:]:
         chat = [{"role": "user", "content": f"In one sentence: {prompt}"}]
         exchange = asyncio.run(stream_chat("127.0.0.1", port, request_body(chat, 16, model)))
-        ttfts.append(exchange.first_content_at - exchange.sent_at)
+        ttfts.append(exchange.ttft)
     return ttfts
 
 

@@ -145,6 +145,10 @@ class Exchange:
     max_tokens: int = 0  # what it asked for (every request ignores EOS: exactly that many are expected)
 
     @property
+    def ttft(self) -> float | None:
+        return None if self.first_content_at is None else self.first_content_at - self.sent_at
+
+    @property
     def gaps(self) -> list[float]:
         return list(np.diff(self.content_times)) if len(self.content_times) > 1 else []
 
@@ -283,7 +287,7 @@ def summarize_long_prompts(system: str, load: LongPromptLoad, short: list[Exchan
     figure["tokens_per_s"] = (figure["generated_tokens"] + sum(exchange.completion_tokens for exchange in long)) / wall_s
     figure["long_requests"] = len(long)
     figure["long_prompt_tokens_mean"] = float(np.mean([exchange.prompt_tokens for exchange in long])) if long else None
-    long_ttfts = [exchange.first_content_at - exchange.sent_at for exchange in long if exchange.first_content_at]
+    long_ttfts = _ttfts(long)
     figure["long_ttft_p50_s"] = _percentile(long_ttfts, 50)
     figure["long_ttft_max_s"] = max(long_ttfts) if long_ttfts else None
     return figure
@@ -296,8 +300,7 @@ def summarize_agents(system: str, load: AgentLoad, exchanges: list[Exchange], wa
     figure["first_prompt_tokens"] = min((exchange.prompt_tokens for exchange in exchanges if exchange.turn == 0),
                                         default=None)
     for turn in sorted({exchange.turn for exchange in exchanges}):
-        ttfts = [exchange.first_content_at - exchange.sent_at for exchange in exchanges
-                 if exchange.turn == turn and exchange.first_content_at]
+        ttfts = _ttfts([exchange for exchange in exchanges if exchange.turn == turn])
         figure[f"turn{turn + 1}_ttft_p50_s"] = _percentile(ttfts, 50)
         figure[f"turn{turn + 1}_ttft_p95_s"] = _percentile(ttfts, 95)
     return figure
@@ -305,7 +308,7 @@ def summarize_agents(system: str, load: AgentLoad, exchanges: list[Exchange], wa
 
 def summarize(system: str, workload: str, exchanges: list[Exchange], wall_s: float) -> dict:
     generated = sum(exchange.completion_tokens for exchange in exchanges)
-    ttfts = [exchange.first_content_at - exchange.sent_at for exchange in exchanges if exchange.first_content_at]
+    ttfts = _ttfts(exchanges)
     gaps = [gap for exchange in exchanges for gap in exchange.gaps]
     wrong = [index for index, exchange in enumerate(exchanges) if exchange.completion_tokens != exchange.max_tokens]
     return {
@@ -318,6 +321,10 @@ def summarize(system: str, workload: str, exchanges: list[Exchange], wall_s: flo
         "prompt_tokens_cached": sum(exchange.cached_tokens for exchange in exchanges),
         "requests_with_wrong_length": len(wrong),
     }
+
+
+def _ttfts(exchanges: list[Exchange]) -> list[float]:
+    return [exchange.ttft for exchange in exchanges if exchange.ttft is not None]
 
 
 def _percentile(values: list[float], percent: float) -> float | None:
