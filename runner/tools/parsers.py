@@ -223,11 +223,12 @@ class ToolCallParser:
         """Calls when the output starts with `{` (or, in LLAMA3, <|python_tag|>); else text (LLAMA3, GENERIC)."""
         while True:
             first = yield from self._skip_whitespace()
+            start = self._pos  # a broken call's raw text keeps its <|python_tag|>
             is_call = first == "{" or (self._format is ToolFormat.LLAMA3 and first is not None
                                        and (yield from self._consume_literal(PYTHON_TAG)))
             if is_call:
                 self._settle_as_content()
-                if (yield from self._guarded(read_calls, self._pos)):
+                if (yield from self._guarded(read_calls, start)):
                     yield from self._text_until((), self._emit_content)  # what follows the calls
                 return
             if (yield from self._content_until()) is None:
