@@ -341,3 +341,29 @@ def test_the_parser_is_used_in_order():
     parser.close()
     with pytest.raises(ValueError, match="after close"):
         parser.feed("more")
+
+
+SOUP = st.sampled_from(["<tool_call>", "</tool_call>", "<think>", "</think>", "[TOOL_CALLS]", "[ARGS]",
+                        "<|python_tag|>", "<", "{", "}", "[", "]", '"', "\\", ":", ",", ";", " ", "\n", "f", "é",
+                        "\\u00e9", "\\ud83d", "\\ude00", "1", "true", '"name"', '"arguments"', '"parameters"',
+                        '"response"', '"tool_calls"', '"tool_call"', '"f"', '{"a": 1}'])
+
+
+@settings(max_examples=600, deadline=None)
+@given(data=st.data())
+def test_any_output_parses_without_raising_and_the_same_however_it_is_cut(data):
+    tool_format = data.draw(st.sampled_from(list(ToolFormat)), label="format")
+    parse_reasoning = data.draw(st.booleans(), label="parse_reasoning")
+    text = "".join(data.draw(st.lists(SOUP, max_size=30), label="soup"))
+    cuts = sorted(data.draw(st.sets(st.integers(1, max(1, len(text) - 1)), max_size=10), label="cuts"))
+    pieces = [text[start:end] for start, end in zip([0, *cuts], [*cuts, len(text)])]
+    whole_deltas, whole_result = feed_pieces(tool_format, [text], parse_reasoning)
+    deltas, result = feed_pieces(tool_format, pieces, parse_reasoning)
+    assert result == whole_result
+    assert merged(deltas) == merged(whole_deltas)
+    assembled = Assembled.of(deltas)
+    assert (assembled.content or None, assembled.reasoning or None) == (result.content, result.reasoning)
+    if result.error is None:  # a broken call's deltas stay streamed; only then may the two differ
+        assert assembled.as_output()[2] == result.tool_calls
+    for call in result.tool_calls:
+        assert isinstance(json.loads(call.arguments), dict)

@@ -148,7 +148,7 @@ class ToolCallParser:
         self._reasoning_trim = _EdgeTrimmer()
         # Text read while a </think> may still make it reasoning (its <think> was in the prompt).
         self._may_be_reasoning = False
-        self._held_text = ""
+        self._held_parts: list[str] = []
         self._num_started = 0
         self._calls: list[ToolCall] = []
         self._raw_start = 0  # where the raw text of a broken call begins
@@ -243,8 +243,7 @@ class ToolCallParser:
         found = yield from self._text_until(markers, self._emit_content)
         if found == THINK_CLOSE:
             self._may_be_reasoning = False
-            held, self._held_text = self._held_text, ""
-            self._emit_reasoning(held)
+            self._emit_reasoning(self._take_held_text())
             if call_markers:
                 return (yield from self._content_until(*call_markers))
             return found
@@ -417,7 +416,7 @@ class ToolCallParser:
 
     def _emit_content(self, text: str) -> None:
         if self._may_be_reasoning:
-            self._held_text += text
+            self._held_parts.append(text)
             return
         released = self._content_trim.push(text)
         if released:
@@ -434,8 +433,12 @@ class ToolCallParser:
         """No </think> came before a call or the end: the text held for it is content."""
         if self._may_be_reasoning:
             self._may_be_reasoning = False
-            held, self._held_text = self._held_text, ""
-            self._emit_content(held)
+            self._emit_content(self._take_held_text())
+
+    def _take_held_text(self) -> str:
+        held = "".join(self._held_parts)
+        self._held_parts = []
+        return held
 
     def _text_until(self, markers: tuple[str, ...], sink: Callable[[str], None]) -> Steps[str | None]:
         """Hand text to `sink` up to the first of `markers` (consumed): the marker, or None at the
