@@ -6,6 +6,8 @@ Usage (from the repository root, in the project's virtual environment; nothing e
     python bench/load.py --systems multiseq,batch-run --workloads distinct --clients 16 --parallel 16
     python bench/load.py --systems multiseq,llama-server --workloads agents --parallel 4 --sessions 8 \
         --turns 4 --system-tokens 1000 --slot-ctx 4096
+    python bench/load.py --systems multiseq,llama-server --workloads agents-tools --parallel 4 --sessions 8 \
+        --turns 4 --system-tokens 1000 --tools 10 --slot-ctx 4096
     python bench/load.py --systems multiseq,llama-server --workloads distinct,long-prompts --clients 16 \
         --parallel 16 --slot-ctx 4096
 
@@ -21,13 +23,18 @@ a server with --parallel slots started for the run on a free loopback port and s
   message and a reply of 64 to 96 tokens (by session); each session sends its next turn, the
   whole conversation so far as the OpenAI API wants it, as soon as its last reply ended.
   Reported besides: TTFT p50/p95 per turn, and prompt tokens computed (sent minus cached).
+- agents-tools: the agents workload with --tools tool definitions (OpenAI function specs) in
+  every request and tool_choice "required": each reply must call a tool; the next turn sends
+  the call and its result back, then the next question. A reply without a call (a server that
+  does not force one) is sent back as text. Reported besides: replies whose calls all parse
+  and validate against their tool's parameters.
 - long-prompts: the distinct chats, while one more client sends a long prompt (about
   --long-tokens tokens, a distinct one each time, 16 tokens to generate) every --long-every
   seconds: what a long prompt does to everyone else's stream. Gaps and TTFT are reported for
   the short chats, TTFT for the long prompts apart.
 
-Every request is greedy and generates exactly its token budget (ignore_eos), so every system
-does the same work. The client is asyncio and the standard library only (one connection per
+Every request is greedy and, without tools, generates exactly its token budget (ignore_eos),
+so every system does the same work; a forced tool call ends when the call is whole. The client is asyncio and the standard library only (one connection per
 request, the SSE stream parsed as it arrives), so it takes little CPU from the servers.
 Reported per system: output tokens/s over the run's wall time, TTFT p50/p95 (request sent to
 first content), gaps between consecutive content events p50/p99/p99.9/max, prompt tokens sent
@@ -49,10 +56,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import jsonschema
 import numpy as np
 
 import peers  # bench/ is the script's own folder, first on sys.path
-from workloads import agent_system_prompt, agent_user_messages, long_prompts, shared_prefix_chats, short_prompts
+from workloads import (agent_system_prompt, agent_tools, agent_user_messages, long_prompts, shared_prefix_chats,
+                       short_prompts, tool_result)
 
 from multiseq import models
 
@@ -87,6 +96,7 @@ class AgentLoad:
     system: dict
     users: list[list[str]]  # per session, its user messages in turn order
     reply_tokens: list[int]  # per session
+    tools: list[dict] | None = None  # OpenAI function specs; every turn then forces a call
 
     @property
     def chats(self) -> list[list[dict]]:  # each session's first turn (for a warm-up or a peek)
@@ -117,10 +127,15 @@ def long_prompt_load(short: ChatLoad, approx_tokens: int, every_s: float) -> Lon
     return LongPromptLoad("long-prompts", short, chats, every_s)
 
 
-def agent_load(sessions: int, turns: int, system_tokens: int) -> AgentLoad:
-    return AgentLoad("agents", {"role": "system", "content": agent_system_prompt(system_tokens)},
+def agent_load(sessions: int, turns: int, system_tokens: int, num_tools: int = 0) -> AgentLoad:
+    """Sessions sharing a system prompt; with num_tools, they also send that many tool
+    definitions, and every turn asks for a tool call (tool_choice required) and sends its
+    result back with the next question ("agents-tools")."""
+    return AgentLoad("agents-tools" if num_tools else "agents",
+                     {"role": "system", "content": agent_system_prompt(system_tokens)},
                      [agent_user_messages(session, turns) for session in range(sessions)],
-                     [64 + (session * 11) % 33 for session in range(sessions)])
+                     [64 + (session * 11) % 33 for session in range(sessions)],
+                     agent_tools(num_tools) if num_tools else None)
 
 
 def log(message: str) -> None:
@@ -143,6 +158,7 @@ class Exchange:
     text: str = ""
     turn: int = 0
     max_tokens: int = 0  # what it asked for (every request ignores EOS: exactly that many are expected)
+    tool_calls: list[dict] = field(default_factory=list)  # assembled from delta.tool_calls, by index
 
     @property
     def ttft(self) -> float | None:
@@ -210,12 +226,16 @@ def _take_event(exchange: Exchange, event: bytes) -> bool:
         if "error" in chunk:
             raise RuntimeError(f"stream error: {chunk['error']}")
         for choice in chunk.get("choices") or []:
-            content = (choice.get("delta") or {}).get("content")
+            delta = choice.get("delta") or {}
+            content = delta.get("content")
             if content:
                 exchange.text += content
+            if content or delta.get("tool_calls"):
                 exchange.content_times.append(now)
                 if exchange.first_content_at is None:
                     exchange.first_content_at = now
+            for call in delta.get("tool_calls") or []:
+                _add_call_delta(exchange.tool_calls, call)
         usage = chunk.get("usage")
         if usage:
             exchange.completion_tokens = usage.get("completion_tokens", 0)
@@ -224,9 +244,37 @@ def _take_event(exchange: Exchange, event: bytes) -> bool:
     return False
 
 
-def request_body(chat: list[dict], max_tokens: int, model: str) -> dict:
-    return {"model": model, "messages": chat, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
+def _add_call_delta(calls: list[dict], delta: dict) -> None:
+    """Assemble streamed tool calls as clients do: by index, the first delta naming the call."""
+    index = delta.get("index", 0)
+    while len(calls) <= index:
+        calls.append({"id": None, "type": "function", "function": {"name": "", "arguments": ""}})
+    call, function = calls[index], delta.get("function") or {}
+    call["id"] = delta.get("id") or call["id"]
+    call["function"]["name"] += function.get("name") or ""
+    call["function"]["arguments"] += function.get("arguments") or ""
+
+
+def request_body(chat: list[dict], max_tokens: int, model: str, tools: list[dict] | None = None) -> dict:
+    """A streamed, greedy chat request. Without tools it ignores EOS (every reply is max_tokens
+    long); with tools it must call one (tool_choice required) and ends when it has."""
+    body = {"model": model, "messages": chat, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": not tools,
             "stream": True, "stream_options": {"include_usage": True}}
+    return body | ({"tools": tools, "tool_choice": "required"} if tools else {})
+
+
+def calls_validate(calls: list[dict], tools: list[dict]) -> bool:
+    """Whether a reply made at least one call, and every call names a tool and its arguments
+    validate against that tool's parameters."""
+    schemas = {tool["function"]["name"]: tool["function"]["parameters"] for tool in tools}
+    try:
+        return bool(calls) and all(
+            call["function"]["name"] in schemas
+            and jsonschema.Draft202012Validator(schemas[call["function"]["name"]]).is_valid(
+                json.loads(call["function"]["arguments"]))
+            for call in calls)
+    except ValueError:
+        return False
 
 
 async def closed_loop(host: str, port: int, load: ChatLoad, clients: int, model: str) -> tuple[list[Exchange], float]:
@@ -254,10 +302,10 @@ async def agent_sessions(host: str, port: int, load: AgentLoad, model: str) -> t
         history = [load.system]
         for turn, user in enumerate(load.users[index]):
             history.append({"role": "user", "content": user})
-            exchange = await stream_chat(host, port, request_body(history, load.reply_tokens[index], model))
+            exchange = await stream_chat(host, port, request_body(history, load.reply_tokens[index], model, load.tools))
             exchange.turn = turn
             exchanges.append(exchange)
-            history.append({"role": "assistant", "content": exchange.text})
+            history += _reply_messages(exchange, turn)
 
     started = time.perf_counter()
     await asyncio.gather(*(session(index) for index in range(len(load.users))))
@@ -293,8 +341,23 @@ def summarize_long_prompts(system: str, load: LongPromptLoad, short: list[Exchan
     return figure
 
 
+def _reply_messages(exchange: Exchange, turn: int) -> list[dict]:
+    """The reply as the next turn sends it back: the assistant's text or calls, then each
+    call's result."""
+    if not exchange.tool_calls:
+        return [{"role": "assistant", "content": exchange.text}]
+    assistant = {"role": "assistant", "content": exchange.text or None, "tool_calls": exchange.tool_calls}
+    return [assistant, *({"role": "tool", "tool_call_id": call["id"] or f"call_{number}",
+                          "content": tool_result(call["function"]["name"], turn)}
+                         for number, call in enumerate(exchange.tool_calls))]
+
+
 def summarize_agents(system: str, load: AgentLoad, exchanges: list[Exchange], wall_s: float) -> dict:
     figure = summarize(system, load.name, exchanges, wall_s)
+    if load.tools:
+        figure["replies_with_valid_calls"] = sum(calls_validate(exchange.tool_calls, load.tools)
+                                                 for exchange in exchanges)
+        figure["replies"] = len(exchanges)
     sent = figure["prompt_tokens"]
     figure["prompt_tokens_computed"] = sent - figure["prompt_tokens_cached"]
     figure["first_prompt_tokens"] = min((exchange.prompt_tokens for exchange in exchanges if exchange.turn == 0),
@@ -424,6 +487,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--sessions", type=int, default=None, help="agents: sessions (default 2 x --parallel)")
     parser.add_argument("--turns", type=int, default=4, help="agents: turns per session")
     parser.add_argument("--system-tokens", type=int, default=1000, help="agents: system prompt size, about")
+    parser.add_argument("--tools", type=int, default=10, help="agents-tools: tool definitions sent with each turn")
     parser.add_argument("--long-tokens", type=int, default=1200, help="long-prompts: a long prompt's size, about")
     parser.add_argument("--long-every", type=float, default=12.0, help="long-prompts: seconds between long prompts")
     parser.add_argument("--step-tokens", type=int, default=None, help="multiseq serve's --step-tokens (default: its own)")
@@ -439,8 +503,9 @@ def main(argv: list[str] | None = None) -> dict:
     chats = chat_loads(args.requests)
     loads: dict[str, ChatLoad | AgentLoad | LongPromptLoad] = {
         **chats, "agents": agent_load(args.sessions or 2 * args.parallel, args.turns, args.system_tokens),
+        "agents-tools": agent_load(args.sessions or 2 * args.parallel, args.turns, args.system_tokens, args.tools),
         "long-prompts": long_prompt_load(chats["distinct"], args.long_tokens, args.long_every)}
-    if {"agents", "long-prompts"} & set(args.workloads.split(",")) and "batch-run" in systems:
+    if {"agents", "agents-tools", "long-prompts"} & set(args.workloads.split(",")) and "batch-run" in systems:
         raise SystemExit("the agents and long-prompts workloads need a server: batch-run cannot take them")
     figures = []
     with tempfile.TemporaryDirectory(prefix="multiseq-load-") as tmp:

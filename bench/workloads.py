@@ -177,3 +177,45 @@ def agent_user_messages(session: int, turns: int, seed: int = 0) -> list[str]:
     return [f"Session {session + 1}, step {turn + 1}. {rng.choice(_AGENT_ASKS)}. {rng.choice(_AGENT_DETAILS)} "
             f"{rng.choice(_AGENT_DETAILS)} " + " ".join(rng.choice(part) for part in _SENTENCE_PARTS)
             for turn in range(turns)]
+
+
+def _function(name: str, description: str, properties: dict, required: list[str]) -> dict:
+    return {"type": "function", "function": {"name": name, "description": description, "parameters": {
+        "type": "object", "properties": properties, "required": required}}}
+
+
+_STRING = {"type": "string"}
+
+
+def agent_tools(count: int = 10) -> list[dict]:
+    """A coding agent's tools as OpenAI function specs: ten real ones, then numbered variants of
+    them up to `count` (for the many-tools benchmark)."""
+    base = [
+        _function("read_file", "Read a file of the repository", {"path": _STRING}, ["path"]),
+        _function("write_file", "Replace a file's content", {"path": _STRING, "content": _STRING}, ["path", "content"]),
+        _function("search_files", "Find files whose content matches a pattern",
+                  {"pattern": _STRING, "path": _STRING, "limit": {"type": "integer"}}, ["pattern"]),
+        _function("list_directory", "List what a folder holds", {"path": _STRING, "recursive": {"type": "boolean"}},
+                  ["path"]),
+        _function("run_tests", "Run the project's tests", {"target": _STRING}, ["target"]),
+        _function("run_command", "Run a shell command", {"command": _STRING, "timeout": {"type": "integer"}},
+                  ["command"]),
+        _function("git_diff", "Show what changed since the last commit", {"path": _STRING}, []),
+        _function("git_commit", "Commit the staged changes", {"message": _STRING}, ["message"]),
+        _function("open_issue", "File an issue in the tracker", {"title": _STRING, "body": _STRING}, ["title"]),
+        _function("send_email", "Email a colleague", {"to": _STRING, "subject": _STRING, "body": _STRING},
+                  ["to", "subject"]),
+    ]
+    tools = []
+    for index in range(count):
+        spec = base[index % len(base)]
+        if index >= len(base):
+            function = {**spec["function"], "name": f"{spec['function']['name']}_v{index // len(base) + 1}"}
+            spec = {"type": "function", "function": function}
+        tools.append(spec)
+    return tools
+
+
+def tool_result(name: str, turn: int) -> str:
+    """What a tool "returned", short and fixed, so every system gets the same conversation."""
+    return f"{name} finished (step {turn + 1}): 3 matches, no errors."

@@ -14,10 +14,10 @@ import click
 
 from .. import models
 from ..runner import RunnerConfig, SamplingParams
-from ..runner.config import FlashAttention, OverflowPolicy, SplitMode, default_of
+from ..runner.config import TOOL_FORMATS, FlashAttention, OverflowPolicy, SplitMode, default_of
 
 ENGINE_FIELDS = ("model", "parallel", "slot_ctx", "threads", "n_keep", "n_discard", "seed", "chat_template",
-                 "prefix_cache", "cache_ram_mib", "step_tokens", "batch_invariant", "overflow", "n_gpu_layers", "main_gpu", "split_mode", "tensor_split",
+                 "tool_format", "prefix_cache", "cache_ram_mib", "step_tokens", "batch_invariant", "overflow", "n_gpu_layers", "main_gpu", "split_mode", "tensor_split",
                  "flash_attn")
 SAMPLING_FIELDS = ("max_tokens", "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "stop", "ignore_eos",
                    "strict_schema")
@@ -108,6 +108,10 @@ def engine_options(slot_ctx_help: str = "Context tokens per slot (prompt + gener
         click.option("--chat-template", metavar="NAME_OR_FILE",
                      help="Chat template for messages: a llama.cpp built-in name (chatml, gemma, llama3, ...) or a "
                           "Jinja template file. Default: the model's own."),
+        click.option("--tool-format", type=click.Choice(list(TOOL_FORMATS)),
+                     help="How the model writes tool calls: hermes (<tool_call>, Qwen), llama3, mistral "
+                          "([TOOL_CALLS]), or generic (a JSON object; for templates that know no tools). "
+                          "[default: told by the chat template]"),
         click.option("-ngl", "--n-gpu-layers", type=GpuLayers(),
                      help="Layers stored on the GPU: a number, or all (-1). A build without a GPU backend says so "
                           "and runs on the CPU. [default: llama.cpp's, every layer on a GPU build]"),

@@ -47,7 +47,23 @@ def result_record(result: Result) -> dict[str, Any]:
         },
         **({} if result.logprobs is None else {"logprobs": logprobs_record(result.logprobs)}),
         **({"approximated": list(result.approximated)} if result.approximated else {}),
+        **_tool_fields(result),
     }
+
+
+def _tool_fields(result: Result) -> dict[str, Any]:
+    """With tools: the calls (OpenAI's shape), what the model reasoned, and why text that began
+    a call could not be read as one; only the fields that say something."""
+    fields: dict[str, Any] = {}
+    if result.tool_calls:
+        fields["tool_calls"] = [{"id": call.id, "type": "function",
+                                 "function": {"name": call.name, "arguments": call.arguments}}
+                                for call in result.tool_calls]
+    if result.reasoning is not None:
+        fields["reasoning"] = result.reasoning
+    if result.tool_call_error is not None:
+        fields["tool_call_error"] = result.tool_call_error
+    return fields
 
 
 def logprobs_record(logprobs: tuple[TokenLogprob, ...]) -> list[dict[str, Any]]:

@@ -19,6 +19,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from ..schema import grammar_schema
 from .types import ChoiceMode, Tool, ToolChoice, ToolFormat
 
 # The JSON of a call: no free whitespace, json.dumps' separators (see the module docstring);
@@ -36,9 +37,11 @@ def _arguments_key(tool_format: ToolFormat) -> str:
 
 
 def call_schema(tools: Sequence[Tool], tool_format: ToolFormat) -> dict[str, Any]:
-    """The JSON schema of one call: {"name": <one of the tools>, "arguments": <its schema>}."""
+    """The JSON schema of one call: {"name": <one of the tools>, "arguments": <its schema>}, the
+    schema narrowed as every grammar's is (declared properties only where it leaves others
+    unsaid, numbers of bounded length: runner.schema.grammar_schema), so that calls end."""
     key = _arguments_key(tool_format)
-    variants = [{"type": "object", "properties": {"name": {"const": tool.name}, key: tool.schema},
+    variants = [{"type": "object", "properties": {"name": {"const": tool.name}, key: grammar_schema(tool.schema)},
                  "required": ["name", key], "additionalProperties": False} for tool in tools]
     return variants[0] if len(variants) == 1 else {"anyOf": variants}
 

@@ -11,12 +11,12 @@ import secrets
 from typing import TYPE_CHECKING
 
 from .grammars import tool_grammar
+from .parsers import ToolCallParser
 from .prompts import detect_format, generic_messages, native_messages, thinks
 from .types import ToolFormat
 
 if TYPE_CHECKING:
     from ..batch import Backend
-    from .parsers import ToolCallParser
     from ..request import Request
 
 
@@ -55,9 +55,8 @@ class ToolSupport:
                             reasoning=self.reasons)
 
     def parser(self, request: Request) -> ToolCallParser | None:
-        """A parser of the output into content, reasoning and calls, for a request that may
-        call tools or whose model reasons (None: the output is plain text)."""
-        if request.messages is None or not (request.uses_tools or self.reasons):
+        """A parser of the output into content, reasoning and calls, for a request that may call
+        tools (None: the output is plain text). Reasoning is parsed where the model reasons."""
+        if not request.uses_tools:
             return None
-        from .parsers import ToolCallParser  # noqa: PLC0415 - lands with the parsers of each format
-        return ToolCallParser(self.format if request.uses_tools else None, new_call_id, parse_reasoning=self.reasons)
+        return ToolCallParser(self.format, new_call_id, parse_reasoning=self.reasons)

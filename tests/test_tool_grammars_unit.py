@@ -1,0 +1,118 @@
+"""The grammar of tool calls and the prompts that describe tools, checked without a model.
+
+A grammar is checked by feeding text byte by byte to an llguidance matcher over the fake
+backend's byte vocabulary: what it accepts is what a constrained model can write."""
+
+from __future__ import annotations
+
+import json
+
+import llguidance
+import pytest
+
+from fakes import FakeBackend
+from multiseq.runner.tools import ChoiceMode, Tool, ToolChoice, ToolFormat
+from multiseq.runner.tools.grammars import tool_grammar
+from multiseq.runner.tools.prompts import call_text, detect_format, generic_messages, native_messages
+
+WEATHER = Tool("get_weather", "The weather in a city", {
+    "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"]})
+CLOCK = Tool("now")
+TOOLS = [WEATHER, CLOCK]
+HERMES_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+GENERIC_CALL = '{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}]}'
+
+
+def accepts(text: str, tool_format: ToolFormat, mode: str = "auto", name: str | None = None,
+            parallel: bool = True, reasoning: bool = False) -> bool:
+    """Whether a model constrained by the request's grammar may write `text` and then end."""
+    grammar = tool_grammar(TOOLS, ToolChoice(ChoiceMode(mode), name), parallel, tool_format, reasoning)
+    matcher = llguidance.LLMatcher(FakeBackend().grammar_tokenizer(), grammar, log_level=0)
+    assert not matcher.is_error(), matcher.get_error()
+    return all(matcher.consume_token(byte) for byte in text.encode()) and matcher.is_accepting()
+
+
+def test_no_grammar_when_the_model_may_not_call():
+    assert tool_grammar(TOOLS, ToolChoice(ChoiceMode.NONE), True, ToolFormat.HERMES) is None
+    assert tool_grammar([], ToolChoice(ChoiceMode.AUTO), True, ToolFormat.HERMES) is None
+
+
+@pytest.mark.parametrize("tool_format, call", [(ToolFormat.HERMES, HERMES_CALL), (ToolFormat.GENERIC, GENERIC_CALL),
+                                               (ToolFormat.LLAMA3, '{"name": "now", "parameters": {}}'),
+                                               (ToolFormat.MISTRAL, '[TOOL_CALLS][{"name": "now", "arguments": {}}]')])
+def test_required_allows_a_valid_call_and_nothing_else(tool_format, call):
+    assert accepts(call, tool_format, "required")
+    assert not accepts("I cannot call tools.", tool_format, "required")
+    assert accepts(call, tool_format, "auto")
+
+
+def test_arguments_must_validate_against_the_tools_parameters():
+    assert not accepts('<tool_call>\n{"name": "get_weather", "arguments": {"days": 3}}\n</tool_call>',
+                       ToolFormat.HERMES, "required")  # city is required
+    assert not accepts('<tool_call>\n{"name": "get_weather", "arguments": {"city": 7}}\n</tool_call>',
+                       ToolFormat.HERMES, "required")
+    assert not accepts('<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>',
+                       ToolFormat.HERMES, "required")  # no such tool
+
+
+def test_auto_leaves_text_free_until_the_trigger_then_forces_the_call():
+    assert accepts("The weather is fine, no call needed.", ToolFormat.HERMES)
+    assert accepts("Let me look that up. " + HERMES_CALL, ToolFormat.HERMES)
+    assert not accepts("Let me look that up. <tool_call>\nsure thing", ToolFormat.HERMES)
+    assert accepts("Plain text does not start with a brace.", ToolFormat.GENERIC)
+    assert not accepts('{"city": "Paris"}', ToolFormat.GENERIC)  # a leading brace is a call
+
+
+def test_a_named_function_and_parallel_false_allow_one_call():
+    assert accepts('{"tool_calls": [{"name": "now", "arguments": {}}]}', ToolFormat.GENERIC, "function", "now")
+    assert not accepts(GENERIC_CALL, ToolFormat.GENERIC, "function", "now")
+    two = HERMES_CALL + "\n" + HERMES_CALL
+    assert accepts(two, ToolFormat.HERMES, "required")
+    assert not accepts(two, ToolFormat.HERMES, "required", parallel=False)
+
+
+def test_a_reasoning_model_may_think_before_it_calls():
+    assert accepts("<think>Paris is a city.</think>\n" + HERMES_CALL, ToolFormat.HERMES, "required", reasoning=True)
+    assert not accepts("<think>Paris is a city.</think>\n" + HERMES_CALL, ToolFormat.HERMES, "required")
+
+
+def test_calls_are_written_with_json_dumps_separators():
+    """What the grammar makes the model write is what call_text re-renders, byte for byte."""
+    calls = [{"id": "c1", "function": {"name": "get_weather", "arguments": '{"city": "Paris", "days": 3}'}}]
+    assert call_text(ToolFormat.GENERIC, calls) == GENERIC_CALL
+    assert accepts(call_text(ToolFormat.GENERIC, calls), ToolFormat.GENERIC, "required")
+    assert call_text(ToolFormat.HERMES, [{"function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]) \
+        == HERMES_CALL
+    assert not accepts('{"tool_calls":[{"name":"get_weather","arguments":{"city":"Paris"}}]}', ToolFormat.GENERIC,
+                       "required")
+
+
+def test_the_format_is_told_by_the_template():
+    assert detect_format(None) is ToolFormat.GENERIC
+    assert detect_format("{% for m in messages %}<|im_start|>{{ m.content }}{% endfor %}") is ToolFormat.GENERIC
+    assert detect_format("{% if tools %}<tools>{{ tools }}</tools>{% endif %}<tool_call>") is ToolFormat.HERMES
+    assert detect_format("{% if tools %}[AVAILABLE_TOOLS]{% endif %}[TOOL_CALLS]") is ToolFormat.MISTRAL
+    assert detect_format("{% if tools %}{% endif %}<|python_tag|>") is ToolFormat.LLAMA3
+
+
+def test_generic_messages_describe_the_tools_and_write_calls_and_results_as_text():
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather in Paris?"},
+                {"role": "assistant", "content": None, "tool_calls": [
+                    {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "Sunny"}]
+    rendered = generic_messages(messages, TOOLS, ToolFormat.GENERIC)
+    assert [message["role"] for message in rendered] == ["system", "user", "assistant", "user"]
+    assert rendered[0]["content"].startswith("Be brief.\n\n") and '"name": "get_weather"' in rendered[0]["content"]
+    assert rendered[2]["content"] == '{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}]}'
+    assert json.loads(rendered[3]["content"]) == {"tool_response": {"name": "get_weather", "content": "Sunny"}}
+    without_system = generic_messages(messages[1:2], TOOLS, ToolFormat.GENERIC)
+    assert without_system[0]["role"] == "system" and without_system[1]["content"] == "Weather in Paris?"
+    # The system part does not depend on the choice, so every turn keeps the same prefix.
+    assert generic_messages(messages[:2], TOOLS, ToolFormat.GENERIC)[0] == rendered[0]
+
+
+def test_native_messages_give_templates_arguments_as_objects():
+    [message] = native_messages([{"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]}])
+    assert message["content"] == ""
+    assert message["tool_calls"][0]["function"]["arguments"] == {"city": "Paris"}
