@@ -1,0 +1,320 @@
+"""The Responses API: requests translated onto Chat Completions bodies, chat completions and
+chunk streams translated back into Response objects and events (checked against the official
+openai SDK's models), and the routes spoken to with the real openai client on the fake backend."""
+
+from __future__ import annotations
+
+import json
+
+import pydantic
+import pytest
+from openai.types.responses import Response, ResponseStreamEvent
+
+from multiseq.server.errors import ApiError
+from multiseq.server.responses import (EventTranslator, chat_body, chat_param, parse_request,
+                                       response_from_completion)
+
+MODEL = "fake-model"
+EVENTS = pydantic.TypeAdapter(ResponseStreamEvent)
+WEATHER_TOOL = {"type": "function", "name": "get_weather", "description": "The weather in a city",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+                "strict": True}
+
+
+def refused(body: dict) -> ApiError:
+    with pytest.raises(ApiError) as caught:
+        parse_request(body)
+    assert caught.value.status == 400
+    return caught.value
+
+
+def completion(message: dict, finish_reason: str = "stop", cached: int = 0) -> dict:
+    return {"id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": MODEL,
+            "choices": [{"index": 0, "message": {"role": "assistant", **message}, "finish_reason": finish_reason}],
+            "usage": {"prompt_tokens": 20, "completion_tokens": 7, "total_tokens": 27,
+                      "prompt_tokens_details": {"cached_tokens": cached, "cached_tokens_from_ram": 0}}}
+
+
+def chunk(delta: dict | None = None, finish_reason: str | None = None, usage: dict | None = None) -> dict:
+    choices = [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish_reason}]
+    return {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": MODEL,
+            "choices": choices, **({"usage": usage} if usage else {})}
+
+
+def translate(body: dict, chunks: list[dict]) -> tuple[list[dict], dict]:
+    """All the events a chunk stream makes, each checked against the SDK's event models."""
+    translator = EventTranslator(parse_request(body), "resp_1", 1, MODEL)
+    events = translator.start()
+    for piece in chunks:
+        events += translator.feed(piece)
+    events += translator.finish()
+    for event in events:
+        EVENTS.validate_python(event)
+    assert [event["sequence_number"] for event in events] == list(range(len(events)))
+    return events, translator.response
+
+
+USAGE = {"prompt_tokens": 20, "completion_tokens": 7, "total_tokens": 27,
+         "prompt_tokens_details": {"cached_tokens": 12, "cached_tokens_from_ram": 0}}
+
+
+# --- requests -> Chat Completions bodies ----------------------------------------------------------
+
+def test_a_string_input_is_one_user_message_after_the_instructions():
+    request = parse_request({"model": MODEL, "input": "Hi", "instructions": "Be brief.", "max_output_tokens": 9,
+                             "temperature": 0.5, "top_p": 0.9})
+    assert chat_body(request, []) == {"model": MODEL, "messages": [
+        {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
+        "max_tokens": 9, "temperature": 0.5, "top_p": 0.9}
+    assert [item["type"] for item in request.input_items] == ["message"]
+    assert request.input_items[0]["id"].startswith("msg_") and request.is_stored and not request.is_stream
+
+
+def test_items_become_messages_with_calls_gathered_into_one_assistant_turn():
+    request = parse_request({"input": [
+        {"role": "developer", "content": "Use tools."},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Weather in"},
+                                                        {"type": "input_text", "text": "Paris and Rome?"}]},
+        {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "opaque"},
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Checking."}]},
+        {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": '{"city": "Paris"}'},
+        {"type": "function_call", "call_id": "call_2", "name": "get_weather", "arguments": '{"city": "Rome"}'},
+        {"type": "function_call_output", "call_id": "call_1", "output": "sunny"},
+        {"type": "function_call_output", "call_id": "call_2", "output": [{"type": "input_text", "text": "rain"}]},
+    ], "tools": [WEATHER_TOOL]})
+    assert chat_body(request, [])["messages"] == [
+        {"role": "developer", "content": "Use tools."},
+        {"role": "user", "content": "Weather in\nParis and Rome?"},
+        {"role": "assistant", "content": "Checking.", "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}},
+            {"id": "call_2", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+        {"role": "tool", "tool_call_id": "call_2", "content": "rain"},
+    ]
+
+
+def test_calls_without_text_are_an_assistant_turn_with_null_content():
+    request = parse_request({"input": [
+        {"role": "user", "content": "Weather?"},
+        {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "call_1", "output": "sunny"},
+        {"role": "assistant", "content": "Sunny."},
+        {"role": "user", "content": "Thanks"}]})
+    messages = chat_body(request, [])["messages"]
+    assert [message["role"] for message in messages] == ["user", "assistant", "tool", "assistant", "user"]
+    assert messages[1]["content"] is None and messages[3] == {"role": "assistant", "content": "Sunny."}
+
+
+def test_history_comes_before_the_new_items():
+    earlier = parse_request({"input": "First"}).input_items
+    request = parse_request({"input": "Second", "instructions": "Sys"})
+    assert chat_body(request, earlier)["messages"] == [
+        {"role": "system", "content": "Sys"}, {"role": "user", "content": "First"},
+        {"role": "user", "content": "Second"}]
+
+
+def test_function_tools_are_translated_and_hosted_tools_left_out_and_named():
+    request = parse_request({"input": "Hi", "tool_choice": "required", "parallel_tool_calls": False, "tools": [
+        {"type": "web_search_preview"}, WEATHER_TOOL, {"type": "custom", "name": "apply_patch"},
+        {"type": "mcp", "server_label": "docs", "server_url": "https://example.com"}, {"type": "local_shell"}]})
+    body = chat_body(request, [])
+    assert body["tools"] == [{"type": "function", "function": {
+        "name": "get_weather", "description": "The weather in a city", "parameters": WEATHER_TOOL["parameters"],
+        "strict": True}}]
+    assert body["tool_choice"] == "required" and body["parallel_tool_calls"] is False
+    assert request.ignored_tools == ["web_search_preview", "custom:apply_patch", "mcp:docs", "local_shell"]
+    assert request.echo["tools"] == [WEATHER_TOOL]
+
+
+def test_tool_choice_naming_a_function_and_allowed_tools():
+    named = parse_request({"input": "Hi", "tools": [WEATHER_TOOL],
+                           "tool_choice": {"type": "function", "name": "get_weather"}})
+    assert named.chat_fields["tool_choice"] == {"type": "function", "function": {"name": "get_weather"}}
+    other = {**WEATHER_TOOL, "name": "get_time"}
+    allowed = parse_request({"input": "Hi", "tools": [WEATHER_TOOL, other], "tool_choice": {
+        "type": "allowed_tools", "mode": "required", "tools": [{"type": "function", "name": "get_time"}]}})
+    assert [tool["function"]["name"] for tool in allowed.chat_fields["tools"]] == ["get_time"]
+    assert allowed.chat_fields["tool_choice"] == "required"
+    assert "tool_choice" not in parse_request({"input": "Hi", "tool_choice": "auto"}).chat_fields
+
+
+def test_text_format_json_schema_becomes_response_format():
+    schema = {"type": "object", "properties": {"x": {"type": "integer"}}}
+    request = parse_request({"input": "Hi", "text": {"format": {"type": "json_schema", "name": "thing",
+                                                               "schema": schema, "strict": True}}})
+    assert request.chat_fields["response_format"] == {
+        "type": "json_schema", "json_schema": {"name": "thing", "schema": schema, "strict": True}}
+    assert "response_format" not in parse_request({"input": "Hi", "text": {"format": {"type": "text"}}}).chat_fields
+
+
+def test_fields_codex_sends_are_accepted_and_unknown_ones_ignored():
+    request = parse_request({
+        "model": MODEL, "input": "Hi", "reasoning": {"effort": "low", "summary": "auto"},
+        "include": ["reasoning.encrypted_content"], "metadata": {"k": "v"}, "user": "u", "prompt_cache_key": "abc",
+        "service_tier": "auto", "truncation": "auto", "store": False, "stream": True, "a_field_from_next_year": 1})
+    assert chat_body(request, []) == {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}]}
+    assert request.is_stream and not request.is_stored and request.echo["metadata"] == {"k": "v"}
+
+
+@pytest.mark.parametrize("body, param", [
+    ({}, "input"),
+    ({"input": 5}, "input"),
+    ({"input": [{"role": "user", "content": "a"}, {"type": "function_call_output", "output": "x"}]},
+     "input[1].call_id"),
+    ({"input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": {}}]}, "input[0].arguments"),
+    ({"input": [{"role": "tool", "content": "a"}]}, "input[0].role"),
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
+     "input[0].content[0].type"),
+    ({"input": [{"type": "web_search_call", "id": "ws_1"}]}, "input[0].type"),
+    ({"input": [{"content": "no role"}]}, "input[0].type"),
+    ({"input": "Hi", "tools": [{"type": "function"}]}, "tools[0].name"),
+    ({"input": "Hi", "tools": "all"}, "tools"),
+    ({"input": "Hi", "tools": [WEATHER_TOOL], "tool_choice": {"type": "function", "name": "nope"}}, "tool_choice"),
+    ({"input": "Hi", "tool_choice": {"type": "web_search_preview"}}, "tool_choice"),
+    ({"input": "Hi", "max_output_tokens": 0}, "max_output_tokens"),
+    ({"input": "Hi", "temperature": "hot"}, "temperature"),
+    ({"input": "Hi", "text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format.schema"),
+    ({"input": "Hi", "background": True}, "background"),
+    ({"input": "Hi", "stream": "yes"}, "stream"),
+    ({"input": "Hi", "previous_response_id": 3}, "previous_response_id"),
+])
+def test_bad_input_is_a_400_naming_the_field(body, param):
+    error = refused(body)
+    assert error.param == param and error.kind == "invalid_request_error" and error.message
+
+
+def test_background_is_refused_saying_so():
+    assert "not supported" in refused({"input": "Hi", "background": True}).message
+
+
+def test_chat_errors_name_the_responses_field():
+    assert chat_param("max_tokens") == "max_output_tokens"
+    assert chat_param("messages[3].content") == "input"
+    assert chat_param("response_format.json_schema") == "text.format"
+    assert chat_param("temperature") == "temperature" and chat_param(None) is None
+
+
+# --- chat completions -> Response objects ---------------------------------------------------------
+
+def test_a_completion_becomes_a_response_the_sdk_reads():
+    request = parse_request({"model": MODEL, "input": "Hi", "instructions": "Sys", "max_output_tokens": 50})
+    body = response_from_completion(request, completion({"content": "Hello!"}, cached=12), "resp_1", 5, MODEL)
+    response = Response.model_validate(body)
+    assert response.id == "resp_1" and response.status == "completed" and response.output_text == "Hello!"
+    assert response.instructions == "Sys" and response.max_output_tokens == 50 and response.model == MODEL
+    assert response.usage.input_tokens == 20 and response.usage.output_tokens == 7
+    assert response.usage.total_tokens == 27 and response.usage.input_tokens_details.cached_tokens == 12
+    message = response.output[0]
+    assert message.type == "message" and message.id.startswith("msg_") and message.status == "completed"
+    assert response.tool_choice == "auto" and response.parallel_tool_calls is True and response.error is None
+
+
+def test_calls_and_reasoning_become_items_in_order():
+    request = parse_request({"input": "Hi", "tools": [WEATHER_TOOL]})
+    calls = [{"id": "call_a", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}},
+             {"id": "call_b", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'}}]
+    body = response_from_completion(request, completion({"content": None, "reasoning_content": "Two cities.",
+                                                         "tool_calls": calls}, "tool_calls"), "resp_1", 5, MODEL)
+    response = Response.model_validate(body)
+    assert [item.type for item in response.output] == ["reasoning", "function_call", "function_call"]
+    assert response.output[0].content[0].text == "Two cities."
+    assert [(item.call_id, json.loads(item.arguments)["city"]) for item in response.output[1:]] == [
+        ("call_a", "Oslo"), ("call_b", "Rome")]
+    assert all(item.id.startswith("fc_") and item.status == "completed" for item in response.output[1:])
+
+
+def test_a_cut_short_completion_is_incomplete_for_max_output_tokens():
+    request = parse_request({"input": "Hi", "max_output_tokens": 1})
+    response = Response.model_validate(response_from_completion(request, completion({"content": "H"}, "length"),
+                                                                "resp_1", 5, MODEL))
+    assert response.status == "incomplete" and response.incomplete_details.reason == "max_output_tokens"
+    assert response.output[0].status == "incomplete" and response.output_text == "H"
+
+
+def test_an_empty_reply_is_still_a_message():
+    request = parse_request({"input": "Hi"})
+    response = Response.model_validate(response_from_completion(request, completion({"content": ""}), "r", 5, MODEL))
+    assert [item.type for item in response.output] == ["message"] and response.output_text == ""
+
+
+# --- chunk streams -> events ----------------------------------------------------------------------
+
+def test_a_streamed_reply_has_every_event_in_order_and_ends_with_the_usage():
+    chunks = [chunk({"role": "assistant", "content": ""}), chunk({"reasoning_content": "Think"}),
+              chunk({"reasoning_content": "ing."}), chunk({"content": "Hel"}), chunk({"content": "lo"}),
+              chunk({}, "stop"), chunk(usage=USAGE)]
+    events, final = translate({"input": "Hi"}, chunks)
+    assert [event["type"] for event in events] == [
+        "response.created", "response.in_progress",
+        "response.output_item.added", "response.content_part.added", "response.reasoning_text.delta",
+        "response.reasoning_text.delta", "response.reasoning_text.done", "response.content_part.done",
+        "response.output_item.done",
+        "response.output_item.added", "response.content_part.added", "response.output_text.delta",
+        "response.output_text.delta", "response.output_text.done", "response.content_part.done",
+        "response.output_item.done", "response.completed"]
+    text_done = next(event for event in events if event["type"] == "response.output_text.done")
+    assert text_done["text"] == "Hello" and text_done["output_index"] == 1 and text_done["item_id"].startswith("msg_")
+    response = Response.model_validate(final)
+    assert response.status == "completed" and response.output_text == "Hello"
+    assert response.output[0].content[0].text == "Thinking."
+    assert response.usage.input_tokens_details.cached_tokens == 12
+    assert events[0]["response"]["status"] == "in_progress" and events[0]["response"]["output"] == []
+
+
+def test_streamed_calls_are_function_call_items_with_their_arguments():
+    chunks = [chunk({"role": "assistant", "content": None}),
+              chunk({"tool_calls": [{"index": 0, "id": "call_a", "type": "function",
+                                     "function": {"name": "get_weather", "arguments": ""}}]}),
+              chunk({"tool_calls": [{"index": 0, "function": {"arguments": '{"city": '}}]}),
+              chunk({"tool_calls": [{"index": 0, "function": {"arguments": '"Oslo"}'}}]}),
+              chunk({"tool_calls": [{"index": 1, "id": "call_b", "type": "function",
+                                     "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'}}]}),
+              chunk({}, "tool_calls"), chunk(usage=USAGE)]
+    events, final = translate({"input": "Hi", "tools": [WEATHER_TOOL]}, chunks)
+    assert [event["type"] for event in events][2:] == [
+        "response.output_item.added", "response.function_call_arguments.delta",
+        "response.function_call_arguments.delta", "response.function_call_arguments.done", "response.output_item.done",
+        "response.output_item.added", "response.function_call_arguments.delta",
+        "response.function_call_arguments.done", "response.output_item.done", "response.completed"]
+    done = [event for event in events if event["type"] == "response.output_item.done"]
+    assert [json.loads(event["item"]["arguments"]) for event in done] == [{"city": "Oslo"}, {"city": "Rome"}]
+    response = Response.model_validate(final)
+    assert [(item.call_id, item.name) for item in response.output] == [("call_a", "get_weather"),
+                                                                        ("call_b", "get_weather")]
+
+
+def test_a_stream_cut_short_ends_incomplete_and_one_that_fails_ends_failed():
+    events, final = translate({"input": "Hi"}, [chunk({"content": "H"}), chunk({}, "length"), chunk(usage=USAGE)])
+    assert events[-1]["type"] == "response.incomplete" and final["incomplete_details"] == {
+        "reason": "max_output_tokens"}
+    events, final = translate({"input": "Hi"}, [chunk({"content": "H"}), {"error": {"message": "It broke."}}])
+    assert events[-1]["type"] == "response.failed" and final["status"] == "failed"
+    assert final["error"] == {"code": "server_error", "message": "It broke."}
+    assert final["output"][0]["status"] == "incomplete"
+
+
+def test_a_stream_with_no_text_still_gives_a_message():
+    events, final = translate({"input": "Hi"}, [chunk({"role": "assistant"}), chunk({}, "stop"), chunk(usage=USAGE)])
+    assert [event["type"] for event in events][2:] == [
+        "response.output_item.added", "response.content_part.added", "response.output_text.done",
+        "response.content_part.done", "response.output_item.done", "response.completed"]
+    assert Response.model_validate(final).output_text == ""
+
+
+def test_the_streamed_response_has_the_shape_of_the_non_streamed_one():
+    request_body = {"input": "Hi", "tools": [WEATHER_TOOL], "instructions": "Sys"}
+    _, streamed = translate(request_body, [
+        chunk({"reasoning_content": "R"}), chunk({"content": "Text"}),
+        chunk({"tool_calls": [{"index": 0, "id": "call_a", "type": "function",
+                               "function": {"name": "get_weather", "arguments": "{}"}}]}),
+        chunk({}, "tool_calls"), chunk(usage=USAGE)])
+    whole = response_from_completion(parse_request(request_body), completion(
+        {"content": "Text", "reasoning_content": "R", "tool_calls": [
+            {"id": "call_a", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}]},
+        "tool_calls", cached=12), "resp_1", 1, MODEL)
+
+    def shape(response: dict) -> dict:
+        return {**response, "output": [{key: value for key, value in item.items() if key != "id"}
+                                       for item in response["output"]], "completed_at": None}
+
+    assert shape(streamed) == shape(whole)
