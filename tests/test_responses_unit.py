@@ -11,6 +11,8 @@ import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 
 from multiseq.server.errors import ApiError
+from multiseq.server.response_store import (MemoryResponseStore, MissingResponse, SqliteResponseStore,
+                                            StoredResponse)
 from multiseq.server.responses import (EventTranslator, chat_body, chat_param, parse_request,
                                        response_from_completion)
 
@@ -318,3 +320,50 @@ def test_the_streamed_response_has_the_shape_of_the_non_streamed_one():
                                        for item in response["output"]], "completed_at": None}
 
     assert shape(streamed) == shape(whole)
+
+
+# --- stored responses -----------------------------------------------------------------------------
+
+def stored(response_id: str, previous: str | None, text_in: str, text_out: str) -> StoredResponse:
+    request = parse_request({"input": text_in, "previous_response_id": previous})
+    response = response_from_completion(request, completion({"content": text_out}), response_id, 1, MODEL)
+    return StoredResponse(response_id, 1, previous, request.input_items, response)
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+def store(request, tmp_path):
+    return MemoryResponseStore() if request.param == "memory" else SqliteResponseStore(tmp_path / "data")
+
+
+def test_a_conversation_is_the_chain_of_its_responses_oldest_first(store):
+    store.put(stored("resp_1", None, "One", "Uno"))
+    store.put(stored("resp_2", "resp_1", "Two", "Dos"))
+    store.put(stored("resp_3", "resp_2", "Three", "Tres"))
+    items = store.conversation("resp_3")
+    assert [(item["role"], item["content"][0]["text"]) for item in items] == [
+        ("user", "One"), ("assistant", "Uno"), ("user", "Two"), ("assistant", "Dos"), ("user", "Three"),
+        ("assistant", "Tres")]
+    assert store.get("resp_2").response["output"][0]["content"][0]["text"] == "Dos"
+
+
+def test_a_missing_link_of_the_chain_is_named(store):
+    store.put(stored("resp_1", None, "One", "Uno"))
+    store.put(stored("resp_2", "resp_1", "Two", "Dos"))
+    assert store.delete("resp_1") and not store.delete("resp_1")
+    with pytest.raises(MissingResponse) as caught:
+        store.conversation("resp_2")
+    assert caught.value.response_id == "resp_1"
+
+
+def test_the_sqlite_store_keeps_responses_across_restarts(tmp_path):
+    SqliteResponseStore(tmp_path).put(stored("resp_1", None, "One", "Uno"))
+    assert SqliteResponseStore(tmp_path).get("resp_1").input_items[0]["content"][0]["text"] == "One"
+
+
+def test_the_memory_store_forgets_the_least_recently_used_beyond_its_capacity():
+    store = MemoryResponseStore(capacity=2)
+    for name in ("a", "b"):
+        store.put(stored(name, None, name, name))
+    assert store.get("a") is not None  # read: now more recent than b
+    store.put(stored("c", None, "c", "c"))
+    assert store.get("b") is None and store.get("a") is not None and store.get("c") is not None
