@@ -4,12 +4,17 @@ openai SDK's models), and the routes spoken to with the real openai client on th
 
 from __future__ import annotations
 
+import http.client
+import importlib.util
 import json
 
+import openai
 import pydantic
 import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 
+from fakes import FakeBackend
+from multiseq.server import ServerSettings, create_app
 from multiseq.server.errors import ApiError
 from multiseq.server.response_store import (MemoryResponseStore, MissingResponse, SqliteResponseStore,
                                             StoredResponse)
@@ -367,3 +372,244 @@ def test_the_memory_store_forgets_the_least_recently_used_beyond_its_capacity():
     assert store.get("a") is not None  # read: now more recent than b
     store.put(stored("c", None, "c", "c"))
     assert store.get("b") is None and store.get("a") is not None and store.get("c") is not None
+
+
+# --- the routes, with the official client on the fake backend -------------------------------------
+
+# The engine parses the calls a model writes once runner/tools has its parsers.
+needs_tool_parsers = pytest.mark.skipif(importlib.util.find_spec("multiseq.runner.tools.parsers") is None,
+                                        reason="the tool-call parsers are not in runner/tools yet")
+PARIS_CALL = '{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}]}'
+
+
+class ScriptedBackend(FakeBackend):
+    """Replies chosen by how the rendered prompt ends (the tools' description comes first, so
+    whole prompts are long), and every prompt the engine was given."""
+
+    def __init__(self, endings: dict[str, str]) -> None:
+        super().__init__(num_slots=2, window=1024, n_batch=256)
+        self.endings = {ending: reply.encode("utf-8") for ending, reply in endings.items()}
+        self.prompts_seen: list[str] = []
+
+    def _next_token(self, slot: int) -> int:
+        prompt = bytes(t for t in self.prompts[slot] if t < 256).decode("utf-8", "replace")
+        if not self.prompts_seen or self.prompts_seen[-1] != prompt:
+            self.prompts_seen.append(prompt)
+        reply = next((reply for ending, reply in self.endings.items() if prompt.endswith(ending)), None)
+        if reply is None:
+            return super()._next_token(slot)
+        generated = self.num_generated_fed[slot]
+        return reply[generated] if generated < len(reply) else 257  # EOS
+
+
+@pytest.fixture
+def serve(make_runner, serve_app):
+    """serve(endings, **settings) -> (openai client, base URL, backend)."""
+    def start(endings: dict[str, str] | None = None, **settings):
+        backend = ScriptedBackend(endings or {"<user>Hi<assistant>": "Hello!"})
+        app = create_app(make_runner(backend), ServerSettings(model_name=MODEL, **settings))
+        base = serve_app(app)
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key=settings.get("api_key") or "unused", max_retries=0)
+        return client, base, backend
+    return start
+
+
+def send(base: str, method: str, path: str, body: dict | None = None, headers: dict | None = None):
+    """A raw request: (status, JSON body, headers)."""
+    connection = http.client.HTTPConnection(base.removeprefix("http://"), timeout=10)
+    connection.request(method, path, body=None if body is None else json.dumps(body),
+                       headers={"Content-Type": "application/json", **(headers or {})})
+    response = connection.getresponse()
+    data = response.read()
+    connection.close()
+    return response.status, json.loads(data), {name.lower(): value for name, value in response.getheaders()}
+
+
+def assert_error(status: int, body: dict, expected_status: int, param: str | None) -> None:
+    assert status == expected_status, body
+    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}
+    assert body["error"]["param"] == param and body["error"]["message"]
+    assert "Traceback" not in body["error"]["message"]
+
+
+def test_a_string_input_gets_a_response_the_client_reads(serve):
+    client, _, backend = serve()
+    response = client.responses.create(model=MODEL, input="Hi", temperature=0)
+    assert response.object == "response" and response.status == "completed" and response.id.startswith("resp_")
+    assert response.output_text == "Hello!" and response.model == MODEL
+    assert response.usage.input_tokens == len("<user>Hi<assistant>") + 1  # + BOS
+    assert response.usage.output_tokens == len("Hello!") + 1  # + EOS
+    assert response.usage.total_tokens == response.usage.input_tokens + response.usage.output_tokens
+    Response.model_validate(response.model_dump(mode="json", exclude_unset=True))
+
+
+def test_instructions_are_the_system_message(serve):
+    client, _, backend = serve({"<system>Be brief.<user>Hi<assistant>": "Ok."})
+    response = client.responses.create(model=MODEL, input="Hi", instructions="Be brief.", temperature=0)
+    assert response.output_text == "Ok." and response.instructions == "Be brief."
+    assert backend.prompts_seen[-1] == "<system>Be brief.<user>Hi<assistant>"
+
+
+def test_a_probe_of_one_output_token_is_incomplete_not_an_error(serve):
+    client, _, _ = serve()
+    response = client.responses.create(model=MODEL, input="Hi", max_output_tokens=1, temperature=0)
+    assert response.status == "incomplete" and response.incomplete_details.reason == "max_output_tokens"
+    assert response.output_text == "H" and response.max_output_tokens == 1
+
+
+@needs_tool_parsers
+def test_a_forced_tool_call_is_a_function_call_item_with_json_arguments(serve):
+    client, _, _ = serve({"Weather in Paris?<assistant>": PARIS_CALL})
+    response = client.responses.create(model=MODEL, input="Weather in Paris?", tools=[WEATHER_TOOL],
+                                       tool_choice="required", temperature=0)
+    calls = [item for item in response.output if item.type == "function_call"]
+    assert len(calls) == 1 and calls[0].name == "get_weather" and calls[0].id.startswith("fc_")
+    assert json.loads(calls[0].arguments) == {"city": "Paris"} and calls[0].call_id
+    assert response.status == "completed" and response.tool_choice == "required"
+
+
+@needs_tool_parsers
+def test_a_function_call_and_its_output_go_round_to_the_model(serve):
+    client, _, backend = serve({"Weather in Paris?<assistant>": PARIS_CALL, '"sunny"}}<assistant>': "It is sunny."})
+    first = client.responses.create(model=MODEL, input="Weather in Paris?", tools=[WEATHER_TOOL],
+                                    tool_choice="required", temperature=0, store=False)
+    call = next(item for item in first.output if item.type == "function_call")
+    history = [{"role": "user", "content": "Weather in Paris?"},
+               *[item.model_dump(exclude_none=True) for item in first.output],
+               {"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}]
+    second = client.responses.create(model=MODEL, input=history, tools=[WEATHER_TOOL], temperature=0)
+    assert second.output_text == "It is sunny."
+    assert backend.prompts_seen[-1].endswith(
+        f'<user>Weather in Paris?<assistant>{PARIS_CALL}'
+        f'<user>{{"tool_response": {{"name": "get_weather", "content": "sunny"}}}}<assistant>')
+
+
+def test_every_streamed_event_comes_in_order_and_the_final_response_matches(serve):
+    client, _, _ = serve()
+    with client.responses.stream(model=MODEL, input="Hi", temperature=0) as stream:
+        types = [event.type for event in stream]
+        final = stream.get_final_response()
+    assert types[:5] == ["response.created", "response.in_progress", "response.output_item.added",
+                         "response.content_part.added", "response.output_text.delta"]
+    assert types[-4:] == ["response.output_text.done", "response.content_part.done", "response.output_item.done",
+                          "response.completed"]
+    assert set(types[4:-4]) == {"response.output_text.delta"}
+    assert final.output_text == "Hello!" and final.usage.output_tokens == len("Hello!") + 1
+    raw = list(client.responses.create(model=MODEL, input="Hi", temperature=0, stream=True))
+    assert [event.type for event in raw] == types
+    assert [event.sequence_number for event in raw] == list(range(len(raw)))
+    streamed, whole = raw[-1].response, client.responses.create(model=MODEL, input="Hi", temperature=0)
+    varying = {"id", "created_at", "completed_at", "output", "usage"}  # a later run hits the prompt cache
+    assert streamed.model_dump(exclude=varying) == whole.model_dump(exclude=varying)
+    assert [item.model_dump(exclude={"id"}) for item in streamed.output] == [
+        item.model_dump(exclude={"id"}) for item in whole.output]
+
+
+@needs_tool_parsers
+def test_a_streamed_tool_call(serve):
+    client, _, _ = serve({"Weather in Paris?<assistant>": PARIS_CALL})
+    with client.responses.stream(model=MODEL, input="Weather in Paris?", tools=[WEATHER_TOOL],
+                                 tool_choice={"type": "function", "name": "get_weather"}, temperature=0) as stream:
+        types = [event.type for event in stream]
+        final = stream.get_final_response()
+    assert "response.function_call_arguments.delta" in types and "response.output_text.delta" not in types
+    assert types[-3:] == ["response.function_call_arguments.done", "response.output_item.done", "response.completed"]
+    assert json.loads(final.output[0].arguments) == {"city": "Paris"}
+
+
+def test_cached_tokens_are_counted_in_the_usage(serve):
+    client, _, _ = serve()
+    client.responses.create(model=MODEL, input="Hi", temperature=0)
+    again = client.responses.create(model=MODEL, input="Hi", temperature=0)
+    assert 0 < again.usage.input_tokens_details.cached_tokens <= again.usage.input_tokens
+
+
+def test_hosted_tools_are_left_out_named_in_a_header_and_never_refused(serve):
+    client, base, backend = serve()
+    raw = client.responses.with_raw_response.create(model=MODEL, input="Hi", temperature=0, tools=[
+        {"type": "web_search_preview"}, {"type": "image_generation"}, {"type": "custom", "name": "apply_patch"}])
+    assert raw.headers["x-multiseq-ignored-tools"] == "web_search_preview, image_generation, custom:apply_patch"
+    assert raw.parse().output_text == "Hello!" and backend.prompts_seen[-1] == "<user>Hi<assistant>"
+    with client.responses.with_streaming_response.create(model=MODEL, input="Hi", stream=True,
+                                                         tools=[{"type": "web_search"}]) as streamed:
+        assert streamed.headers["x-multiseq-ignored-tools"] == "web_search"
+    assert "x-multiseq-ignored-tools" not in client.responses.with_raw_response.create(
+        model=MODEL, input="Hi").headers
+
+
+@pytest.mark.parametrize("data_dir", [False, True])
+def test_previous_response_id_continues_a_stored_conversation(serve, tmp_path, data_dir):
+    client, _, backend = serve({"<user>One<assistant>": "Uno",
+                                "<user>One<assistant>Uno<user>Two<assistant>": "Dos",
+                                "<assistant>Dos<user>Three<assistant>": "Tres"},
+                               **({"data_dir": tmp_path} if data_dir else {}))
+    first = client.responses.create(model=MODEL, input="One", temperature=0)
+    second = client.responses.create(model=MODEL, input="Two", previous_response_id=first.id, temperature=0)
+    third = client.responses.create(model=MODEL, input="Three", previous_response_id=second.id, temperature=0)
+    assert (first.output_text, second.output_text, third.output_text) == ("Uno", "Dos", "Tres")
+    assert backend.prompts_seen[-1] == "<user>One<assistant>Uno<user>Two<assistant>Dos<user>Three<assistant>"
+    assert third.previous_response_id == second.id
+    assert (tmp_path / "responses.db").exists() == data_dir
+
+
+def test_a_response_not_stored_cannot_be_continued_or_fetched(serve):
+    client, _, _ = serve()
+    unstored = client.responses.create(model=MODEL, input="Hi", store=False)
+    with pytest.raises(openai.NotFoundError) as caught:
+        client.responses.create(model=MODEL, input="Hi", previous_response_id=unstored.id)
+    assert caught.value.body["param"] == "previous_response_id" and unstored.id in caught.value.body["message"]
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(unstored.id)
+
+
+def test_get_delete_cancel_and_input_items_of_a_stored_response(serve):
+    client, _, _ = serve()
+    created = client.responses.create(model=MODEL, input=[{"role": "developer", "content": "Sys"},
+                                                          {"role": "user", "content": "Hi"}], temperature=0)
+    fetched = client.responses.retrieve(created.id)
+    assert fetched.id == created.id and fetched.output_text == created.output_text
+    assert client.responses.cancel(created.id).status == "completed"  # finished: returned as it is
+    items = client.responses.input_items.list(created.id)
+    assert [item.role for item in items.data] == ["user", "developer"]  # newest first, as OpenAI lists
+    assert [item.role for item in client.responses.input_items.list(created.id, order="asc", limit=1).data] == [
+        "developer"]
+    page = client.responses.input_items.list(created.id, order="asc", after=items.data[1].id)
+    assert [item.role for item in page.data] == ["user"] and not page.has_more
+    client.responses.delete(created.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(created.id)
+
+
+def test_unknown_responses_are_404s_naming_them(serve):
+    _, base, _ = serve()
+    for method, path in [("GET", "/v1/responses/resp_nope"), ("DELETE", "/v1/responses/resp_nope"),
+                         ("POST", "/v1/responses/resp_nope/cancel"), ("GET", "/v1/responses/resp_nope/input_items")]:
+        status, body, _ = send(base, method, path)
+        assert_error(status, body, 404, "response_id")
+        assert "resp_nope" in body["error"]["message"]
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"model": MODEL}, "input"),
+    ({"model": MODEL, "input": [{"role": "user", "content": "a"}, {"type": "function_call", "name": "f"}]},
+     "input[1].call_id"),
+    ({"model": MODEL, "input": "Hi", "background": True}, "background"),
+    ({"model": MODEL, "input": "x" * 2000}, "input"),  # longer than the window: the chat path's error, renamed
+    ({"model": MODEL, "input": "Hi", "text": {"format": {"type": "json_schema", "name": "x", "schema": {
+        "type": "object", "properties": {"a": {"type": "no-such-type"}}}}}}, "text.format"),
+    ({"model": "another-model", "input": "Hi"}, "model"),
+])
+def test_bad_requests_are_errors_in_openais_shape_naming_the_field(serve, body, param):
+    _, base, _ = serve()
+    status, answer, _ = send(base, "POST", "/v1/responses", body)
+    assert_error(status, answer, 404 if param == "model" else 400, param)
+
+
+def test_the_api_key_is_wanted_as_a_bearer_token(serve):
+    client, base, _ = serve(api_key="sesame")
+    assert client.responses.create(model=MODEL, input="Hi", temperature=0).output_text == "Hello!"
+    status, body, _ = send(base, "POST", "/v1/responses", {"model": MODEL, "input": "Hi"})
+    assert status == 401 and body["error"]["code"] == "invalid_api_key"
+    status, _, _ = send(base, "POST", "/v1/responses", {"model": MODEL, "input": "Hi"},
+                        {"Authorization": "Bearer sesame"})
+    assert status == 200

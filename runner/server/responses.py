@@ -11,17 +11,31 @@ them with every request and gives up when they are refused.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import re
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import INVALID_REQUEST, ApiError
+from starlette.requests import Request as HttpRequest
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from .bodies import read_json
+from .chat import CompletionCall, start_chat
+from .errors import INVALID_REQUEST, NOT_FOUND, ApiError, internal_error
+from .response_store import MissingResponse, ResponseStore, StoredResponse, open_response_store
+from .sse import EventStream, sse
+from .store import StoreError
+
+logger = logging.getLogger("multiseq.server")
 
 IGNORED_TOOLS_HEADER = "x-multiseq-ignored-tools"
+INPUT_ITEMS_LIMIT = (20, 100)  # (default, largest) items a page of input_items holds: OpenAI's
 MESSAGE_ROLES = ("user", "assistant", "system", "developer")
 TEXT_PART_TYPES = ("input_text", "output_text")
 TOOL_CHOICE_MODES = ("auto", "none", "required")
@@ -579,6 +593,17 @@ class EventTranslator:
             self.response["status"], "response.failed")
         return [*events, self._event(kind, response=self.response)]
 
+    def cancel(self) -> None:
+        """The response was cancelled on request: it ends so, not as the failure its stopped
+        generation reports."""
+        self._finish_reason = "cancelled"
+        self._error = None
+
+    def error_event(self) -> dict[str, Any]:
+        """The `error` event of a stream that broke after its first event (details in the log)."""
+        error = internal_error()
+        return self._event("error", code=error.code or error.kind, message=error.message, param=None)
+
     # --- items ---
 
     def _text_delta(self, kind: str, text: str) -> list[dict[str, Any]]:
@@ -663,11 +688,6 @@ class EventTranslator:
         return event
 
 
-def sse(event: dict[str, Any]) -> str:
-    """One server-sent event as the Responses API writes it: its type, then its JSON."""
-    return f"event: {event['type']}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n"
-
-
 def chat_param(param: str | None) -> str | None:
     """A Chat Completions field named in an error, as the Responses request calls it. Only the
     field itself: message and chat-tool indices are not those of the request's items and tools."""
@@ -675,3 +695,209 @@ def chat_param(param: str | None) -> str | None:
         return None
     head = re.split(r"[.\[]", param, maxsplit=1)[0]
     return CHAT_PARAM_NAMES.get(head, param)
+
+
+# --- the routes ----------------------------------------------------------------------------------
+
+@dataclass
+class _InFlight:
+    """A response being generated: what POST /v1/responses/{id}/cancel stops."""
+
+    call: CompletionCall
+    translator: EventTranslator | None  # None: not streamed
+    is_cancelled: bool = False
+    final: dict[str, Any] | None = None  # the Response object it ended as
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class ResponsesService:
+    """The app's stored responses and those being generated."""
+
+    def __init__(self, store: ResponseStore) -> None:
+        self.store = store
+        self.in_flight: dict[str, _InFlight] = {}
+
+
+async def service_of(request: HttpRequest) -> ResponsesService:
+    """The app's service, made at its first use: the data directory's database when the server
+    has one (opened off the event loop), else an in-memory store."""
+    service = getattr(request.app.state, "responses", None)
+    if service is None:
+        data_dir = request.app.state.server.settings.data_dir
+        try:
+            store = await asyncio.to_thread(open_response_store, data_dir)
+        except StoreError as error:
+            logger.error("%s", error)
+            raise internal_error() from None
+        service = getattr(request.app.state, "responses", None) or ResponsesService(store)
+        request.app.state.responses = service
+    return service
+
+
+async def create_response(request: HttpRequest) -> Response:
+    """POST /v1/responses: the request runs as a chat completion; the answer is a Response
+    object, or its events when streamed. A stored one is kept before the last event goes out,
+    so a client may continue it at once."""
+    state = request.app.state.server
+    body = await read_json(request, state.settings.max_body_bytes)
+    parsed = parse_request(body)
+    service = await service_of(request)
+    history = await _history(service.store, parsed.previous_response_id)
+    chat = chat_body(parsed, history) | ({"stream": True} if parsed.is_stream else {})
+    call = await _renamed_errors(start_chat(request, chat, "responses"))
+    response_id, created_at, model = new_id("resp"), int(time.time()), state.settings.model_name
+    headers = {IGNORED_TOOLS_HEADER: ", ".join(parsed.ignored_tools)} if parsed.ignored_tools else None
+    if parsed.is_stream:
+        translator = EventTranslator(parsed, response_id, created_at, model)
+        flight = _InFlight(call, translator)
+        events = _stream_events(service, parsed, response_id, flight)
+        return EventStream(events, on_disconnect=call.cancel, headers=headers,
+                           error_event=lambda: sse(translator.error_event(), "error"))
+    flight = _InFlight(call, None)
+    service.in_flight[response_id] = flight
+    try:
+        completion = await _completion_unless_cancelled(request, flight)
+        if completion is None and not flight.is_cancelled:
+            return Response(status_code=499)  # the client went away: no one to answer
+        response = (response_from_completion(parsed, completion, response_id, created_at, model) if completion
+                    else response_object(parsed, response_id, created_at, model, Outcome("cancelled"), [], None))
+        await _keep(service, parsed, response)
+        flight.final = response
+    finally:
+        del service.in_flight[response_id]
+        flight.done.set()
+    return JSONResponse(response, headers=headers)
+
+
+async def _history(store: ResponseStore, previous_response_id: str | None) -> list[dict[str, Any]]:
+    if previous_response_id is None:
+        return []
+    try:
+        return await asyncio.to_thread(store.conversation, previous_response_id)
+    except MissingResponse as missing:
+        which = ("is not stored" if missing.response_id == previous_response_id
+                 else f"continues {missing.response_id}, which is not stored")
+        raise ApiError(404, f"The previous response {previous_response_id} {which} (deleted, created with "
+                            f"store false, or forgotten by a server without a data directory).", NOT_FOUND,
+                       "previous_response_id", "previous_response_not_found") from None
+
+
+async def _renamed_errors(awaitable: Any) -> Any:
+    """Await a chat call, its errors naming the Responses fields instead of the chat ones."""
+    try:
+        return await awaitable
+    except ApiError as error:
+        raise ApiError(error.status, error.message, error.kind, chat_param(error.param), error.code,
+                       error.headers) from None
+
+
+async def _completion_unless_cancelled(request: HttpRequest, flight: _InFlight) -> dict[str, Any] | None:
+    """The chat completion; None when the client went away or the response was cancelled."""
+    try:
+        return await _renamed_errors(flight.call.completion(request))
+    except ApiError:
+        if flight.is_cancelled:  # the cancelled job ends as a failure; here it is what was asked
+            return None
+        raise
+
+
+async def _keep(service: ResponsesService, parsed: ResponsesRequest, response: dict[str, Any]) -> None:
+    if parsed.is_stored:
+        record = StoredResponse(response["id"], response["created_at"], parsed.previous_response_id,
+                                parsed.input_items, response)
+        await asyncio.to_thread(service.store.put, record)
+
+
+async def _stream_events(service: ResponsesService, parsed: ResponsesRequest, response_id: str,
+                         flight: _InFlight) -> AsyncIterator[str]:
+    translator = flight.translator
+    service.in_flight[response_id] = flight
+    try:
+        for event in translator.start():
+            yield sse(event, event["type"])
+        async for chunk in flight.call.chunks():
+            for event in translator.feed(chunk):
+                yield sse(event, event["type"])
+        if flight.is_cancelled:
+            translator.cancel()
+        last_events = translator.finish()
+        await _keep(service, parsed, translator.response)
+        flight.final = translator.response
+        for event in last_events:
+            yield sse(event, event["type"])
+    finally:
+        service.in_flight.pop(response_id, None)
+        flight.done.set()
+
+
+async def get_response(request: HttpRequest) -> Response:
+    return JSONResponse((await _stored(request)).response)
+
+
+async def delete_response(request: HttpRequest) -> Response:
+    service = await service_of(request)
+    response_id = request.path_params["response_id"]
+    if not await asyncio.to_thread(service.store.delete, response_id):
+        raise _not_found(response_id)
+    return JSONResponse({"id": response_id, "object": "response.deleted", "deleted": True})
+
+
+async def cancel_response(request: HttpRequest) -> Response:
+    """Stop a response being generated (it ends with status "cancelled"); a finished one is
+    returned as it is."""
+    service = await service_of(request)
+    flight = service.in_flight.get(request.path_params["response_id"])
+    if flight is None:
+        return JSONResponse((await _stored(request)).response)
+    flight.is_cancelled = True
+    flight.call.cancel()
+    await flight.done.wait()
+    return JSONResponse(flight.final)
+
+
+async def list_input_items(request: HttpRequest) -> Response:
+    """GET /v1/responses/{id}/input_items: the response's own input items, paged like OpenAI's
+    (`order` desc by default, `after` an item id, `limit` 1 to 100)."""
+    record = await _stored(request)
+    query = request.query_params
+    order = query.get("order", "desc")
+    if order not in ("asc", "desc"):
+        raise ApiError(400, f"'order' must be \"asc\" or \"desc\", got {json.dumps(order)}.", param="order")
+    limit = query.get("limit", str(INPUT_ITEMS_LIMIT[0]))
+    if not limit.isdigit() or not 1 <= int(limit) <= INPUT_ITEMS_LIMIT[1]:
+        raise ApiError(400, f"'limit' must be a whole number from 1 to {INPUT_ITEMS_LIMIT[1]}, got "
+                            f"{json.dumps(limit)}.", param="limit")
+    items = record.input_items if order == "asc" else record.input_items[::-1]
+    after = query.get("after")
+    if after is not None:
+        ids = [item["id"] for item in items]
+        if after not in ids:
+            raise ApiError(404, f"The response {record.id} has no input item {json.dumps(after)}.", NOT_FOUND,
+                           "after", "item_not_found")
+        items = items[ids.index(after) + 1:]
+    page = items[:int(limit)]
+    return JSONResponse({"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
+                         "last_id": page[-1]["id"] if page else None, "has_more": len(items) > len(page)})
+
+
+async def _stored(request: HttpRequest) -> StoredResponse:
+    service = await service_of(request)
+    response_id = request.path_params["response_id"]
+    record = await asyncio.to_thread(service.store.get, response_id)
+    if record is None:
+        raise _not_found(response_id)
+    return record
+
+
+def _not_found(response_id: str) -> ApiError:
+    return ApiError(404, f"No response {json.dumps(response_id)} is stored.", NOT_FOUND, "response_id",
+                    "response_not_found")
+
+
+ROUTES = [
+    Route("/v1/responses", create_response, methods=["POST"]),
+    Route("/v1/responses/{response_id}", get_response, methods=["GET"]),
+    Route("/v1/responses/{response_id}", delete_response, methods=["DELETE"]),
+    Route("/v1/responses/{response_id}/cancel", cancel_response, methods=["POST"]),
+    Route("/v1/responses/{response_id}/input_items", list_input_items, methods=["GET"]),
+]
