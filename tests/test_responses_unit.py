@@ -613,3 +613,25 @@ def test_the_api_key_is_wanted_as_a_bearer_token(serve):
     status, _, _ = send(base, "POST", "/v1/responses", {"model": MODEL, "input": "Hi"},
                         {"Authorization": "Bearer sesame"})
     assert status == 200
+
+
+def test_the_models_list_also_answers_as_models(serve):
+    client, base, _ = serve()
+    status, body, _ = send(base, "GET", "/v1/models")
+    assert status == 200 and body["models"] == body["data"] and body["data"][0]["id"] == MODEL
+    assert [model.id for model in client.models.list()] == [MODEL]
+
+
+def test_cancelling_a_response_being_generated_ends_it_cancelled(make_runner, serve_app):
+    backend = ScriptedBackend({})  # unscripted: it counts on through the bytes until max_output_tokens
+    backend.decode_delay = 0.02
+    app = create_app(make_runner(backend), ServerSettings(model_name=MODEL))
+    client = openai.OpenAI(base_url=f"{serve_app(app)}/v1", api_key="unused", max_retries=0)
+    with client.responses.create(model=MODEL, input="Hi", max_output_tokens=500, stream=True) as stream:
+        events = iter(stream)
+        created = next(events)
+        cancelled = client.responses.cancel(created.response.id)
+        rest = list(events)
+    assert cancelled.status == "cancelled" and rest[-1].type == "response.failed"
+    assert rest[-1].response.status == "cancelled" and rest[-1].response.error is None
+    assert client.responses.retrieve(created.response.id).status == "cancelled"

@@ -57,7 +57,8 @@ def _model_card(state: ServerState) -> dict[str, Any]:
 
 
 async def list_models(request: HttpRequest) -> Response:
-    return JSONResponse({"object": "list", "data": [_model_card(state_of(request))]})
+    cards = [_model_card(state_of(request))]
+    return JSONResponse({"object": "list", "data": cards, "models": cards})  # Codex reads `models`
 
 
 async def get_model(request: HttpRequest) -> Response:

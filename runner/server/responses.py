@@ -35,6 +35,7 @@ from .store import StoreError
 logger = logging.getLogger("multiseq.server")
 
 IGNORED_TOOLS_HEADER = "x-multiseq-ignored-tools"
+CANCEL_WAIT_SECONDS = 10  # how long a cancel waits for the stream it stops to end
 INPUT_ITEMS_LIMIT = (20, 100)  # (default, largest) items a page of input_items holds: OpenAI's
 MESSAGE_ROLES = ("user", "assistant", "system", "developer")
 TEXT_PART_TYPES = ("input_text", "output_text")
@@ -593,6 +594,10 @@ class EventTranslator:
             self.response["status"], "response.failed")
         return [*events, self._event(kind, response=self.response)]
 
+    def snapshot(self, outcome: Outcome | None = None) -> dict[str, Any]:
+        """The Response object as it stands: the items finished so far."""
+        return self._response(outcome)
+
     def cancel(self) -> None:
         """The response was cancelled on request: it ends so, not as the failure its stopped
         generation reports."""
@@ -701,10 +706,11 @@ def chat_param(param: str | None) -> str | None:
 
 @dataclass
 class _InFlight:
-    """A response being generated: what POST /v1/responses/{id}/cancel stops."""
+    """A streamed response being generated (its id went out in its first event): what
+    POST /v1/responses/{id}/cancel stops."""
 
     call: CompletionCall
-    translator: EventTranslator | None  # None: not streamed
+    translator: EventTranslator
     is_cancelled: bool = False
     final: dict[str, Any] | None = None  # the Response object it ended as
     done: asyncio.Event = field(default_factory=asyncio.Event)
@@ -749,23 +755,15 @@ async def create_response(request: HttpRequest) -> Response:
     headers = {IGNORED_TOOLS_HEADER: ", ".join(parsed.ignored_tools)} if parsed.ignored_tools else None
     if parsed.is_stream:
         translator = EventTranslator(parsed, response_id, created_at, model)
-        flight = _InFlight(call, translator)
-        events = _stream_events(service, parsed, response_id, flight)
+        events = _stream_events(service, parsed, response_id, _InFlight(call, translator))
         return EventStream(events, on_disconnect=call.cancel, headers=headers,
                            error_event=lambda: sse(translator.error_event(), "error"))
-    flight = _InFlight(call, None)
-    service.in_flight[response_id] = flight
-    try:
-        completion = await _completion_unless_cancelled(request, flight)
-        if completion is None and not flight.is_cancelled:
-            return Response(status_code=499)  # the client went away: no one to answer
-        response = (response_from_completion(parsed, completion, response_id, created_at, model) if completion
-                    else response_object(parsed, response_id, created_at, model, Outcome("cancelled"), [], None))
-        await _keep(service, parsed, response)
-        flight.final = response
-    finally:
-        del service.in_flight[response_id]
-        flight.done.set()
+    # Not streamed, the client learns the id only at the end: there is nothing it could cancel.
+    completion = await _renamed_errors(call.completion(request))
+    if completion is None:
+        return Response(status_code=499)  # the client went away: its job is cancelled, no one to answer
+    response = response_from_completion(parsed, completion, response_id, created_at, model)
+    await _keep(service, parsed, response)
     return JSONResponse(response, headers=headers)
 
 
@@ -789,16 +787,6 @@ async def _renamed_errors(awaitable: Any) -> Any:
     except ApiError as error:
         raise ApiError(error.status, error.message, error.kind, chat_param(error.param), error.code,
                        error.headers) from None
-
-
-async def _completion_unless_cancelled(request: HttpRequest, flight: _InFlight) -> dict[str, Any] | None:
-    """The chat completion; None when the client went away or the response was cancelled."""
-    try:
-        return await _renamed_errors(flight.call.completion(request))
-    except ApiError:
-        if flight.is_cancelled:  # the cancelled job ends as a failure; here it is what was asked
-            return None
-        raise
 
 
 async def _keep(service: ResponsesService, parsed: ResponsesRequest, response: dict[str, Any]) -> None:
@@ -851,8 +839,11 @@ async def cancel_response(request: HttpRequest) -> Response:
         return JSONResponse((await _stored(request)).response)
     flight.is_cancelled = True
     flight.call.cancel()
-    await flight.done.wait()
-    return JSONResponse(flight.final)
+    try:  # the stream ends at the engine's next step, unless its client stopped reading
+        await asyncio.wait_for(flight.done.wait(), CANCEL_WAIT_SECONDS)
+    except asyncio.TimeoutError:
+        pass
+    return JSONResponse(flight.final or flight.translator.snapshot(Outcome("cancelled")))
 
 
 async def list_input_items(request: HttpRequest) -> Response:
