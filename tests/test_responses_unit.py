@@ -11,15 +11,23 @@ import json
 import openai
 import pydantic
 import pytest
-from openai.types.responses import Response, ResponseStreamEvent
-
 from fakes import FakeBackend
 from multiseq.server import ServerSettings, create_app
 from multiseq.server.errors import ApiError
-from multiseq.server.response_store import (MemoryResponseStore, MissingResponse, SqliteResponseStore,
-                                            StoredResponse)
-from multiseq.server.responses import (EventTranslator, chat_body, chat_param, parse_request,
-                                       response_from_completion)
+from multiseq.server.response_store import (
+    MemoryResponseStore,
+    MissingResponse,
+    SqliteResponseStore,
+    StoredResponse,
+)
+from multiseq.server.responses import (
+    EventTranslator,
+    chat_body,
+    chat_param,
+    parse_request,
+    response_from_completion,
+)
+from openai.types.responses import Response, ResponseStreamEvent
 
 MODEL = "fake-model"
 EVENTS = pydantic.TypeAdapter(ResponseStreamEvent)

@@ -28,7 +28,12 @@ from starlette.routing import Route
 from .bodies import read_json
 from .chat import CompletionCall, start_chat
 from .errors import INVALID_REQUEST, NOT_FOUND, ApiError, internal_error
-from .response_store import MissingResponse, ResponseStore, StoredResponse, open_response_store
+from .response_store import (
+    MissingResponse,
+    ResponseStore,
+    StoredResponse,
+    open_response_store,
+)
 from .sse import EventStream, sse
 from .store import StoreError
 
@@ -841,7 +846,7 @@ async def cancel_response(request: HttpRequest) -> Response:
     flight.call.cancel()
     try:  # the stream ends at the engine's next step, unless its client stopped reading
         await asyncio.wait_for(flight.done.wait(), CANCEL_WAIT_SECONDS)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         pass
     return JSONResponse(flight.final or flight.translator.snapshot(Outcome("cancelled")))
 
