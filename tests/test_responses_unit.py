@@ -441,7 +441,7 @@ def assert_error(status: int, body: dict, expected_status: int, param: str | Non
 
 
 def test_a_string_input_gets_a_response_the_client_reads(serve):
-    client, _, backend = serve()
+    client, _, _ = serve()
     response = client.responses.create(model=MODEL, input="Hi", temperature=0)
     assert response.object == "response" and response.status == "completed" and response.id.startswith("resp_")
     assert response.output_text == "Hello!" and response.model == MODEL
@@ -533,7 +533,7 @@ def test_cached_tokens_are_counted_in_the_usage(serve):
 
 
 def test_hosted_tools_are_left_out_named_in_a_header_and_never_refused(serve):
-    client, base, backend = serve()
+    client, _, backend = serve()
     raw = client.responses.with_raw_response.create(model=MODEL, input="Hi", temperature=0, tools=[
         {"type": "web_search_preview"}, {"type": "image_generation"}, {"type": "custom", "name": "apply_patch"}])
     assert raw.headers["x-multiseq-ignored-tools"] == "web_search_preview, image_generation, custom:apply_patch"
