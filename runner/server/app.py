@@ -24,7 +24,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..runner import Runner
-from . import batch_api
+from . import batch_api, responses
 from .chat import chat_completions, completions
 from .errors import INVALID_REQUEST, NOT_FOUND, ApiError, error_body, internal_error
 from .state import (CHAT_ENDPOINT, COMPLETIONS_ENDPOINT, DEFAULT_MAX_BATCH_LINES, DEFAULT_MAX_BODY_BYTES,  # noqa: F401
@@ -57,7 +57,8 @@ def _model_card(state: ServerState) -> dict[str, Any]:
 
 
 async def list_models(request: HttpRequest) -> Response:
-    return JSONResponse({"object": "list", "data": [_model_card(state_of(request))]})
+    cards = [_model_card(state_of(request))]
+    return JSONResponse({"object": "list", "data": cards, "models": cards})  # Codex reads `models`
 
 
 async def get_model(request: HttpRequest) -> Response:
@@ -122,6 +123,7 @@ def create_app(runner: Runner | None = None, settings: ServerSettings | None = N
         Route(CHAT_ENDPOINT, chat_completions, methods=["POST"]),
         Route(COMPLETIONS_ENDPOINT, completions, methods=["POST"]),
         *batch_api.ROUTES,
+        *responses.ROUTES,
     ]
     app = Starlette(routes=routes, exception_handlers={
         ApiError: _api_error, HTTPException: _http_error, Exception: _unexpected_error})
