@@ -178,6 +178,10 @@ _SCHEMA_LISTS = frozenset({"anyOf", "oneOf", "allOf", "prefixItems", "items"})
 _OTHER_KEYS = frozenset({"additionalProperties", "patternProperties", "unevaluatedProperties", "if", "then", "else",
                          "dependentSchemas", "dependencies", "dependentRequired"})
 _ROOT_URI = "urn:multiseq:schema"
+# What the referencing library raises for a $ref it cannot follow: one to nothing or to another
+# document, one that is no URI (ValueError), a $schema or $id that is no string.
+_UNREADABLE = (referencing.exceptions.Unresolvable, referencing.exceptions.CannotDetermineSpecification, ValueError,
+               TypeError, AttributeError)
 
 
 def grammar_schema(schema: dict[str, Any]) -> dict[str, Any]:
@@ -233,7 +237,8 @@ def _is_intersection(node: dict[str, Any]) -> bool:
     """Whether llguidance intersects schemas to compile `node`: more than one of its allOf
     branches, its $ref, its anyOf, its oneOf and its other (non-annotation) keys."""
     all_of = node.get("allOf")
-    num_parts = (len(all_of) if isinstance(all_of, list) else 0) + sum(key in node for key in ("$ref", "anyOf", "oneOf"))
+    num_parts = (len(all_of) if isinstance(all_of, list) else 0) + sum(key in node for key in ("$ref", "anyOf",
+                                                                                              "oneOf"))
     has_own_keys = bool(set(node) - _ANNOTATIONS - {"allOf", "$ref", "anyOf", "oneOf", "x-guidance"})
     return num_parts + has_own_keys > 1
 
@@ -244,9 +249,9 @@ def _intersected_nodes(schema: dict[str, Any]) -> set[int] | None:
     can be known not to be intersected)."""
     try:
         resource = referencing.Resource.from_contents(schema, default_specification=referencing.jsonschema.DRAFT202012)
-    except referencing.exceptions.CannotDetermineSpecification:
+        base = resource.id() or _ROOT_URI
+    except _UNREADABLE:
         return None
-    base = resource.id() or _ROOT_URI
     resolver = referencing.Registry().with_resource(base, resource).resolver(base_uri=base)
     intersected: set[int] = set()
     pending: list[tuple[Any, bool]] = [(schema, False)]
@@ -261,7 +266,7 @@ def _intersected_nodes(schema: dict[str, Any]) -> set[int] | None:
             if isinstance(reference, str):
                 try:
                     pending.append((resolver.lookup(reference).contents, True))
-                except referencing.exceptions.Unresolvable:
+                except _UNREADABLE:
                     return None
         for key, value in node.items():
             # Definitions are only part of a value where they are referenced.
@@ -292,10 +297,11 @@ def _bound_number(node: dict[str, Any]) -> None:
     if not types & {"number", "integer"} or "enum" in node or "const" in node:
         return
     low, high = _lower_bound(node), _upper_bound(node)
-    # A bound of the schema's own beyond the limit leaves that side unbounded rather than empty.
-    if low is None and (high is None or high > -NUMBER_LIMIT):
+    # A side the schema bounds keeps its bound (one that is no number stays llguidance's to
+    # refuse); one beyond the limit leaves the other side unbounded rather than the range empty.
+    if "minimum" not in node and low is None and (high is None or high > -NUMBER_LIMIT):
         node["minimum"] = low = -NUMBER_LIMIT
-    if high is None and (low is None or low < NUMBER_LIMIT):
+    if "maximum" not in node and high is None and (low is None or low < NUMBER_LIMIT):
         node["maximum"] = high = NUMBER_LIMIT
     is_wide = low is None or high is None or high - low >= _MIN_STEPPED_RANGE
     if "number" in types and "multipleOf" not in node and is_wide:

@@ -312,7 +312,8 @@ def allows(schema: dict, text: str, strict: bool = False) -> bool:
     return matcher.consume_tokens(list(text.encode())) and matcher.is_accepting()
 
 
-PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}}, "required": ["name"]}
+PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+          "required": ["name"]}
 # Where an object schema may stand: the schema around it, and the output around its value.
 PLACES = {
     "top level": (lambda inner: inner, "{}"),
@@ -396,3 +397,18 @@ def test_a_schemas_own_options_do_not_loosen_strict_mode():
     assert schema_grammar(schema, strict=False).approximated == ("not",)
     with pytest.raises(ConstraintError, match="cannot be compiled exactly"):
         schema_grammar(schema, strict=True)
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "object", "properties": {"a": {}}, "allOf": [{"$ref": "http://[bad"}]},
+    {"$id": 5, "type": "object", "properties": {"a": {}}, "allOf": [{"$ref": "#/x"}]},
+    {"type": "object", "properties": {"a": {}}, "allOf": [{"$ref": "other.json#/a"}]},
+], ids=["no URI", "an $id that is no string", "another document"])
+def test_a_reference_that_cannot_be_followed_is_refused_with_a_reason(schema):
+    with pytest.raises(ConstraintError, match="json_schema cannot be compiled: "):
+        schema_grammar(schema, strict=False)
+
+
+def test_a_bound_that_is_no_number_is_refused_not_replaced():
+    with pytest.raises(ConstraintError, match="'maximum'"):
+        schema_grammar({"type": "number", "maximum": "ten"}, strict=False)

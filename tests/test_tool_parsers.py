@@ -334,6 +334,12 @@ def test_calls_before_a_broken_one_are_kept():
     assert result.content == ', {"name": "b", "arguments": {'
 
 
+def test_a_missing_comma_between_calls_is_named_in_the_error():
+    result = parse_output(GENERIC, '{"tool_calls": [{"name": "f"} {"name": "g"}]}', call_id)
+    assert result == ParsedOutput('{"name": "g"}]}', None, calls(("f", "{}")),
+                                  "the model's tool call is not valid JSON: expected ',' or ']' after a call, found '{'")
+
+
 def test_the_parser_is_used_in_order():
     parser = ToolCallParser(HERMES, call_id)
     with pytest.raises(ValueError, match="before close"):
