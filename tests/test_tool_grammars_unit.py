@@ -116,3 +116,23 @@ def test_native_messages_give_templates_arguments_as_objects():
         {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]}])
     assert message["content"] == ""
     assert message["tool_calls"][0]["function"]["arguments"] == {"city": "Paris"}
+
+
+def test_a_tools_own_definitions_resolve_inside_its_arguments():
+    """Each tool's parameters are a JSON document of their own: "#/$defs/..." means its $defs."""
+    tool = Tool("move", None, {"type": "object", "$defs": {"point": {
+        "type": "object", "properties": {"x": {"type": "integer"}, "y": {"type": "integer"}}, "required": ["x", "y"]}},
+        "properties": {"to": {"$ref": "#/$defs/point"}}, "required": ["to"]})
+    grammar = tool_grammar([WEATHER, tool], ToolChoice(ChoiceMode.REQUIRED), False, ToolFormat.GENERIC)
+    matcher = llguidance.LLMatcher(FakeBackend().grammar_tokenizer(), grammar, log_level=0)
+    text = '{"tool_calls": [{"name": "move", "arguments": {"to": {"x": 1, "y": 2}}}]}'
+    assert all(matcher.consume_token(byte) for byte in text.encode()) and matcher.is_accepting()
+    refused = llguidance.LLMatcher(FakeBackend().grammar_tokenizer(), grammar, log_level=0)
+    bad = '{"tool_calls": [{"name": "move", "arguments": {"to": {"x": "one"'
+    assert not all(refused.consume_token(byte) for byte in bad.encode())
+
+
+def test_arguments_allow_no_free_whitespace():
+    """Whitespace a model may add is whitespace that would not match the call re-rendered."""
+    assert not accepts('{"tool_calls": [{"name": "get_weather", "arguments": {\n  "city": "Paris"}}]}',
+                       ToolFormat.GENERIC, "required")

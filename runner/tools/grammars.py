@@ -19,12 +19,12 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from ..schema import grammar_schema
+from ..schema import grammar_schema, json_options
 from .types import ChoiceMode, Tool, ToolChoice, ToolFormat
 
-# The JSON of a call: no free whitespace, json.dumps' separators (see the module docstring);
-# lenient: keywords llguidance cannot enforce are left to the validation of the arguments.
-CALL_JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": ", "lenient": True}
+# A call's arguments are JSON with no free whitespace and json.dumps' separators (see the module
+# docstring); lenient: keywords llguidance cannot enforce are left to validating the arguments.
+CALL_JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 HERMES_OPEN = "<tool_call>"
 HERMES_CLOSE = "</tool_call>"
 MISTRAL_OPEN = "[TOOL_CALLS]"
@@ -36,18 +36,31 @@ def _arguments_key(tool_format: ToolFormat) -> str:
     return "parameters" if tool_format is ToolFormat.LLAMA3 else "arguments"
 
 
-def call_schema(tools: Sequence[Tool], tool_format: ToolFormat) -> dict[str, Any]:
-    """The JSON schema of one call: {"name": <one of the tools>, "arguments": <its schema>}, the
-    schema narrowed as every grammar's is (declared properties only where it leaves others
-    unsaid, numbers of bounded length: runner.schema.grammar_schema), so that calls end."""
+def _lark_string(text: str) -> str:
+    """A Lark string literal of `text` (JSON's escapes are Lark's)."""
+    return json.dumps(text, ensure_ascii=False)
+
+
+def arguments_json(tool: Tool) -> str:
+    """A tool's arguments as an llguidance %json: its own document (so its $defs and $refs
+    resolve within it), narrowed as every grammar's schema is (declared properties only where it
+    leaves others unsaid, numbers of bounded length: runner.schema.grammar_schema) so calls end."""
+    schema = grammar_schema(tool.schema)
+    options = {**json_options(schema, strict=tool.strict), **CALL_JSON_OPTIONS}
+    options.pop("whitespace_pattern", None)  # it would allow free whitespace after all
+    return "%json " + json.dumps({**schema, "x-guidance": options}, ensure_ascii=False)
+
+
+def _call_rules(tools: Sequence[Tool], tool_format: ToolFormat) -> str:
+    """`call`: one of the tools' calls, written {"name": "<name>", "arguments": <its arguments>}
+    as json.dumps writes it; one rule per tool, its arguments a %json of their own."""
     key = _arguments_key(tool_format)
-    variants = [{"type": "object", "properties": {"name": {"const": tool.name}, key: grammar_schema(tool.schema)},
-                 "required": ["name", key], "additionalProperties": False} for tool in tools]
-    return variants[0] if len(variants) == 1 else {"anyOf": variants}
-
-
-def _json(schema: dict[str, Any]) -> str:
-    return "%json " + json.dumps({**schema, "x-guidance": CALL_JSON_OPTIONS}, ensure_ascii=False)
+    rules = [f"call: {' | '.join(f'call_{index}' for index in range(len(tools)))}"]
+    for index, tool in enumerate(tools):
+        head = '{"name": ' + json.dumps(tool.name, ensure_ascii=False) + f', "{key}": '
+        rules.append(f'call_{index}: {_lark_string(head)} args_{index} "}}"')
+        rules.append(f"args_{index}: {arguments_json(tool)}")
+    return "\n".join(rules) + "\n"
 
 
 def _offered(tools: Sequence[Tool], choice: ToolChoice) -> list[Tool]:
@@ -90,34 +103,31 @@ def _hermes(tools: Sequence[Tool], tool_format: ToolFormat, forced: bool, many: 
         body = (f"body: TEXT | head call_end{more}\n"
                 f'head[lazy]: TEXT "{HERMES_OPEN}"\n'
                 f'call_end: "\\n" call "\\n{HERMES_CLOSE}"\n' + _free_text_without("<tool_call>"))
-    return body + f"block: {block}\ncall: {_json(call_schema(tools, tool_format))}\n"
+    return body + f"block: {block}\n" + _call_rules(tools, tool_format)
+
+
+def _call_list(many: bool) -> str:
+    """`calls`: one call, or with `many` one or more, as a JSON array."""
+    return 'calls: "[" call ("," " " call)* "]"\n' if many else 'calls: "[" call "]"\n'
 
 
 def _generic(tools: Sequence[Tool], tool_format: ToolFormat, forced: bool, many: bool) -> str:
-    calls = {"type": "array", "items": call_schema(tools, tool_format), "minItems": 1}
-    if not many:
-        calls["maxItems"] = 1
-    whole = {"type": "object", "properties": {"tool_calls": calls}, "required": ["tool_calls"],
-             "additionalProperties": False}
+    rules = 'whole: "{\\"tool_calls\\": " calls "}"\n' + _call_list(many) + _call_rules(tools, tool_format)
     if forced:
-        return f"body: calls\ncalls: {_json(whole)}\n"
+        return "body: whole\n" + rules
     # Free text that does not begin with "{"; an output that begins with "{" is the calls.
-    return f"body: TEXT | calls\ncalls: {_json(whole)}\nTEXT: /([^{{](?s:.*))?/\n"
+    return "body: TEXT | whole\n" + rules + "TEXT: /([^{](?s:.*))?/\n"
 
 
 def _llama3(tools: Sequence[Tool], tool_format: ToolFormat, forced: bool, many: bool) -> str:
     more = ' ("; " call)*' if many else ""
-    call = f"call: {_json(call_schema(tools, tool_format))}\n"
     if forced:
-        return f"body: call{more}\n" + call
-    return f"body: TEXT | call{more}\n" + call + "TEXT: /([^{](?s:.*))?/\n"
+        return f"body: call{more}\n" + _call_rules(tools, tool_format)
+    return f"body: TEXT | call{more}\n" + _call_rules(tools, tool_format) + "TEXT: /([^{](?s:.*))?/\n"
 
 
 def _mistral(tools: Sequence[Tool], tool_format: ToolFormat, forced: bool, many: bool) -> str:
-    calls = {"type": "array", "items": call_schema(tools, tool_format), "minItems": 1}
-    if not many:
-        calls["maxItems"] = 1
-    rules = f"calls: {_json(calls)}\n"
+    rules = _call_list(many) + _call_rules(tools, tool_format)
     if forced:
         return f'body: "{MISTRAL_OPEN}" calls\n' + rules
     return (f"body: TEXT | head calls\n"
