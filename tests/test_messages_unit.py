@@ -1,0 +1,316 @@
+"""Anthropic's Messages API: the translation of bodies, messages and streams onto Chat
+Completions, checked on dicts and against the official `anthropic` SDK's own types and stream
+accumulator."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from anthropic.lib.streaming._messages import accumulate_event
+from anthropic.types import Message, RawMessageStreamEvent
+from pydantic import TypeAdapter
+
+from multiseq.server.errors import ApiError
+from multiseq.server.messages import (PING, MessagesRequest, error_response, message_events, message_of,
+                                      translate_request, with_pings)
+
+MODEL = "fake-model"
+WEATHER_TOOL = {"name": "get_weather", "description": "The weather in a city.",
+                "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+
+
+def body(**fields):
+    return {"model": MODEL, "max_tokens": 64, "messages": [{"role": "user", "content": "Hi"}]} | fields
+
+
+def refusal(request_body: dict, for_counting: bool = False) -> ApiError:
+    with pytest.raises(ApiError) as caught:
+        translate_request(request_body, for_counting)
+    assert caught.value.status == 400
+    return caught.value
+
+
+# --- requests -----------------------------------------------------------------------------------
+
+def test_a_string_system_and_text_blocks_become_a_system_message_and_plain_messages():
+    as_string = translate_request(body(system="Be brief.", temperature=0.5, top_k=4, metadata={"user_id": "u"},
+                                       service_tier="auto", some_future_field=1)).chat_body
+    assert as_string == {"model": MODEL, "max_tokens": 64, "temperature": 0.5, "top_k": 4, "messages": [
+        {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]}
+    as_blocks = translate_request(body(system=[
+        {"type": "text", "text": "You are a CLI."},
+        {"type": "text", "text": "Be brief.", "cache_control": {"type": "ephemeral"}}], messages=[
+        {"role": "user", "content": [{"type": "text", "text": "Hi", "cache_control": {"type": "ephemeral"}},
+                                     {"type": "text", "text": "there"}]}])).chat_body
+    assert as_blocks["messages"] == [{"role": "system", "content": "You are a CLI.\n\nBe brief."},
+                                     {"role": "user", "content": "Hi\n\nthere"}]
+
+
+def test_a_tool_round_trip_becomes_tool_calls_then_tool_messages_then_the_text():
+    translated = translate_request(body(tools=[WEATHER_TOOL], messages=[
+        {"role": "user", "content": "Weather in Paris and Rome?"},
+        {"role": "assistant", "content": [
+            {"type": "thinking", "thinking": "Two cities.", "signature": "abc"},
+            {"type": "text", "text": "Checking."},
+            {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}},
+            {"type": "tool_use", "id": "toolu_2", "name": "get_weather", "input": {"city": "Rome"}}]},
+        {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "toolu_1", "content": "Sunny"},
+            {"type": "tool_result", "tool_use_id": "toolu_2", "content": [{"type": "text", "text": "No such city"}],
+             "is_error": True},
+            {"type": "text", "text": "Thanks!"}]}])).chat_body
+    assert translated["tools"] == [{"type": "function", "function": {
+        "name": "get_weather", "description": "The weather in a city.", "parameters": WEATHER_TOOL["input_schema"]}}]
+    assert translated["messages"][1:] == [
+        {"role": "assistant", "content": "Checking.", "tool_calls": [
+            {"id": "toolu_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}},
+            {"id": "toolu_2", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'}}]},
+        {"role": "tool", "tool_call_id": "toolu_1", "content": "Sunny"},
+        {"role": "tool", "tool_call_id": "toolu_2", "content": "Error: No such city"},
+        {"role": "user", "content": "Thanks!"}]
+
+
+def test_an_assistant_turn_of_calls_only_has_null_content_and_a_turn_of_results_only_no_user_message():
+    messages = translate_request(body(messages=[
+        {"role": "user", "content": "Go"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_9", "name": "run", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_9"}]}])).chat_body["messages"]
+    assert messages[1] == {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "toolu_9", "type": "function", "function": {"name": "run", "arguments": "{}"}}]}
+    assert messages[2:] == [{"role": "tool", "tool_call_id": "toolu_9", "content": ""}]
+
+
+def test_tool_choice_and_server_tools():
+    def tools_of(**fields):
+        return translate_request(body(tools=[WEATHER_TOOL], **fields))
+
+    assert tools_of(tool_choice={"type": "auto"}).chat_body["tool_choice"] == "auto"
+    assert tools_of(tool_choice={"type": "any"}).chat_body["tool_choice"] == "required"
+    assert tools_of(tool_choice={"type": "none"}).chat_body["tool_choice"] == "none"
+    forced = tools_of(tool_choice={"type": "tool", "name": "get_weather", "disable_parallel_tool_use": True}).chat_body
+    assert forced["tool_choice"] == {"type": "function", "function": {"name": "get_weather"}}
+    assert forced["parallel_tool_calls"] is False
+    assert "tool_choice" not in tools_of().chat_body and "parallel_tool_calls" not in tools_of().chat_body
+    mixed = translate_request(body(tools=[
+        {"type": "web_search_20250305", "name": "web_search", "max_uses": 3},
+        {"type": "bash_20250124", "name": "bash"},
+        {**WEATHER_TOOL, "type": "custom", "cache_control": {"type": "ephemeral"}}]))
+    assert mixed.ignored_tools == ("web_search", "bash")
+    assert [tool["function"]["name"] for tool in mixed.chat_body["tools"]] == ["get_weather"]
+    only_server = translate_request(body(tools=[{"type": "text_editor_20250728", "name": "str_replace_based_edit_tool"}]))
+    assert "tools" not in only_server.chat_body and only_server.ignored_tools == ("str_replace_based_edit_tool",)
+
+
+def test_stop_sequences_streaming_and_counting():
+    streamed = translate_request(body(stop_sequences=["\n\nHuman:"], stream=True))
+    assert streamed.is_stream and streamed.stop_sequences == ("\n\nHuman:",)
+    assert streamed.chat_body["stop"] == ["\n\nHuman:"] and streamed.chat_body["stream"] is True
+    assert streamed.chat_body["stream_options"] == {"include_usage": True}
+    counted = translate_request({"model": MODEL, "messages": [{"role": "user", "content": "Hi"}],
+                                 "tools": [WEATHER_TOOL]}, for_counting=True)
+    assert set(counted.chat_body) == {"model", "messages", "tools"}
+
+
+@pytest.mark.parametrize("fields, field, reason", [
+    ({"max_tokens": None}, "max_tokens", "Field required"),
+    ({"max_tokens": 0}, "max_tokens", "at least 1"),
+    ({"model": None}, "model", "required"),
+    ({"messages": []}, "messages", "non-empty"),
+    ({"messages": [{"role": "system", "content": "x"}]}, "messages[0].role", "'user' or 'assistant'"),
+    ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content", "string or a list"),
+    ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "messages[0].content[0].type",
+     "'image' blocks are not supported"),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "document"}]}]},
+     "messages[0].content[1].type", "'document'"),
+    ({"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "toolu_x", "content": "r"}]}]},
+     "messages[1].content[0].tool_use_id", "unexpected tool_use_id"),
+    ({"messages": [{"role": "user", "content": [{"type": "tool_result", "content": "r"}]}]},
+     "messages[0].content[0].tool_use_id", "needs the id"),
+    ({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": [
+        {"type": "tool_use", "id": "toolu_1", "name": "f", "input": "x"}]}]}, "messages[1].content[0].input", "object"),
+    ({"tools": [{"name": "f"}]}, "tools[0].input_schema", "Field required"),
+    ({"tool_choice": {"type": "tool"}}, "tool_choice.name", "names the tool"),
+    ({"tool_choice": {"type": "sometimes"}}, "tool_choice.type", "auto, any, tool, none"),
+    ({"system": [{"type": "image"}]}, "system[0].type", "only text"),
+    ({"stop_sequences": "END"}, "stop_sequences", "list"),
+    ({"stream": "yes"}, "stream", "true or false"),
+])
+def test_a_bad_body_is_a_400_naming_the_field(fields, field, reason):
+    error = refusal(body(**fields))
+    assert error.message.startswith(f"{field}: ") and reason in error.message and error.param == field
+
+
+def test_count_tokens_needs_no_max_tokens_but_checks_the_rest():
+    assert translate_request({"model": MODEL, "messages": [{"role": "user", "content": "Hi"}]}, for_counting=True)
+    assert refusal({"model": MODEL, "messages": [{"role": "user", "content": [{"type": "image"}]}]},
+                   for_counting=True).param == "messages[0].content[0].type"
+
+
+def test_errors_are_in_anthropics_shape_with_the_same_status():
+    for status, error_type in [(400, "invalid_request_error"), (404, "not_found_error"), (503, "overloaded_error"),
+                               (500, "api_error"), (413, "request_too_large")]:
+        response = error_response(ApiError(status, "what went wrong", headers={"Retry-After": "2"}))
+        assert response.status_code == status and response.headers["retry-after"] == "2"
+        assert json.loads(response.body) == {"type": "error", "error": {"type": error_type,
+                                                                         "message": "what went wrong"}}
+
+
+# --- responses ----------------------------------------------------------------------------------
+
+def completion(message: dict, finish_reason: str, **choice) -> dict:
+    return {"id": "chatcmpl-abc123", "object": "chat.completion", "created": 0, "model": MODEL,
+            "choices": [{"index": 0, "message": {"role": "assistant"} | message, "finish_reason": finish_reason}
+                        | choice],
+            "usage": {"prompt_tokens": 100, "completion_tokens": 12, "total_tokens": 112,
+                      "prompt_tokens_details": {"cached_tokens": 60, "cached_tokens_from_ram": 0}}}
+
+
+CALLED = completion({"content": "Let me check.", "reasoning_content": "The user wants weather.", "tool_calls": [
+    {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}},
+    {"id": "call_2", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'}}]},
+    "tool_calls")
+
+
+def test_a_completion_becomes_a_message_the_sdk_reads():
+    plain = translate_request(body())
+    message = message_of(CALLED, plain)
+    assert Message.model_validate(message)  # every field the SDK requires, of the right type
+    assert message["id"] == "msg_abc123" and message["model"] == MODEL and message["type"] == "message"
+    assert message["content"] == [
+        {"type": "thinking", "thinking": "The user wants weather.", "signature": ""},
+        {"type": "text", "text": "Let me check."},
+        {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}},
+        {"type": "tool_use", "id": "toolu_2", "name": "get_weather", "input": {"city": "Rome"}}]
+    assert message["stop_reason"] == "tool_use" and message["stop_sequence"] is None
+    # Anthropic's input_tokens leaves out what was read from the cache
+    assert message["usage"] == {"input_tokens": 40, "output_tokens": 12, "cache_read_input_tokens": 60,
+                                "cache_creation_input_tokens": 0}
+
+
+def test_stop_reasons():
+    stopping = translate_request(body(stop_sequences=["END", "STOP"]))
+    assert message_of(completion({"content": "Hi"}, "stop"), stopping)["stop_reason"] == "end_turn"
+    assert message_of(completion({"content": "Hi"}, "length"), stopping)["stop_reason"] == "max_tokens"
+    matched = message_of(completion({"content": "Hi"}, "stop", stop_reason="STOP"), stopping)
+    assert matched["stop_reason"] == "stop_sequence" and matched["stop_sequence"] == "STOP"
+    empty = message_of(completion({"content": None}, "stop"), stopping)
+    assert empty["content"] == [] and Message.model_validate(empty)
+
+
+# --- streams ------------------------------------------------------------------------------------
+
+def chunk(delta: dict | None = None, finish_reason: str | None = None, usage: dict | None = None, **choice) -> dict:
+    choices = [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish_reason} | choice]
+    return {"id": "chatcmpl-abc123", "object": "chat.completion.chunk", "created": 0, "model": MODEL,
+            "choices": choices} | ({"usage": usage} if usage else {})
+
+
+CALLED_CHUNKS = [
+    chunk({"role": "assistant", "content": ""}),
+    chunk({"reasoning_content": "The user "}), chunk({"reasoning_content": "wants weather."}),
+    chunk({"content": "Let me "}), chunk({"content": "check."}),
+    chunk({"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
+                           "function": {"name": "get_weather", "arguments": ""}}]}),
+    chunk({"tool_calls": [{"index": 0, "function": {"arguments": '{"city": '}}]}),
+    chunk({"tool_calls": [{"index": 0, "function": {"arguments": '"Paris"}'}}]}),
+    chunk({"tool_calls": [{"index": 1, "id": "call_2", "type": "function",
+                           "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'}}]}),
+    chunk({}, "tool_calls"),
+    chunk(usage=CALLED["usage"]),
+]
+
+
+async def iterate(items: list, delay: float = 0.0):
+    for item in items:
+        if delay:
+            await asyncio.sleep(delay)
+        yield item
+
+
+def stream_of(chunks: list, request: MessagesRequest, delay: float = 0.0, ping_interval: float = 10.0) -> list[str]:
+    async def collect() -> list[str]:
+        return [event async for event in message_events(iterate(chunks, delay), request, "msg_abc123", ping_interval)]
+    return asyncio.run(collect())
+
+
+def parsed(events: list[str]) -> list[tuple[str, dict]]:
+    """(event name, data) of each server-sent event; the name always equals the data's type."""
+    pairs = []
+    for event in events:
+        assert event.endswith("\n\n")
+        name_line, data_line = event.rstrip("\n").split("\n")
+        name, data = name_line.removeprefix("event: "), json.loads(data_line.removeprefix("data: "))
+        assert data["type"] == name
+        pairs.append((name, data))
+    return pairs
+
+
+def accumulated(events: list[tuple[str, dict]]) -> Message:
+    """The message the official SDK builds from the events (what get_final_message() returns)."""
+    adapter = TypeAdapter(RawMessageStreamEvent)
+    snapshot, buffers = None, {}
+    for name, data in events:
+        if name != "ping":
+            snapshot = accumulate_event(event=adapter.validate_python(data), current_snapshot=snapshot,
+                                        json_bufs=buffers)
+    return snapshot
+
+
+def test_a_stream_has_anthropics_events_in_order_and_adds_up_to_the_message():
+    request = translate_request(body(stream=True))
+    events = parsed(stream_of(CALLED_CHUNKS, request))
+    assert [name for name, _ in events] == [
+        "message_start", "ping",
+        "content_block_start", "content_block_delta", "content_block_delta", "content_block_delta",
+        "content_block_stop",
+        "content_block_start", "content_block_delta", "content_block_delta", "content_block_stop",
+        "content_block_start", "content_block_delta", "content_block_delta", "content_block_stop",
+        "content_block_start", "content_block_delta", "content_block_stop",
+        "message_delta", "message_stop"]
+    deltas = [data["delta"]["type"] for name, data in events if name == "content_block_delta"]
+    assert deltas == ["thinking_delta", "thinking_delta", "signature_delta", "text_delta", "text_delta",
+                      "input_json_delta", "input_json_delta", "input_json_delta"]
+    starts = [data for name, data in events if name == "content_block_start"]
+    assert [start["index"] for start in starts] == [0, 1, 2, 3]
+    assert starts[2]["content_block"] == {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {}}
+    start = events[0][1]["message"]
+    assert start["content"] == [] and start["stop_reason"] is None and start["id"] == "msg_abc123"
+    assert events[-2][1]["delta"] == {"stop_reason": "tool_use", "stop_sequence": None}
+    final = accumulated(events)
+    assert final.model_dump(exclude_none=True)["content"] == message_of(CALLED, request)["content"]
+    assert final.stop_reason == "tool_use" and final.usage.input_tokens == 40
+    assert final.usage.output_tokens == 12 and final.usage.cache_read_input_tokens == 60
+
+
+def test_a_stream_that_matched_a_stop_sequence_says_which():
+    request = translate_request(body(stream=True, stop_sequences=["END"]))
+    events = parsed(stream_of([chunk({"content": "Hi"}), chunk({}, "stop", stop_reason="END"),
+                               chunk(usage=CALLED["usage"])], request))
+    assert events[-2][1]["delta"] == {"stop_reason": "stop_sequence", "stop_sequence": "END"}
+
+
+def test_a_failure_mid_stream_is_an_error_event_and_ends_it():
+    request = translate_request(body(stream=True))
+    events = parsed(stream_of([chunk({"content": "Hi"}), {"error": {
+        "message": "The server had an error.", "type": "server_error", "param": None, "code": None}}], request))
+    assert [name for name, _ in events][-1] == "error" and "message_stop" not in [name for name, _ in events]
+    assert events[-1][1] == {"type": "error", "error": {"type": "api_error", "message": "The server had an error."}}
+    cancelled = parsed(stream_of([chunk({"content": "Hi"}), chunk({}, "cancelled")], request))
+    assert cancelled[-1][1]["error"]["type"] == "overloaded_error"
+
+
+def test_pings_keep_a_waiting_stream_alive():
+    request = translate_request(body(stream=True))
+    events = stream_of([chunk({"content": "Hi"}), chunk({}, "stop")], request, delay=0.2, ping_interval=0.05)
+    first_block = events.index(next(event for event in events if event.startswith("event: content_block_start")))
+    assert events[first_block - 2:first_block].count(PING) == 2, "pings came while the first chunk was awaited"
+
+
+def test_with_pings_passes_every_item_through_in_order():
+    async def collect():
+        return [item async for item in with_pings(iterate([1, 2, 3], delay=0.03), interval=0.01)]
+    items = asyncio.run(collect())
+    assert [item for item in items if item is not None] == [1, 2, 3] and None in items
