@@ -252,16 +252,17 @@ class LlamaModel:
 
     # --- text ------------------------------------------------------------------------------
 
-    def tokenize(self, text: str) -> list[int]:
-        """Text -> tokens, with the model's BOS and special tokens parsed (as llama-server does)."""
+    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+        """Text -> tokens, with the model's BOS (unless add_special is false) and special tokens
+        parsed (as llama-server does)."""
         data = text.encode("utf-8")
         capacity = len(data) + 8
         tokens = (llama.llama_token * capacity)()
-        count = llama.llama_tokenize(self._vocab, data, len(data), tokens, capacity, True, True)
+        count = llama.llama_tokenize(self._vocab, data, len(data), tokens, capacity, add_special, True)
         if count < 0:
             capacity = -count
             tokens = (llama.llama_token * capacity)()
-            count = llama.llama_tokenize(self._vocab, data, len(data), tokens, capacity, True, True)
+            count = llama.llama_tokenize(self._vocab, data, len(data), tokens, capacity, add_special, True)
         if count < 0:
             raise BackendError("tokenization failed")
         return tokens[:count]
@@ -300,12 +301,25 @@ class LlamaModel:
                         self._vocab, n_vocab=self.n_vocab, eos_token=self.end_of_generation_tokens())
             return self._grammar_tokenizer
 
-    def render_chat(self, messages: tuple[dict, ...]) -> str:
-        """Chat messages -> prompt text in the model's template, ending where the model speaks."""
+    @property
+    def chat_template_source(self) -> str | None:
+        """The Jinja text of the chat template (None for a llama.cpp built-in one): what tells
+        which tool-call format the model writes."""
+        return self.chat_template.jinja_source if self.chat_template is not None else None
+
+    def render_chat(self, messages: tuple[dict, ...], tools: list[dict] | None = None) -> str:
+        """Chat messages -> prompt text in the model's template, ending where the model speaks.
+        With `tools` (OpenAI function specs), the Jinja template renders them itself: only a
+        template that knows tools is given them (runner.tools.prompts decides)."""
         template = self.chat_template
         if template is None:
             raise BackendError("this model has no chat template; give a prompt instead of messages, or a chat "
                                "template (RunnerConfig.chat_template, batch-run --chat-template)")
+        if tools is not None and template.jinja_source is not None:
+            try:
+                return self._jinja_renderer(template).render(messages, tools)
+            except ValueError as error:
+                raise BackendError(str(error)) from None
         if template.llama_name is not None:
             text = self._apply_llama_template(template.llama_name, messages)
             if text is not None:
@@ -412,6 +426,7 @@ class LlamaBackend:
         self.is_end_of_generation = model.is_end_of_generation
         self.end_of_generation_tokens = model.end_of_generation_tokens
         self.render_chat = model.render_chat
+        self.chat_template_source = model.chat_template_source
         self.grammar_tokenizer = model.grammar_tokenizer
 
     def _new_context(self, num_slots: int, slot_ctx: int, n_batch: int, threads: int, swa_full: bool,

@@ -13,6 +13,7 @@ and EOS texts.
 from __future__ import annotations
 
 import datetime
+import json
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,11 +92,20 @@ def _strftime_now(date_format: str) -> str:
     return datetime.datetime.now().strftime(date_format)
 
 
+def _tojson(value: object, ensure_ascii: bool = False, indent: int | None = None, separators=None,
+            sort_keys: bool = False) -> str:
+    """Hugging Face's tojson: json.dumps with keys in their order and no HTML escaping (jinja2's
+    own sorts keys and escapes <, > and &, so a re-rendered tool call would not match the text
+    the model generated)."""
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
 def compile_jinja(source: str, description: str) -> jinja2.Template:
     """Compile a chat template in a sandbox; ValueError names the line of a syntax error."""
     environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                                 extensions=["jinja2.ext.loopcontrols"])
     environment.globals.update(raise_exception=_raise_exception, strftime_now=_strftime_now)
+    environment.filters["tojson"] = _tojson
     try:
         return environment.from_string(source)
     except jinja2.TemplateSyntaxError as error:
@@ -112,11 +122,12 @@ class JinjaRenderer:
         self._eos_token = eos_token
         self._add_bos = add_bos
 
-    def render(self, messages: tuple[dict, ...]) -> str:
+    def render(self, messages: tuple[dict, ...], tools: list[dict] | None = None) -> str:
         """The prompt text; ValueError when the template fails or refuses the messages."""
+        extra = {} if tools is None else {"tools": tools}
         try:
             text = self._template.render(messages=[dict(message) for message in messages], add_generation_prompt=True,
-                                         bos_token=self._bos_token, eos_token=self._eos_token)
+                                         bos_token=self._bos_token, eos_token=self._eos_token, **extra)
         except (jinja2.TemplateError, TypeError, ValueError, LookupError, AttributeError) as error:
             raise ValueError(f"{self._description} failed: {error}") from None
         # Templates often begin with {{ bos_token }}; the tokenizer adds BOS itself where the

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from .tools.types import ToolFormat
+
 # llama.cpp's defaults, so that a request without settings samples as llama-server would.
 DEFAULT_TEMPERATURE = 0.8
 DEFAULT_TOP_K = 40
@@ -24,6 +26,7 @@ DEFAULT_REPEAT_LAST_N = 64
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit
 MAX_LOGIT_BIAS = 100.0  # OpenAI's range for one token's bias: [-100, 100]
 MAX_OPENAI_PENALTY = 2.0  # OpenAI's range for presence and frequency penalties: [-2, 2]
+TOOL_FORMATS = tuple(tool_format.value for tool_format in ToolFormat)
 
 
 class OverflowPolicy(str, Enum):
@@ -213,6 +216,9 @@ class RunnerConfig:
     # Overrides the model's template: a llama.cpp built-in template name, Jinja template text,
     # or the path of a Jinja template file (rendered with jinja2; see chat_template.py).
     chat_template: str | None = None
+    # How the model writes tool calls: hermes, llama3, mistral or generic; None: told by the
+    # chat template (generic where it knows no tools).
+    tool_format: str | None = None
     prefix_cache: bool = True  # reuse prompt prefixes already in some slot's KV instead of prefilling them
     # Host memory (MiB) for slots' KV saved before it is overwritten, restored when a prompt
     # comes back to it (llama-server's --cache-ram); 0 turns it off.
@@ -241,6 +247,9 @@ class RunnerConfig:
                  f"chat_template must be a string, got {self.chat_template!r}")
         _require(self.seed is None or (is_int(self.seed) and 0 <= self.seed < 2**64),
                  f"seed must be an integer in [0, 2**64), got {self.seed!r}")
+        _require(self.tool_format is None or self.tool_format in TOOL_FORMATS,
+                 f"tool_format must be one of {', '.join(TOOL_FORMATS)} (or None: told by the chat template), "
+                 f"got {self.tool_format!r}")
         _check_flag(self, "prefix_cache")
         _require(is_int(self.cache_ram_mib) and self.cache_ram_mib >= 0,
                  f"cache_ram_mib must be an integer >= 0 (0: off), got {self.cache_ram_mib!r}")

@@ -29,15 +29,17 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .batch import Backend
-from .config import RunnerConfig, SamplingParams
+from .config import RunnerConfig
 from .errors import BackendError, NoKvSlot
 from .grammar import TokenConstraint
 from .logprobs import TokenLogprob
 from .request import FinishReason, Request, Result
+from .tools import Delta
 from .sampling import Sampled, SequenceSampler, sample_rows
 from .hostcache import MIN_SAVE_TOKENS, HostCache
 from .scheduler import Admission, Placement, Scheduler, StepPlan, fit_prompt
 from .sequence import Sequence, SequenceStatus
+from .tools.support import ToolSupport
 from .stats import RunnerSnapshot, StatsRecorder, runner_snapshot
 
 logger = logging.getLogger("multiseq.runner")
@@ -51,6 +53,10 @@ class TextPiece:
     request_id: str
     text: str
     logprobs: tuple[TokenLogprob, ...] = ()
+    # With tools (or a model that reasons): the text parsed into content, reasoning and calls
+    # as it streams (runner.tools.types' deltas), text that may begin a call held back; None
+    # for a request whose output is plain text.
+    deltas: tuple[Delta, ...] | None = None
 
 
 @dataclass
@@ -93,6 +99,7 @@ class Engine:
         self.stats = StatsRecorder()
         self._base_seed = config.seed if config.seed is not None else int.from_bytes(os.urandom(8), "little")
         self._outbox = StepOutput()
+        self.tools = ToolSupport(backend.chat_template_source, config.tool_format)
 
     def _clamped_n_discard(self) -> int:
         n_discard = self.config.n_discard
@@ -109,8 +116,7 @@ class Engine:
         """Tokenize and fit a request. Reads only the model and the config, so it may run on
         any thread; raises ValueError or BackendError when this request cannot run."""
         params = request.sampling
-        text = request.prompt if request.prompt is not None else self.backend.render_chat(request.messages)
-        tokens = self.backend.tokenize(text)
+        tokens = self.prompt_tokens(request)
         if not tokens:
             raise ValueError("the prompt tokenizes to no tokens")
         bos_kept = 1 if self.backend.add_bos else 0
@@ -119,21 +125,35 @@ class Engine:
         fit = fit_prompt(tokens, self.window, n_keep, params.max_tokens, overflow)
         seed = params.seed if params.seed is not None else self._derive_seed(request_id)
         banned = self.backend.end_of_generation_tokens() if params.ignore_eos else ()
-        sampler = SequenceSampler(params, seed, fit.tokens, banned, self._constraint(params), self.backend.token_bytes)
+        sampler = SequenceSampler(params, seed, fit.tokens, banned, self._constraint(request),
+                                  self.backend.token_bytes)
         return Sequence(request_id, fit.tokens, sampler, n_keep, overflow, fit.max_tokens,
-                        prompt_tokens_dropped=fit.num_dropped, priority=request.priority)
+                        prompt_tokens_dropped=fit.num_dropped, priority=request.priority,
+                        tool_parser=self.tools.parser(request))
 
-    def _constraint(self, params: SamplingParams) -> TokenConstraint | None:
-        """The request's compiled constraint; raises ValueError when it cannot be compiled (a
-        constrained request never runs without its constraint). Token ids of the logit bias
-        are checked here too, where the vocabulary is known."""
+    def prompt_tokens(self, request: Request) -> list[int]:
+        """The tokens a request's prompt comes to (its chat rendered with its tools). Reads only
+        the model, so it may run on any thread."""
+        text = request.prompt if request.prompt is not None else self.tools.render(self.backend, request)
+        return self.backend.tokenize(text)
+
+    def _constraint(self, request: Request) -> TokenConstraint | None:
+        """The request's compiled constraint (its schema or grammar, or the grammar of its tool
+        calls); raises ValueError when it cannot be compiled (a constrained request never runs
+        without its constraint). Token ids of the logit bias are checked here too, where the
+        vocabulary is known."""
+        params = request.sampling
         too_large = sorted(token for token in params.logit_bias or {} if token >= self.backend.n_vocab)
         if too_large:
             raise ValueError(f"logit_bias names token {too_large[0]}, but the vocabulary has "
                              f"{self.backend.n_vocab} tokens")
-        if not params.is_constrained:
+        tool_grammar = self.tools.grammar(request)
+        if tool_grammar is not None and params.is_constrained:
+            raise ValueError("a JSON schema or grammar cannot constrain an output that may call tools: give "
+                             "tool_choice 'none', or leave out the schema")
+        if not params.is_constrained and tool_grammar is None:
             return None
-        return TokenConstraint(self.backend.grammar_tokenizer(), params)
+        return TokenConstraint(self.backend.grammar_tokenizer(), params, tool_grammar)
 
     def _derive_seed(self, request_id: str) -> int:
         """A request without a seed gets one from the runner's seed and its id, so a run with a
@@ -333,14 +353,18 @@ class Engine:
         try:
             token = sampled.token
             self._emit(seq, seq.append_token(sampled, self.backend.token_bytes(token),
-                                             self.backend.is_end_of_generation(token), now))
+                                             self.backend.is_end_of_generation(token), now), is_last=False)
         except Exception as error:  # noqa: BLE001 - one request's failure stays with that request
             logger.exception("request %s failed", seq.id)
             seq.fail(f"internal error: {error}")
 
-    def _emit(self, seq: Sequence, text: str) -> None:
-        if text:
-            self._outbox.pieces.append(TextPiece(seq.id, text, seq.take_unstreamed_logprobs()))
+    def _emit(self, seq: Sequence, text: str, is_last: bool) -> None:
+        """Hand out a piece of text (and, with tools, what it parses into). The last piece of a
+        request closes its parse, releasing held-back text; a cancelled request's does not
+        (nothing is emitted for a request after cancel() returned)."""
+        deltas = seq.parse_output(text, close=is_last and seq.ending.reason is not FinishReason.CANCELLED)
+        if text or deltas:
+            self._outbox.pieces.append(TextPiece(seq.id, text, seq.take_unstreamed_logprobs(), deltas))
 
     def _retire_ending(self, seqs: list[Sequence]) -> None:
         for seq in seqs:
@@ -354,7 +378,7 @@ class Engine:
         result goes into the outbox."""
         slot = seq.slot if seq.is_running else None
         now = time.perf_counter()
-        self._emit(seq, seq.finish(now))
+        self._emit(seq, seq.finish(now), is_last=True)
         if seq.parked is not None:  # preempted, then cancelled (or failed) while it waited
             self.host_cache.unpark(seq.parked)
         num_kept = self.scheduler.release(seq, seq.status is not SequenceStatus.FAILED, now)

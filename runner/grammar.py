@@ -136,6 +136,23 @@ def translate(params: SamplingParams) -> Translation | None:
     return _translations.get(key, work).result(_field_name(params))
 
 
+def translate_tool_grammar(grammar: str) -> Translation:
+    """A tool-call grammar (runner.tools.grammars' Lark text), validated once per distinct text:
+    agents send the same tools every turn, so the compile is paid once."""
+    return _translations.get(("tools", grammar), functools.partial(_translate_lark, grammar)).result("tools")
+
+
+def _translate_lark(text: str) -> Translation:
+    try:
+        grammar = llguidance.grammar_from("lark", text)
+    except ValueError as error:
+        raise ConstraintError(f"tools cannot be compiled: {first_line(error)}") from None
+    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
+    if is_error:
+        raise ConstraintError(f"tools cannot be compiled: {first_line(messages[0])}")
+    return Translation(grammar)
+
+
 def _translate_gbnf(text: str) -> Translation:
     try:
         grammar = llguidance.grammar_from("gbnf", text)
@@ -175,18 +192,20 @@ class TokenConstraint:
     """One sequence's compiled constraint: which tokens may come next, advanced token by token;
     for a JSON schema, what its grammar approximates and the check of the finished output."""
 
-    def __init__(self, tokenizer: llguidance.LLTokenizer, params: SamplingParams) -> None:
-        translation = translate(params)
+    def __init__(self, tokenizer: llguidance.LLTokenizer, params: SamplingParams, tool_grammar: str | None = None) -> None:
+        """The request's schema or grammar, or (`tool_grammar`) the grammar of its tool calls."""
+        translation = translate_tool_grammar(tool_grammar) if tool_grammar is not None else translate(params)
         assert translation is not None, "only a constrained request gets a TokenConstraint"
+        what = "tools" if tool_grammar is not None else _field_name(params)
         compiled = _matchers.get((id(tokenizer), translation.grammar),
                                  lambda: (tokenizer, _build_matcher(tokenizer, translation.grammar)))
-        matcher = compiled.result(_field_name(params))[1]
+        matcher = compiled.result(what)[1]
         if matcher.is_error():
-            raise ConstraintError(f"{_field_name(params)} cannot be compiled: {first_line(matcher.get_error())}")
+            raise ConstraintError(f"{what} cannot be compiled: {first_line(matcher.get_error())}")
         self.matcher = matcher.deep_copy()  # the cached matcher stays in its initial state
         self.vocab_size = tokenizer.vocab_size
         self.approximated = translation.approximated
-        self._check = None if params.json_schema is None else _schema_check(params.json_schema)
+        self._check = None if params.json_schema is None or tool_grammar else _schema_check(params.json_schema)
 
     def accept(self, token: int) -> None:
         if not self.matcher.consume_token(token):

@@ -7,8 +7,11 @@ from enum import Enum
 
 from .config import OverflowPolicy, SamplingParams
 from .logprobs import TokenLogprob
+from .tools import ChoiceMode, Tool, ToolCall, ToolChoice
 
-CHAT_ROLES = ("system", "user", "assistant")
+CHAT_ROLES = ("system", "user", "assistant", "tool")
+# What a message may hold besides role and content: an assistant's calls, a tool result's call id.
+_MESSAGE_FIELDS = {"role", "content", "tool_calls", "tool_call_id", "name"}
 
 
 class Priority:
@@ -25,6 +28,11 @@ class Request:
 
     `n_keep` and `overflow` override the runner's sliding settings for this request only.
     `priority` orders admission (higher first; see Priority): the default is batch work.
+    `tools` are functions the model may call (rendered into the prompt, their calls constrained
+    by a grammar and parsed into Result.tool_calls); `tool_choice` says whether it must
+    (default: auto), and `parallel_tool_calls` whether one answer may hold several calls.
+    Messages follow OpenAI's chat shape: an assistant message may carry `tool_calls` (content
+    None), a `tool` message answers one by its `tool_call_id`.
     """
 
     prompt: str | None = None
@@ -34,6 +42,9 @@ class Request:
     n_keep: int | None = None
     overflow: OverflowPolicy | None = None
     priority: int = Priority.BATCH
+    tools: tuple[Tool, ...] | None = None
+    tool_choice: ToolChoice | None = None  # None: auto when there are tools
+    parallel_tool_calls: bool = True
 
     def __post_init__(self) -> None:
         if (self.prompt is None) == (self.messages is None):
@@ -51,25 +62,82 @@ class Request:
             raise ValueError(f"n_keep must be an integer >= 0, got {self.n_keep!r}")
         if isinstance(self.priority, bool) or not isinstance(self.priority, int):
             raise ValueError(f"priority must be an integer, got {self.priority!r}")
+        self._check_tools()
+
+    def _check_tools(self) -> None:
+        if self.tools is not None:
+            object.__setattr__(self, "tools", tuple(self.tools))
+            if not all(isinstance(tool, Tool) for tool in self.tools):
+                raise ValueError("tools must be Tool objects")
+            names = [tool.name for tool in self.tools]
+            duplicate = next((name for name in names if names.count(name) > 1), None)
+            if duplicate is not None:
+                raise ValueError(f"tools holds two functions named {duplicate!r}")
+        choice = self.tool_choice
+        if choice is not None and not isinstance(choice, ToolChoice):
+            raise ValueError(f"tool_choice must be a ToolChoice, got {choice!r}")
+        if choice is not None and choice.mode is ChoiceMode.FUNCTION and choice.name not in {
+                tool.name for tool in self.tools or ()}:
+            raise ValueError(f"tool_choice names the function {choice.name!r}, which is not among the tools")
+        if choice is not None and choice.forces_call and not self.tools:
+            raise ValueError(f"tool_choice {choice.mode.value!r} needs tools")
+        if not isinstance(self.parallel_tool_calls, bool):
+            raise ValueError(f"parallel_tool_calls must be true or false, got {self.parallel_tool_calls!r}")
+        if self.tools and self.prompt is not None:
+            raise ValueError("tools need chat messages (the prompt is rendered by the chat template), not a prompt")
+
+    @property
+    def effective_tool_choice(self) -> ToolChoice:
+        """The choice in force: the given one, else auto with tools and none without."""
+        if self.tool_choice is not None:
+            return self.tool_choice
+        return ToolChoice(ChoiceMode.AUTO if self.tools else ChoiceMode.NONE)
+
+    @property
+    def uses_tools(self) -> bool:
+        """Whether the output may hold calls (tools offered, and the choice is not none)."""
+        return bool(self.tools) and self.effective_tool_choice.mode is not ChoiceMode.NONE
 
 
 def _check_messages(messages: tuple[dict, ...]) -> None:
     if not messages:
         raise ValueError("messages must not be empty")
     for index, message in enumerate(messages):
-        if not isinstance(message, dict) or set(message) - {"role", "content"}:
-            raise ValueError(f"message {index} must be an object with only 'role' and 'content'")
+        if not isinstance(message, dict) or set(message) - _MESSAGE_FIELDS:
+            raise ValueError(f"message {index} must be an object with 'role' and 'content' (and, for tool "
+                             f"calling, 'tool_calls', 'tool_call_id' or 'name')")
         if message.get("role") not in CHAT_ROLES:
             raise ValueError(f"message {index} has role {message.get('role')!r}; expected one of {', '.join(CHAT_ROLES)}")
-        if not isinstance(message.get("content"), str):
+        content = message.get("content")
+        may_be_empty = message.get("role") == "assistant" and message.get("tool_calls")
+        if not (isinstance(content, str) or (content is None and may_be_empty)):
             raise ValueError(f"message {index} content must be a string")
+        if message.get("tool_calls") is not None:
+            _check_calls(message["tool_calls"], index)
+        if message.get("role") == "tool" and not isinstance(message.get("tool_call_id"), str):
+            raise ValueError(f"message {index} is a tool result and needs a 'tool_call_id' string")
+
+
+def _check_calls(calls: object, index: int) -> None:
+    """An assistant's calls in OpenAI's shape: [{"id", "type": "function", "function": {"name", "arguments"}}]."""
+    if not isinstance(calls, (list, tuple)):
+        raise ValueError(f"message {index} tool_calls must be a list")
+    for number, call in enumerate(calls):
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise ValueError(f"message {index} tool_calls[{number}] needs 'function': {{'name', 'arguments'}}")
 
 
 class FinishReason(str, Enum):
     STOP = "stop"  # end-of-generation token or a stop string
+    TOOL_CALLS = "tool_calls"  # ended by itself, having called tools (Result.tool_calls)
     LENGTH = "length"  # max_tokens reached, or the slot's window was full and could not shift
     CANCELLED = "cancelled"
     ERROR = "error"
+
+
+# How a request may end and still count as a success.
+ENDED_WELL = (FinishReason.STOP, FinishReason.LENGTH, FinishReason.TOOL_CALLS)
 
 
 @dataclass(frozen=True)
@@ -113,10 +181,16 @@ class Result:
     # enforce it (keywords such as "not" or "uniqueItems", "format: uri-reference", ...): the
     # output was validated against them afterwards. Empty when the schema was enforced exactly.
     approximated: tuple[str, ...] = ()
+    # With tools: the calls the model made (`text` is then the content around them), what it
+    # reasoned (<think>...</think>, kept out of `text`), and why text that began a call could
+    # not be read as one (the text is then kept in `text`).
+    tool_calls: tuple[ToolCall, ...] = ()
+    reasoning: str | None = None
+    tool_call_error: str | None = None
 
     @property
     def ok(self) -> bool:
-        return self.finish_reason in (FinishReason.STOP, FinishReason.LENGTH) and self.schema_error is None
+        return self.finish_reason in ENDED_WELL and self.schema_error is None
 
     @classmethod
     def rejected(cls, request_id: str, error: str) -> Result:

@@ -217,6 +217,11 @@ class Runner:
         logger.error("request %s could not be queued", handle.id, exc_info=error)
         handle.finish(Result.failed_before_start(handle.id, f"internal error: {type(error).__name__}"))
 
+    def count_prompt_tokens(self, request: Request) -> int:
+        """How many tokens the request's prompt comes to (a chat rendered with its tools), without
+        running it; ValueError or BackendError when it cannot be rendered. Any thread."""
+        return len(self.engine.prompt_tokens(request))
+
     def run_batch(self, requests: Iterable[Request]) -> list[Result]:
         """Run requests to completion and return their results in input order.
 

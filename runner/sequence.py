@@ -33,9 +33,11 @@ from .detok import TextAssembler
 from .logprobs import TokenLogprob
 from .request import FinishReason, Priority, Result, Timings
 from .sampling import Sampled, SequenceSampler
+from .tools import Delta
 
 if TYPE_CHECKING:
     from .hostcache import HostEntry
+    from .tools.parsers import ToolCallParser
 
 CANCELLED_BEFORE_START = "Cancelled: the request was cancelled before it started"
 
@@ -81,7 +83,8 @@ class Sequence:
 
     def __init__(self, request_id: str, prompt_tokens: list[int], sampler: SequenceSampler, n_keep: int,
                  overflow: OverflowPolicy, max_tokens: int, prompt_tokens_dropped: int = 0,
-                 submitted_at: float | None = None, priority: int = Priority.BATCH) -> None:
+                 submitted_at: float | None = None, priority: int = Priority.BATCH,
+                 tool_parser: ToolCallParser | None = None) -> None:
         self.id = request_id
         self.priority = priority
         self.prompt_tokens = prompt_tokens
@@ -114,6 +117,10 @@ class Sequence:
         self.first_token_at: float | None = None
         self.finished_at: float | None = None
         self.parked: HostEntry | None = None  # preempted: its slot's KV, saved to resume from
+        # With tools (or a model that reasons): the output parsed into content, reasoning and
+        # calls as it streams; closed once, when the output is whole.
+        self.tool_parser = tool_parser
+        self._is_parse_closed = False
 
     # --- derived state -------------------------------------------------------------------
 
@@ -269,6 +276,17 @@ class Sequence:
             self._end(FinishReason.LENGTH)
         return text
 
+    def parse_output(self, text: str, close: bool) -> tuple[Delta, ...] | None:
+        """What a new piece of text parses into (None without a parser: the text is all there
+        is); `close`: the output is whole, so held-back text is released."""
+        if self.tool_parser is None:
+            return None
+        deltas = self.tool_parser.feed(text) if text else []
+        if close and not self._is_parse_closed:
+            self._is_parse_closed = True
+            deltas += self.tool_parser.close()
+        return tuple(deltas)
+
     def take_unstreamed_logprobs(self) -> tuple[TokenLogprob, ...]:
         """The logprobs not yet handed out with a text piece (the ones a new piece carries)."""
         if not self.logprobs:
@@ -334,10 +352,19 @@ class Sequence:
 
     def to_result(self) -> Result:
         assert self.is_done, "only a finished sequence has a result"
+        text, reason, tools = self.text, self.ending.reason, {}
+        if self.tool_parser is not None:
+            self.parse_output("", close=True)  # a cancelled output was not closed when it ended
+            parsed = self.tool_parser.result()
+            text = parsed.content or ""
+            tools = {"tool_calls": parsed.tool_calls, "reasoning": parsed.reasoning,
+                     "tool_call_error": parsed.error}
+            if parsed.tool_calls and reason is FinishReason.STOP:
+                reason = FinishReason.TOOL_CALLS
         return Result(
             id=self.id,
-            text=self.text,
-            finish_reason=self.ending.reason,
+            text=text,
+            finish_reason=reason,
             prompt_tokens=len(self.prompt_tokens) + self.prompt_tokens_dropped,
             prompt_tokens_cached=self.num_cached,
             prompt_tokens_from_ram=self.num_restored,
@@ -350,6 +377,7 @@ class Sequence:
             logprobs=None if self.logprobs is None else tuple(self.logprobs),
             schema_error=self.schema_error,
             approximated=self.sampler.approximated,
+            **tools,
         )
 
 

@@ -89,10 +89,13 @@ class FakeBackend:
 
     # --- text --------------------------------------------------------------------------------
 
-    def tokenize(self, text: str) -> list[int]:
-        return [BOS, *text.encode("utf-8")]
+    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+        return [BOS, *text.encode("utf-8")] if add_special else list(text.encode("utf-8"))
 
-    def render_chat(self, messages: tuple[dict, ...]) -> str:
+    chat_template_source = None  # no Jinja template: tools take the generic format
+
+    def render_chat(self, messages: tuple[dict, ...], tools: list[dict] | None = None) -> str:
+        assert tools is None, "a template that knows no tools is never given them"
         return "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>"
 
     def token_bytes(self, token: int) -> bytes:

@@ -62,16 +62,26 @@ def test_completions_logprobs_is_a_count_of_alternatives():
 
 
 @pytest.mark.parametrize("body, url, param, words", [
-    ({"messages": chat(), "tools": [{"type": "function", "function": {"name": "f"}}]}, None, "tools", "tool calling"),
-    ({"messages": chat(), "tool_choice": "auto"}, None, "tool_choice", "tool calling"),
-    ({"messages": chat(), "functions": [{"name": "f"}]}, None, "functions", "function calling"),
+    ({"messages": chat(), "tools": [{"type": "web_search"}]}, None, "tools[0].type", "must be a function tool"),
+    ({"messages": chat(), "tools": [{"type": "function", "function": {"name": ""}}]}, None, "tools[0].function.name",
+     "printable string"),
+    ({"messages": chat(), "tools": [{"type": "function", "function": {"name": "f", "parameters": []}}]}, None,
+     "tools[0].function.parameters", "JSON schema object"),
+    ({"messages": chat(), "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "maybe"}, None,
+     "tool_choice", "must be 'auto'"),
+    ({"messages": chat(), "tools": [{"type": "function", "function": {"name": "f"}}],
+      "tool_choice": {"type": "function", "function": {"name": "g"}}}, None, "tool_choice", "not among the tools"),
+    ({"messages": chat(), "tool_choice": "required"}, None, "tool_choice", "has no tools"),
+    ({"messages": chat(), "functions": [{"name": "f"}], "function_call": {"name": "h"}}, None, "function_call",
+     "not among the tools"),
     ({"messages": [{"role": "user", "content": [{"type": "text", "text": "What is this?"},
                                                 {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]},
      None, "messages[0].content[1].type", "'image_url' part"),
     ({"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]}]},
      None, "messages[0].content[0].type", "'input_audio' part"),
-    ({"messages": chat() + [{"role": "tool", "content": "42", "tool_call_id": "c1"}]}, None, "messages[1].role",
-     "tool results"),
+    ({"messages": chat() + [{"role": "tool", "content": "42"}]}, None, "messages[1].tool_call_id", "tool result"),
+    ({"messages": chat() + [{"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "function": {}}]}]},
+     None, "messages[1].tool_calls[0].function", "must be"),
     ({"messages": [{"role": ["user"], "content": "hi"}]}, None, "messages[0].role", 'has role ["user"]'),
     ({"input": "embed me", "model": "text-embedding-3-small"}, "/v1/embeddings", "url", "gives no embeddings"),
     ({"messages": chat(), "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, None,
@@ -179,7 +189,7 @@ def test_failed_lines_go_to_the_errors_stream():
     out, errors = io.BytesIO(), io.BytesIO()
     writer = ResultWriter(ResultSink(out, "out"), keep_input_order=True, errors_sink=ResultSink(errors, "errors"))
     good = openai_line({"messages": chat()}, custom_id="a")
-    bad = openai_line({"messages": chat(), "tools": []}, custom_id="b")
+    bad = openai_line({"messages": chat(), "tools": [{"type": "retrieval"}]}, custom_id="b")
     writer.write(record_for(PromptFormat.OPENAI, bad, None, "m"), 1)
     writer.write(record_for(PromptFormat.OPENAI, good, [result("a")], "m"), 0)
     writer.flush_pending()

@@ -179,7 +179,7 @@ def test_an_unknown_model_or_route_is_404(server):
     ({"messages": USER_HI, "temperature": "hot"}, "temperature", "must be a number"),
     ({"messages": USER_HI, "top_p": 7}, "top_p", "top_p must be"),
     ({"messages": USER_HI, "frobnicate": 1}, "frobnicate", "unknown field"),
-    ({"messages": USER_HI, "tools": [{"type": "function"}]}, "tools", "tool calling"),
+    ({"messages": USER_HI, "tools": [{"type": "function"}]}, "tools[0].function", "must be an object"),
     ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role", "expected one of"),
     ({"prompt": "not a chat"}, "messages", "'messages' is required"),
     ({"messages": USER_HI, "stream": "yes"}, "stream", "true or false"),

@@ -58,14 +58,11 @@ SAMPLING_FIELDS = {
 COMMON_FIELDS = {"n", "response_format", "max_completion_tokens"}
 # OpenAI body fields that change nothing here but appear in real files.
 IGNORED_OPENAI_FIELDS = {
-    "model", "user", "metadata", "store", "service_tier", "stream", "stream_options", "parallel_tool_calls",
+    "model", "user", "metadata", "store", "service_tier", "stream", "stream_options",
     "prompt_cache_key", "safety_identifier", "reasoning_effort", "verbosity",
 }
 # OpenAI body fields this runner cannot honour, and why.
 UNSUPPORTED_FIELDS = {
-    "tools": "tool calling is not supported: the model's output is returned as text",
-    "functions": "function calling is not supported: the model's output is returned as text",
-    "function_call": "function calling is not supported: the model's output is returned as text",
     "audio": "audio output is not supported: the model writes text",
     "prediction": "predicted outputs are not supported",
     "web_search_options": "web search is not supported",
@@ -154,8 +151,6 @@ def reject_unsupported(body: dict[str, Any]) -> None:
     for name, reason in UNSUPPORTED_FIELDS.items():
         if body.get(name) is not None:
             raise ItemError(f"field {name!r} cannot be honoured: {reason}", name)
-    if body.get("tool_choice") not in (None, "none"):
-        raise ItemError("field 'tool_choice' cannot be honoured: tool calling is not supported", "tool_choice")
     if body.get("modalities") not in (None, ["text"]):
         raise ItemError("field 'modalities' cannot be honoured: the model writes text only", "modalities")
     if body.get("echo"):
@@ -174,32 +169,99 @@ def completion_logprobs(value: Any) -> dict[str, Any]:
     return {"logprobs": True, "top_logprobs": value}
 
 
-def chat_messages(value: Any) -> list[dict[str, str]]:
-    """Chat messages as {role, content} strings: text parts joined by newlines, developer as
-    system, names dropped. Tool messages and non-text parts fail, naming where they are."""
+def chat_messages(value: Any) -> list[dict[str, Any]]:
+    """Chat messages as the engine takes them: {role, content} with content a string (text
+    parts joined by newlines), developer as system, names dropped; an assistant's
+    `tool_calls` (content may then be null) and a tool result's `tool_call_id` kept; the
+    legacy `function_call` and `function` role mapped onto them. Non-text parts and unknown
+    fields fail, naming where they are."""
     if not isinstance(value, list) or not value:
         raise ItemError("'messages' must be a non-empty list of {role, content} objects", "messages")
     return [_chat_message(message, f"messages[{index}]") for index, message in enumerate(value)]
 
 
-def _chat_message(message: Any, where: str) -> dict[str, str]:
+_MESSAGE_KEYS = {"role", "content", "name", "refusal", "tool_calls", "tool_call_id", "function_call", "audio",
+                 "reasoning_content"}
+
+
+def _chat_message(message: Any, where: str) -> dict[str, Any]:
     if not isinstance(message, dict):
         raise ItemError(f"{where} must be an object with 'role' and 'content'", where)
     role = message.get("role")
-    if role in ("tool", "function"):
-        raise ItemError(f"{where} has role {role!r}: tool results cannot be honoured without tool calling",
-                        f"{where}.role")
-    if not isinstance(role, str) or ROLE_ALIASES.get(role, role) not in CHAT_ROLES:  # a list cannot be looked up
+    if not isinstance(role, str) or (ROLE_ALIASES.get(role, role) not in CHAT_ROLES and role != "function"):
         raise ItemError(f"{where} has role {json.dumps(role)}; expected one of "
                         f"{', '.join([*CHAT_ROLES, *ROLE_ALIASES])}", f"{where}.role")
-    for name in ("tool_calls", "function_call", "audio"):
-        if message.get(name) is not None:
-            raise ItemError(f"{where}.{name} cannot be honoured: tool calling and audio are not supported",
-                            f"{where}.{name}")
-    unknown = sorted(set(message) - {"role", "content", "name", "refusal", "tool_calls", "function_call", "audio"})
+    if message.get("audio") is not None:
+        raise ItemError(f"{where}.audio cannot be honoured: the model reads text only", f"{where}.audio")
+    unknown = sorted(set(message) - _MESSAGE_KEYS)
     if unknown:
         raise ItemError(f"{where} has unknown field {unknown[0]!r}", f"{where}.{unknown[0]}")
-    return {"role": ROLE_ALIASES.get(role, role), "content": _content_text(message.get("content"), f"{where}.content")}
+    if role in ("tool", "function"):
+        return _tool_result(message, where)
+    calls = _assistant_calls(message, where) if role == "assistant" else None
+    content = message.get("content")
+    if content is None and calls:
+        return {"role": "assistant", "content": None, "tool_calls": calls}
+    converted: dict[str, Any] = {"role": ROLE_ALIASES.get(role, role),
+                                 "content": _content_text(content, f"{where}.content")}
+    if calls:
+        converted["tool_calls"] = calls
+    return converted
+
+
+def _tool_result(message: dict[str, Any], where: str) -> dict[str, Any]:
+    """A tool's result: {"role": "tool", "tool_call_id", "content"}; the legacy
+    {"role": "function", "name", "content"} answers the call named after its function."""
+    call_id = message.get("tool_call_id") if message["role"] == "tool" else message.get("name")
+    field = "tool_call_id" if message["role"] == "tool" else "name"
+    if not isinstance(call_id, str) or not call_id:
+        raise ItemError(f"{where} is a tool result and needs a {field!r} string", f"{where}.{field}")
+    result: dict[str, Any] = {"role": "tool", "tool_call_id": call_id,
+                              "content": _content_text(message.get("content") or "", f"{where}.content")}
+    if isinstance(message.get("name"), str):
+        result["name"] = message["name"]
+    return result
+
+
+def _assistant_calls(message: dict[str, Any], where: str) -> list[dict[str, Any]] | None:
+    """An assistant's calls as [{"id", "type": "function", "function": {"name", "arguments"}}]."""
+    if message.get("function_call") is not None:  # the legacy single call: its id is its name
+        call = message["function_call"]
+        if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+            raise ItemError(f"{where}.function_call must be {{'name', 'arguments'}}", f"{where}.function_call")
+        return [{"id": call["name"], "type": "function",
+                 "function": {"name": call["name"], "arguments": _arguments(call.get("arguments"),
+                                                                            f"{where}.function_call.arguments")}}]
+    calls = message.get("tool_calls")
+    if calls is None:
+        return None
+    if not isinstance(calls, list):
+        raise ItemError(f"{where}.tool_calls must be a list of calls", f"{where}.tool_calls")
+    return [_assistant_call(call, f"{where}.tool_calls[{index}]") for index, call in enumerate(calls)] or None
+
+
+def _assistant_call(call: Any, where: str) -> dict[str, Any]:
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict) or not isinstance(function.get("name"), str) or not function["name"]:
+        raise ItemError(f"{where} must be {{'id', 'type': 'function', 'function': {{'name', 'arguments'}}}}",
+                        f"{where}.function")
+    call_id = call.get("id")
+    if call_id is not None and not isinstance(call_id, str):
+        raise ItemError(f"{where}.id must be a string", f"{where}.id")
+    return {"id": call_id or function["name"], "type": "function",
+            "function": {"name": function["name"], "arguments": _arguments(function.get("arguments"),
+                                                                           f"{where}.function.arguments")}}
+
+
+def _arguments(value: Any, where: str) -> str:
+    """A call's arguments as JSON text, kept verbatim when given as text (OpenAI's shape)."""
+    if value is None:
+        return "{}"
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict):
+        return json.dumps(value, ensure_ascii=False)
+    raise ItemError(f"{where} must be a JSON object given as text", where)
 
 
 def _content_text(content: Any, where: str) -> str:

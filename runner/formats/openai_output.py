@@ -19,6 +19,7 @@ import uuid
 from typing import Any
 
 from ..runner import FinishReason, Result, TokenLogprob
+from ..runner.tools import Delta, ReasoningDelta, TextDelta, ToolCallStart
 from .reader import PromptItem
 
 
@@ -98,9 +99,8 @@ def completion_body(item: PromptItem, results: list[Result], model_name: str, bo
                     created: int | None = None) -> dict[str, Any]:
     """The body of a 200 response: a chat.completion or a text_completion, a choice per result."""
     if item.is_chat:
-        choices = [{"index": index, "message": {"role": "assistant", "content": result.text, "refusal": None},
-                    "logprobs": chat_logprobs(result.logprobs), "finish_reason": result.finish_reason.value}
-                   for index, result in enumerate(results)]
+        choices = [{"index": index, "message": chat_message(result), "logprobs": chat_logprobs(result.logprobs),
+                    "finish_reason": result.finish_reason.value} for index, result in enumerate(results)]
     else:
         choices = [{"index": index, "text": result.text, "logprobs": completion_logprobs(result.logprobs),
                     "finish_reason": result.finish_reason.value} for index, result in enumerate(results)]
@@ -108,6 +108,43 @@ def completion_body(item: PromptItem, results: list[Result], model_name: str, bo
             "created": created if created is not None else int(time.time()), "model": model_name,
             "choices": choices, "usage": usage_of(results)}
     return body | approximated_field(results)
+
+
+def chat_message(result: Result) -> dict[str, Any]:
+    """The assistant's message: its content (null when it only called tools), its calls, and
+    what it reasoned (reasoning_content, as llama-server and vLLM name it)."""
+    content = None if result.tool_calls and not result.text else result.text
+    message: dict[str, Any] = {"role": "assistant", "content": content, "refusal": None}
+    if result.reasoning is not None:
+        message["reasoning_content"] = result.reasoning
+    if result.tool_calls:
+        message["tool_calls"] = [{"id": call.id, "type": "function",
+                                  "function": {"name": call.name, "arguments": call.arguments}}
+                                 for call in result.tool_calls]
+    return message
+
+
+def chat_deltas(deltas: tuple[Delta, ...]) -> list[dict[str, Any]]:
+    """A piece's parsed deltas as chat `delta` objects, one per chunk: runs of content and of
+    reasoning joined; a call's start and the arguments after it in one tool_calls entry
+    (OpenAI's shape: the first entry of call i has its index, id, type and name)."""
+    merged: list[dict[str, Any]] = []
+    for delta in deltas:
+        last = merged[-1] if merged else None
+        if isinstance(delta, (TextDelta, ReasoningDelta)):
+            key = "content" if isinstance(delta, TextDelta) else "reasoning_content"
+            if last is not None and set(last) == {key}:
+                last[key] += delta.text
+            else:
+                merged.append({key: delta.text})
+        elif isinstance(delta, ToolCallStart):
+            merged.append({"tool_calls": [{"index": delta.index, "id": delta.id, "type": "function",
+                                           "function": {"name": delta.name, "arguments": ""}}]})
+        elif last is not None and "tool_calls" in last and last["tool_calls"][-1]["index"] == delta.index:
+            last["tool_calls"][-1]["function"]["arguments"] += delta.text
+        else:
+            merged.append({"tool_calls": [{"index": delta.index, "function": {"arguments": delta.text}}]})
+    return merged
 
 
 def approximated_field(results: list[Result]) -> dict[str, Any]:
@@ -129,13 +166,16 @@ def stream_chunk(is_chat: bool, body_id: str, created: int, model_name: str, cho
 
 
 def stream_choice(is_chat: bool, index: int, text: str | None, logprobs: tuple[TokenLogprob, ...] | None,
-                  finish_reason: str | None = None, first: bool = False, text_offset: int = 0) -> dict[str, Any]:
-    """One choice of a streamed chunk: a chat delta (the first names the role) or completion
-    text, with the logprobs of its tokens when they were asked for (None: not asked)."""
+                  finish_reason: str | None = None, first: bool = False, text_offset: int = 0,
+                  delta: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One choice of a streamed chunk: a chat delta (the first names the role; `delta`: a
+    parsed one, from chat_deltas) or completion text, with the logprobs of its tokens when
+    they were asked for (None: not asked)."""
     if is_chat:
-        delta: dict[str, Any] = {"role": "assistant", "content": ""} if first else {}
-        if text:
-            delta["content"] = text
+        if delta is None:
+            delta = {"role": "assistant", "content": ""} if first else {}
+            if text:
+                delta["content"] = text
         return {"index": index, "delta": delta, "logprobs": chat_logprobs(logprobs),
                 "finish_reason": finish_reason}
     return {"index": index, "text": text or "", "logprobs": completion_logprobs(logprobs, text_offset),

@@ -28,6 +28,7 @@ from .fields import (COMMON_FIELDS, IGNORED_OPENAI_FIELDS, SAMPLING_FIELDS, Item
                      check_constraint_compiles, choice_count, completion_logprobs, constraint_param,
                      reject_unsupported, response_format_overrides, sampling_overrides)
 from .lines import LineDecodeError, RawLine, decode_line, iter_lines
+from .tool_fields import TOOL_FIELDS, tool_overrides
 
 
 class PromptFormat(str, Enum):
@@ -87,8 +88,8 @@ def _choice_request(request: Request, request_id: str, index: int) -> Request:
 
 # --- one line's fields ----------------------------------------------------------------------
 
-_JSONL_FIELDS = {"id", "prompt", "messages"} | COMMON_FIELDS
-_OPENAI_CHECKED_FIELDS = {"tool_choice", "modalities", "echo", "best_of"}  # accepted at their neutral values
+_JSONL_FIELDS = {"id", "prompt", "messages"} | COMMON_FIELDS | TOOL_FIELDS
+_OPENAI_CHECKED_FIELDS = {"modalities", "echo", "best_of"}  # accepted at their neutral values
 
 
 def line_overrides(fields: dict[str, Any]) -> dict[str, Any]:
@@ -107,9 +108,13 @@ def line_overrides(fields: dict[str, Any]) -> dict[str, Any]:
 
 
 def build_request(item_id: str, prompt: Any, messages: Any, overrides: dict[str, Any],
-                  defaults: SamplingParams, constraint_field: str = "response_format") -> Request:
-    """A Request from one item's parts; ItemError names what is wrong. A schema or grammar is
-    compiled here, so a bad one fails its line before the run starts."""
+                  defaults: SamplingParams, constraint_field: str = "response_format",
+                  tools: dict[str, Any] | None = None) -> Request:
+    """A Request from one item's parts (`tools`: its tool fields as Request keywords);
+    ItemError names what is wrong. A schema or grammar is compiled here, so a bad one fails
+    its line before the run starts."""
+    if tools and messages is None:
+        raise ItemError("tools need 'messages': a prompt is not rendered by the chat template", "tools")
     if prompt is None and messages is None:
         raise ItemError("needs a 'prompt' or 'messages'")
     if prompt is not None and (not isinstance(prompt, str) or not prompt.strip()):
@@ -122,7 +127,7 @@ def build_request(item_id: str, prompt: Any, messages: Any, overrides: dict[str,
         raise ItemError(str(error), _field_named_in(str(error), overrides)) from None
     check_constraint_compiles(sampling, constraint_field)
     try:
-        return Request(prompt=prompt, messages=messages, id=item_id, sampling=sampling)
+        return Request(prompt=prompt, messages=messages, id=item_id, sampling=sampling, **(tools or {}))
     except ValueError as error:
         raise ItemError(str(error)) from None
 
@@ -171,7 +176,7 @@ def parse_jsonl_line(text: str, line_number: int, defaults: SamplingParams) -> P
         _reject_unknown(set(data), _JSONL_FIELDS | set(SAMPLING_FIELDS))
         n = choice_count(data.get("n", 1))
         request = build_request(item_id, data.get("prompt"), data.get("messages"), line_overrides(data), defaults,
-                                constraint_param(data))
+                                constraint_param(data), tool_overrides(data))
         return PromptItem(line_number, item_id, request, is_chat="messages" in data, n=n)
     except ItemError as error:
         return PromptItem(line_number, item_id, None, f"line {line_number}: {error}", error_param=error.param)
@@ -235,10 +240,11 @@ def _openai_request(item_id: str, body: dict[str, Any], is_chat: bool, defaults:
     # The completions API's logprobs is a count of alternatives; the chat API's is true/false.
     extra = {} if is_chat else completion_logprobs(fields.pop("logprobs", None))
     known = {content_field} | set(SAMPLING_FIELDS) | COMMON_FIELDS | IGNORED_OPENAI_FIELDS | _OPENAI_CHECKED_FIELDS
+    known |= TOOL_FIELDS if is_chat else set()
     _reject_unknown(set(fields), known)
     overrides = line_overrides(fields) | extra
     return build_request(item_id, fields.get("prompt"), fields.get("messages"), overrides, defaults,
-                         constraint_param(fields))
+                         constraint_param(fields), tool_overrides(fields) if is_chat else None)
 
 
 def parse_line(line: RawLine, prompt_format: PromptFormat, defaults: SamplingParams,

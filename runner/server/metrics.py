@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from ..runner import Runner
@@ -28,6 +28,8 @@ class ServerMetrics:
         self.inter_token = Histogram("multiseq_inter_token_latency_seconds",
                                      "Gap between two consecutive pieces of one response", buckets=GAP_BUCKETS,
                                      registry=self.registry)
+        self.requests = Counter("multiseq_api_requests", "Requests accepted, by the API they came through "
+                                "(chat, completions, responses, messages)", ["api"], registry=self.registry)
         self.registry.register(_EngineCollector(runner_of))
 
 

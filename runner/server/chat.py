@@ -1,0 +1,263 @@
+"""Chat Completions and Completions as functions: the one path every API's requests take.
+
+start_chat() turns an OpenAI Chat Completions body into engine requests and queues them; the
+CompletionCall it returns gives the whole chat.completion body, or the chat.completion.chunk
+bodies of a stream. The /v1/chat/completions and /v1/completions routes are these calls
+serialized; the Responses and Anthropic Messages APIs translate their bodies into Chat
+Completions bodies at their doors and their answers out of these, so one conversation renders
+to the same prompt tokens (and hits the same cache) whichever API carries it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.requests import Request as HttpRequest
+from starlette.responses import JSONResponse, Response
+
+from ..formats.fields import ItemError
+from ..formats.openai_output import (INVALID_OUTPUT, INVALID_OUTPUT_CODE, INVALID_OUTPUT_STATUS, approximated_field,
+                                     chat_deltas, completion_body, schema_failure_message, stream_choice,
+                                     stream_chunk, usage_of)
+from ..formats.reader import openai_body_item
+from ..runner import FinishReason, Priority, Result
+from .bodies import read_json
+from .errors import INVALID_REQUEST, OVERLOADED, ApiError, internal_error
+from .jobs import Job, PieceEvent, failure_of
+from .sse import EventStream, sse, wait_for_disconnect
+from .state import ServerState
+
+logger = logging.getLogger("multiseq.server")
+
+
+def _state(request: HttpRequest) -> ServerState:
+    return request.app.state.server
+
+
+class CompletionCall:
+    """One OpenAI request running in the engine (its choices), and its answer in OpenAI's shapes."""
+
+    def __init__(self, state: ServerState, job: Job) -> None:
+        self._state = state
+        self.job = job
+        self.body_id = job.body_id
+
+    @property
+    def is_chat(self) -> bool:
+        return self.job.item.is_chat
+
+    def cancel(self) -> None:
+        self.job.cancel()
+
+    async def completion(self, request: HttpRequest) -> dict[str, Any] | None:
+        """The whole chat.completion (or text_completion) body; None when the client went away
+        first (its requests are cancelled). Raises ApiError when a choice failed."""
+        results = await _results_unless_disconnected(request, self.job)
+        if results is None:
+            return None
+        _observe_latency(self._state, results)
+        failure = failure_of(results)
+        if failure is not None:
+            raise _failure_error(failure, results.index(failure), len(results))
+        return completion_body(self.job.item, results, self._state.settings.model_name, self.body_id)
+
+    async def chunks(self, include_usage: bool = True) -> AsyncIterator[dict[str, Any]]:
+        """The chunk bodies of a streamed answer: a first chunk per choice (chat: its role), one
+        per piece of text (with tools: per parsed delta, text that may begin a call held back),
+        a last one per choice with its finish_reason, then the usage when asked for. A choice
+        that fails is yielded as an error body ({"error": {...}}), and ends the stream."""
+        job, state = self.job, self._state
+        item, model, is_chat, created = job.item, state.settings.model_name, job.item.is_chat, int(time.time())
+        wants_logprobs = item.request.sampling.logprobs
+
+        def chunk(choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> dict[str, Any]:
+            return stream_chunk(is_chat, job.body_id, created, model, choices, usage, include_usage)
+
+        if is_chat:
+            yield chunk([stream_choice(True, index, None, () if wants_logprobs else None, first=True)
+                         for index in range(item.n)])
+        latency = _LatencyObserver(state, job)
+        streamed_logprobs = [0] * item.n
+        text_length = [0] * item.n
+        async for event in job.events_until_complete():
+            if isinstance(event, PieceEvent):
+                latency.observe(event)
+                piece = event.piece
+                logprobs = piece.logprobs if wants_logprobs else None
+                for delta in _piece_deltas(is_chat, piece):
+                    yield chunk([stream_choice(is_chat, event.choice, piece.text, logprobs,
+                                               text_offset=text_length[event.choice], delta=delta)])
+                    logprobs = () if wants_logprobs else None  # a piece's logprobs go with its first chunk
+                streamed_logprobs[event.choice] += len(piece.logprobs)
+                text_length[event.choice] += len(piece.text)
+                continue
+            result = event.result
+            if not result.ok:
+                job.cancel()
+                yield _failure_error(result, event.choice, item.n).body()
+                return
+            rest = result.logprobs[streamed_logprobs[event.choice]:] if wants_logprobs and result.logprobs else None
+            last = stream_choice(is_chat, event.choice, None, rest if wants_logprobs else None,
+                                 result.finish_reason.value, text_offset=text_length[event.choice])
+            yield chunk([last]) | approximated_field([result])
+        if include_usage:
+            yield chunk([], usage_of([job.results[choice] for choice in range(item.n)]))
+
+
+def _piece_deltas(is_chat: bool, piece: Any) -> list[dict[str, Any] | None]:
+    """The chat deltas a piece streams as: its parsed deltas where the request has a parser
+    (none while text is held back), else one delta of its text (None: built from the text)."""
+    if not is_chat or piece.deltas is None:
+        return [None] if piece.text else []
+    return chat_deltas(piece.deltas)
+
+
+class _LatencyObserver:
+    """Time to first token and the gaps between pieces, as clients of a stream see them."""
+
+    def __init__(self, state: ServerState, job: Job) -> None:
+        self._state = state
+        self._job = job
+        self._last_piece_at: dict[int, float] = {}
+
+    def observe(self, event: PieceEvent) -> None:
+        if not self._last_piece_at:
+            self._state.metrics.ttft.observe(event.at - self._job.arrived_at)
+        previous = self._last_piece_at.get(event.choice)
+        if previous is not None:
+            self._state.metrics.inter_token.observe(event.at - previous)
+        self._last_piece_at[event.choice] = event.at
+
+
+async def start_completion(request: HttpRequest, body: dict[str, Any], is_chat: bool, api: str) -> CompletionCall:
+    """Validate an OpenAI Chat Completions (is_chat) or Completions body and queue its choices at
+    interactive priority. `api` names the API it came through, for the metrics. Raises
+    ApiError (OpenAI's shape, naming the field) when it cannot run."""
+    state = _state(request)
+    runner = state.ready_runner()
+    state.check_model(body.get("model"))
+    try:  # off the event loop: a schema or a tool set seen for the first time is compiled here
+        item = await asyncio.to_thread(openai_body_item, uuid.uuid4().hex, body, is_chat, state.settings.defaults)
+    except ItemError as error:
+        raise ApiError(400, str(error), INVALID_REQUEST, error.param) from None
+    item = dataclasses.replace(item, request=dataclasses.replace(item.request, overflow=state.settings.overflow,
+                                                                 priority=Priority.INTERACTIVE))
+    state.metrics.requests.labels(api).inc()
+    return CompletionCall(state, await state.submit(runner, item))
+
+
+async def start_chat(request: HttpRequest, body: dict[str, Any], api: str = "chat") -> CompletionCall:
+    """A Chat Completions body, queued: what the Responses and Messages APIs translate into."""
+    return await start_completion(request, body, True, api)
+
+
+async def count_prompt_tokens(request: HttpRequest, body: dict[str, Any]) -> int:
+    """How many tokens a Chat Completions body's prompt (messages and tools, rendered with the
+    model's template) comes to. Raises ApiError like start_chat."""
+    state = _state(request)
+    runner = state.ready_runner()
+    try:
+        item = await asyncio.to_thread(openai_body_item, uuid.uuid4().hex, body, True, state.settings.defaults)
+        return await asyncio.to_thread(runner.count_prompt_tokens, item.request)
+    except ItemError as error:
+        raise ApiError(400, str(error), INVALID_REQUEST, error.param) from None
+    except ValueError as error:
+        raise ApiError(400, str(error), INVALID_REQUEST, "messages") from None
+
+
+def tokenize(request: HttpRequest, text: str, add_special: bool) -> list[int]:
+    """The model's tokens of a text (call it off the event loop: long texts take a while)."""
+    return _state(request).ready_runner().backend.tokenize(text, add_special)
+
+
+def detokenize(request: HttpRequest, tokens: list[int]) -> str:
+    """The text of tokens (special tokens render as nothing); ValueError for an id outside the
+    vocabulary."""
+    backend = _state(request).ready_runner().backend
+    outside = next((token for token in tokens if not 0 <= token < backend.n_vocab), None)
+    if outside is not None:
+        raise ValueError(f"token {outside} is not in the vocabulary (0 to {backend.n_vocab - 1})")
+    return b"".join(backend.token_bytes(token) for token in tokens).decode("utf-8", "replace")
+
+
+# --- the routes ---------------------------------------------------------------------------------
+
+async def chat_completions(request: HttpRequest) -> Response:
+    return await _complete(request, is_chat=True)
+
+
+async def completions(request: HttpRequest) -> Response:
+    return await _complete(request, is_chat=False)
+
+
+async def _complete(request: HttpRequest, is_chat: bool) -> Response:
+    state = _state(request)
+    state.ready_runner()
+    body = await read_json(request, state.settings.max_body_bytes)
+    stream, include_usage = _stream_options(body)
+    call = await start_completion(request, body, is_chat, "chat" if is_chat else "completions")
+    if stream:
+        return EventStream(_sse_of(call.chunks(include_usage)), on_disconnect=call.cancel)
+    completion = await call.completion(request)
+    if completion is None:  # the client went away: its requests were cancelled, no one to answer
+        return Response(status_code=499)
+    return JSONResponse(completion)
+
+
+async def _sse_of(chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[str]:
+    async for chunk in chunks:
+        yield sse(chunk)
+    yield sse("[DONE]")
+
+
+def _stream_options(body: dict[str, Any]) -> tuple[bool, bool]:
+    stream = body.get("stream", False)
+    if stream is not None and not isinstance(stream, bool):
+        raise ApiError(400, f"'stream' must be true or false, got {json.dumps(stream)}", param="stream")
+    options = body.get("stream_options")
+    if options is None:
+        return bool(stream), False
+    if not isinstance(options, dict) or not isinstance(options.get("include_usage", False), bool):
+        raise ApiError(400, "'stream_options' must be an object such as {\"include_usage\": true}",
+                       param="stream_options")
+    if not stream:
+        raise ApiError(400, "'stream_options' is only allowed when 'stream' is true", param="stream_options")
+    return True, options.get("include_usage", False)
+
+
+async def _results_unless_disconnected(request: HttpRequest, job: Job) -> list[Result] | None:
+    """The job's results, or None when the client disconnects first (the job is cancelled)."""
+    finished = asyncio.ensure_future(job.all_results())
+    gone = asyncio.ensure_future(wait_for_disconnect(request.receive))
+    try:
+        await asyncio.wait({finished, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not finished.done():
+            finished.cancel()
+            job.cancel()
+    return finished.result() if finished.done() and not finished.cancelled() else None
+
+
+def _failure_error(failure: Result, choice: int, num_choices: int) -> ApiError:
+    if failure.schema_error is not None:  # the output ended, but the schema could only be approximated
+        return ApiError(INVALID_OUTPUT_STATUS, schema_failure_message(failure, choice, num_choices), INVALID_OUTPUT,
+                        "response_format", INVALID_OUTPUT_CODE)
+    if failure.finish_reason is FinishReason.CANCELLED:
+        return ApiError(503, "The server is shutting down; the request was cancelled.", OVERLOADED,
+                        code="shutting_down")
+    logger.error("request %s failed: %s", failure.id, failure.error)
+    return internal_error()
+
+
+def _observe_latency(state: ServerState, results: list[Result]) -> None:
+    ttfts = [result.timings.ttft_s for result in results if result.timings.ttft_s is not None]
+    if ttfts:
+        state.metrics.ttft.observe(min(ttfts))

@@ -1,0 +1,131 @@
+"""What the routes share: the settings, the runner (None while the model loads), the metrics,
+the Batch API's service, and the queue's bound."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..formats.openai_output import response_id
+from ..formats.reader import PromptItem
+from ..runner import OverflowPolicy, Runner, SamplingParams
+from .batches import BatchRules, BatchService
+from .errors import INVALID_REQUEST, OVERLOADED, ApiError
+from .jobs import Job
+from .metrics import ServerMetrics
+
+DEFAULT_MAX_QUEUE = 256
+DEFAULT_MAX_BODY_BYTES = 16 << 20
+DEFAULT_MAX_UPLOAD_BYTES = 200 << 20  # OpenAI's limit for a batch input file
+DEFAULT_MAX_BATCH_LINES = 50_000  # OpenAI's limit for the requests of one batch
+RETRY_AFTER_SECONDS = 2
+CHAT_ENDPOINT = "/v1/chat/completions"
+COMPLETIONS_ENDPOINT = "/v1/completions"
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    model_name: str = "multiseq"  # the model id /v1/models lists and requests may name (--alias)
+    api_key: str | None = None  # when set, every /v1 route wants `Authorization: Bearer <key>`
+    max_queue: int = DEFAULT_MAX_QUEUE  # requests waiting for a slot; beyond that, 503
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES  # larger request bodies get 413
+    # Sampling of requests that do not say; OpenAI's max_tokens default: what the window leaves.
+    defaults: SamplingParams = field(default_factory=lambda: SamplingParams(max_tokens=None))
+    # A request that does not fit its slot is a 400 naming the numbers (never silently slid).
+    overflow: OverflowPolicy = OverflowPolicy.REJECT
+    # Where the Files and Batch APIs keep files, batches and results (None: those APIs are off).
+    data_dir: Path | None = None
+    max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES  # a larger upload gets 413
+    max_batch_lines: int = DEFAULT_MAX_BATCH_LINES  # a batch with more requests fails validation
+
+    def __post_init__(self) -> None:
+        if min(self.max_queue, self.max_body_bytes, self.max_upload_bytes, self.max_batch_lines) < 1:
+            raise ValueError("max_queue, max_body_bytes, max_upload_bytes and max_batch_lines must be >= 1")
+
+
+class ServerState:
+    """What the routes share: the runner (None while the model loads), settings, metrics."""
+
+    def __init__(self, runner: Runner | None, settings: ServerSettings) -> None:
+        self.runner = runner
+        self.settings = settings
+        self.metrics = ServerMetrics(lambda: self.runner)
+        # StoreError when the data directory cannot be used.
+        self.batches = None if settings.data_dir is None else BatchService(settings.data_dir, BatchRules(
+            settings.model_name, settings.defaults, settings.overflow, settings.max_batch_lines))
+        # Choices accepted but not yet handed to the runner (it counts them from then on).
+        self._num_dispatching = 0
+        self._dispatch_lock = threading.Lock()
+        self.is_draining = False
+
+    def _count_dispatching(self, change: int) -> None:
+        with self._dispatch_lock:
+            self._num_dispatching += change
+
+    def attach(self, runner: Runner) -> None:
+        """The model has loaded: requests are served, and batches run, from now on."""
+        self.runner = runner
+        self.start_batches()
+
+    def start_batches(self) -> None:
+        """Run batches once there is a runner (an app made with one starts them at the first
+        Files or Batch API request; `multiseq serve` as soon as the model has loaded)."""
+        if self.batches is not None and self.runner is not None and not self.is_draining:
+            self.batches.start(self.runner)
+
+    def begin_shutdown(self) -> None:
+        """Stop taking requests and end the running ones (their streams end cleanly). Batch
+        work stops first, so no new line takes a slot; its cancelled lines run again next time."""
+        self.is_draining = True
+        if self.batches is not None:
+            self.batches.stop()
+        if self.runner is not None:
+            self.runner.cancel_all()
+
+    def close(self) -> None:
+        """After the server has stopped, before the runner closes: wait for the batch worker
+        (its cancelled requests end at the runner's next step) and close the database."""
+        if self.batches is not None:
+            self.batches.close()
+
+    def ready_runner(self) -> Runner:
+        if self.is_draining:
+            raise ApiError(503, "The server is shutting down.", OVERLOADED, code="shutting_down")
+        if self.runner is None:
+            raise ApiError(503, "The model is loading; try again shortly.", OVERLOADED, code="model_loading",
+                           headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
+        return self.runner
+
+    def check_model(self, name: Any) -> None:
+        if name is not None and name != self.settings.model_name:
+            raise ApiError(404, f"The model {json.dumps(name)} does not exist: this server serves "
+                                f"{json.dumps(self.settings.model_name)}.", INVALID_REQUEST, "model",
+                           "model_not_found")
+
+    async def submit(self, runner: Runner, item: PromptItem) -> Job:
+        """Queue a request's choices, or 503 when the queue is full. Tokenizing runs off the
+        event loop, so a long prompt never stalls other clients' streams."""
+        waiting = runner.num_waiting + self._num_dispatching
+        if waiting + item.n > self.settings.max_queue and self.batches is not None:
+            waiting -= self.batches.num_waiting_lines(runner)  # the queue limit is for interactive requests
+        if waiting + item.n > self.settings.max_queue:
+            raise ApiError(503, f"The server is busy: {waiting} requests are waiting for a slot (at most "
+                                f"{self.settings.max_queue}). Retry later.", OVERLOADED, code="queue_full",
+                           headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
+        job = Job(runner, item, asyncio.get_running_loop(), response_id(item.is_chat))
+        self._count_dispatching(item.n)
+        try:
+            await asyncio.to_thread(job.submit, lambda: self._count_dispatching(-1))
+        except BaseException:
+            self._count_dispatching(-(item.n - job.num_dispatched))
+            raise
+        refused = job.rejection()
+        if refused is not None:
+            raise ApiError(400, refused.error or "the request cannot run", INVALID_REQUEST,
+                           "messages" if item.is_chat else "prompt", "context_length_exceeded"
+                           if "context window" in (refused.error or "") else None)
+        return job

@@ -1,0 +1,139 @@
+"""Tools and tool messages in the prompt, for templates that know tools and for those that don't.
+
+A template that knows tools (Hermes/Qwen, Llama 3.x, Mistral: recognised by the call format its
+text writes) is rendered with Hugging Face's conventions: `tools` as OpenAI function specs,
+assistant `tool_calls` with their arguments as objects, `tool` messages with their
+`tool_call_id`. Any other template (SmolLM2's, Gemma's, llama.cpp's built-ins) gets the generic
+format: the tools are described in a system part, a call the assistant made is written into its
+content exactly as the grammar had the model write it (`{"tool_calls": [...]}`, the arguments
+verbatim), and a tool's result becomes a user message holding it as JSON. The system part is the
+same for every tool_choice, so a conversation whose turns change the choice keeps its prefix.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from .grammars import HERMES_CLOSE, HERMES_OPEN, MISTRAL_OPEN
+from .types import Tool, ToolFormat
+
+# Markers a template's text holds when it writes calls in that format.
+_FORMAT_MARKERS = ((ToolFormat.HERMES, "<tool_call>"), (ToolFormat.MISTRAL, "[TOOL_CALLS]"),
+                   (ToolFormat.LLAMA3, "<|python_tag|>"), (ToolFormat.LLAMA3, "ipython"))
+GENERIC_INSTRUCTIONS = (
+    "You can call the following tools. To call tools, answer with only one JSON object, with nothing "
+    "before or after it:\n"
+    '{"tool_calls": [{"name": "<tool name>", "arguments": {<the arguments, as the tool\'s parameters say>}}]}\n'
+    "Otherwise, answer in plain text. The tools:\n")
+
+
+def detect_format(template_source: str | None) -> ToolFormat:
+    """The call format a Jinja template writes (GENERIC when it writes none it is known by)."""
+    if not template_source or "tools" not in template_source:
+        return ToolFormat.GENERIC
+    return next((tool_format for tool_format, marker in _FORMAT_MARKERS if marker in template_source),
+                ToolFormat.GENERIC)
+
+
+def thinks(template_source: str | None) -> bool:
+    """Whether the template's model reasons in <think>...</think> before it answers."""
+    return bool(template_source) and "<think>" in template_source
+
+
+def tools_description(tools: Sequence[Tool]) -> str:
+    """The tools as JSON, one per line: name, description, parameters."""
+    lines = []
+    for tool in tools:
+        spec: dict[str, Any] = {"name": tool.name}
+        if tool.description:
+            spec["description"] = tool.description
+        spec["parameters"] = tool.schema
+        lines.append(json.dumps(spec, ensure_ascii=False))
+    return "\n".join(lines)
+
+
+def call_text(tool_format: ToolFormat, calls: Sequence[dict[str, Any]]) -> str:
+    """Calls (OpenAI's {"id", "function": {"name", "arguments"}}) written as the format's grammar
+    has the model write them, the arguments verbatim: what a re-rendered turn must hold to
+    match the tokens generated for it."""
+    pairs = [(call["function"]["name"], _arguments_text(call["function"].get("arguments"))) for call in calls]
+    if tool_format is ToolFormat.HERMES:
+        return "\n".join(f'{HERMES_OPEN}\n{{"name": {json.dumps(name, ensure_ascii=False)}, "arguments": {arguments}}}'
+                         f"\n{HERMES_CLOSE}" for name, arguments in pairs)
+    key = "parameters" if tool_format is ToolFormat.LLAMA3 else "arguments"
+    objects = [f'{{"name": {json.dumps(name, ensure_ascii=False)}, "{key}": {arguments}}}' for name, arguments in pairs]
+    if tool_format is ToolFormat.LLAMA3:
+        return "; ".join(objects)
+    if tool_format is ToolFormat.MISTRAL:
+        return f"{MISTRAL_OPEN}[{', '.join(objects)}]"
+    return f'{{"tool_calls": [{", ".join(objects)}]}}'
+
+
+def _arguments_text(arguments: Any) -> str:
+    """A call's arguments as JSON text: kept verbatim when given as text (as OpenAI clients send
+    back what they got), else serialized."""
+    if isinstance(arguments, str):
+        return arguments.strip() or "{}"
+    return json.dumps(arguments if arguments is not None else {}, ensure_ascii=False)
+
+
+def generic_messages(messages: Sequence[dict[str, Any]], tools: Sequence[Tool] | None,
+                     tool_format: ToolFormat) -> list[dict[str, str]]:
+    """Messages any template renders (role and content only): the tools described in the
+    system message, calls written into the assistant's content, tool results as user messages."""
+    names = _call_names(messages)
+    converted = [_generic_message(message, names, tool_format) for message in messages]
+    if not tools:
+        return converted
+    description = GENERIC_INSTRUCTIONS + tools_description(tools)
+    if converted and converted[0]["role"] == "system":
+        converted[0] = {"role": "system", "content": f"{converted[0]['content']}\n\n{description}"}
+    else:
+        converted.insert(0, {"role": "system", "content": description})
+    return converted
+
+
+def _call_names(messages: Sequence[dict[str, Any]]) -> dict[str, str]:
+    """The function name of every call id in the conversation (tool messages name only the id)."""
+    return {call.get("id"): call["function"]["name"] for message in messages
+            for call in message.get("tool_calls") or () if call.get("id")}
+
+
+def _generic_message(message: dict[str, Any], names: dict[str, str], tool_format: ToolFormat) -> dict[str, str]:
+    content = message.get("content") or ""
+    if message["role"] == "tool":
+        name = message.get("name") or names.get(message.get("tool_call_id"), "")
+        return {"role": "user", "content": json.dumps({"tool_response": {"name": name, "content": content}},
+                                                      ensure_ascii=False)}
+    if message.get("tool_calls"):
+        calls = call_text(tool_format, message["tool_calls"])
+        return {"role": "assistant", "content": f"{content}\n{calls}" if content else calls}
+    return {"role": message["role"], "content": content}
+
+
+def native_messages(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Messages as Hugging Face templates expect them: a call's arguments as an object (the
+    templates write `arguments | tojson`), content never None (some templates concatenate it)."""
+    return [_native_message(message) for message in messages]
+
+
+def _native_message(message: dict[str, Any]) -> dict[str, Any]:
+    native = dict(message)
+    if native.get("content") is None:
+        native["content"] = ""
+    if native.get("tool_calls"):
+        native["tool_calls"] = [{**call, "function": {**call["function"],
+                                                      "arguments": _arguments_object(call["function"].get("arguments"))}}
+                                for call in native["tool_calls"]]
+    return native
+
+
+def _arguments_object(arguments: Any) -> Any:
+    if not isinstance(arguments, str):
+        return arguments if arguments is not None else {}
+    try:
+        return json.loads(arguments) if arguments.strip() else {}
+    except ValueError:
+        return arguments  # not JSON: the template gets the text as it came
