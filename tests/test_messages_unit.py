@@ -5,13 +5,19 @@ accumulator."""
 from __future__ import annotations
 
 import asyncio
+import http.client
+import importlib.util
 import json
 
+import anthropic
+import jsonschema
 import pytest
 from anthropic.lib.streaming._messages import accumulate_event
 from anthropic.types import Message, RawMessageStreamEvent
 from pydantic import TypeAdapter
 
+from fakes import FakeBackend
+from multiseq.server import ServerSettings, create_app
 from multiseq.server.errors import ApiError
 from multiseq.server.messages import (PING, MessagesRequest, error_response, message_events, message_of,
                                       translate_request, with_pings)
@@ -314,3 +320,238 @@ def test_with_pings_passes_every_item_through_in_order():
         return [item async for item in with_pings(iterate([1, 2, 3], delay=0.03), interval=0.01)]
     items = asyncio.run(collect())
     assert [item for item in items if item is not None] == [1, 2, 3] and None in items
+
+
+# --- the routes, spoken to with the official client -----------------------------------------------
+
+HI_PROMPT = "<system>Be brief.<user>Hi<assistant>"  # how the fake backend renders a system and "Hi"
+HELLO = "Hello there!"
+PARIS = "What is the weather in Paris?"
+PARIS_CALL = '{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}]}'
+SUNNY = "Sunny, 21 C"
+SUNNY_REPLY = "It is sunny in Paris."
+API_KEY = "sekrit-key"
+GREEDY = {"temperature": 0}  # this SDK's create() has no sampling parameters; the API still takes them
+RAW_EVENTS = ("message_start", "content_block_start", "content_block_delta", "content_block_stop", "message_delta",
+              "message_stop")
+
+
+# Tool calls need the chat layer's parsers of each call format (runner/tools/parsers.py), which
+# are not on main yet: the tests that make the model call a tool run once they are.
+needs_tool_parsers = pytest.mark.skipif(importlib.util.find_spec("multiseq.runner.tools.parsers") is None,
+                                        reason="the tool-call parsers (multiseq.runner.tools.parsers) are not there yet")
+
+
+class LatestMention(dict):
+    """Scripted replies for the fake backend, chosen by the key the prompt mentions last: a tool
+    round trip's second prompt holds the question too, but the tool's result comes after it."""
+
+    def get(self, prompt, default=None):
+        mentioned = [(prompt.rfind(key), reply) for key, reply in self.items() if key in prompt]
+        return max(mentioned)[1] if mentioned else default
+
+
+@pytest.fixture
+def server(make_runner, serve_app):
+    """server(**settings) -> (anthropic client, base URL), on a fake backend with scripted replies."""
+    def start(**settings):
+        backend = FakeBackend(num_slots=4, window=1024, n_batch=64)
+        backend.replies = LatestMention({key: reply.encode("utf-8") for key, reply in {
+            HI_PROMPT: HELLO, "Be\n\nbrief.<user>Hi": "Hi, in blocks.", PARIS: PARIS_CALL, SUNNY: SUNNY_REPLY,
+            "Tell me a story": "Once upon a time. THE END and more"}.items()})
+        app = create_app(make_runner(backend), ServerSettings(model_name=MODEL, **settings))
+        base = serve_app(app)
+        return anthropic.Anthropic(base_url=base, api_key=settings.get("api_key") or "unused", max_retries=0), base
+    return start
+
+
+def raw_post(base: str, path: str, payload: dict | str, headers: dict | None = None) -> tuple[int, dict, dict]:
+    """(status, JSON body, headers) of a POST that no client shapes."""
+    host, port = base.removeprefix("http://").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=10)
+    connection.request("POST", path, body=payload if isinstance(payload, str) else json.dumps(payload),
+                       headers={"Content-Type": "application/json", **(headers or {})})
+    response = connection.getresponse()
+    data = response.read()
+    connection.close()
+    return response.status, json.loads(data), {name.lower(): value for name, value in response.getheaders()}
+
+
+def blocks_of(message) -> list[dict]:
+    """A message's content blocks as plain dicts (a streamed one's blocks are the SDK's Parsed* kind)."""
+    return [block.model_dump(exclude={"parsed_output"}, exclude_none=True) for block in message.content]
+
+
+def assert_anthropic_error(body: dict, error_type: str, field: str | None = None) -> None:
+    assert set(body) == {"type", "error"} and body["type"] == "error"
+    assert set(body["error"]) == {"type", "message"} and body["error"]["type"] == error_type
+    assert "Traceback" not in body["error"]["message"]
+    if field is not None:
+        assert body["error"]["message"].startswith(f"{field}: ")
+
+
+def test_create_with_a_string_system_and_with_blocks(server):
+    client, _ = server()
+    message = client.messages.create(model=MODEL, max_tokens=64, system="Be brief.", extra_body=GREEDY,
+                                     messages=[{"role": "user", "content": "Hi"}])
+    assert message.content[0].type == "text" and message.content[0].text == HELLO and len(message.content) == 1
+    assert message.stop_reason == "end_turn" and message.stop_sequence is None and message.model == MODEL
+    assert message.id.startswith("msg_") and message.role == "assistant"
+    assert message.usage.input_tokens + message.usage.cache_read_input_tokens == len(HI_PROMPT) + 1  # + BOS
+    assert message.usage.output_tokens == len(HELLO) + 1  # + EOS
+    again = client.messages.create(model=MODEL, max_tokens=64, system="Be brief.", extra_body=GREEDY,
+                                   messages=[{"role": "user", "content": "Hi"}])
+    assert again.usage.cache_read_input_tokens > 0, "the same prompt again reads its prefix from the cache"
+    assert again.usage.input_tokens == len(HI_PROMPT) + 1 - again.usage.cache_read_input_tokens
+    blocks = client.messages.create(model=MODEL, max_tokens=64, extra_body=GREEDY, messages=[
+        {"role": "user", "content": [{"type": "text", "text": "Hi", "cache_control": {"type": "ephemeral"}}]}],
+        system=[{"type": "text", "text": "Be"}, {"type": "text", "text": "brief.", "cache_control": {"type": "ephemeral"}}])
+    assert blocks.content[0].text == "Hi, in blocks."
+
+
+@needs_tool_parsers
+def test_a_tool_round_trip(server):
+    client, _ = server()
+    question = [{"role": "user", "content": PARIS}]
+    called = client.messages.create(model=MODEL, max_tokens=128, extra_body=GREEDY, tools=[WEATHER_TOOL],
+                                    messages=question)
+    assert called.stop_reason == "tool_use"
+    [call] = [block for block in called.content if block.type == "tool_use"]
+    assert call.id.startswith("toolu_") and call.name == "get_weather" and call.input == {"city": "Paris"}
+    answered = client.messages.create(model=MODEL, max_tokens=128, extra_body=GREEDY, tools=[WEATHER_TOOL], messages=[
+        *question, {"role": "assistant", "content": called.content},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id, "content": SUNNY}]}])
+    assert [block.type for block in answered.content] == ["text"] and answered.content[0].text == SUNNY_REPLY
+    assert answered.stop_reason == "end_turn"
+
+
+@needs_tool_parsers
+def test_a_forced_tool_gives_input_that_validates_against_its_schema(server):
+    client, _ = server()
+    message = client.messages.create(model=MODEL, max_tokens=128, extra_body=GREEDY, tools=[WEATHER_TOOL],
+                                     tool_choice={"type": "tool", "name": "get_weather"},
+                                     messages=[{"role": "user", "content": PARIS}])
+    assert [block.type for block in message.content] == ["tool_use"] and message.stop_reason == "tool_use"
+    jsonschema.validate(message.content[0].input, WEATHER_TOOL["input_schema"])
+
+
+@pytest.mark.parametrize("question, tools, block_types", [
+    pytest.param(PARIS, [WEATHER_TOOL], ["tool_use"], marks=needs_tool_parsers), ("Hi", [], ["text"])])
+def test_a_stream_gives_every_event_in_order_and_the_same_message(server, question, tools, block_types):
+    client, _ = server()
+    request = dict(model=MODEL, max_tokens=128, extra_body=GREEDY, system="Be brief.", tools=tools,
+                   messages=[{"role": "user", "content": question}])
+    whole = client.messages.create(**request)
+    with client.messages.stream(**request) as stream:
+        events = [event.type for event in stream]
+        final = stream.get_final_message()
+    raw = [event for event in events if event in RAW_EVENTS]
+    num_deltas = raw.count("content_block_delta")
+    assert num_deltas >= 1 and raw == ["message_start", "content_block_start", *["content_block_delta"] * num_deltas,
+                                       "content_block_stop", "message_delta", "message_stop"]
+    assert ("input_json" if block_types == ["tool_use"] else "text") in events, "the SDK read the deltas"
+    assert [block.type for block in final.content] == block_types
+    assert blocks_of(final) == blocks_of(whole) and final.stop_reason == whole.stop_reason
+    assert final.usage.output_tokens == whole.usage.output_tokens
+
+
+def test_the_beta_route_and_count_tokens(server):
+    client, _ = server()
+    message = client.beta.messages.create(model=MODEL, max_tokens=64, system="Be brief.", extra_body=GREEDY,
+                                          messages=[{"role": "user", "content": "Hi"}],
+                                          betas=["interleaved-thinking-2025-05-14"])
+    assert message.content[0].text == HELLO
+    counted = client.messages.count_tokens(model=MODEL, system="Be brief.", messages=[{"role": "user", "content": "Hi"}])
+    assert counted.input_tokens == len(HI_PROMPT) + 1
+    with_tools = client.messages.count_tokens(model=MODEL, system="Be brief.", tools=[WEATHER_TOOL],
+                                              messages=[{"role": "user", "content": "Hi"}])
+    assert with_tools.input_tokens > counted.input_tokens, "the tools are part of the prompt"
+
+
+@pytest.mark.xfail(strict=True, reason="the chat layer says finish_reason 'stop' for both an end-of-generation "
+                   "token and a stop string; which string matched needs its choice's `stop_reason` (vLLM's field)")
+def test_a_stop_sequence_ends_the_message(server):
+    client, _ = server()
+    message = client.messages.create(model=MODEL, max_tokens=64, extra_body=GREEDY, stop_sequences=["THE END"],
+                                     messages=[{"role": "user", "content": "Tell me a story"}])
+    assert message.content[0].text == "Once upon a time. "
+    assert message.stop_reason == "stop_sequence" and message.stop_sequence == "THE END"
+
+
+def test_errors_are_in_anthropics_shape_and_name_the_field(server):
+    client, base = server()
+    status, body, _ = raw_post(base, "/v1/messages?beta=true", {"model": MODEL, "messages": [
+        {"role": "user", "content": "Hi"}]})
+    assert status == 400
+    assert_anthropic_error(body, "invalid_request_error", "max_tokens")
+    with pytest.raises(anthropic.BadRequestError) as bad_block:
+        client.messages.create(model=MODEL, max_tokens=8, messages=[{"role": "user", "content": [
+            {"type": "text", "text": "What is this?"},
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}]}])
+    assert_anthropic_error(bad_block.value.body, "invalid_request_error", "messages[0].content[1].type")
+    with pytest.raises(anthropic.BadRequestError) as orphan:
+        client.messages.create(model=MODEL, max_tokens=8, messages=[
+            {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_nope", "content": "x"}]}])
+    assert_anthropic_error(orphan.value.body, "invalid_request_error", "messages[2].content[0].tool_use_id")
+    with pytest.raises(anthropic.NotFoundError) as unknown_model:
+        client.messages.create(model="claude-opus-9", max_tokens=8, messages=[{"role": "user", "content": "Hi"}])
+    assert_anthropic_error(unknown_model.value.body, "not_found_error")
+    status, body, _ = raw_post(base, "/v1/messages", "{not json")
+    assert status == 400
+    assert_anthropic_error(body, "invalid_request_error")
+    status, body, _ = raw_post(base, "/v1/messages", {"model": MODEL, "max_tokens": 8, "messages": [
+        {"role": "user", "content": "Hi"}], "temperature": "hot"})
+    assert status == 400
+    assert_anthropic_error(body, "invalid_request_error")
+    assert "temperature" in body["error"]["message"], "the chat layer's refusal names the field too"
+
+
+def test_the_api_key_by_x_api_key_or_bearer(server):
+    client, base = server(api_key=API_KEY)
+    hello = dict(model=MODEL, max_tokens=64, system="Be brief.", extra_body=GREEDY,
+                 messages=[{"role": "user", "content": "Hi"}])
+    assert client.messages.create(**hello).content[0].text == HELLO  # the SDK sends x-api-key
+    bearer = anthropic.Anthropic(base_url=base, auth_token=API_KEY, max_retries=0)
+    assert bearer.messages.create(**hello).content[0].text == HELLO
+    for headers in ({}, {"x-api-key": "wrong"}, {"Authorization": "Bearer wrong"}):
+        status, body, _ = raw_post(base, "/v1/messages?beta=true", hello, headers)
+        assert status == 401
+        assert_anthropic_error(body, "authentication_error")
+    status, body, _ = raw_post(base, "/v1/messages/count_tokens", hello)
+    assert status == 401 and body["error"]["type"] == "authentication_error"
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
+    status, body, _ = raw_post(base, "/v1/chat/completions", chat, {"x-api-key": API_KEY})
+    assert status == 200, "x-api-key opens the OpenAI routes too"
+    status, body, _ = raw_post(base, "/v1/chat/completions", chat)
+    assert status == 401 and body["error"]["code"] == "invalid_api_key", "OpenAI's shape on OpenAI's routes"
+    with pytest.raises(anthropic.AuthenticationError):
+        anthropic.Anthropic(base_url=base, api_key="wrong", max_retries=0).messages.create(**hello)
+
+
+SERVER_TOOLS = [{"type": "web_search_20250305", "name": "web_search", "max_uses": 2},
+                {"type": "bash_20250124", "name": "bash"}]
+
+
+def test_server_tools_are_left_out_and_listed_in_a_header(server):
+    client, _ = server()
+    hello = dict(model=MODEL, max_tokens=64, extra_body=GREEDY, system="Be brief.",
+                 messages=[{"role": "user", "content": "Hi"}])
+    raw = client.messages.with_raw_response.create(tools=SERVER_TOOLS, **hello)
+    assert raw.headers["x-multiseq-ignored-tools"] == "web_search, bash"
+    assert raw.parse().content[0].text == HELLO, "the prompt has no tools: the same reply as without them"
+    with client.messages.stream(tools=SERVER_TOOLS, **hello) as stream:
+        assert stream.response.headers["x-multiseq-ignored-tools"] == "web_search, bash"
+        assert stream.get_final_message().content[0].text == HELLO
+    plain = client.messages.with_raw_response.create(**hello)
+    assert "x-multiseq-ignored-tools" not in plain.headers
+
+
+@needs_tool_parsers
+def test_the_custom_tools_beside_server_tools_are_called(server):
+    client, _ = server()
+    raw = client.messages.with_raw_response.create(model=MODEL, max_tokens=128, extra_body=GREEDY,
+                                                   tools=[*SERVER_TOOLS, WEATHER_TOOL],
+                                                   messages=[{"role": "user", "content": PARIS}])
+    assert raw.headers["x-multiseq-ignored-tools"] == "web_search, bash"
+    assert raw.parse().content[0].input == {"city": "Paris"}

@@ -15,14 +15,21 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from starlette.responses import JSONResponse
+from starlette.requests import Request as HttpRequest
+from starlette.responses import JSONResponse, Response
 
 from ..runner.tools.types import Tool
-from .errors import ApiError
+from .bodies import read_json
+from .chat import count_prompt_tokens, start_chat
+from .errors import ApiError, internal_error
+from .sse import EventStream, sse
+
+logger = logging.getLogger("multiseq.server")
 
 # Anthropic's error types, by the HTTP status they come with (its "Errors" page).
 ERROR_TYPES_BY_STATUS = {
@@ -49,6 +56,7 @@ TOOL_USE_ID_PREFIX = "toolu_"
 MESSAGE_ID_PREFIX = "msg_"
 BLOCK_SEPARATOR = "\n\n"  # between text blocks that become one Chat Completions content string
 TOOL_ERROR_PREFIX = "Error: "  # Chat Completions tool messages have no is_error: the text says it
+ENDPOINT = "/v1/messages"
 IGNORED_TOOLS_HEADER = "x-multiseq-ignored-tools"
 # Claude Code waits on long prompts without a byte for minutes; Anthropic pings to keep proxies
 # and clients from timing out. Every 10 s keeps well inside the 15 s such clients tolerate.
@@ -397,7 +405,8 @@ def stream_error_event(openai_error: dict[str, Any]) -> str:
 # --- streaming: chat.completion.chunk bodies -> Anthropic's events ----------------------------
 
 def sse_event(event_type: str, data: dict[str, Any]) -> str:
-    return f"event: {event_type}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
+    """An Anthropic event: named by its type, which its data repeats."""
+    return sse(data, event=event_type)
 
 
 PING = sse_event("ping", {"type": "ping"})
@@ -547,3 +556,51 @@ async def with_pings(items: AsyncIterator[Any], interval: float) -> AsyncIterato
     finally:
         if pending is not None:
             pending.cancel()
+
+
+# --- the routes ---------------------------------------------------------------------------------
+
+def _in_anthropic_shape(route: Callable[[HttpRequest], Awaitable[Response]]) -> Callable[[HttpRequest],
+                                                                                           Awaitable[Response]]:
+    """Errors of a Messages route in Anthropic's shape: the seam's ApiErrors converted, anything
+    unexpected logged and answered with a fixed message."""
+    async def answer(request: HttpRequest) -> Response:
+        try:
+            return await route(request)
+        except ApiError as error:
+            return error_response(error)
+        except Exception:  # noqa: BLE001 - never a traceback to the client; the log has it
+            logger.exception("unexpected error on %s %s", request.method, request.url.path)
+            return error_response(internal_error())
+    return answer
+
+
+@_in_anthropic_shape
+async def create_message(request: HttpRequest) -> Response:
+    """POST /v1/messages: a Message, or with "stream": true its events."""
+    state = request.app.state.server
+    state.ready_runner()
+    translated = translate_request(await read_json(request, state.settings.max_body_bytes))
+    headers = {IGNORED_TOOLS_HEADER: ", ".join(translated.ignored_tools)} if translated.ignored_tools else {}
+    call = await start_chat(request, translated.chat_body, api="messages")
+    identity = message_id(call.body_id)
+    if translated.is_stream:
+        return EventStream(message_events(call.chunks(), translated, identity), on_disconnect=call.cancel,
+                           headers=headers, error_event=_internal_error_event)
+    completion = await call.completion(request)
+    if completion is None:  # the client went away: its request was cancelled, no one to answer
+        return Response(status_code=499)
+    return JSONResponse(message_of(completion, translated), headers=headers)
+
+
+@_in_anthropic_shape
+async def count_tokens(request: HttpRequest) -> Response:
+    """POST /v1/messages/count_tokens: the prompt's tokens, as the model's template renders it."""
+    state = request.app.state.server
+    state.ready_runner()
+    translated = translate_request(await read_json(request, state.settings.max_body_bytes), for_counting=True)
+    return JSONResponse({"input_tokens": await count_prompt_tokens(request, translated.chat_body)})
+
+
+def _internal_error_event() -> str:
+    return sse_event("error", error_body(API_ERROR, internal_error().message))
