@@ -14,13 +14,19 @@ import jsonschema
 import pytest
 from anthropic.lib.streaming._messages import accumulate_event
 from anthropic.types import Message, RawMessageStreamEvent
-from pydantic import TypeAdapter
-
 from fakes import FakeBackend
 from multiseq.server import ServerSettings, create_app
 from multiseq.server.errors import ApiError
-from multiseq.server.messages import (PING, MessagesRequest, error_response, message_events, message_of,
-                                      translate_request, with_pings)
+from multiseq.server.messages import (
+    PING,
+    MessagesRequest,
+    error_response,
+    message_events,
+    message_of,
+    translate_request,
+    with_pings,
+)
+from pydantic import TypeAdapter
 
 MODEL = "fake-model"
 WEATHER_TOOL = {"name": "get_weather", "description": "The weather in a city.",
@@ -439,8 +445,8 @@ def test_a_forced_tool_gives_input_that_validates_against_its_schema(server):
     pytest.param(PARIS, [WEATHER_TOOL], ["tool_use"], marks=needs_tool_parsers), ("Hi", [], ["text"])])
 def test_a_stream_gives_every_event_in_order_and_the_same_message(server, question, tools, block_types):
     client, _ = server()
-    request = dict(model=MODEL, max_tokens=128, extra_body=GREEDY, system="Be brief.", tools=tools,
-                   messages=[{"role": "user", "content": question}])
+    request = {"model": MODEL, "max_tokens": 128, "extra_body": GREEDY, "system": "Be brief.", "tools": tools,
+               "messages": [{"role": "user", "content": question}]}
     whole = client.messages.create(**request)
     with client.messages.stream(**request) as stream:
         events = [event.type for event in stream]
@@ -509,8 +515,7 @@ def test_errors_are_in_anthropics_shape_and_name_the_field(server):
 
 def test_the_api_key_by_x_api_key_or_bearer(server):
     client, base = server(api_key=API_KEY)
-    hello = dict(model=MODEL, max_tokens=64, system="Be brief.", extra_body=GREEDY,
-                 messages=[{"role": "user", "content": "Hi"}])
+    hello = {"model": MODEL, "max_tokens": 64, "system": "Be brief.", "messages": [{"role": "user", "content": "Hi"}]}
     assert client.messages.create(**hello).content[0].text == HELLO  # the SDK sends x-api-key
     bearer = anthropic.Anthropic(base_url=base, auth_token=API_KEY, max_retries=0)
     assert bearer.messages.create(**hello).content[0].text == HELLO
@@ -535,8 +540,8 @@ SERVER_TOOLS = [{"type": "web_search_20250305", "name": "web_search", "max_uses"
 
 def test_server_tools_are_left_out_and_listed_in_a_header(server):
     client, _ = server()
-    hello = dict(model=MODEL, max_tokens=64, extra_body=GREEDY, system="Be brief.",
-                 messages=[{"role": "user", "content": "Hi"}])
+    hello = {"model": MODEL, "max_tokens": 64, "extra_body": GREEDY, "system": "Be brief.",
+             "messages": [{"role": "user", "content": "Hi"}]}
     raw = client.messages.with_raw_response.create(tools=SERVER_TOOLS, **hello)
     assert raw.headers["x-multiseq-ignored-tools"] == "web_search, bash"
     assert raw.parse().content[0].text == HELLO, "the prompt has no tools: the same reply as without them"

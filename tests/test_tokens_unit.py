@@ -7,7 +7,6 @@ import http.client
 import json
 
 import pytest
-
 from fakes import BOS, FakeBackend
 from multiseq.server import ServerSettings, create_app
 

@@ -379,7 +379,7 @@ def _tool_input(arguments: str) -> dict[str, Any]:
     calls it could parse, so anything else is a server fault, not the client's)."""
     value = json.loads(arguments) if arguments else {}
     if not isinstance(value, dict):
-        raise ValueError(f"tool call arguments are not a JSON object: {arguments[:200]!r}")
+        raise TypeError(f"tool call arguments are not a JSON object: {arguments[:200]!r}")
     return value
 
 
@@ -569,7 +569,7 @@ def _in_anthropic_shape(route: Callable[[HttpRequest], Awaitable[Response]]) -> 
             return await route(request)
         except ApiError as error:
             return error_response(error)
-        except Exception:  # noqa: BLE001 - never a traceback to the client; the log has it
+        except Exception:
             logger.exception("unexpected error on %s %s", request.method, request.url.path)
             return error_response(internal_error())
     return answer
@@ -581,7 +581,7 @@ async def create_message(request: HttpRequest) -> Response:
     state = request.app.state.server
     state.ready_runner()
     translated = translate_request(await read_json(request, state.settings.max_body_bytes))
-    headers = {IGNORED_TOOLS_HEADER: ", ".join(translated.ignored_tools)} if translated.ignored_tools else {}
+    headers = _ignored_tools_header(translated.ignored_tools)
     call = await start_chat(request, translated.chat_body, api="messages")
     identity = message_id(call.body_id)
     if translated.is_stream:
@@ -600,6 +600,13 @@ async def count_tokens(request: HttpRequest) -> Response:
     state.ready_runner()
     translated = translate_request(await read_json(request, state.settings.max_body_bytes), for_counting=True)
     return JSONResponse({"input_tokens": await count_prompt_tokens(request, translated.chat_body)})
+
+
+def _ignored_tools_header(names: tuple[str, ...]) -> dict[str, str]:
+    """The server tools left out, as a header (ASCII: a header cannot carry any name a client sends)."""
+    if not names:
+        return {}
+    return {IGNORED_TOOLS_HEADER: ", ".join(names).encode("ascii", "replace").decode("ascii")}
 
 
 def _internal_error_event() -> str:
