@@ -19,6 +19,12 @@ Everything left out is listed (`Translation.approximated`), and every output tha
 validated against the full, original schema (`SchemaCheck`), so an output that breaks a
 keyword the grammar could not enforce is flagged, never passed off as valid. A strict
 translation compiles the schema exactly or refuses it, naming the keyword.
+
+Either way the grammar is compiled from a narrowed copy of the schema (`grammar_schema`), so
+that a small model's output ends: an object offers only its declared properties where the
+schema leaves additionalProperties unsaid, and numbers have a bounded count of digits. Both
+only leave out outputs that would be valid, so they are not approximations; outputs are still
+validated against the schema as given.
 """
 
 from __future__ import annotations
@@ -34,17 +40,21 @@ from typing import Any
 import jsonschema
 import jsonschema.validators
 import llguidance
+import referencing
+import referencing.exceptions
+import referencing.jsonschema
 from jsonschema.exceptions import ValidationError, best_match
 
 from .errors import ConstraintError, first_line
 
-# Whitespace between JSON tokens, as llama.cpp's JSON-schema grammars allow it: one space, or
-# one or two newlines and an indent of up to 20. JSON itself allows any run of whitespace, and
-# small models then tend to write whitespace until max_tokens instead of finishing.
+# llguidance's JSON options (its "x-guidance" keys), all here: `json_options` combines them with
+# a schema's own. Whitespace between JSON tokens, as llama.cpp's JSON-schema grammars allow it:
+# one space, or one or two newlines and an indent of up to 20. JSON itself allows any run of
+# whitespace, and small models then tend to write whitespace until max_tokens instead of finishing.
 JSON_OPTIONS = {"whitespace_pattern": r"(?: |\n{1,2}[ \t]{0,20})?"}
-_LENIENT = {**JSON_OPTIONS, "lenient": True}  # lenient implies coerce_one_of
+LENIENT_OPTIONS = {**JSON_OPTIONS, "lenient": True}  # lenient implies coerce_one_of
 # A strict translation overrides whatever the schema's own "x-guidance" options say.
-_STRICT_OVERRIDES = {"lenient": False, "coerce_one_of": False}
+STRICT_OVERRIDES = {"lenient": False, "coerce_one_of": False}
 # Each rewrite removes something from the schema, so a handful always settles it; the bound
 # only guards against a failure that keeps coming back.
 MAX_REWRITES = 16
@@ -67,10 +77,14 @@ class Translation:
 
 
 def schema_grammar(schema: dict[str, Any], strict: bool) -> Translation:
-    """The grammar of a JSON schema: exact when `strict` (ConstraintError names what cannot be
-    enforced), otherwise approximated where it must be (module docstring)."""
+    """The grammar of a JSON schema, compiled from its `grammar_schema` copy: exact when
+    `strict` (ConstraintError names what cannot be enforced), otherwise approximated where it
+    must be (module docstring). Strict or not, the grammar offers only declared properties
+    where additionalProperties is unsaid and numbers of bounded length: every output it leaves
+    out would be valid, so a strict grammar still enforces exactly what the schema says."""
+    schema = grammar_schema(schema)
     if strict:
-        grammar = _grammar(schema, JSON_OPTIONS, _STRICT_OVERRIDES)
+        grammar = _grammar(schema, json_options(schema, strict=True))
         is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
         if is_error:
             raise ConstraintError(f"json_schema cannot be compiled exactly: {_summary(messages[0])} (without "
@@ -78,7 +92,7 @@ def schema_grammar(schema: dict[str, Any], strict: bool) -> Translation:
         return Translation(grammar)
     rewrites: list[str] = []
     for _ in range(MAX_REWRITES + 1):
-        grammar = _grammar(schema, _LENIENT)
+        grammar = _grammar(schema, json_options(schema, strict=False))
         is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
         if not is_error:
             return Translation(grammar, _unique([*rewrites, *(keyword for message in messages
@@ -91,10 +105,19 @@ def schema_grammar(schema: dict[str, Any], strict: bool) -> Translation:
     raise AssertionError("unreachable: the loop returns or raises")
 
 
-def _grammar(schema: dict[str, Any], defaults: dict[str, Any], overrides: dict[str, Any] | None = None) -> str:
+def json_options(schema: dict[str, Any], strict: bool) -> dict[str, Any]:
+    """llguidance's JSON options for a schema, as `schema_grammar` compiles it: ours
+    (JSON_OPTIONS, lenient unless `strict`) under the schema's own "x-guidance" ones, and a
+    strict translation's overrides above them. Where a schema is embedded in a larger grammar
+    (Lark's `%json`), these go in its top-level "x-guidance" key."""
+    own = schema.get("x-guidance")
+    return {**(JSON_OPTIONS if strict else LENIENT_OPTIONS), **(own if isinstance(own, dict) else {}),
+            **(STRICT_OVERRIDES if strict else {})}
+
+
+def _grammar(schema: dict[str, Any], options: dict[str, Any]) -> str:
     try:
-        return llguidance.LLMatcher.grammar_from_json_schema(json.dumps(schema), defaults=defaults,
-                                                             overrides=overrides)
+        return llguidance.LLMatcher.grammar_from_json_schema(json.dumps(schema), overrides=options)
     except ValueError as error:  # not a JSON object after all (a NaN, say)
         raise ConstraintError(f"json_schema cannot be compiled: {first_line(error)}") from None
 
@@ -132,6 +155,166 @@ def _approximations(warning: str) -> list[str]:
     if text.startswith("min/maxProperties"):
         return ["minProperties/maxProperties"]
     return [text]
+
+
+# --- the grammar's copy: declared properties only, numbers of bounded length ---------------------
+
+# Integers of at most 15 digits, as llama.cpp's grammars bound them (16 there): 10**15 - 1 is
+# exact as the float llguidance reads a bound as.
+NUMBER_LIMIT = 10**15 - 1
+# At most 10 digits after the point (16 in llama.cpp): llguidance reads multipleOf through a
+# float, and 1e-10 is the finest power of ten it reads exactly.
+FRACTION_STEP = 1e-10
+# A schema's own bounds closer than this leave the fraction unbounded: a range narrower than a
+# couple of steps might hold no multiple of FRACTION_STEP at all.
+_MIN_STEPPED_RANGE = 2 * FRACTION_STEP
+# Keywords whose subschemas are generated as part of their parent's value (the grammar follows
+# them); the others (not, if/then/else, dependentSchemas, propertyNames, contains, ...) only
+# test a value, so narrowing them would change what they accept.
+_SCHEMA_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions"})
+_SCHEMA_VALUES = frozenset({"items", "additionalProperties", "additionalItems"})
+_SCHEMA_LISTS = frozenset({"anyOf", "oneOf", "allOf", "prefixItems", "items"})
+# Keywords through which an object may hold keys that `properties` does not declare.
+_OTHER_KEYS = frozenset({"additionalProperties", "patternProperties", "unevaluatedProperties", "if", "then", "else",
+                         "dependentSchemas", "dependencies", "dependentRequired"})
+_ROOT_URI = "urn:multiseq:schema"
+
+
+def grammar_schema(schema: dict[str, Any]) -> dict[str, Any]:
+    """A copy of `schema` that compiles to a grammar whose outputs end, the copy every grammar
+    is compiled from (a tool's parameters included); the schema itself is left as it is, and
+    outputs are validated against it. Two narrowings, each of which leaves out only outputs
+    valid under the schema:
+
+    - an object schema with `properties` that says nothing of other keys (no
+      additionalProperties, patternProperties, unevaluatedProperties, conditional keywords,
+      nor a required key or minProperties beyond what it declares) gets
+      `additionalProperties: false`, as llama.cpp's grammars read it; otherwise a small model
+      invents property after property. An object schema without properties still allows any;
+    - a number or integer gets the bounds it lacks (NUMBER_LIMIT) and a number without
+      multipleOf gets `multipleOf: FRACTION_STEP`, so that digits cannot run on. The schema's
+      own minimum/maximum are kept, and llguidance applies them exactly.
+
+    Where llguidance intersects schemas (allOf, or a $ref, anyOf or oneOf beside other keys),
+    additionalProperties is read against the merged properties, which no single branch knows,
+    so those schemas, what they reference and what they hold are left as they are."""
+    if not isinstance(schema, dict):
+        return schema
+    narrowed = copy.deepcopy(schema)
+    intersected = _intersected_nodes(narrowed)
+    if intersected is None:
+        return schema
+    for node in _generated_schemas(narrowed):
+        if id(node) not in intersected:
+            _close_object(node)
+            _bound_number(node)
+    return narrowed
+
+
+def _generated_schemas(node: Any) -> Iterator[dict[str, Any]]:
+    """`node` and every schema in it that the grammar may generate (the _SCHEMA_* keywords)."""
+    if not isinstance(node, dict):
+        return
+    yield node
+    for key, value in node.items():
+        for child in _subschemas(key, value):
+            yield from _generated_schemas(child)
+
+
+def _subschemas(key: str, value: Any) -> list[Any]:
+    if key in _SCHEMA_MAPS and isinstance(value, dict):
+        return list(value.values())
+    if key in _SCHEMA_LISTS and isinstance(value, list):
+        return value
+    return [value] if key in _SCHEMA_VALUES else []
+
+
+def _is_intersection(node: dict[str, Any]) -> bool:
+    """Whether llguidance intersects schemas to compile `node`: more than one of its allOf
+    branches, its $ref, its anyOf, its oneOf and its other (non-annotation) keys."""
+    all_of = node.get("allOf")
+    num_parts = (len(all_of) if isinstance(all_of, list) else 0) + sum(key in node for key in ("$ref", "anyOf", "oneOf"))
+    has_own_keys = bool(set(node) - _ANNOTATIONS - {"allOf", "$ref", "anyOf", "oneOf", "x-guidance"})
+    return num_parts + has_own_keys > 1
+
+
+def _intersected_nodes(schema: dict[str, Any]) -> set[int] | None:
+    """The ids of the schemas that llguidance intersects with others, or that lie in or are
+    referenced from such a schema; None when a $ref there cannot be resolved (then no schema
+    can be known not to be intersected)."""
+    try:
+        resource = referencing.Resource.from_contents(schema, default_specification=referencing.jsonschema.DRAFT202012)
+    except referencing.exceptions.CannotDetermineSpecification:
+        return None
+    base = resource.id() or _ROOT_URI
+    resolver = referencing.Registry().with_resource(base, resource).resolver(base_uri=base)
+    intersected: set[int] = set()
+    pending: list[tuple[Any, bool]] = [(schema, False)]
+    while pending:
+        node, is_intersected = pending.pop()
+        if not isinstance(node, dict) or (is_intersected and id(node) in intersected):
+            continue
+        is_intersected = is_intersected or _is_intersection(node)
+        if is_intersected:
+            intersected.add(id(node))
+            reference = node.get("$ref")
+            if isinstance(reference, str):
+                try:
+                    pending.append((resolver.lookup(reference).contents, True))
+                except referencing.exceptions.Unresolvable:
+                    return None
+        for key, value in node.items():
+            # Definitions are only part of a value where they are referenced.
+            inner = is_intersected and key not in ("$defs", "definitions")
+            pending.extend((child, inner) for child in _subschemas(key, value))
+    return intersected
+
+
+def _close_object(node: dict[str, Any]) -> None:
+    """additionalProperties: false where the schema declares its properties and asks for no
+    others (grammar_schema)."""
+    properties = node.get("properties")
+    if not isinstance(properties, dict) or not properties or _OTHER_KEYS & set(node):
+        return
+    required = node.get("required")
+    if isinstance(required, list) and not set(required) <= set(properties):
+        return
+    min_properties = node.get("minProperties")
+    if _is_number(min_properties) and min_properties > len(properties):
+        return
+    node["additionalProperties"] = False
+
+
+def _bound_number(node: dict[str, Any]) -> None:
+    """The bounds and fraction step a number or integer schema lacks (grammar_schema)."""
+    types = node.get("type")
+    types = set(types) if isinstance(types, list) else {types}
+    if not types & {"number", "integer"} or "enum" in node or "const" in node:
+        return
+    low, high = _lower_bound(node), _upper_bound(node)
+    # A bound of the schema's own beyond the limit leaves that side unbounded rather than empty.
+    if low is None and (high is None or high > -NUMBER_LIMIT):
+        node["minimum"] = low = -NUMBER_LIMIT
+    if high is None and (low is None or low < NUMBER_LIMIT):
+        node["maximum"] = high = NUMBER_LIMIT
+    is_wide = low is None or high is None or high - low >= _MIN_STEPPED_RANGE
+    if "number" in types and "multipleOf" not in node and is_wide:
+        node["multipleOf"] = FRACTION_STEP
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _lower_bound(node: dict[str, Any]) -> float | None:
+    # exclusiveMinimum is a number since draft 6, a flag on minimum in draft 4.
+    bounds = [node[key] for key in ("minimum", "exclusiveMinimum") if _is_number(node.get(key))]
+    return max(bounds) if bounds else None
+
+
+def _upper_bound(node: dict[str, Any]) -> float | None:
+    bounds = [node[key] for key in ("maximum", "exclusiveMaximum") if _is_number(node.get(key))]
+    return min(bounds) if bounds else None
 
 
 # --- rewrites: what lenient compilation still refuses ------------------------------------------

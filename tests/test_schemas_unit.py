@@ -1,7 +1,9 @@
 """JSON schemas as clients send them, on the fake backend: what the grammar cannot enforce is
 approximated and named, every output that ends is validated against the whole schema (an
 invalid one is flagged, never a plain success), strict mode refuses instead, a schema compiles
-once however many requests repeat it, and one that compiles too slowly is its request's error."""
+once however many requests repeat it, and one that compiles too slowly is its request's error.
+The grammar offers only declared properties where a schema leaves other keys unsaid, and
+numbers of bounded length, while outputs are validated against the schema as given."""
 
 from __future__ import annotations
 
@@ -21,7 +23,9 @@ from multiseq.formats.records import result_record
 from multiseq.formats.resume import record_succeeded
 from multiseq.formats.summary import RunTally
 from multiseq.runner import grammar
-from multiseq.runner.schema import SchemaCheck
+from multiseq.runner.errors import ConstraintError
+from multiseq.runner.grammar import TokenConstraint
+from multiseq.runner.schema import SchemaCheck, schema_grammar
 
 # Each case: a schema with a keyword the grammar cannot enforce, what the result names as
 # approximated, a reply that follows the approximated grammar but breaks the keyword, and one
@@ -288,3 +292,107 @@ def test_every_schema_of_the_benchmark_sample_compiles_and_strict_mode_refuses_s
         except ValueError:
             refused += 1
     assert refused >= 10
+
+
+# --- the grammar's narrowed copy: declared properties only, numbers of bounded length ----------
+
+def constraint(schema: dict, strict: bool = False) -> TokenConstraint:
+    """A request's constraint as the runner builds it: the grammar, and the output check."""
+    return TokenConstraint(FakeBackend().grammar_tokenizer(), SamplingParams(json_schema=schema, strict_schema=strict))
+
+
+def num_allowed_bytes(schema: dict, text: str, strict: bool = False) -> int:
+    """How many bytes of `text` the grammar lets through (a byte is a token of the fake)."""
+    return constraint(schema, strict).matcher.try_consume_tokens(list(text.encode()))
+
+
+def allows(schema: dict, text: str, strict: bool = False) -> bool:
+    """Whether the grammar lets `text` through as a whole output."""
+    matcher = constraint(schema, strict).matcher
+    return matcher.consume_tokens(list(text.encode())) and matcher.is_accepting()
+
+
+PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}}, "required": ["name"]}
+# Where an object schema may stand: the schema around it, and the output around its value.
+PLACES = {
+    "top level": (lambda inner: inner, "{}"),
+    "property": (lambda inner: {"type": "object", "properties": {"p": inner}, "required": ["p"],
+                                "additionalProperties": False}, '{{"p":{}}}'),
+    "array items": (lambda inner: {"type": "array", "items": inner}, "[{}]"),
+    "anyOf branch": (lambda inner: {"anyOf": [inner, {"type": "null"}]}, "{}"),
+    "$ref": (lambda inner: {"$defs": {"person": inner}, "$ref": "#/$defs/person"}, "{}"),
+}
+
+
+@pytest.mark.parametrize("strict", [False, True], ids=["lenient", "strict"])
+@pytest.mark.parametrize("place", PLACES)
+def test_an_object_that_leaves_other_keys_unsaid_is_offered_only_its_declared_properties(place, strict):
+    wrap, around = PLACES[place]
+    schema = fresh(wrap(PERSON))
+    given = json.dumps(schema)
+    assert allows(schema, around.format('{"name":"ada","age":36}'), strict)
+    assert allows(schema, around.format('{"name":"ada"}'), strict)
+    invented = around.format('{"name":"ada","nickname":"a"}')
+    assert num_allowed_bytes(schema, invented, strict) == invented.index('"nickname"') + 1, "only \"age\" may follow"
+    assert constraint(schema, strict).output_error(invented) is None, "validated against the schema as given"
+    assert json.dumps(schema) == given, "the request's schema is left as it is"
+
+
+# Schemas whose objects may hold keys they do not declare, and an output with one.
+OTHER_KEYS_ALLOWED = {
+    "additionalProperties: true": ({"type": "object", "properties": {"a": {"type": "integer"}},
+                                    "additionalProperties": True}, '{"a":1,"b":"x"}'),
+    "additionalProperties: a schema": ({"type": "object", "properties": {"a": {"type": "integer"}},
+                                        "additionalProperties": {"type": "integer"}}, '{"a":1,"b":2}'),
+    "patternProperties": ({"type": "object", "properties": {"a": {"type": "integer"}},
+                           "patternProperties": {"^x_": {"type": "integer"}}}, '{"a":1,"x_b":2}'),
+    "no properties": ({"type": "object"}, '{"b":[1,{"c":null}]}'),
+    "required beyond properties": ({"type": "object", "properties": {"a": {"type": "integer"}},
+                                    "required": ["a", "b"]}, '{"a":1,"b":2}'),
+    "allOf branches": ({"allOf": [{"type": "object", "properties": {"a": {"type": "integer"}}},
+                                  {"properties": {"b": {"type": "integer"}}}]}, '{"a":1,"b":2}'),
+    "$ref beside properties": ({"$defs": {"base": {"type": "object", "properties": {"a": {"type": "integer"}}}},
+                                "$ref": "#/$defs/base", "properties": {"b": {"type": "integer"}}}, '{"a":1,"b":2}'),
+}
+
+
+@pytest.mark.parametrize("strict", [False, True], ids=["lenient", "strict"])
+@pytest.mark.parametrize("name", OTHER_KEYS_ALLOWED)
+def test_a_schema_that_allows_other_keys_keeps_allowing_them(name, strict):
+    schema, output = OTHER_KEYS_ALLOWED[name]
+    assert allows(fresh(schema), output, strict)
+    assert constraint(fresh(schema), strict).output_error(output) is None
+
+
+@pytest.mark.parametrize("strict", [False, True], ids=["lenient", "strict"])
+def test_a_long_run_of_digits_is_refused_after_the_bound(strict):
+    integer = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    assert allows(integer, '{"n":' + "9" * 15 + "}", strict) and allows(integer, '{"n":-' + "9" * 15 + "}", strict)
+    assert num_allowed_bytes(integer, '{"n":' + "9" * 40, strict) == len('{"n":') + 15
+    number = {"type": "array", "items": {"type": "number"}}
+    assert allows(number, "[0.5,-12.25,3," + "9" * 15 + ",-1." + "1" * 10 + "]", strict)
+    assert num_allowed_bytes(number, "[" + "9" * 40, strict) == 1 + 15
+    assert num_allowed_bytes(number, "[0." + "1" * 40, strict) == len("[0.") + 10
+    assert num_allowed_bytes(number, "[1e999999", strict) == len("[1"), "no exponent to run on"
+    assert constraint(integer, strict).output_error('{"n":' + "9" * 40 + "}") is None, "validation has no bound"
+
+
+def test_a_schemas_own_number_bounds_are_kept():
+    assert allows({"type": "integer", "minimum": -3, "maximum": 5}, "5")
+    assert not allows({"type": "integer", "minimum": -3, "maximum": 5}, "6")
+    assert not allows({"type": "integer", "minimum": 0}, "-1"), "the side the schema bounds keeps its bound"
+    wide = {"type": "integer", "maximum": 10**17}
+    assert allows(wide, "1" + "0" * 17) and num_allowed_bytes(wide, "9" * 40) == 17, "a wider bound of its own"
+    above = {"type": "integer", "minimum": 10**17}
+    assert allows(above, "1" + "0" * 25), "a minimum beyond the limit is not made empty"
+    assert allows({"type": "number", "multipleOf": 0.5}, "1.5")
+    assert not allows({"type": "number", "multipleOf": 0.5}, "1.25"), "its own multipleOf"
+    tiny = {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1e-12}
+    assert allows(tiny, "0.0000000000005"), "a range finer than the fraction bound keeps its fraction"
+
+
+def test_a_schemas_own_options_do_not_loosen_strict_mode():
+    schema = {"x-guidance": {"lenient": True}, "type": "integer", "not": {"const": 1}}
+    assert schema_grammar(schema, strict=False).approximated == ("not",)
+    with pytest.raises(ConstraintError, match="cannot be compiled exactly"):
+        schema_grammar(schema, strict=True)

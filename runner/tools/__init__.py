@@ -5,8 +5,9 @@ a request's tools into its prompt, constrains its calls with a grammar, and pars
 model wrote into calls; the three APIs only translate at their doors.
 """
 
+from .parsers import ToolCallParser, parse_output
 from .types import (ArgumentsDelta, ChoiceMode, Delta, ParsedOutput, ReasoningDelta, TextDelta, Tool, ToolCall,
                     ToolCallStart, ToolChoice, ToolFormat)
 
 __all__ = ["ArgumentsDelta", "ChoiceMode", "Delta", "ParsedOutput", "ReasoningDelta", "TextDelta", "Tool", "ToolCall",
-           "ToolCallStart", "ToolChoice", "ToolFormat"]
+           "ToolCallParser", "ToolCallStart", "ToolChoice", "ToolFormat", "parse_output"]
