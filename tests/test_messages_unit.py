@@ -364,7 +364,7 @@ def server(make_runner, serve_app):
         backend = FakeBackend(num_slots=4, window=1024, n_batch=64)
         backend.replies = LatestMention({key: reply.encode("utf-8") for key, reply in {
             HI_PROMPT: HELLO, "Be\n\nbrief.<user>Hi": "Hi, in blocks.", PARIS: PARIS_CALL, SUNNY: SUNNY_REPLY,
-            "Tell me a story": "Once upon a time. THE END and more"}.items()})
+            "Tell me a story": "Once upon a time. THE END and more", "Pick a unit": "Celsius, please."}.items()})
         app = create_app(make_runner(backend), ServerSettings(model_name=MODEL, **settings))
         base = serve_app(app)
         return anthropic.Anthropic(base_url=base, api_key=settings.get("api_key") or "unused", max_retries=0), base
@@ -384,8 +384,11 @@ def raw_post(base: str, path: str, payload: dict | str, headers: dict | None = N
 
 
 def blocks_of(message) -> list[dict]:
-    """A message's content blocks as plain dicts (a streamed one's blocks are the SDK's Parsed* kind)."""
-    return [block.model_dump(exclude={"parsed_output"}, exclude_none=True) for block in message.content]
+    """A message's content blocks as plain dicts (a streamed one's blocks are the SDK's Parsed* kind),
+    tool_use ids checked and left out (each response has new ones)."""
+    blocks = [block.model_dump(exclude={"parsed_output"}, exclude_none=True) for block in message.content]
+    assert all(block.pop("id").startswith("toolu_") for block in blocks if block["type"] == "tool_use")
+    return blocks
 
 
 def assert_anthropic_error(body: dict, error_type: str, field: str | None = None) -> None:
@@ -431,14 +434,21 @@ def test_a_tool_round_trip(server):
     assert answered.stop_reason == "end_turn"
 
 
-@needs_tool_parsers
-def test_a_forced_tool_gives_input_that_validates_against_its_schema(server):
+UNIT_TOOL = {"name": "set_unit", "description": "Choose the temperature unit.", "input_schema": {
+    "type": "object", "properties": {"unit": {"enum": ["celsius", "fahrenheit"]}}, "required": ["unit"],
+    "additionalProperties": False}}
+
+
+def test_a_forced_tool_is_called_with_input_that_validates_against_its_schema(server):
     client, _ = server()
-    message = client.messages.create(model=MODEL, max_tokens=128, extra_body=GREEDY, tools=[WEATHER_TOOL],
-                                     tool_choice={"type": "tool", "name": "get_weather"},
-                                     messages=[{"role": "user", "content": PARIS}])
-    assert [block.type for block in message.content] == ["tool_use"] and message.stop_reason == "tool_use"
-    jsonschema.validate(message.content[0].input, WEATHER_TOOL["input_schema"])
+    pick = {"model": MODEL, "max_tokens": 128, "extra_body": GREEDY, "tools": [UNIT_TOOL],
+            "messages": [{"role": "user", "content": "Pick a unit"}]}
+    unforced = client.messages.create(**pick)
+    assert unforced.content[0].text == "Celsius, please." and unforced.stop_reason == "end_turn"
+    forced = client.messages.create(**pick, tool_choice={"type": "tool", "name": "set_unit"})
+    assert [block.type for block in forced.content] == ["tool_use"] and forced.stop_reason == "tool_use"
+    assert forced.content[0].name == "set_unit"
+    jsonschema.validate(forced.content[0].input, UNIT_TOOL["input_schema"])
 
 
 @pytest.mark.parametrize("question, tools, block_types", [
