@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import http.client
-import importlib.util
 import json
 
 import anthropic
@@ -342,12 +341,6 @@ RAW_EVENTS = ("message_start", "content_block_start", "content_block_delta", "co
               "message_stop")
 
 
-# Tool calls need the chat layer's parsers of each call format (runner/tools/parsers.py), which
-# are not on main yet: the tests that make the model call a tool run once they are.
-needs_tool_parsers = pytest.mark.skipif(importlib.util.find_spec("multiseq.runner.tools.parsers") is None,
-                                        reason="the tool-call parsers (multiseq.runner.tools.parsers) are not there yet")
-
-
 class LatestMention(dict):
     """Scripted replies for the fake backend, chosen by the key the prompt mentions last: a tool
     round trip's second prompt holds the question too, but the tool's result comes after it."""
@@ -418,7 +411,6 @@ def test_create_with_a_string_system_and_with_blocks(server):
     assert blocks.content[0].text == "Hi, in blocks."
 
 
-@needs_tool_parsers
 def test_a_tool_round_trip(server):
     client, _ = server()
     question = [{"role": "user", "content": PARIS}]
@@ -452,7 +444,7 @@ def test_a_forced_tool_is_called_with_input_that_validates_against_its_schema(se
 
 
 @pytest.mark.parametrize("question, tools, block_types", [
-    pytest.param(PARIS, [WEATHER_TOOL], ["tool_use"], marks=needs_tool_parsers), ("Hi", [], ["text"])])
+    (PARIS, [WEATHER_TOOL], ["tool_use"]), ("Hi", [], ["text"])])
 def test_a_stream_gives_every_event_in_order_and_the_same_message(server, question, tools, block_types):
     client, _ = server()
     request = {"model": MODEL, "max_tokens": 128, "extra_body": GREEDY, "system": "Be brief.", "tools": tools,
@@ -562,7 +554,6 @@ def test_server_tools_are_left_out_and_listed_in_a_header(server):
     assert "x-multiseq-ignored-tools" not in plain.headers
 
 
-@needs_tool_parsers
 def test_the_custom_tools_beside_server_tools_are_called(server):
     client, _ = server()
     raw = client.messages.with_raw_response.create(model=MODEL, max_tokens=128, extra_body=GREEDY,
