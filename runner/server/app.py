@@ -24,7 +24,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..runner import Runner
-from . import batch_api, responses
+from . import batch_api, messages, responses, tokens
 from .chat import chat_completions, completions
 from .errors import INVALID_REQUEST, NOT_FOUND, ApiError, error_body, internal_error
 from .state import (CHAT_ENDPOINT, COMPLETIONS_ENDPOINT, DEFAULT_MAX_BATCH_LINES, DEFAULT_MAX_BODY_BYTES,  # noqa: F401
@@ -89,23 +89,37 @@ async def _unexpected_error(request: HttpRequest, error: Exception) -> Response:
 
 
 class ApiKeyGuard:
-    """Every /v1 route wants `Authorization: Bearer <key>`, compared in constant time;
-    /health and /metrics stay open."""
+    """Every route but /health and /metrics wants the key, as `Authorization: Bearer <key>` or
+    as Anthropic's `x-api-key: <key>`, compared in constant time. The 401 is in the shape of
+    the API asked: Anthropic's on /v1/messages, OpenAI's elsewhere."""
+
+    OPEN_PATHS = ("/health", "/metrics")
 
     def __init__(self, app: ASGIApp, api_key: str | None) -> None:
         self.app = app
         self._key = api_key.encode("utf-8") if api_key else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and self._key is not None and scope["path"].startswith("/v1"):
-            scheme, _, token = Headers(scope=scope).get("authorization", "").partition(" ")
-            if not (scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode("utf-8"), self._key)):
-                response = JSONResponse(error_body("Incorrect or missing API key: send 'Authorization: Bearer "
-                                                   "<key>'.", INVALID_REQUEST, None, "invalid_api_key"),
-                                        status_code=401, headers={"WWW-Authenticate": "Bearer"})
-                await response(scope, receive, send)
-                return
+        if (scope["type"] == "http" and self._key is not None and scope["path"] not in self.OPEN_PATHS
+                and not self._is_authorized(Headers(scope=scope))):
+            await self._refusal(scope["path"])(scope, receive, send)
+            return
         await self.app(scope, receive, send)
+
+    def _is_authorized(self, headers: Headers) -> bool:
+        scheme, _, token = headers.get("authorization", "").partition(" ")
+        offered = [headers.get("x-api-key", "").strip(), token.strip() if scheme.lower() == "bearer" else ""]
+        # Both compared, never short-circuited, so the time taken says nothing about the key.
+        matches = [hmac.compare_digest(key.encode("utf-8"), self._key) for key in offered]
+        return any(matches)
+
+    @staticmethod
+    def _refusal(path: str) -> JSONResponse:
+        message = "Incorrect or missing API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'."
+        if path.startswith(messages.ENDPOINT):
+            return JSONResponse(messages.error_body("authentication_error", message), status_code=401)
+        return JSONResponse(error_body(message, INVALID_REQUEST, None, "invalid_api_key"), status_code=401,
+                            headers={"WWW-Authenticate": "Bearer"})
 
 
 def create_app(runner: Runner | None = None, settings: ServerSettings | None = None) -> Starlette:
@@ -122,6 +136,10 @@ def create_app(runner: Runner | None = None, settings: ServerSettings | None = N
         Route("/v1/models/{model:path}", get_model, methods=["GET"]),
         Route(CHAT_ENDPOINT, chat_completions, methods=["POST"]),
         Route(COMPLETIONS_ENDPOINT, completions, methods=["POST"]),
+        Route(messages.ENDPOINT, messages.create_message, methods=["POST"]),
+        Route(f"{messages.ENDPOINT}/count_tokens", messages.count_tokens, methods=["POST"]),
+        Route("/tokenize", tokens.tokenize, methods=["POST"]),
+        Route("/detokenize", tokens.detokenize, methods=["POST"]),
         *batch_api.ROUTES,
         *responses.ROUTES,
     ]

@@ -1,0 +1,79 @@
+"""POST /tokenize and POST /detokenize, in llama-server's shapes, for clients and tools that
+count or inspect the served model's tokens.
+
+    POST /tokenize    {"content": str, "add_special": bool, "with_pieces": bool}
+                      -> {"tokens": [id, ...]}, or with_pieces: {"tokens": [{"id", "piece"}, ...]}
+    POST /detokenize  {"tokens": [id, ...]} -> {"content": str}
+
+A piece is the token's text, or, when its bytes are not whole UTF-8 characters (a character
+split across tokens), the list of its byte values, as llama-server gives it. Tokenizing a long
+text takes a while, so both run off the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from starlette.requests import Request as HttpRequest
+from starlette.responses import JSONResponse, Response
+
+from .bodies import read_json
+from .chat import detokenize as detokenize_tokens
+from .chat import tokenize as tokenize_text
+from .errors import ApiError
+
+DEFAULT_ADD_SPECIAL = False  # llama-server's default: no BOS unless asked for
+
+
+async def tokenize(request: HttpRequest) -> Response:
+    """The tokens of `content` (with their pieces when `with_pieces`)."""
+    state = request.app.state.server
+    runner = state.ready_runner()
+    body = await read_json(request, state.settings.max_body_bytes)
+    content = body.get("content")
+    if not isinstance(content, str):
+        raise ApiError(400, "'content' must be the text to tokenize (a string)", param="content")
+    add_special = _flag(body, "add_special", DEFAULT_ADD_SPECIAL)
+    with_pieces = _flag(body, "with_pieces", False)
+    tokens = await asyncio.to_thread(tokenize_text, request, content, add_special)
+    if not with_pieces:
+        return JSONResponse({"tokens": tokens})
+    backend = runner.backend
+    return JSONResponse({"tokens": [{"id": token, "piece": piece_of(backend.token_bytes(token))}
+                                    for token in tokens]})
+
+
+async def detokenize(request: HttpRequest) -> Response:
+    """The text of `tokens`; a 400 naming the first id outside the vocabulary."""
+    state = request.app.state.server
+    state.ready_runner()
+    body = await read_json(request, state.settings.max_body_bytes)
+    tokens = body.get("tokens")
+    if not isinstance(tokens, list) or not all(isinstance(token, int) and not isinstance(token, bool)
+                                               for token in tokens):
+        raise ApiError(400, "'tokens' must be a list of token ids (integers)", param="tokens")
+    try:
+        content = await asyncio.to_thread(detokenize_tokens, request, tokens)
+    except ValueError as error:
+        raise ApiError(400, f"'tokens': {error}", param="tokens") from None
+    return JSONResponse({"content": content})
+
+
+def piece_of(piece: bytes) -> str | list[int]:
+    """A token's piece as llama-server writes it: text, or its byte values when they are not
+    whole UTF-8 characters."""
+    try:
+        return piece.decode("utf-8")
+    except UnicodeDecodeError:
+        return list(piece)
+
+
+def _flag(body: dict[str, Any], name: str, default: bool) -> bool:
+    value = body.get(name, default)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise ApiError(400, f"'{name}' must be true or false, got {json.dumps(value)}", param=name)
+    return value
