@@ -32,6 +32,7 @@ class StopMatcher:
     def __init__(self, stops: tuple[str, ...]) -> None:
         self._stops = tuple(stop for stop in stops if stop)
         self._held = ""
+        self.matched: str | None = None  # the stop string that was reached (the earliest in the text)
 
     def feed(self, text: str) -> tuple[str, bool]:
         """Return (text safe to emit, whether a stop string was reached).
@@ -42,10 +43,11 @@ class StopMatcher:
         if not self._stops:
             return text, False
         buffer = self._held + text
-        hits = [index for index in (buffer.find(stop) for stop in self._stops) if index >= 0]
+        hits = [(index, stop) for stop in self._stops if (index := buffer.find(stop)) >= 0]
         if hits:
             self._held = ""
-            return buffer[: min(hits)], True
+            first, self.matched = min(hits, key=lambda hit: hit[0])
+            return buffer[:first], True
         keep = self._longest_partial_match(buffer)
         self._held = buffer[len(buffer) - keep:]
         return buffer[: len(buffer) - keep], False
@@ -79,6 +81,11 @@ class TextAssembler:
 
     def feed(self, piece: bytes) -> tuple[str, bool]:
         return self._stops.feed(self._detok.feed(piece))
+
+    @property
+    def matched_stop(self) -> str | None:
+        """The stop string that ended the text (None: none did)."""
+        return self._stops.matched
 
     def flush(self) -> str:
         """The text held back at the end of generation (no stop string can follow any more)."""

@@ -187,6 +187,7 @@ class Result:
     tool_calls: tuple[ToolCall, ...] = ()
     reasoning: str | None = None
     tool_call_error: str | None = None
+    stop_string: str | None = None  # the stop string that ended the output (finish_reason stop)
 
     @property
     def ok(self) -> bool:

@@ -377,6 +377,7 @@ class Sequence:
             logprobs=None if self.logprobs is None else tuple(self.logprobs),
             schema_error=self.schema_error,
             approximated=self.sampler.approximated,
+            stop_string=self.assembler.matched_stop,
             **tools,
         )
 

@@ -476,14 +476,16 @@ def test_the_beta_route_and_count_tokens(server):
     assert with_tools.input_tokens > counted.input_tokens, "the tools are part of the prompt"
 
 
-@pytest.mark.xfail(strict=True, reason="the chat layer says finish_reason 'stop' for both an end-of-generation "
-                   "token and a stop string; which string matched needs its choice's `stop_reason` (vLLM's field)")
 def test_a_stop_sequence_ends_the_message(server):
     client, _ = server()
     message = client.messages.create(model=MODEL, max_tokens=64, extra_body=GREEDY, stop_sequences=["THE END"],
                                      messages=[{"role": "user", "content": "Tell me a story"}])
     assert message.content[0].text == "Once upon a time. "
     assert message.stop_reason == "stop_sequence" and message.stop_sequence == "THE END"
+    with client.messages.stream(model=MODEL, max_tokens=64, extra_body=GREEDY, stop_sequences=["THE END"],
+                                messages=[{"role": "user", "content": "Tell me a story"}]) as stream:
+        streamed = stream.get_final_message()
+    assert streamed.stop_reason == "stop_sequence" and streamed.stop_sequence == "THE END"
 
 
 def test_errors_are_in_anthropics_shape_and_name_the_field(server):

@@ -100,7 +100,8 @@ def completion_body(item: PromptItem, results: list[Result], model_name: str, bo
     """The body of a 200 response: a chat.completion or a text_completion, a choice per result."""
     if item.is_chat:
         choices = [{"index": index, "message": chat_message(result), "logprobs": chat_logprobs(result.logprobs),
-                    "finish_reason": result.finish_reason.value} for index, result in enumerate(results)]
+                    "finish_reason": result.finish_reason.value, **stop_reason(result)}
+                   for index, result in enumerate(results)]
     else:
         choices = [{"index": index, "text": result.text, "logprobs": completion_logprobs(result.logprobs),
                     "finish_reason": result.finish_reason.value} for index, result in enumerate(results)]
@@ -108,6 +109,12 @@ def completion_body(item: PromptItem, results: list[Result], model_name: str, bo
             "created": created if created is not None else int(time.time()), "model": model_name,
             "choices": choices, "usage": usage_of(results)}
     return body | approximated_field(results)
+
+
+def stop_reason(result: Result) -> dict[str, Any]:
+    """vLLM's `stop_reason`: the stop string that ended the choice (only when one did), so that
+    the Messages API can say which of its stop_sequences matched."""
+    return {"stop_reason": result.stop_string} if result.stop_string is not None else {}
 
 
 def chat_message(result: Result) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from starlette.responses import JSONResponse, Response
 
 from ..formats.fields import ItemError
 from ..formats.openai_output import (INVALID_OUTPUT, INVALID_OUTPUT_CODE, INVALID_OUTPUT_STATUS, approximated_field,
-                                     chat_deltas, completion_body, schema_failure_message, stream_choice,
+                                     chat_deltas, completion_body, schema_failure_message, stop_reason, stream_choice,
                                      stream_chunk, usage_of)
 from ..formats.reader import openai_body_item
 from ..runner import FinishReason, Priority, Result
@@ -105,7 +105,7 @@ class CompletionCall:
                 return
             rest = result.logprobs[streamed_logprobs[event.choice]:] if wants_logprobs and result.logprobs else None
             last = stream_choice(is_chat, event.choice, None, rest if wants_logprobs else None,
-                                 result.finish_reason.value, text_offset=text_length[event.choice])
+                                 result.finish_reason.value, text_offset=text_length[event.choice]) | stop_reason(result)
             yield chunk([last]) | approximated_field([result])
         if include_usage:
             yield chunk([], usage_of([job.results[choice] for choice in range(item.n)]))
