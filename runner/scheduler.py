@@ -45,11 +45,14 @@ def fit_prompt(tokens: list[int], window: int, n_keep: int, max_tokens: int | No
     A prompt that fits (at least one free position after it) is kept whole. Otherwise, with
     `slide`, the first n_keep tokens and the newest tail are kept and the middle dropped, so
     that min(max_tokens, window / 2) positions stay free for generation; with `reject` it is
-    an error naming the sizes, and so is a max_tokens that cannot fit after the prompt.
-    max_tokens None asks for whatever the window leaves after the prompt.
+    an error naming the sizes. A max_tokens beyond what the window leaves after a prompt that
+    fits is capped to it (generation ends there, finish_reason length), as llama-server does:
+    agents ask for more tokens than a small model's window holds (Claude Code 32,000), and the
+    prompt itself loses nothing. max_tokens None asks for whatever the window leaves.
     """
     if policy is OverflowPolicy.REJECT:
-        _check_request_fits(len(tokens), window, max_tokens)
+        _check_prompt_fits(len(tokens), window)
+        max_tokens = window - len(tokens) if max_tokens is None else min(max_tokens, window - len(tokens))
     if len(tokens) < window:
         return PromptFit(list(tokens), 0, max_tokens if max_tokens is not None else window - len(tokens))
     room_to_generate = max(1, min(max_tokens or window, window // 2))
@@ -61,17 +64,12 @@ def fit_prompt(tokens: list[int], window: int, n_keep: int, max_tokens: int | No
     return PromptFit(kept, len(tokens) - len(kept), max_tokens if max_tokens is not None else room_to_generate)
 
 
-def _check_request_fits(num_prompt: int, window: int, max_tokens: int | None) -> None:
-    """Under `reject`: the prompt and the tokens it asks for must both fit in the window."""
+def _check_prompt_fits(num_prompt: int, window: int) -> None:
+    """Under `reject`: the prompt, and at least one token to generate, must fit in the window."""
     if num_prompt >= window:
         raise PromptDoesNotFit(
             f"the prompt has {num_prompt} tokens, but a slot's context window is {window} tokens "
-            f"(overflow policy 'reject')")
-    if max_tokens is not None and num_prompt + max_tokens > window:
-        raise PromptDoesNotFit(
-            f"this request needs {num_prompt + max_tokens} tokens ({num_prompt} in the prompt, {max_tokens} to "
-            f"generate), but a slot's context window is {window} tokens: lower max_tokens to at most "
-            f"{window - num_prompt} (overflow policy 'reject')")
+            f"(overflow policy 'reject'): shorten the conversation, or serve with a larger --slot-ctx")
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,9 +29,11 @@ def test_fit_prompt_rejects_naming_both_sizes():
         fit_prompt(list(range(40)), window=WINDOW, n_keep=1, max_tokens=8, policy=OverflowPolicy.REJECT)
 
 
-def test_reject_also_refuses_a_max_tokens_that_cannot_fit_after_the_prompt_naming_the_numbers():
-    with pytest.raises(PromptDoesNotFit, match=r"needs 40 tokens \(20 in the prompt, 20 to generate\).*32 tokens.*at most 12"):
-        fit_prompt(list(range(20)), window=WINDOW, n_keep=1, max_tokens=20, policy=OverflowPolicy.REJECT)
+def test_reject_caps_a_max_tokens_beyond_the_window_to_what_it_leaves():
+    """Agents ask for more than a small window holds; the prompt loses nothing, and the
+    generation ends at the window (finish_reason length), as llama-server does."""
+    capped = fit_prompt(list(range(20)), window=WINDOW, n_keep=1, max_tokens=20, policy=OverflowPolicy.REJECT)
+    assert (capped.tokens, capped.num_dropped, capped.max_tokens) == (list(range(20)), 0, 12)
     assert fit_prompt(list(range(20)), window=WINDOW, n_keep=1, max_tokens=12, policy=OverflowPolicy.REJECT).max_tokens == 12
 
 

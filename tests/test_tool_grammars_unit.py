@@ -136,3 +136,17 @@ def test_arguments_allow_no_free_whitespace():
     """Whitespace a model may add is whitespace that would not match the call re-rendered."""
     assert not accepts('{"tool_calls": [{"name": "get_weather", "arguments": {\n  "city": "Paris"}}]}',
                        ToolFormat.GENERIC, "required")
+
+
+def test_the_generic_system_part_keeps_tool_documentation_short():
+    """A page of documentation per tool would fill a small model's window: the first paragraph
+    of a description, and parameters without annotations (a property named "description" stays)."""
+    tool = Tool("bash", "Run a command.\n\nLong usage notes. " + "More notes. " * 200, {
+        "type": "object", "description": "the arguments", "properties": {
+            "command": {"type": "string", "description": "what to run", "examples": ["ls"]},
+            "description": {"type": "string", "title": "why"}}, "required": ["command"]})
+    [line] = generic_messages([{"role": "user", "content": "hi"}], [tool], ToolFormat.GENERIC)[0]["content"] \
+        .splitlines()[-1:]
+    assert json.loads(line) == {"name": "bash", "description": "Run a command.", "parameters": {
+        "type": "object", "properties": {"command": {"type": "string"}, "description": {"type": "string"}},
+        "required": ["command"]}}

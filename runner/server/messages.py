@@ -177,8 +177,11 @@ def _conversation(messages: Any) -> list[dict[str, Any]]:
             assistant = _assistant_message(blocks, f"{path}.content")
             converted.append(assistant)
             previous_tool_uses = {call["id"]: call["function"]["name"] for call in assistant.get("tool_calls", [])}
+        elif role == "system":  # Claude Code puts reminders between turns as system messages
+            converted.append({"role": "system", "content": BLOCK_SEPARATOR.join(
+                _text_of(block, f"{path}.content[{number}]") for number, block in enumerate(blocks))})
         else:
-            raise invalid(f"{path}.role", f"must be 'user' or 'assistant', got {json.dumps(role)}")
+            raise invalid(f"{path}.role", f"must be 'user', 'assistant' or 'system', got {json.dumps(role)}")
     return converted
 
 

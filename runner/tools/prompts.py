@@ -43,15 +43,58 @@ def thinks(template_source: str | None) -> bool:
 
 
 def tools_description(tools: Sequence[Tool]) -> str:
-    """The tools as JSON, one per line: name, description, parameters."""
+    """The tools as JSON, one per line: name, description, parameters. Kept short: a
+    description's first paragraph (at most MAX_DESCRIPTION characters), and the parameters
+    without their annotations (descriptions, titles, examples). Agents send pages of tool
+    documentation (Claude Code's 24 tools come to 16,000 tokens whole, twice a small model's
+    window), which a template that knows no tools was never trained to read; the grammar, not
+    the description, keeps the calls valid."""
     lines = []
     for tool in tools:
         spec: dict[str, Any] = {"name": tool.name}
         if tool.description:
-            spec["description"] = tool.description
-        spec["parameters"] = tool.schema
+            spec["description"] = short_description(tool.description)
+        spec["parameters"] = without_annotations(tool.schema)
         lines.append(json.dumps(spec, ensure_ascii=False))
     return "\n".join(lines)
+
+
+MAX_DESCRIPTION = 400  # characters of a tool's description in the generic format's system part
+_ANNOTATION_KEYWORDS = frozenset({"description", "title", "examples", "example", "$comment", "deprecated"})
+_SCHEMA_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"})
+_SCHEMA_LISTS = frozenset({"anyOf", "oneOf", "allOf", "prefixItems"})
+_SCHEMA_VALUES = frozenset({"items", "additionalProperties", "not", "contains", "if", "then", "else",
+                            "propertyNames", "additionalItems", "unevaluatedProperties", "unevaluatedItems"})
+
+
+def short_description(text: str) -> str:
+    """A description's first paragraph, cut at a sentence end (or a word) within MAX_DESCRIPTION."""
+    paragraph = text.strip().split("\n\n", 1)[0].strip()
+    if len(paragraph) <= MAX_DESCRIPTION:
+        return paragraph
+    cut = paragraph[:MAX_DESCRIPTION]
+    end = max(cut.rfind(". "), cut.rfind(".\n"))
+    return cut[:end + 1] if end > 0 else cut.rsplit(" ", 1)[0] + " ..."
+
+
+def without_annotations(schema: Any) -> Any:
+    """A JSON schema without the keywords that only annotate it (at any depth); property names
+    that happen to be such words are kept."""
+    if not isinstance(schema, dict):
+        return schema
+    kept: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key in _ANNOTATION_KEYWORDS:
+            continue
+        if key in _SCHEMA_MAPS and isinstance(value, dict):
+            kept[key] = {name: without_annotations(sub) for name, sub in value.items()}
+        elif key in _SCHEMA_LISTS and isinstance(value, list):
+            kept[key] = [without_annotations(sub) for sub in value]
+        elif key in _SCHEMA_VALUES:
+            kept[key] = without_annotations(value)
+        else:
+            kept[key] = value
+    return kept
 
 
 def call_text(tool_format: ToolFormat, calls: Sequence[dict[str, Any]]) -> str:
