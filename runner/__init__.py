@@ -24,9 +24,10 @@ from .request import FinishReason, Priority, Request, Result, Timings
 from .runner import RequestHandle, Runner
 from .sequence import CANCELLED_BEFORE_START
 from .stats import RunnerSnapshot, RunStats
+from .tools import Tool, ToolCall, ToolChoice
 
 __all__ = [
     "BackendError", "CANCELLED_BEFORE_START", "Engine", "FinishReason", "OverflowPolicy", "Priority", "Request",
     "RequestHandle", "Result", "RunStats", "Runner", "RunnerConfig", "RunnerSnapshot", "SamplingParams",
-    "StepOutput", "TextPiece", "Timings", "TokenLogprob", "TopLogprob",
+    "StepOutput", "TextPiece", "Timings", "TokenLogprob", "Tool", "ToolCall", "ToolChoice", "TopLogprob",
 ]
