@@ -129,7 +129,7 @@ def test_stop_sequences_streaming_and_counting():
     ({"max_tokens": 0}, "max_tokens", "at least 1"),
     ({"model": None}, "model", "required"),
     ({"messages": []}, "messages", "non-empty"),
-    ({"messages": [{"role": "system", "content": "x"}]}, "messages[0].role", "'user' or 'assistant'"),
+    ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role", "'user', 'assistant' or 'system'"),
     ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content", "string or a list"),
     ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "messages[0].content[0].type",
      "'image' blocks are not supported"),
@@ -563,3 +563,12 @@ def test_the_custom_tools_beside_server_tools_are_called(server):
                                                    messages=[{"role": "user", "content": PARIS}])
     assert raw.headers["x-multiseq-ignored-tools"] == "web_search, bash"
     assert raw.parse().content[0].input == {"city": "Paris"}
+
+
+def test_a_system_message_between_turns_is_kept_where_it_stands():
+    """Claude Code sends reminders as system messages inside `messages`."""
+    body = translate_request({"model": MODEL, "max_tokens": 8, "messages": [
+        {"role": "user", "content": "Hi"}, {"role": "system", "content": [{"type": "text", "text": "Be brief."}]},
+        {"role": "user", "content": "Again"}]}).chat_body
+    assert [message["role"] for message in body["messages"]] == ["user", "system", "user"]
+    assert body["messages"][1]["content"] == "Be brief."

@@ -46,19 +46,20 @@ def test_emitted_plus_held_text_is_the_input_up_to_the_stop(text, stops, cuts):
 def test_a_fitted_prompt_keeps_its_head_and_newest_tail_and_leaves_room(length, window, n_keep, max_tokens, policy):
     tokens = list(range(1000, 1000 + length))
     room = max(1, min(max_tokens or window, window // 2))
-    asks_too_much = max_tokens is not None and length + max_tokens > window
     try:
         fit = fit_prompt(tokens, window, n_keep, max_tokens, policy)
     except PromptDoesNotFit:
         if policy is OverflowPolicy.REJECT:
-            assert length >= window or asks_too_much
+            assert length >= window
         else:
             assert length >= window and window - room - n_keep < 1
         return
-    assert policy is OverflowPolicy.SLIDE or not (length >= window or asks_too_much), "reject never slides"
+    assert policy is OverflowPolicy.SLIDE or length < window, "reject never slides"
     if length < window:
         assert fit.tokens == tokens and fit.num_dropped == 0
-        assert fit.max_tokens == (max_tokens if max_tokens is not None else window - length)
+        wanted = max_tokens if max_tokens is not None else window - length
+        # reject caps what the window cannot hold; slide leaves a request's ask as it is
+        assert fit.max_tokens == (min(wanted, window - length) if policy is OverflowPolicy.REJECT else wanted)
         return
     kept_tail = fit.tokens[n_keep:]
     assert fit.tokens[:n_keep] == tokens[:n_keep]
