@@ -20,6 +20,7 @@ from . import info
 from .interrupts import EXIT_INTERRUPTED, Interrupts
 from ..server.app import (DEFAULT_MAX_BATCH_LINES, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_QUEUE,
                           DEFAULT_MAX_UPLOAD_BYTES, ServerSettings)
+from ..server.door import WILDCARD_ADDRESSES, allowed_hosts_for, parse_list
 from ..server.store import StoreError
 from ..models.folders import DATA_DIR_VARIABLE
 from .dashboard import ServerDashboard
@@ -226,8 +227,16 @@ def batch_run(prompts_file: Path, output: Path | None, prompt_format: str | None
               help="Address to listen on (0.0.0.0: every interface; then give an --api-key).")
 @click.option("--port", default=DEFAULT_PORT, show_default=True, type=click.IntRange(0, 65535),
               help="Port to listen on (0: a free one).")
-@click.option("--api-key", envvar=API_KEY_VARIABLE, help=f"Require 'Authorization: Bearer KEY' on every /v1 route "
-              f"(also read from {API_KEY_VARIABLE}).")
+@click.option("--api-key", envvar=API_KEY_VARIABLE, help=f"Require 'Authorization: Bearer KEY' (or 'x-api-key: KEY') "
+              f"on every route but /health (also read from {API_KEY_VARIABLE}).")
+@click.option("--metrics-public", is_flag=True, help="With --api-key, leave /metrics open (Prometheus scrapers).")
+@click.option("--allowed-hosts", help="Host header names besides the bound address and localhost, comma-separated "
+              "(*: any; *.lan: a domain). Others get 421, which stops DNS rebinding. [default: any when bound to "
+              "0.0.0.0, with a warning]")
+@click.option("--cors-origins", help="Web origins whose pages may call the API, comma-separated (*: any): CORS "
+              "headers are sent and preflights answered for them. Requests from other origins get 403.")
+@click.option("--strict-fields", is_flag=True, help="Refuse unknown Chat Completions and Completions fields with a "
+              "400 naming the field, instead of ignoring them (named in the x-multiseq-ignored-fields header).")
 @click.option("--alias", help="The model id clients send and /v1/models lists. [default: the model's name]")
 @click.option("--max-queue", default=DEFAULT_MAX_QUEUE, show_default=True, type=click.IntRange(1),
               help="Requests that may wait for a slot; beyond that, 503 with Retry-After.")
@@ -243,7 +252,8 @@ def batch_run(prompts_file: Path, output: Path | None, prompt_format: str | None
 @click.option("--dashboard/--no-dashboard", default=None,
               help="Live view of the slots instead of access logs. Default: on when standard error is a terminal.")
 @click.option("-v", "--verbose", is_flag=True, help="Show llama.cpp warnings.")
-def serve(ctx_size: int | None, host: str, port: int, api_key: str | None, alias: str | None, max_queue: int,
+def serve(ctx_size: int | None, host: str, port: int, api_key: str | None, metrics_public: bool,
+          allowed_hosts: str | None, cors_origins: str | None, strict_fields: bool, alias: str | None, max_queue: int,
           max_body_mb: float, data_dir: Path | None, max_upload_mb: float, max_batch_lines: int,
           dashboard: bool | None, verbose: bool, **options) -> None:
     """Serve the model over an OpenAI-compatible HTTP API, batching concurrent clients.
@@ -266,12 +276,19 @@ def serve(ctx_size: int | None, host: str, port: int, api_key: str | None, alias
     settings = ServerSettings(model_name=alias or resolved.name, api_key=api_key or None, max_queue=max_queue,
                               max_body_bytes=int(max_body_mb * 2**20), defaults=settings_defaults,
                               overflow=config.overflow, data_dir=data_dir or models.data_dir(),
-                              max_upload_bytes=int(max_upload_mb * 2**20), max_batch_lines=max_batch_lines)
+                              max_upload_bytes=int(max_upload_mb * 2**20), max_batch_lines=max_batch_lines,
+                              metrics_public=metrics_public, strict_fields=strict_fields,
+                              allowed_hosts=allowed_hosts_for(host, parse_list(allowed_hosts)),
+                              cors_origins=parse_list(cors_origins))
     show_dashboard = dashboard if dashboard is not None else stderr.is_terminal
     _configure_server_logs(verbose, access_log=not show_dashboard)
     if host not in LOCAL_HOSTS and not settings.api_key:
         stderr.print(f"[yellow]warning: listening on {host} without --api-key: anyone who can reach this port can "
                      f"use the model[/]", soft_wrap=True)
+    if not parse_list(allowed_hosts) and host in WILDCARD_ADDRESSES:
+        stderr.print(f"[yellow]warning: listening on {host} without --allowed-hosts: any Host header is accepted, so "
+                     f"a web page may reach this server through DNS rebinding; name this machine's hosts with "
+                     f"--allowed-hosts[/]", soft_wrap=True)
     address = f"http://{host}:{port}"
     view = ServerDashboard(stderr) if show_dashboard else None
 

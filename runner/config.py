@@ -120,6 +120,9 @@ class SamplingParams:
     seed: int | None = None  # None: derived from the runner's seed and the request's id
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    # End-of-generation tokens are not sampled before this many output tokens (vLLM's
+    # min_tokens); stop strings, a complete constrained output and max_tokens still end it.
+    min_tokens: int = 0
     json_schema: dict[str, Any] | None = None  # the output is JSON valid under this schema
     grammar: str | None = None  # the output follows this GBNF grammar (llama.cpp's format)
     json_object: bool = False  # the output is one JSON object (OpenAI's {"type": "json_object"})
@@ -150,6 +153,10 @@ class SamplingParams:
                  f"seed must be an integer in [0, 2**64), got {self.seed!r}")
         _require(all(isinstance(s, str) and s for s in self.stop), f"stop strings must be non-empty strings, got {self.stop!r}")
         _check_flag(self, "ignore_eos")
+        _require(is_int(self.min_tokens) and self.min_tokens >= 0,
+                 f"min_tokens must be an integer >= 0, got {self.min_tokens!r}")
+        _require(self.max_tokens is None or self.min_tokens <= self.max_tokens,
+                 f"min_tokens must be at most max_tokens ({self.max_tokens}), got {self.min_tokens!r}")
         self._check_logit_bias()
         self._check_constraint()
         _check_flag(self, "logprobs")

@@ -125,8 +125,9 @@ class Engine:
         fit = fit_prompt(tokens, self.window, n_keep, params.max_tokens, overflow)
         seed = params.seed if params.seed is not None else self._derive_seed(request_id)
         banned = self.backend.end_of_generation_tokens() if params.ignore_eos else ()
+        banned_early = self.backend.end_of_generation_tokens() if params.min_tokens and not banned else ()
         sampler = SequenceSampler(params, seed, fit.tokens, banned, self._constraint(request),
-                                  self.backend.token_bytes)
+                                  self.backend.token_bytes, banned_early)
         return Sequence(request_id, fit.tokens, sampler, n_keep, overflow, fit.max_tokens,
                         prompt_tokens_dropped=fit.num_dropped, priority=request.priority,
                         tool_parser=self.tools.parser(request))

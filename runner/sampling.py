@@ -59,13 +59,18 @@ class SequenceSampler:
 
     def __init__(self, params: SamplingParams, seed: int, prompt_tokens: Sequence[int],
                  banned_tokens: Sequence[int] = (), constraint: TokenConstraint | None = None,
-                 token_bytes: Callable[[int], bytes] | None = None) -> None:
+                 token_bytes: Callable[[int], bytes] | None = None,
+                 banned_until_min_tokens: Sequence[int] = ()) -> None:
         self.params = params
         self.seed = seed % 2**64
         self.num_accepted = 0  # tokens accepted so far: the index of the next draw
         # Tokens never to sample, e.g. end-of-generation tokens under ignore_eos (as llama.cpp
         # does it: a -inf bias, so the model keeps writing instead of emitting EOS).
         self.banned = np.asarray(banned_tokens, dtype=np.int64) if len(banned_tokens) else None
+        # Banned only until params.min_tokens tokens are out (end-of-generation tokens, so the
+        # output cannot end sooner).
+        self.banned_early = (np.asarray(banned_until_min_tokens, dtype=np.int64)
+                             if len(banned_until_min_tokens) and params.min_tokens else None)
         self.bias_ids = self.bias_values = None
         if params.logit_bias:
             self.bias_ids = np.fromiter(params.logit_bias.keys(), dtype=np.int64)
@@ -110,6 +115,8 @@ class SequenceSampler:
             apply_penalties(row, self.recent, self.params)
         if self.banned is not None:
             row[self.banned] = -np.inf
+        if self.banned_early is not None and self.num_accepted < self.params.min_tokens:
+            row[self.banned_early] = -np.inf
 
 
 def sample_rows(logits: np.ndarray, samplers: Sequence[SequenceSampler]) -> list[Sampled]:

@@ -96,6 +96,13 @@ def test_completions_logprobs_is_a_count_of_alternatives():
     ({"messages": chat(), "frobnicate": 1}, None, "frobnicate", "unknown field"),
     ({"messages": chat(), "max_completion_tokens": "ten"}, None, "max_completion_tokens", "must be an integer"),
     ({"prompt": "x", "echo": True}, "/v1/completions", "echo", "echo"),
+    ({"messages": chat(), "temperature": float("inf")}, None, "body.temperature", "not a finite number"),
+    ({"messages": chat(), "logit_bias": {"5": float("nan")}}, None, "body.logit_bias.5", "not a finite number"),
+    ({"messages": chat(), "stop": [str(index) for index in range(17)]}, None, "stop", "at most 16"),
+    ({"messages": chat(), "stop": "x" * 257}, None, "stop", "at most 256"),
+    ({"messages": chat(), "max_tokens": 4, "min_tokens": 5}, None, "min_tokens", "at most max_tokens"),
+    ({"messages": chat(), "repetition_penalty": 0}, None, "repetition_penalty", "repetition_penalty must be"),
+    ({"messages": chat(), "chat_template_kwargs": {}}, None, "chat_template_kwargs", "unknown field"),
 ])
 def test_a_field_that_cannot_run_fails_its_line_naming_the_field(body, url, param, words):
     item = openai_line(body, url=url or "/v1/chat/completions")
@@ -104,6 +111,17 @@ def test_a_field_that_cannot_run_fails_its_line_naming_the_field(body, url, para
     assert record["response"]["status_code"] == 400 and record["error"] is None
     assert record["response"]["body"]["error"] == {"message": item.error, "type": "invalid_request_error",
                                                    "param": param, "code": None}
+
+
+def test_fields_vllm_and_llama_server_clients_send():
+    item = openai_line({"messages": chat(), "repetition_penalty": 1.2, "min_tokens": 3, "cache_prompt": False,
+                        "top_k": 7, "min_p": 0.2})
+    sampling = item.request.sampling
+    assert (sampling.repeat_penalty, sampling.min_tokens, sampling.top_k, sampling.min_p) == (1.2, 3, 7, 0.2)
+    both = openai_line({"messages": chat(), "repetition_penalty": 1.2, "repeat_penalty": 1.1})
+    assert both.request.sampling.repeat_penalty == 1.1, "llama.cpp's own name wins"
+    line = parse_jsonl_line(json.dumps({"prompt": "p", "min_tokens": 2, "repetition_penalty": 1.3}), 1, DEFAULTS)
+    assert line.request.sampling.min_tokens == 2 and line.request.sampling.repeat_penalty == 1.3
 
 
 def test_jsonl_lines_take_the_same_fields():
@@ -164,8 +182,11 @@ def test_openai_failures_by_kind():
     rejected = record_for(PromptFormat.OPENAI, item, [Result.rejected("r1", "prompt has 900 tokens")], "m")
     assert rejected["response"]["status_code"] == 400
     assert rejected["response"]["body"]["error"]["type"] == "invalid_request_error"
-    failed = record_for(PromptFormat.OPENAI, item, [result("r1", reason=FinishReason.ERROR, error="decode")], "m")
+    failed = record_for(PromptFormat.OPENAI, item, [result("r1", reason=FinishReason.ERROR,
+                                                          error="llama_decode failed at /srv/models/x.gguf")], "m")
     assert failed["response"]["status_code"] == 500 and failed["response"]["body"]["error"]["type"] == "server_error"
+    assert "/srv" not in json.dumps(failed) and "llama_decode" not in json.dumps(failed), "the cause goes to the log"
+    assert "log" in failed["response"]["body"]["error"]["message"]
     cancelled = record_for(PromptFormat.OPENAI, item, [result("r1", reason=FinishReason.CANCELLED)], "m")
     assert cancelled["response"] is None and cancelled["error"]["code"] == "batch_cancelled"
     assert not any(record_succeeded(record) for record in (rejected, failed, cancelled))

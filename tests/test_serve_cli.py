@@ -3,6 +3,7 @@ and the mistakes a user makes, each one line and no traceback."""
 
 from __future__ import annotations
 
+import http.client
 import re
 import signal
 import socket
@@ -19,17 +20,41 @@ LISTENING = re.compile(r"OpenAI API at (http://127\.0\.0\.1:\d+)/v1")
 
 def test_serve_answers_the_openai_client_and_stops_on_sigterm(start_cli):
     process = start_cli("serve", "-m", "smollm2-135m", "-np", "2", "-c", "1024", "--port", "0", "--no-dashboard",
-                        "--alias", "local", "-t", "1")
+                        "--alias", "local", "-t", "1", "--allowed-hosts", "my.lan", "--strict-fields")
     lines = read_until(process, "ready:")
     base = next(match.group(1) for line in lines if (match := LISTENING.search(line)))
     assert "2 slots x 512 tokens" in "".join(lines), "-c is the total, divided among the slots"
     client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
     reply = client.chat.completions.create(model="local", messages=[{"role": "user", "content": "Hi"}], max_tokens=4)
     assert reply.choices[0].message.content and reply.model == "local"
+    assert [status_of(base, host) for host in ("my.lan:8080", "evil.example")] == [200, 421], "--allowed-hosts"
+    with pytest.raises(openai.BadRequestError, match="unknown field 'mirostat'"):  # --strict-fields
+        client.chat.completions.create(model="local", messages=[{"role": "user", "content": "Hi"}], max_tokens=1,
+                                       extra_body={"mirostat": 2})
     process.send_signal(signal.SIGTERM)
     _, rest = process.communicate(timeout=15)
     assert process.returncode == 0, rest
     assert "multiseq serve stopped" in rest and "Traceback" not in "".join(lines) + rest
+
+
+def status_of(base: str, host: str) -> int:
+    """The status of GET /v1/models sent with this Host header."""
+    connection = http.client.HTTPConnection(base.removeprefix("http://"), timeout=10)
+    connection.request("GET", "/v1/models", headers={"Host": host})
+    status = connection.getresponse().status
+    connection.close()
+    return status
+
+
+def test_every_interface_without_allowed_hosts_is_warned_about(start_cli):
+    with socket.socket() as taken:  # taken, so the server stops before it loads anything
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        process = start_cli("serve", "-np", "1", "--host", "0.0.0.0", "--port", str(port), "--no-dashboard")
+        _, stderr = process.communicate(timeout=60)
+    assert "without --allowed-hosts" in stderr and "DNS rebinding" in stderr
+    assert process.returncode == 1 and "Traceback" not in stderr
 
 
 def test_a_taken_port_is_one_line_and_exit_1(start_cli):

@@ -8,6 +8,7 @@ the field (`param`, in OpenAI's words), so the line fails alone with a reason a 
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from ..runner import SamplingParams
@@ -16,6 +17,10 @@ from ..runner.grammar import ConstraintError, check_constraint
 from ..runner.request import CHAT_ROLES
 
 MAX_CHOICES = 128
+# OpenAI takes up to 4 stop strings; vLLM and llama.cpp clients send a few more. Every piece of
+# output is matched against each, so both their number and their length are bounded.
+MAX_STOP_STRINGS = 16
+MAX_STOP_LENGTH = 256
 MAX_COMPLETION_LOGPROBS = 5  # the legacy completions API's limit
 # OpenAI's other names for the roles a chat template knows.
 ROLE_ALIASES = {"developer": "system"}
@@ -27,6 +32,26 @@ class ItemError(ValueError):
     def __init__(self, message: str, param: str | None = None) -> None:
         super().__init__(message)
         self.param = param
+
+
+def non_finite_path(value: Any) -> str | None:
+    """Where a JSON value holds NaN or an infinity (Python's json reads `NaN`, `Infinity` and
+    `1e999` as such floats), as a field path (`temperature`, `messages[0].x`; the value itself:
+    ""); None when every number is finite. No field means anything at those values. Walked
+    with a stack of its own: a body nested as deep as json reads it cannot overflow Python's."""
+    pending: list[tuple[str, Any]] = [("", value)]
+    while pending:
+        path, item = pending.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            return path
+        if isinstance(item, dict):
+            children = [(f"{path}.{key}" if path else str(key), child) for key, child in item.items()]
+        elif isinstance(item, list):
+            children = [(f"{path}[{index}]", child) for index, child in enumerate(item)]
+        else:
+            continue
+        pending.extend(reversed(children))  # the first field first, as the body reads
+    return None
 
 
 def _is_stop(value: Any) -> bool:
@@ -41,6 +66,7 @@ SAMPLING_FIELDS = {
     "top_p": (is_number, "a number"),
     "min_p": (is_number, "a number"),
     "repeat_penalty": (is_number, "a number"),
+    "min_tokens": (is_int, "an integer"),
     "presence_penalty": (is_number, "a number"),
     "frequency_penalty": (is_number, "a number"),
     "logit_bias": (lambda value: isinstance(value, dict), "an object of token ids to numbers"),
@@ -55,11 +81,12 @@ SAMPLING_FIELDS = {
     "strict_schema": (lambda value: isinstance(value, bool), "true or false"),
 }
 # Fields every line may carry besides the sampling fields.
-COMMON_FIELDS = {"n", "response_format", "max_completion_tokens"}
+COMMON_FIELDS = {"n", "response_format", "max_completion_tokens", "repetition_penalty"}
 # OpenAI body fields that change nothing here but appear in real files.
 IGNORED_OPENAI_FIELDS = {
     "model", "user", "metadata", "store", "service_tier", "stream", "stream_options",
     "prompt_cache_key", "safety_identifier", "reasoning_effort", "verbosity",
+    "cache_prompt",  # llama-server's: the prefix cache is always on here
 }
 # OpenAI body fields this runner cannot honour, and why.
 UNSUPPORTED_FIELDS = {
@@ -81,10 +108,22 @@ def sampling_overrides(fields: dict[str, Any]) -> dict[str, Any]:
             raise ItemError(f"field {name!r} must be {expected}, got {json.dumps(value)}", name)
         overrides[name] = value
     if "stop" in overrides:
-        overrides["stop"] = tuple([overrides["stop"]] if isinstance(overrides["stop"], str) else overrides["stop"])
+        overrides["stop"] = _stop_strings(overrides["stop"])
     if "logit_bias" in overrides:
         overrides["logit_bias"] = _logit_bias(overrides["logit_bias"])
     return overrides
+
+
+def _stop_strings(value: str | list[str]) -> tuple[str, ...]:
+    """`stop` as a tuple, within MAX_STOP_STRINGS strings of at most MAX_STOP_LENGTH characters."""
+    strings = tuple([value] if isinstance(value, str) else value)
+    if len(strings) > MAX_STOP_STRINGS:
+        raise ItemError(f"'stop' has {len(strings)} strings; at most {MAX_STOP_STRINGS} are allowed", "stop")
+    longest = max(strings, key=len, default="")
+    if len(longest) > MAX_STOP_LENGTH:
+        raise ItemError(f"'stop' has a string of {len(longest)} characters; at most {MAX_STOP_LENGTH} are allowed",
+                        "stop")
+    return strings
 
 
 def _logit_bias(value: dict[str, Any]) -> dict[int, float]:

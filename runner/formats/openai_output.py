@@ -5,7 +5,8 @@
 - A line rejected for its content (a bad field, a field that cannot be honoured, a prompt
   that cannot fit): `response.status_code` 400 and `response.body.error` {message, type,
   param, code}, `param` naming the field when one is to blame.
-- A line that failed while running: 500 with a server_error.
+- A line that failed while running: 500 with a server_error and a fixed message (the cause
+  goes to the log).
 - A line whose output ended but does not validate against its JSON schema (the grammar could
   only approximate the schema): 422 with an invalid_output_error naming the choice and what
   does not validate, never a 200 a client would take as valid.
@@ -14,6 +15,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from typing import Any
@@ -21,6 +23,12 @@ from typing import Any
 from ..runner import FinishReason, Result, TokenLogprob
 from ..runner.tools import Delta, ReasoningDelta, TextDelta, ToolCallStart
 from .reader import PromptItem
+
+logger = logging.getLogger("multiseq.formats")
+
+# What a line that failed while running says: its error may be an exception's text (a path, a
+# library's message), which goes to the log, never into a file a client downloads.
+FAILED_LINE_MESSAGE = "The server had an error while processing this request; its log has the details."
 
 
 def _uid() -> str:
@@ -40,7 +48,8 @@ def openai_record(item: PromptItem, results: list[Result] | None, model_name: st
     if invalid is not None:
         record["response"] = _error_response(400, invalid.error, "invalid_request_error", None)
     elif failed is not None:
-        record["response"] = _error_response(500, failed.error, "server_error", None)
+        logger.error("request %s failed: %s", failed.id, failed.error)
+        record["response"] = _error_response(500, FAILED_LINE_MESSAGE, "server_error", None)
     elif cancelled is not None:
         record["error"] = {"code": "batch_cancelled",
                            "message": cancelled.error or "the run was interrupted before this request finished"}

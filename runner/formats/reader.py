@@ -25,7 +25,7 @@ from typing import Any
 
 from ..runner import Request, SamplingParams
 from .fields import (COMMON_FIELDS, IGNORED_OPENAI_FIELDS, SAMPLING_FIELDS, ItemError, chat_messages,
-                     check_constraint_compiles, choice_count, completion_logprobs, constraint_param,
+                     check_constraint_compiles, choice_count, completion_logprobs, constraint_param, non_finite_path,
                      reject_unsupported, response_format_overrides, sampling_overrides)
 from .lines import LineDecodeError, RawLine, decode_line, iter_lines
 from .tool_fields import TOOL_FIELDS, tool_overrides
@@ -93,9 +93,16 @@ _OPENAI_CHECKED_FIELDS = {"modalities", "echo", "best_of"}  # accepted at their 
 
 
 def line_overrides(fields: dict[str, Any]) -> dict[str, Any]:
-    """A line's sampling fields, response_format and max_completion_tokens (the newer name of
-    max_tokens; max_tokens wins when both are given) as SamplingParams keywords."""
+    """A line's sampling fields, response_format, max_completion_tokens (the newer name of
+    max_tokens; max_tokens wins when both are given) and repetition_penalty (vLLM's name of
+    repeat_penalty, which wins likewise) as SamplingParams keywords."""
     overrides = sampling_overrides({name: fields[name] for name in SAMPLING_FIELDS if name in fields})
+    if fields.get("repetition_penalty") is not None and "repeat_penalty" not in overrides:  # vLLM's name
+        try:  # checked here, so that its error names the field the client sent
+            value = sampling_overrides({"repeat_penalty": fields["repetition_penalty"]})["repeat_penalty"]
+            overrides["repeat_penalty"] = SamplingParams(repeat_penalty=value).repeat_penalty
+        except (ItemError, ValueError) as error:
+            raise ItemError(str(error).replace("repeat_penalty", "repetition_penalty"), "repetition_penalty") from None
     if fields.get("max_completion_tokens") is not None and "max_tokens" not in overrides:
         try:
             overrides["max_tokens"] = sampling_overrides({"max_tokens": fields["max_completion_tokens"]})["max_tokens"]
@@ -159,6 +166,12 @@ def _json_object(text: str) -> dict[str, Any]:
     return data
 
 
+def _reject_non_finite(data: dict[str, Any]) -> None:
+    where = non_finite_path(data)
+    if where is not None:
+        raise ItemError(f"'{where}' is not a finite number: NaN and Infinity are not JSON numbers", where)
+
+
 def _reject_unknown(fields: set[str], known: set[str]) -> None:
     unknown = sorted(fields - known)
     if unknown:
@@ -173,6 +186,7 @@ def parse_jsonl_line(text: str, line_number: int, defaults: SamplingParams) -> P
     try:
         data = _json_object(text)
         item_id = _item_id(data.get("id"), line_number)
+        _reject_non_finite(data)
         _reject_unknown(set(data), _JSONL_FIELDS | set(SAMPLING_FIELDS))
         n = choice_count(data.get("n", 1))
         request = build_request(item_id, data.get("prompt"), data.get("messages"), line_overrides(data), defaults,
@@ -199,6 +213,7 @@ def parse_openai_line(text: str, line_number: int, defaults: SamplingParams) -> 
     try:
         data = _json_object(text)
         item_id = _item_id(data.get("custom_id"), line_number)
+        _reject_non_finite(data)
         _reject_unknown(set(data), {"custom_id", "method", "url", "body"})
         if data.get("method", "POST") != "POST":
             raise ItemError(f"method must be POST, got {json.dumps(data.get('method'))}", "method")
@@ -230,6 +245,17 @@ def openai_body_item(item_id: str, body: Any, is_chat: bool, defaults: SamplingP
     return PromptItem(line_number, item_id, request, is_chat=is_chat, n=n)
 
 
+def _known_body_fields(is_chat: bool) -> set[str]:
+    known = set(SAMPLING_FIELDS) | COMMON_FIELDS | IGNORED_OPENAI_FIELDS | _OPENAI_CHECKED_FIELDS
+    return known | ({"messages"} | TOOL_FIELDS if is_chat else {"prompt", "logprobs"})
+
+
+def unknown_body_fields(body: dict[str, Any], is_chat: bool) -> list[str]:
+    """The fields of a Chat Completions (is_chat) or Completions body that this runner does not
+    know, sorted: what openai_body_item refuses, and what a server may drop instead."""
+    return sorted(set(body) - _known_body_fields(is_chat))
+
+
 def _openai_request(item_id: str, body: dict[str, Any], is_chat: bool, defaults: SamplingParams) -> Request:
     content_field = "messages" if is_chat else "prompt"
     if content_field not in body:
@@ -239,9 +265,7 @@ def _openai_request(item_id: str, body: dict[str, Any], is_chat: bool, defaults:
     fields = dict(body)
     # The completions API's logprobs is a count of alternatives; the chat API's is true/false.
     extra = {} if is_chat else completion_logprobs(fields.pop("logprobs", None))
-    known = {content_field} | set(SAMPLING_FIELDS) | COMMON_FIELDS | IGNORED_OPENAI_FIELDS | _OPENAI_CHECKED_FIELDS
-    known |= TOOL_FIELDS if is_chat else set()
-    _reject_unknown(set(fields), known)
+    _reject_unknown(set(fields), _known_body_fields(is_chat))
     overrides = line_overrides(fields) | extra
     return build_request(item_id, fields.get("prompt"), fields.get("messages"), overrides, defaults,
                          constraint_param(fields), tool_overrides(fields) if is_chat else None)

@@ -10,23 +10,22 @@ Priority.INTERACTIVE, above the Batch API's lines.
 
 from __future__ import annotations
 
-import hmac
 import logging
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
-from starlette.datastructures import Headers
+from starlette.middleware.cors import CORSMiddleware
 from starlette.exceptions import HTTPException
 from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..runner import Runner
 from . import batch_api, messages, responses, tokens
 from .chat import chat_completions, completions
-from .errors import INVALID_REQUEST, NOT_FOUND, ApiError, error_body, internal_error
+from .door import ApiKeyGuard, SiteGuard, cors_options
+from .errors import INVALID_REQUEST, NOT_FOUND, ApiError, internal_error
 from .state import (CHAT_ENDPOINT, COMPLETIONS_ENDPOINT, DEFAULT_MAX_BATCH_LINES, DEFAULT_MAX_BODY_BYTES,  # noqa: F401
                     DEFAULT_MAX_QUEUE,
                     DEFAULT_MAX_UPLOAD_BYTES, RETRY_AFTER_SECONDS, ServerSettings, ServerState)
@@ -88,40 +87,6 @@ async def _unexpected_error(request: HttpRequest, error: Exception) -> Response:
     return internal_error().response()
 
 
-class ApiKeyGuard:
-    """Every route but /health and /metrics wants the key, as `Authorization: Bearer <key>` or
-    as Anthropic's `x-api-key: <key>`, compared in constant time. The 401 is in the shape of
-    the API asked: Anthropic's on /v1/messages, OpenAI's elsewhere."""
-
-    OPEN_PATHS = ("/health", "/metrics")
-
-    def __init__(self, app: ASGIApp, api_key: str | None) -> None:
-        self.app = app
-        self._key = api_key.encode("utf-8") if api_key else None
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if (scope["type"] == "http" and self._key is not None and scope["path"] not in self.OPEN_PATHS
-                and not self._is_authorized(Headers(scope=scope))):
-            await self._refusal(scope["path"])(scope, receive, send)
-            return
-        await self.app(scope, receive, send)
-
-    def _is_authorized(self, headers: Headers) -> bool:
-        scheme, _, token = headers.get("authorization", "").partition(" ")
-        offered = [headers.get("x-api-key", "").strip(), token.strip() if scheme.lower() == "bearer" else ""]
-        # Both compared, never short-circuited, so the time taken says nothing about the key.
-        matches = [hmac.compare_digest(key.encode("utf-8"), self._key) for key in offered]
-        return any(matches)
-
-    @staticmethod
-    def _refusal(path: str) -> JSONResponse:
-        message = "Incorrect or missing API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'."
-        if path.startswith(messages.ENDPOINT):
-            return JSONResponse(messages.error_body("authentication_error", message), status_code=401)
-        return JSONResponse(error_body(message, INVALID_REQUEST, None, "invalid_api_key"), status_code=401,
-                            headers={"WWW-Authenticate": "Bearer"})
-
-
 def create_app(runner: Runner | None = None, settings: ServerSettings | None = None) -> Starlette:
     """The ASGI app over `runner` (None: not loaded yet; attach it later with
     app.state.server.attach(runner), /health answering 503 until then). Nothing is started:
@@ -146,6 +111,11 @@ def create_app(runner: Runner | None = None, settings: ServerSettings | None = N
     app = Starlette(routes=routes, exception_handlers={
         ApiError: _api_error, HTTPException: _http_error, Exception: _unexpected_error})
     app.state.server = ServerState(runner, settings)
-    app.add_middleware(ApiKeyGuard, api_key=settings.api_key)
+    # Added innermost first: the Host and Origin checks run before anything else, CORS answers
+    # a preflight before the key is asked for (browsers send none with it).
+    app.add_middleware(ApiKeyGuard, api_key=settings.api_key, metrics_public=settings.metrics_public)
+    if settings.cors_origins:
+        app.add_middleware(CORSMiddleware, **cors_options(settings.cors_origins))
+    app.add_middleware(SiteGuard, allowed_hosts=settings.allowed_hosts, cors_origins=settings.cors_origins)
     return app
 

@@ -26,7 +26,7 @@ from ..formats.fields import ItemError
 from ..formats.openai_output import (INVALID_OUTPUT, INVALID_OUTPUT_CODE, INVALID_OUTPUT_STATUS, approximated_field,
                                      chat_deltas, completion_body, schema_failure_message, stop_reason, stream_choice,
                                      stream_chunk, usage_of)
-from ..formats.reader import openai_body_item
+from ..formats.reader import openai_body_item, unknown_body_fields
 from ..runner import FinishReason, Priority, Result
 from .bodies import read_json
 from .errors import INVALID_REQUEST, OVERLOADED, ApiError, internal_error
@@ -35,6 +35,10 @@ from .sse import EventStream, sse, wait_for_disconnect
 from .state import ServerState
 
 logger = logging.getLogger("multiseq.server")
+
+# Names the body fields this server did not know and left out (without --strict-fields).
+IGNORED_FIELDS_HEADER = "x-multiseq-ignored-fields"
+MAX_IGNORED_FIELDS_HEADER = 1024  # characters: a body may hold any number of fields
 
 
 def _state(request: HttpRequest) -> ServerState:
@@ -201,14 +205,29 @@ async def _complete(request: HttpRequest, is_chat: bool) -> Response:
     state = _state(request)
     state.ready_runner()
     body = await read_json(request, state.settings.max_body_bytes)
+    # Clients (LiteLLM, OpenHands, vLLM's) add fields of their own: left out and named, unless
+    # the server was told to refuse them (openai_body_item then names the first).
+    ignored = [] if state.settings.strict_fields else unknown_body_fields(body, is_chat)
+    body = {name: value for name, value in body.items() if name not in ignored}
+    headers = ignored_fields_header(ignored)
     stream, include_usage = _stream_options(body)
     call = await start_completion(request, body, is_chat, "chat" if is_chat else "completions")
     if stream:
-        return EventStream(_sse_of(call.chunks(include_usage)), on_disconnect=call.cancel)
+        return EventStream(_sse_of(call.chunks(include_usage)), on_disconnect=call.cancel, headers=headers)
     completion = await call.completion(request)
     if completion is None:  # the client went away: its requests were cancelled, no one to answer
         return Response(status_code=499)
-    return JSONResponse(completion)
+    return JSONResponse(completion, headers=headers)
+
+
+def ignored_fields_header(names: list[str]) -> dict[str, str]:
+    """The fields left out, as a header (printable ASCII, and bounded: the names are the client's)."""
+    if not names:
+        return {}
+    value = "".join(char if " " <= char <= "~" else "?" for char in ", ".join(names))
+    if len(value) > MAX_IGNORED_FIELDS_HEADER:
+        value = value[:MAX_IGNORED_FIELDS_HEADER - 3] + "..."
+    return {IGNORED_FIELDS_HEADER: value}
 
 
 async def _sse_of(chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[str]:

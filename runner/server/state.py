@@ -30,7 +30,15 @@ COMPLETIONS_ENDPOINT = "/v1/completions"
 @dataclass(frozen=True)
 class ServerSettings:
     model_name: str = "multiseq"  # the model id /v1/models lists and requests may name (--alias)
-    api_key: str | None = None  # when set, every /v1 route wants `Authorization: Bearer <key>`
+    api_key: str | None = None  # when set, every route but /health wants `Authorization: Bearer <key>`
+    metrics_public: bool = False  # with an api_key, /metrics is open too
+    # Host header names besides the bound address and loopback (`*`: any; `*.lan`: a domain).
+    allowed_hosts: tuple[str, ...] = ()
+    # Web origins whose pages may call the API (`*`: any): CORS headers and preflights for them.
+    cors_origins: tuple[str, ...] = ()
+    # Chat Completions and Completions fields this server does not know: a 400 naming the field
+    # (True), or ignored and named in the x-multiseq-ignored-fields header (False).
+    strict_fields: bool = False
     max_queue: int = DEFAULT_MAX_QUEUE  # requests waiting for a slot; beyond that, 503
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES  # larger request bodies get 413
     # Sampling of requests that do not say; OpenAI's max_tokens default: what the window leaves.
@@ -43,6 +51,8 @@ class ServerSettings:
     max_batch_lines: int = DEFAULT_MAX_BATCH_LINES  # a batch with more requests fails validation
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "allowed_hosts", tuple(self.allowed_hosts))
+        object.__setattr__(self, "cors_origins", tuple(self.cors_origins))
         if min(self.max_queue, self.max_body_bytes, self.max_upload_bytes, self.max_batch_lines) < 1:
             raise ValueError("max_queue, max_body_bytes, max_upload_bytes and max_batch_lines must be >= 1")
 
@@ -109,6 +119,10 @@ class ServerState:
     async def submit(self, runner: Runner, item: PromptItem) -> Job:
         """Queue a request's choices, or 503 when the queue is full. Tokenizing runs off the
         event loop, so a long prompt never stalls other clients' streams."""
+        if item.n > self.settings.max_queue:  # it could never be queued: busy is no answer
+            raise ApiError(400, f"'n' is {item.n}, more choices than this server's queue holds "
+                                f"({self.settings.max_queue}); ask for at most {self.settings.max_queue}.",
+                           INVALID_REQUEST, "n")
         waiting = runner.num_waiting + self._num_dispatching
         if waiting + item.n > self.settings.max_queue and self.batches is not None:
             waiting -= self.batches.num_waiting_lines(runner)  # the queue limit is for interactive requests
