@@ -54,7 +54,10 @@ API_ERROR = "api_error"
 STOP_REASONS = {"length": "max_tokens", "tool_calls": "tool_use"}  # "stop": end_turn or stop_sequence
 TOOL_USE_ID_PREFIX = "toolu_"
 MESSAGE_ID_PREFIX = "msg_"
-BLOCK_SEPARATOR = "\n\n"  # between text blocks that become one Chat Completions content string
+# Between text blocks that become one Chat Completions content string: a newline, as the Chat
+# Completions path joins text parts and the Responses API joins input_text parts, so that one
+# conversation renders to the same prompt tokens (and hits the same cache) through every API.
+BLOCK_SEPARATOR = "\n"
 TOOL_ERROR_PREFIX = "Error: "  # Chat Completions tool messages have no is_error: the text says it
 ENDPOINT = "/v1/messages"
 IGNORED_TOOLS_HEADER = "x-multiseq-ignored-tools"
