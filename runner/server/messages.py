@@ -107,7 +107,8 @@ def translate_request(body: dict[str, Any], for_counting: bool = False) -> Messa
     if for_counting:
         return MessagesRequest(chat_body, model, ignored_tools=ignored)
     chat_body["max_tokens"] = _max_tokens(body.get("max_tokens"))
-    for name in ("temperature", "top_p", "top_k"):  # the chat layer checks their values
+    # The chat layer checks their values; ignore_eos is llama.cpp's extension, as on Chat Completions.
+    for name in ("temperature", "top_p", "top_k", "ignore_eos"):
         if body.get(name) is not None:
             chat_body[name] = body[name]
     stop_sequences = _stop_sequences(body.get("stop_sequences"))

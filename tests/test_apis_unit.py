@@ -103,3 +103,28 @@ def test_one_conversation_renders_to_the_same_prompt_through_every_api(base, fir
     assert again_tokens == prompt_tokens, f"{first} and {second} rendered different prompts"
     # All the first request computed, bar the last token (decoded again for the next token's logits).
     assert again_cached == prompt_tokens - 1
+
+
+
+def output_tokens_ignoring_eos(base: str, api: str, budget: int) -> int:
+    """How many tokens a short question's reply came to, with ignore_eos, through `api`."""
+    question = [{"role": "user", "content": "Weather?"}]
+    extension = {"ignore_eos": True, "temperature": 0}
+    if api == "messages":
+        client = anthropic.Anthropic(base_url=base, api_key="unused", max_retries=0)
+        return client.messages.create(model=MODEL, max_tokens=budget, messages=question,
+                                      extra_body=extension).usage.output_tokens
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
+    if api == "responses":
+        return client.responses.create(model=MODEL, max_output_tokens=budget, input=question, store=False,
+                                       extra_body=extension).usage.output_tokens
+    return client.chat.completions.create(model=MODEL, max_tokens=budget, messages=question,
+                                          extra_body=extension).usage.completion_tokens
+
+
+@pytest.mark.parametrize("api", list(SENDERS))
+def test_ignore_eos_makes_every_api_generate_its_whole_budget(base, api):
+    """llama.cpp's ignore_eos, an extension every API passes on: a benchmark's replies are then
+    max_tokens long through each, so the three do the same work."""
+    budget = len(REPLY) + 5  # the scripted reply, its EOS ignored, then more
+    assert output_tokens_ignoring_eos(base, api, budget) == budget
