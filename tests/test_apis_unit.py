@@ -30,10 +30,15 @@ class AnyPrompt(dict):
 
 
 @pytest.fixture
-def base(make_runner, serve_app):
+def app(make_runner):
     backend = FakeBackend(num_slots=2, window=1024, n_batch=64)
     backend.replies = AnyPrompt()
-    return serve_app(create_app(make_runner(backend), ServerSettings(model_name=MODEL)))
+    return create_app(make_runner(backend), ServerSettings(model_name=MODEL))
+
+
+@pytest.fixture
+def base(app, serve_app):
+    return serve_app(app)
 
 
 def as_chat(client: openai.OpenAI):
@@ -128,3 +133,10 @@ def test_ignore_eos_makes_every_api_generate_its_whole_budget(base, api):
     max_tokens long through each, so the three do the same work."""
     budget = len(REPLY) + 5  # the scripted reply, its EOS ignored, then more
     assert output_tokens_ignoring_eos(base, api, budget) == budget
+
+
+def test_the_metrics_count_requests_by_the_api_they_came_through(app, base):
+    """What the dashboard of `multiseq serve` shows per API."""
+    for api in ("chat", "responses", "messages", "messages"):
+        send(base, api)
+    assert app.state.server.metrics.requests_by_api() == {"chat": 1, "responses": 1, "messages": 2}
