@@ -10,8 +10,10 @@ Usage (from the repository root, in the project's virtual environment; nothing e
         --turns 4 --system-tokens 1000 --tools 10 --slot-ctx 4096
     python bench/load.py --systems multiseq,llama-server --workloads distinct,long-prompts --clients 16 \
         --parallel 16 --slot-ctx 4096
+    python bench/load.py --systems multiseq --workloads agents,agents-tools --parallel 4 --sessions 8 \
+        --turns 4 --system-tokens 1000 --slot-ctx 4096 --api responses
 
-Each workload is a list of chat requests sent through the OpenAI chat API, streamed, by
+Each workload is a list of chat requests sent through the API --api names, streamed, by
 --clients clients in a closed loop (each sends its next request when the last one ended), to
 a server with --parallel slots started for the run on a free loopback port and stopped after:
 
@@ -33,6 +35,18 @@ a server with --parallel slots started for the run on a free loopback port and s
   seconds: what a long prompt does to everyone else's stream. Gaps and TTFT are reported for
   the short chats, TTFT for the long prompts apart.
 
+--api: `chat` (the default: /v1/chat/completions), `responses` (OpenAI's /v1/responses: the
+system prompt as `instructions`, the history as input items, a call as a `function_call` item
+and its result as a `function_call_output`) or `messages` (Anthropic's /v1/messages: `tool_use`
+and `tool_result` blocks). Each API's own stream events give the TTFT, the gaps, the usage
+(prompt tokens sent and cached; Anthropic's `input_tokens + cache_read_input_tokens` sent,
+`cache_read_input_tokens` cached) and the calls sent back; the conversation, the figures and
+the summary are the same whichever API carries them (bench/apis.py), so runs of one workload
+over the three APIs compare prompt tokens computed directly. One difference is the API's own: a
+call cut off by max_tokens is not a JSON object, and an Anthropic `tool_use` block's `input`
+must be one, so over `messages` such a call goes back as `{}`. llama-server's own /v1/responses
+and /v1/messages may be tried the same way.
+
 Every request is greedy and, without tools, generates exactly its token budget (ignore_eos),
 so every system does the same work; a forced tool call ends when the call is whole. The client is asyncio and the standard library only (one connection per
 request, the SSE stream parsed as it arrives), so it takes little CPU from the servers.
@@ -52,6 +66,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,6 +75,7 @@ import jsonschema
 import numpy as np
 
 import peers  # bench/ is the script's own folder, first on sys.path
+from apis import messages_body, responses_body, take_messages_event, take_responses_event
 from workloads import (agent_system_prompt, agent_tools, agent_user_messages, long_prompts, shared_prefix_chats,
                        short_prompts, tool_result)
 
@@ -184,13 +200,20 @@ async def _read_body(reader: asyncio.StreamReader, headers: dict[str, str]):
             yield data
 
 
-async def stream_chat(host: str, port: int, body: dict) -> Exchange:
-    """POST one streamed chat completion and time its events."""
+async def send(host: str, port: int, api: Api, chat: list[dict], max_tokens: int, model: str,
+               tools: list[dict] | None = None) -> Exchange:
+    """Send one conversation through `api`, streamed, and time its events."""
+    return await stream_request(host, port, api, api.body(chat, max_tokens, model, tools), max_tokens)
+
+
+async def stream_request(host: str, port: int, api: Api, body: dict, max_tokens: int) -> Exchange:
+    """POST one streamed request to the API's route and time its events."""
     reader, writer = await asyncio.open_connection(host, port)
     payload = json.dumps(body).encode("utf-8")
-    exchange = Exchange(time.perf_counter(), max_tokens=body["max_tokens"])
-    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: %s:%d\r\nContent-Type: application/json\r\n"
-                 b"Content-Length: %d\r\nConnection: close\r\n\r\n" % (host.encode(), port, len(payload)) + payload)
+    exchange = Exchange(time.perf_counter(), max_tokens=max_tokens)
+    writer.write(b"POST %s HTTP/1.1\r\nHost: %s:%d\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\nConnection: close\r\n\r\n" % (api.path.encode(), host.encode(), port,
+                                                                       len(payload)) + payload)
     await writer.drain()
     status = (await reader.readline()).decode().split()
     headers = {}
@@ -204,7 +227,7 @@ async def stream_chat(host: str, port: int, body: dict) -> Exchange:
         buffer += data
         while b"\n\n" in buffer:
             event, buffer = buffer.split(b"\n\n", 1)
-            if _take_event(exchange, event):
+            if api.take_event(exchange, event):
                 writer.close()
                 return exchange
     writer.close()
@@ -213,7 +236,7 @@ async def stream_chat(host: str, port: int, body: dict) -> Exchange:
 
 
 def _take_event(exchange: Exchange, event: bytes) -> bool:
-    """Note one SSE event; True at [DONE]."""
+    """Note one Chat Completions SSE event; True at [DONE]."""
     now = time.perf_counter()
     for line in event.split(b"\n"):
         if not line.startswith(b"data:"):
@@ -263,6 +286,25 @@ def request_body(chat: list[dict], max_tokens: int, model: str, tools: list[dict
     return body | ({"tools": tools, "tool_choice": "required"} if tools else {})
 
 
+@dataclass(frozen=True)
+class Api:
+    """An API the requests travel through: its route, the request body of a conversation
+    (chat messages, max_tokens, model, tools), and the reader of its stream's events (True when
+    the stream is done)."""
+
+    name: str
+    path: str
+    body: Callable[[list[dict], int, str, list[dict] | None], dict]
+    take_event: Callable[[Exchange, bytes], bool]
+
+
+APIS = {
+    "chat": Api("chat", "/v1/chat/completions", request_body, _take_event),
+    "responses": Api("responses", "/v1/responses", responses_body, take_responses_event),
+    "messages": Api("messages", "/v1/messages", messages_body, take_messages_event),
+}
+
+
 def calls_validate(calls: list[dict], tools: list[dict]) -> bool:
     """Whether a reply made at least one call, and every call names a tool and its arguments
     validate against that tool's parameters."""
@@ -277,7 +319,8 @@ def calls_validate(calls: list[dict], tools: list[dict]) -> bool:
         return False
 
 
-async def closed_loop(host: str, port: int, load: ChatLoad, clients: int, model: str) -> tuple[list[Exchange], float]:
+async def closed_loop(host: str, port: int, load: ChatLoad, clients: int, model: str,
+                      api: Api) -> tuple[list[Exchange], float]:
     """`clients` clients, each sending the next chat as soon as its last one ended."""
     pending = list(enumerate(load.chats))
     pending.reverse()
@@ -286,14 +329,14 @@ async def closed_loop(host: str, port: int, load: ChatLoad, clients: int, model:
     async def client() -> None:
         while pending:
             index, chat = pending.pop()
-            exchanges[index] = await stream_chat(host, port, request_body(chat, load.max_tokens, model))
+            exchanges[index] = await send(host, port, api, chat, load.max_tokens, model)
 
     started = time.perf_counter()
     await asyncio.gather(*(client() for _ in range(clients)))
     return exchanges, time.perf_counter() - started
 
 
-async def agent_sessions(host: str, port: int, load: AgentLoad, model: str) -> tuple[list[Exchange], float]:
+async def agent_sessions(host: str, port: int, load: AgentLoad, model: str, api: Api) -> tuple[list[Exchange], float]:
     """Every session at once, each sending its next turn (the whole conversation so far) as
     soon as its last reply ended."""
     exchanges: list[Exchange] = []
@@ -302,7 +345,7 @@ async def agent_sessions(host: str, port: int, load: AgentLoad, model: str) -> t
         history = [load.system]
         for turn, user in enumerate(load.users[index]):
             history.append({"role": "user", "content": user})
-            exchange = await stream_chat(host, port, request_body(history, load.reply_tokens[index], model, load.tools))
+            exchange = await send(host, port, api, history, load.reply_tokens[index], model, load.tools)
             exchange.turn = turn
             exchanges.append(exchange)
             history += _reply_messages(exchange, turn)
@@ -312,19 +355,18 @@ async def agent_sessions(host: str, port: int, load: AgentLoad, model: str) -> t
     return exchanges, time.perf_counter() - started
 
 
-async def with_long_prompts(host: str, port: int, load: LongPromptLoad, clients: int,
-                            model: str) -> tuple[list[Exchange], list[Exchange], float]:
+async def with_long_prompts(host: str, port: int, load: LongPromptLoad, clients: int, model: str,
+                            api: Api) -> tuple[list[Exchange], list[Exchange], float]:
     """The short chats' closed loop, and a long prompt every load.every_s seconds (the first
     after one period) until the short chats are done; then the long ones still out finish."""
-    short_run = asyncio.ensure_future(closed_loop(host, port, load.short, clients, model))
+    short_run = asyncio.ensure_future(closed_loop(host, port, load.short, clients, model, api))
     long_runs = []
     for chat in load.long_chats:
         try:
             await asyncio.wait_for(asyncio.shield(short_run), load.every_s)
             break
         except asyncio.TimeoutError:
-            long_runs.append(asyncio.ensure_future(
-                stream_chat(host, port, request_body(chat, load.long_max_tokens, model))))
+            long_runs.append(asyncio.ensure_future(send(host, port, api, chat, load.long_max_tokens, model)))
     short_exchanges, wall_s = await short_run
     return short_exchanges, list(await asyncio.gather(*long_runs)), wall_s
 
@@ -430,18 +472,20 @@ def run_server(system: str, load: ChatLoad | AgentLoad | LongPromptLoad, args, w
         command = multiseq_command(args, port)
     else:
         command = llama_server_command(args, port, resolved.path, resolved.chat_template_fallback)
+    api = APIS[args.api]
     with running(command, port, workdir / f"{system}-{load.name}.log"):
         # Warm-up, every slot once, with chats the run does not send (so that no cache starts warm).
         warm_up = ChatLoad("warm-up", [[SYSTEM, {"role": "user", "content": f"Say {word}."}]
                                        for word in ("one", "two", "three", "four") * args.parallel], 4)
-        asyncio.run(closed_loop("127.0.0.1", port, warm_up, args.parallel, resolved.name))
+        asyncio.run(closed_loop("127.0.0.1", port, warm_up, args.parallel, resolved.name, api))
         if isinstance(load, AgentLoad):
-            exchanges, wall_s = asyncio.run(agent_sessions("127.0.0.1", port, load, resolved.name))
+            exchanges, wall_s = asyncio.run(agent_sessions("127.0.0.1", port, load, resolved.name, api))
             return summarize_agents(system, load, exchanges, wall_s)
         if isinstance(load, LongPromptLoad):
-            short, long, wall_s = asyncio.run(with_long_prompts("127.0.0.1", port, load, args.clients, resolved.name))
+            short, long, wall_s = asyncio.run(with_long_prompts("127.0.0.1", port, load, args.clients, resolved.name,
+                                                                api))
             return summarize_long_prompts(system, load, short, long, wall_s)
-        exchanges, wall_s = asyncio.run(closed_loop("127.0.0.1", port, load, args.clients, resolved.name))
+        exchanges, wall_s = asyncio.run(closed_loop("127.0.0.1", port, load, args.clients, resolved.name, api))
     return summarize(system, load.name, exchanges, wall_s)
 
 
@@ -490,6 +534,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--tools", type=int, default=10, help="agents-tools: tool definitions sent with each turn")
     parser.add_argument("--long-tokens", type=int, default=1200, help="long-prompts: a long prompt's size, about")
     parser.add_argument("--long-every", type=float, default=12.0, help="long-prompts: seconds between long prompts")
+    parser.add_argument("--api", choices=list(APIS), default="chat",
+                        help="the API every request goes through: chat (/v1/chat/completions), responses "
+                             "(/v1/responses) or messages (Anthropic's /v1/messages)")
     parser.add_argument("--step-tokens", type=int, default=None, help="multiseq serve's --step-tokens (default: its own)")
     return parser.parse_args(argv)
 
@@ -507,20 +554,22 @@ def main(argv: list[str] | None = None) -> dict:
         "long-prompts": long_prompt_load(chats["distinct"], args.long_tokens, args.long_every)}
     if {"agents", "agents-tools", "long-prompts"} & set(args.workloads.split(",")) and "batch-run" in systems:
         raise SystemExit("the agents and long-prompts workloads need a server: batch-run cannot take them")
+    if args.api != "chat" and "batch-run" in systems:
+        raise SystemExit(f"--api {args.api} needs a server: batch-run reads a prompts file, through no API")
     figures = []
     with tempfile.TemporaryDirectory(prefix="multiseq-load-") as tmp:
         for name in args.workloads.split(","):
             for system in systems:
                 who = (f"{len(loads[name].users)} sessions" if isinstance(loads[name], AgentLoad)
                        else f"{args.clients} clients")
-                log(f"[{name}] {system} -np {args.parallel}, {who} ...")
+                log(f"[{name}] {system} -np {args.parallel}, {who}, --api {args.api} ...")
                 figure = (run_batch(loads[name], args, Path(tmp)) if system == "batch-run"
                           else run_server(system, loads[name], args, Path(tmp)))
                 figures.append(figure)
                 log("  " + ", ".join(f"{key} {value:.3f}" if isinstance(value, float) else f"{key} {value}"
                                      for key, value in figure.items() if key not in ("system", "workload")))
-    report = {"model": args.model, "clients": args.clients, "parallel": args.parallel, "threads": args.threads,
-              "figures": figures, "ratios": ratios(figures)}
+    report = {"model": args.model, "api": args.api, "clients": args.clients, "parallel": args.parallel,
+              "threads": args.threads, "figures": figures, "ratios": ratios(figures)}
     print(json.dumps(report))
     return report
 

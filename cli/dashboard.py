@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from rich.console import Console, Group
@@ -122,34 +123,51 @@ def render(snapshot: RunnerSnapshot, progress: RunProgress) -> Group:
                  _ram_cache_line(snapshot))
 
 
-def render_server(snapshot: RunnerSnapshot, address: str, device: str | None = None) -> Group:
+def _api_line(requests_by_api: Mapping[str, int]) -> Table | Text:
+    """Requests accepted by each API (chat, completions, responses, messages), busiest first:
+    which clients the server is serving."""
+    if not requests_by_api:
+        return Text("requests by API: none yet")
+    line = Table.grid(padding=(0, 2))
+    line.add_row("requests by API",
+                 *(f"{api} [bold]{count:,}[/]" for api, count in
+                   sorted(requests_by_api.items(), key=lambda entry: (-entry[1], entry[0]))))
+    return line
+
+
+def render_server(snapshot: RunnerSnapshot, address: str, device: str | None = None,
+                  requests_by_api: Mapping[str, int] | None = None) -> Group:
     """The dashboard of `multiseq serve`: where it listens and where the model runs, slots,
-    queue, throughput."""
+    queue, throughput, and the requests each API has taken."""
     where = f", model on {device}" if device else ""
     return Group(Text(f"serving on {address}{where}", style="bold"), _slots_table(snapshot), _queue_line(snapshot),
-                 _throughput_line(snapshot), _ram_cache_line(snapshot))
+                 _throughput_line(snapshot), _ram_cache_line(snapshot), _api_line(requests_by_api or {}))
 
 
 class ServerDashboard:
     """The live view of `multiseq serve` on stderr, refreshed from a thread of its own until
-    stop(); the runner arrives once the model has loaded."""
+    stop(); the runner arrives once the model has loaded, with the server's count of requests
+    per API."""
 
     def __init__(self, console: Console) -> None:
         self._console = console
         self._address = ""
         self._runner: Runner | None = None
+        self._requests_by_api: Callable[[], Mapping[str, int]] = dict
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="multiseq-dashboard", daemon=True)
 
-    def show(self, runner: Runner, address: str) -> None:
+    def show(self, runner: Runner, address: str, requests_by_api: Callable[[], Mapping[str, int]] = dict) -> None:
         self._runner = runner
         self._address = address
+        self._requests_by_api = requests_by_api
         self._thread.start()
 
     def _loop(self) -> None:
         with Live(console=self._console, auto_refresh=False, transient=False) as live:
             while not self._stopped.wait(REFRESH_SECONDS):
-                live.update(render_server(self._runner.snapshot(), self._address, self._runner.device), refresh=True)
+                live.update(render_server(self._runner.snapshot(), self._address, self._runner.device,
+                                          self._requests_by_api()), refresh=True)
 
     def stop(self) -> None:
         self._stopped.set()

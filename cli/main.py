@@ -291,10 +291,12 @@ def serve(ctx_size: int | None, host: str, port: int, api_key: str | None, metri
                      f"--allowed-hosts[/]", soft_wrap=True)
     address = f"http://{host}:{port}"
     view = ServerDashboard(stderr) if show_dashboard else None
+    metrics = None  # the server's, once it listens: the dashboard counts requests per API from them
 
     def listening(server) -> None:
-        nonlocal address
+        nonlocal address, metrics
         address = f"http://{host}:{server.port}"
+        metrics = server.state.metrics
         stderr.print(f"[bold]multiseq[/] {settings.model_name}: {config.parallel} slots x {config.slot_ctx} tokens, "
                      f"{config.threads} threads; OpenAI API at {address}/v1 (the model is loading)", soft_wrap=True)
         stderr.print(f"files and batches kept in {settings.data_dir}", soft_wrap=True, highlight=False)
@@ -303,7 +305,7 @@ def serve(ctx_size: int | None, host: str, port: int, api_key: str | None, metri
         where = f" on {runner.device}" if runner.device else ""
         stderr.print(f"ready: {settings.model_name} loaded{where}, serving {address}/v1", soft_wrap=True)
         if view is not None:
-            view.show(runner, address)
+            view.show(runner, address, metrics.requests_by_api)
 
     try:
         failure = serve_app(_resolved_config(config, resolved), settings, host, port, access_log=not show_dashboard,

@@ -69,3 +69,17 @@ def test_the_server_view_names_the_device_the_model_runs_on():
     console = Console(width=160, record=True, color_system=None)
     console.print(render_server(made_up_snapshot(), "http://127.0.0.1:8080", "CUDA0 (NVIDIA L4) 31/31 layers"))
     assert "serving on http://127.0.0.1:8080, model on CUDA0 (NVIDIA L4) 31/31 layers" in console.export_text()
+
+
+def test_the_server_view_counts_requests_per_api_busiest_first():
+    console = Console(width=160, record=True, color_system=None)
+    console.print(render_server(made_up_snapshot(), "http://127.0.0.1:8080",
+                                requests_by_api={"chat": 12, "messages": 1_204, "responses": 87}))
+    [line] = [line for line in console.export_text().splitlines() if "requests by API" in line]
+    assert line.split() == ["requests", "by", "API", "messages", "1,204", "responses", "87", "chat", "12"]
+
+
+def test_the_server_view_says_when_no_request_came_yet():
+    console = Console(width=160, record=True, color_system=None)
+    console.print(render_server(made_up_snapshot(), "http://127.0.0.1:8080"))
+    assert "requests by API: none yet" in console.export_text()

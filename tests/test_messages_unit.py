@@ -55,8 +55,8 @@ def test_a_string_system_and_text_blocks_become_a_system_message_and_plain_messa
         {"type": "text", "text": "Be brief.", "cache_control": {"type": "ephemeral"}}], messages=[
         {"role": "user", "content": [{"type": "text", "text": "Hi", "cache_control": {"type": "ephemeral"}},
                                      {"type": "text", "text": "there"}]}])).chat_body
-    assert as_blocks["messages"] == [{"role": "system", "content": "You are a CLI.\n\nBe brief."},
-                                     {"role": "user", "content": "Hi\n\nthere"}]
+    assert as_blocks["messages"] == [{"role": "system", "content": "You are a CLI.\nBe brief."},
+                                     {"role": "user", "content": "Hi\nthere"}]
 
 
 def test_a_tool_round_trip_becomes_tool_calls_then_tool_messages_then_the_text():
@@ -356,7 +356,7 @@ def server(make_runner, serve_app):
     def start(**settings):
         backend = FakeBackend(num_slots=4, window=1024, n_batch=64)
         backend.replies = LatestMention({key: reply.encode("utf-8") for key, reply in {
-            HI_PROMPT: HELLO, "Be\n\nbrief.<user>Hi": "Hi, in blocks.", PARIS: PARIS_CALL, SUNNY: SUNNY_REPLY,
+            HI_PROMPT: HELLO, "Be\nbrief.<user>Hi": "Hi, in blocks.", PARIS: PARIS_CALL, SUNNY: SUNNY_REPLY,
             "Tell me a story": "Once upon a time. THE END and more", "Pick a unit": "Celsius, please."}.items()})
         app = create_app(make_runner(backend), ServerSettings(model_name=MODEL, **settings))
         base = serve_app(app)

@@ -188,6 +188,7 @@ def test_fields_codex_sends_are_accepted_and_unknown_ones_ignored():
     ({"input": "Hi", "tool_choice": {"type": "web_search_preview"}}, "tool_choice"),
     ({"input": "Hi", "max_output_tokens": 0}, "max_output_tokens"),
     ({"input": "Hi", "temperature": "hot"}, "temperature"),
+    ({"input": "Hi", "ignore_eos": "yes"}, "ignore_eos"),
     ({"input": "Hi", "text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format.schema"),
     ({"input": "Hi", "background": True}, "background"),
     ({"input": "Hi", "stream": "yes"}, "stream"),

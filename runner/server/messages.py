@@ -54,7 +54,10 @@ API_ERROR = "api_error"
 STOP_REASONS = {"length": "max_tokens", "tool_calls": "tool_use"}  # "stop": end_turn or stop_sequence
 TOOL_USE_ID_PREFIX = "toolu_"
 MESSAGE_ID_PREFIX = "msg_"
-BLOCK_SEPARATOR = "\n\n"  # between text blocks that become one Chat Completions content string
+# Between text blocks that become one Chat Completions content string: a newline, as the Chat
+# Completions path joins text parts and the Responses API joins input_text parts, so that one
+# conversation renders to the same prompt tokens (and hits the same cache) through every API.
+BLOCK_SEPARATOR = "\n"
 TOOL_ERROR_PREFIX = "Error: "  # Chat Completions tool messages have no is_error: the text says it
 ENDPOINT = "/v1/messages"
 IGNORED_TOOLS_HEADER = "x-multiseq-ignored-tools"
@@ -104,7 +107,8 @@ def translate_request(body: dict[str, Any], for_counting: bool = False) -> Messa
     if for_counting:
         return MessagesRequest(chat_body, model, ignored_tools=ignored)
     chat_body["max_tokens"] = _max_tokens(body.get("max_tokens"))
-    for name in ("temperature", "top_p", "top_k"):  # the chat layer checks their values
+    # The chat layer checks their values; ignore_eos is llama.cpp's extension, as on Chat Completions.
+    for name in ("temperature", "top_p", "top_k", "ignore_eos"):
         if body.get(name) is not None:
             chat_body[name] = body[name]
     stop_sequences = _stop_sequences(body.get("stop_sequences"))

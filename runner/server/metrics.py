@@ -32,6 +32,11 @@ class ServerMetrics:
                                 "(chat, completions, responses, messages)", ["api"], registry=self.registry)
         self.registry.register(_EngineCollector(runner_of))
 
+    def requests_by_api(self) -> dict[str, int]:
+        """Requests accepted so far, by the API they came through (only those that had one)."""
+        return {sample.labels["api"]: int(sample.value) for family in self.requests.collect()
+                for sample in family.samples if sample.name.endswith("_total")}
+
 
 class _EngineCollector:
     """The engine's state and totals, read when /metrics is scraped."""

@@ -150,9 +150,12 @@ def _metadata(value: Any) -> dict[str, str] | None:
 
 
 def _sampling_fields(body: dict[str, Any]) -> dict[str, Any]:
-    """temperature, top_p and max_output_tokens as Chat Completions fields; their ranges are
-    the chat path's to check."""
+    """temperature, top_p, max_output_tokens and llama.cpp's `ignore_eos` (an extension: a
+    benchmark that wants every reply max_output_tokens long, over every API) as Chat
+    Completions fields; their ranges are the chat path's to check."""
     fields: dict[str, Any] = {}
+    if body.get("ignore_eos") is not None:
+        fields["ignore_eos"] = _optional(body, "ignore_eos", bool, "true or false")
     for name in ("temperature", "top_p"):
         value = body.get(name)
         if value is not None:
