@@ -53,6 +53,7 @@ def responses_body(chat: list[dict], max_tokens: int, model: str, tools: list[di
                           "description": tool["function"].get("description"),
                           "parameters": tool["function"]["parameters"]} for tool in tools]
         body["tool_choice"] = "required"
+        body["parallel_tool_calls"] = False  # one call per reply, as the chat bodies ask
     return body
 
 
@@ -87,7 +88,7 @@ def messages_body(chat: list[dict], max_tokens: int, model: str, tools: list[dic
     if tools:
         body["tools"] = [{"name": tool["function"]["name"], "description": tool["function"].get("description", ""),
                           "input_schema": tool["function"]["parameters"]} for tool in tools]
-        body["tool_choice"] = {"type": "any"}
+        body["tool_choice"] = {"type": "any", "disable_parallel_tool_use": True}  # one call per reply
     return body
 
 

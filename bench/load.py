@@ -150,7 +150,8 @@ def agent_load(sessions: int, turns: int, system_tokens: int, num_tools: int = 0
     return AgentLoad("agents-tools" if num_tools else "agents",
                      {"role": "system", "content": agent_system_prompt(system_tokens)},
                      [agent_user_messages(session, turns) for session in range(sessions)],
-                     [64 + (session * 11) % 33 for session in range(sessions)],
+                     # A forced call ends by itself; its budget only bounds a runaway argument.
+                     [(192 if num_tools else 64) + (session * 11) % 33 for session in range(sessions)],
                      agent_tools(num_tools) if num_tools else None)
 
 
@@ -283,7 +284,8 @@ def request_body(chat: list[dict], max_tokens: int, model: str, tools: list[dict
     long); with tools it must call one (tool_choice required) and ends when it has."""
     body = {"model": model, "messages": chat, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": not tools,
             "stream": True, "stream_options": {"include_usage": True}}
-    return body | ({"tools": tools, "tool_choice": "required"} if tools else {})
+    # One call per reply: given the choice, a small model adds call after call until max_tokens.
+    return body | ({"tools": tools, "tool_choice": "required", "parallel_tool_calls": False} if tools else {})
 
 
 @dataclass(frozen=True)
