@@ -130,7 +130,8 @@ def translate(params: SamplingParams) -> Translation | None:
     elif params.json_object:
         key, work = ("json_object",), functools.partial(schema_grammar, {"type": "object"}, True)
     elif params.grammar is not None:
-        key, work = ("grammar", params.grammar), functools.partial(_translate_gbnf, params.grammar)
+        key = ("grammar", params.grammar)
+        work = functools.partial(_translate_text, "gbnf", "grammar", params.grammar)
     else:
         return None
     return _translations.get(key, work).result(_field_name(params))
@@ -139,28 +140,20 @@ def translate(params: SamplingParams) -> Translation | None:
 def translate_tool_grammar(grammar: str) -> Translation:
     """A tool-call grammar (runner.tools.grammars' Lark text), validated once per distinct text:
     agents send the same tools every turn, so the compile is paid once."""
-    return _translations.get(("tools", grammar), functools.partial(_translate_lark, grammar)).result("tools")
+    work = functools.partial(_translate_text, "lark", "tools", grammar)
+    return _translations.get(("tools", grammar), work).result("tools")
 
 
-def _translate_lark(text: str) -> Translation:
+def _translate_text(syntax: str, field: str, text: str) -> Translation:
+    """A grammar given as text (llama.cpp's GBNF for `grammar`, Lark for `tools`), validated;
+    ConstraintError names the field when llguidance refuses it."""
     try:
-        grammar = llguidance.grammar_from("lark", text)
+        grammar = llguidance.grammar_from(syntax, text)
     except ValueError as error:
-        raise ConstraintError(f"tools cannot be compiled: {first_line(error)}") from None
+        raise ConstraintError(f"{field} cannot be compiled: {first_line(error)}") from None
     is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
     if is_error:
-        raise ConstraintError(f"tools cannot be compiled: {first_line(messages[0])}")
-    return Translation(grammar)
-
-
-def _translate_gbnf(text: str) -> Translation:
-    try:
-        grammar = llguidance.grammar_from("gbnf", text)
-    except ValueError as error:
-        raise ConstraintError(f"grammar cannot be compiled: {first_line(error)}") from None
-    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
-    if is_error:
-        raise ConstraintError(f"grammar cannot be compiled: {first_line(messages[0])}")
+        raise ConstraintError(f"{field} cannot be compiled: {first_line(messages[0])}")
     return Translation(grammar)
 
 
@@ -192,7 +185,8 @@ class TokenConstraint:
     """One sequence's compiled constraint: which tokens may come next, advanced token by token;
     for a JSON schema, what its grammar approximates and the check of the finished output."""
 
-    def __init__(self, tokenizer: llguidance.LLTokenizer, params: SamplingParams, tool_grammar: str | None = None) -> None:
+    def __init__(self, tokenizer: llguidance.LLTokenizer, params: SamplingParams,
+                 tool_grammar: str | None = None) -> None:
         """The request's schema or grammar, or (`tool_grammar`) the grammar of its tool calls."""
         translation = translate_tool_grammar(tool_grammar) if tool_grammar is not None else translate(params)
         assert translation is not None, "only a constrained request gets a TokenConstraint"

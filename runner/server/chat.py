@@ -109,7 +109,8 @@ class CompletionCall:
                 return
             rest = result.logprobs[streamed_logprobs[event.choice]:] if wants_logprobs and result.logprobs else None
             last = stream_choice(is_chat, event.choice, None, rest if wants_logprobs else None,
-                                 result.finish_reason.value, text_offset=text_length[event.choice]) | stop_reason(result)
+                                 result.finish_reason.value, text_offset=text_length[event.choice])
+            last |= stop_reason(result)
             yield chunk([last]) | approximated_field([result])
         if include_usage:
             yield chunk([], usage_of([job.results[choice] for choice in range(item.n)]))

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any
 
 from ..schema import grammar_schema, json_options
 from .types import ChoiceMode, Tool, ToolChoice, ToolFormat

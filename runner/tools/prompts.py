@@ -167,10 +167,13 @@ def _native_message(message: dict[str, Any]) -> dict[str, Any]:
     if native.get("content") is None:
         native["content"] = ""
     if native.get("tool_calls"):
-        native["tool_calls"] = [{**call, "function": {**call["function"],
-                                                      "arguments": _arguments_object(call["function"].get("arguments"))}}
-                                for call in native["tool_calls"]]
+        native["tool_calls"] = [_native_call(call) for call in native["tool_calls"]]
     return native
+
+
+def _native_call(call: dict[str, Any]) -> dict[str, Any]:
+    function = call["function"]
+    return {**call, "function": {**function, "arguments": _arguments_object(function.get("arguments"))}}
 
 
 def _arguments_object(arguments: Any) -> Any:
