@@ -194,9 +194,10 @@ class Result:
         return self.finish_reason in ENDED_WELL and self.schema_error is None
 
     @classmethod
-    def rejected(cls, request_id: str, error: str) -> Result:
-        """The result of a request that cannot run as given (found before it was queued)."""
-        return cls(id=request_id, text="", finish_reason=FinishReason.ERROR, prompt_tokens=0, completion_tokens=0,
+    def rejected(cls, request_id: str, error: str, prompt_tokens: int = 0) -> Result:
+        """The result of a request that cannot run as given (found before it was queued);
+        prompt_tokens is the prompt's size when that was the reason (it does not fit)."""
+        return cls(id=request_id, text="", finish_reason=FinishReason.ERROR, prompt_tokens=prompt_tokens, completion_tokens=0,
                    timings=NO_TIMINGS, error=error, is_invalid_request=True)
 
     @classmethod

@@ -26,6 +26,7 @@ from .config import RunnerConfig
 from .errors import BackendError
 from .engine import Engine, StepOutput, TextPiece
 from .request import Request, Result
+from .scheduler import PromptDoesNotFit
 from .stats import RunnerSnapshot, RunStats
 
 logger = logging.getLogger("multiseq.runner")
@@ -211,6 +212,9 @@ class Runner:
         request asked for (ValueError) or what the model cannot do with it (BackendError) is
         the caller's error, said as is; anything else is a bug, logged, and said as one."""
         self.engine.record_rejection()
+        if isinstance(error, PromptDoesNotFit):
+            handle.finish(Result.rejected(handle.id, str(error), prompt_tokens=error.num_prompt))
+            return
         if isinstance(error, (str, ValueError, BackendError)):
             handle.finish(Result.rejected(handle.id, str(error)))
             return

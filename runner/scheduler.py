@@ -30,6 +30,10 @@ _NONE = np.zeros(0, dtype=np.int32)
 class PromptDoesNotFit(ValueError):
     """A prompt that cannot be placed in its slot's window under its overflow policy."""
 
+    def __init__(self, message: str, num_prompt: int) -> None:
+        super().__init__(message)
+        self.num_prompt = num_prompt  # the prompt's tokens, which clients may be told
+
 
 @dataclass(frozen=True)
 class PromptFit:
@@ -59,7 +63,8 @@ def fit_prompt(tokens: list[int], window: int, n_keep: int, max_tokens: int | No
     tail_length = window - room_to_generate - n_keep
     if tail_length < 1:
         raise PromptDoesNotFit(
-            f"prompt has {len(tokens)} tokens and n_keep={n_keep} leaves no room in a {window}-token slot window")
+            f"prompt has {len(tokens)} tokens and n_keep={n_keep} leaves no room in a {window}-token slot window",
+            len(tokens))
     kept = tokens[:n_keep] + tokens[len(tokens) - tail_length:]
     return PromptFit(kept, len(tokens) - len(kept), max_tokens if max_tokens is not None else room_to_generate)
 
@@ -69,7 +74,7 @@ def _check_prompt_fits(num_prompt: int, window: int) -> None:
     if num_prompt >= window:
         raise PromptDoesNotFit(
             f"the prompt has {num_prompt} tokens, but a slot's context window is {window} tokens "
-            f"(overflow policy 'reject'): shorten the conversation, or serve with a larger --slot-ctx")
+            f"(overflow policy 'reject'): shorten the conversation, or serve with a larger --slot-ctx", num_prompt)
 
 
 @dataclass(frozen=True, slots=True)

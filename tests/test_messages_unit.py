@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import http.client
 import json
+import re
 
 import anthropic
 import jsonschema
@@ -515,6 +516,16 @@ def test_errors_are_in_anthropics_shape_and_name_the_field(server):
     assert status == 400
     assert_anthropic_error(body, "invalid_request_error")
     assert "temperature" in body["error"]["message"], "the chat layer's refusal names the field too"
+
+
+def test_a_prompt_too_long_for_the_slot_is_said_in_anthropics_words_with_the_numbers(server):
+    client, _ = server()
+    with pytest.raises(anthropic.BadRequestError) as too_long:
+        client.messages.create(model=MODEL, max_tokens=8, messages=[{"role": "user", "content": "word " * 1100}])
+    assert_anthropic_error(too_long.value.body, "invalid_request_error")
+    # Claude Code compacts the conversation on this message, and reads the numbers with this pattern.
+    numbers = re.search(r"prompt is too long[^0-9]*(\d+)\s*tokens?\s*>\s*(\d+)", too_long.value.body["error"]["message"])
+    assert numbers is not None and int(numbers[1]) > 1024 and int(numbers[2]) == 1023
 
 
 def test_the_api_key_by_x_api_key_or_bearer(server):

@@ -5,6 +5,7 @@ its details go to the server's log."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from starlette.responses import JSONResponse
@@ -17,11 +18,21 @@ OVERLOADED = "overloaded_error"
 INTERNAL_ERROR_MESSAGE = "The server had an error while processing your request; its log has the details."
 
 
+@dataclass(frozen=True)
+class PromptTooLong:
+    """Why a prompt was refused, in numbers: clients shrink the conversation by them (Claude
+    Code compacts it when told "prompt is too long: N tokens > M maximum")."""
+
+    num_prompt: int
+    max_prompt: int  # the longest prompt a slot takes (its window less one token to generate)
+
+
 class ApiError(Exception):
     """A request that ends in an error response."""
 
     def __init__(self, status: int, message: str, kind: str = INVALID_REQUEST, param: str | None = None,
-                 code: str | None = None, headers: dict[str, str] | None = None) -> None:
+                 code: str | None = None, headers: dict[str, str] | None = None,
+                 prompt_too_long: PromptTooLong | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
@@ -29,6 +40,7 @@ class ApiError(Exception):
         self.param = param
         self.code = code
         self.headers = headers
+        self.prompt_too_long = prompt_too_long
 
     def body(self) -> dict[str, Any]:
         return error_body(self.message, self.kind, self.param, self.code)

@@ -399,7 +399,11 @@ def error_body(error_type: str, message: str) -> dict[str, Any]:
 def error_response(error: ApiError) -> JSONResponse:
     """The seam's ApiError (OpenAI's shape) as Anthropic's error, same status and headers."""
     error_type = ERROR_TYPES_BY_STATUS.get(error.status, API_ERROR if error.status >= 500 else "invalid_request_error")
-    return JSONResponse(error_body(error_type, error.message), status_code=error.status, headers=error.headers)
+    message = error.message
+    if error.prompt_too_long is not None:  # Anthropic's words, which Claude Code acts on (it compacts)
+        too_long = error.prompt_too_long
+        message = f"prompt is too long: {too_long.num_prompt} tokens > {too_long.max_prompt} maximum; {message}"
+    return JSONResponse(error_body(error_type, message), status_code=error.status, headers=error.headers)
 
 
 def stream_error_event(openai_error: dict[str, Any]) -> str:

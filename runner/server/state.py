@@ -12,9 +12,9 @@ from typing import Any
 
 from ..formats.openai_output import response_id
 from ..formats.reader import PromptItem
-from ..runner import OverflowPolicy, Runner, SamplingParams
+from ..runner import OverflowPolicy, Result, Runner, SamplingParams
 from .batches import BatchRules, BatchService
-from .errors import INVALID_REQUEST, OVERLOADED, ApiError
+from .errors import INVALID_REQUEST, OVERLOADED, ApiError, PromptTooLong
 from .jobs import Job
 from .metrics import ServerMetrics
 
@@ -139,7 +139,14 @@ class ServerState:
             raise
         refused = job.rejection()
         if refused is not None:
-            raise ApiError(400, refused.error or "the request cannot run", INVALID_REQUEST,
-                           "messages" if item.is_chat else "prompt", "context_length_exceeded"
-                           if "context window" in (refused.error or "") else None)
+            raise _refusal(refused, item, runner.window)
         return job
+
+
+def _refusal(refused: Result, item: PromptItem, window: int) -> ApiError:
+    """The 400 for a request the runner refused outright; a prompt that does not fit its slot
+    says so in numbers as well as words."""
+    too_long = PromptTooLong(refused.prompt_tokens, window - 1) if refused.prompt_tokens else None
+    return ApiError(400, refused.error or "the request cannot run", INVALID_REQUEST,
+                    "messages" if item.is_chat else "prompt",
+                    "context_length_exceeded" if too_long is not None else None, prompt_too_long=too_long)
