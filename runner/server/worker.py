@@ -6,7 +6,7 @@ lines), and the batch ended (completed, cancelled or failed) with its result fil
 Exactly once across crashes: the output and error files are the record of what is done. A run
 starts by cutting a torn last line, skips the custom_ids the files already hold, and submits
 only the rest; a cancelled request (a cancelled batch, or a server shutting down) never gets a
-line, so the next start runs it.
+line, so the next start runs it. Finished lines reach the files in groups (commits.py).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from ..formats.reader import CHAT_URL, PromptFormat, PromptItem, line_id, parse_
 from ..formats.resume import drop_torn_tail, written_ids
 from ..runner import FinishReason, Priority, Request, Result, Runner
 from .batchrules import BatchRules, batch_error, new_id, now
+from .commits import GroupCommitter
 from .errors import INTERNAL_ERROR_MESSAGE
 from .filestore import FileStore
 from .store import BatchRecord, FileRecord, Store
@@ -61,18 +62,11 @@ class ApiBatchRun(BatchRun):
         return any(result.finish_reason is FinishReason.CANCELLED for result in results)
 
 
-class _Progress:
-    """What BatchRun tells its display: here, the batch's request_counts as lines are written."""
-
-    def __init__(self, store: Store, batch_id: str, output: ResultSink, errors: ResultSink, num_succeeded: int,
-                 num_failed: int) -> None:
-        self._store, self._batch_id = store, batch_id
-        self._output, self._errors = output, errors
-        self._base = (num_succeeded, num_failed)  # lines written before this run
+class _NoDisplay:
+    """What BatchRun tells its display: nothing here (the committer records the counts)."""
 
     def note_written(self) -> None:
-        self._store.set_counts(self._batch_id, self._base[0] + self._output.num_lines,
-                               self._base[1] + self._errors.num_lines)
+        pass
 
     def tick(self) -> None:
         pass
@@ -233,20 +227,25 @@ class BatchWorker:
         items = self._lines.items(source, batch.endpoint, lambda item_id: item_id in succeeded or item_id in failed)
         output = ResultSink.open_file(output_path, durable=True)
         errors = ResultSink.open_file(errors_path, durable=True)
+        committer = GroupCommitter(output, errors, lambda num_output, num_errors: self.store.set_counts(
+            batch.id, num_succeeded + num_output, num_failed + num_errors))
         try:
-            writer = ResultWriter(output, keep_input_order=False, errors_sink=errors)
+            writer = ResultWriter(committer.output, keep_input_order=False, errors_sink=committer.errors)
             run = ApiBatchRun(self._runner, items, max(0, batch.total - num_succeeded - num_failed), writer,
                               self.rules.model_name, LINES_PER_SLOT * self._runner.config.parallel, f"{batch.id}/")
             with self._lock:
                 if self._stopping.is_set() or self.store.batch(batch.id).status != "in_progress":
                     return  # stopped, or cancelled before it started
                 self._current, self._current_batch = run, batch.id
-            run.execute(_Progress(self.store, batch.id, output, errors, num_succeeded, num_failed))
+            run.execute(_NoDisplay())
         finally:
-            with self._lock:
-                self._current = self._current_batch = None
-            output.close()
-            errors.close()
+            try:
+                committer.close()  # every finished line on disk before anyone may end the batch
+            finally:
+                with self._lock:
+                    self._current = self._current_batch = None
+                output.close()
+                errors.close()
 
     def finish(self, batch: BatchRecord, status: str, errors: list[dict[str, Any]] | None = None) -> None:
         """End the batch: its output and error files (when they have lines) become files of the
