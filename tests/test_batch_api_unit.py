@@ -21,6 +21,7 @@ from openai.types.chat import ChatCompletion
 from fakes import FakeBackend
 from helpers import serving, wait_until
 from multiseq import Priority
+from multiseq.formats.output import OutputError, ResultSink
 from multiseq.server import ServerSettings, create_app
 from multiseq.server.batches import LINES_PER_SLOT
 
@@ -353,6 +354,7 @@ from fakes import FakeBackend
 from helpers import serving
 from multiseq import Runner, RunnerConfig
 from multiseq.formats.output import ResultSink
+from multiseq.formats.output import OutputError, ResultSink
 from multiseq.server import ServerSettings, create_app
 from multiseq.server import commits
 
@@ -407,6 +409,28 @@ def test_a_kill_in_the_middle_of_a_group_commit_still_writes_each_custom_id_once
     assert custom_ids(output_lines, error_lines) == every_id
     assert {line["custom_id"] for line in error_lines} == {f"bad{index}" for index in range(30)}
     assert (batch.status, batch.request_counts.completed, batch.request_counts.failed) == ("completed", 30, 30)
+
+
+def test_a_result_file_that_cannot_be_written_fails_the_batch_keeping_the_lines_on_disk(batch_server, tmp_path,
+                                                                                      monkeypatch):
+    """A write that fails (a full disk) in the committer ends the batch failed, with a
+    server_error, its requests stopped and the lines committed before it published."""
+    whole_write = ResultSink.write_lines
+
+    def write_until_full(sink, lines):
+        if sink.num_lines >= 2:
+            raise OutputError(f"cannot write results to {sink.name}: No space left on device")
+        whole_write(sink, lines)
+
+    monkeypatch.setattr(ResultSink, "write_lines", write_until_full)
+    client, _, runner = batch_server(slow_backend())
+    source = upload(client, tmp_path, [completion_line(f"r{index}", max_tokens=8) for index in range(40)])
+    batch = wait_for_end(client, run_batch(client, source.id, "/v1/completions").id)
+    assert batch.status == "failed" and [error.code for error in batch.errors.data] == ["server_error"]
+    done = lines_of(client, batch.output_file_id)
+    assert 2 <= len(done) == batch.request_counts.completed < 40
+    assert "No space" not in json.dumps(batch.errors.model_dump()), "the disk's error goes to the log, not the client"
+    wait_until(lambda: runner.snapshot().num_running == 0 and runner.num_waiting == 0, 5, "the batch's requests stopped")
 
 
 # --- below interactive work ----------------------------------------------------------------------
