@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 import peers  # bench/ is the script's own folder, first on sys.path
-from load import request_body, stream_chat
+from load import APIS, send
 from workloads import short_prompts
 
 from multiseq import models
@@ -138,7 +138,7 @@ def interactive_ttfts(port: int, model: str, count: int, offset: int) -> list[fl
     ttfts = []
     for prompt in short_prompts(offset + count)[offset:]:
         chat = [{"role": "user", "content": f"In one sentence: {prompt}"}]
-        exchange = asyncio.run(stream_chat("127.0.0.1", port, request_body(chat, 16, model)))
+        exchange = asyncio.run(send("127.0.0.1", port, APIS["chat"], chat, 16, model))
         ttfts.append(exchange.ttft)
     return ttfts
 

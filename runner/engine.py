@@ -14,6 +14,9 @@ A sequence decides that it ends (runner.sequence); _retire() is the one place an
 applied: the sequence moves to its final status, its slot is freed (its KV kept as a prefix
 others may reuse, or cleared) and its result goes out.
 
+The KV side of admitting, preempting, retiring and shifting (slots, and the host-memory tier
+they park and restore KV in) is runner.placement's KvPlacement.
+
 What a step produced (text pieces, finished results) waits in an outbox until take_output().
 """
 
@@ -36,9 +39,10 @@ from .logprobs import TokenLogprob
 from .request import FinishReason, Request, Result
 from .tools import Delta
 from .sampling import Sampled, SequenceSampler, sample_rows
-from .hostcache import MIN_SAVE_TOKENS, HostCache
-from .scheduler import Admission, Placement, Scheduler, StepPlan, fit_prompt
-from .sequence import Sequence, SequenceStatus
+from .hostcache import HostCache
+from .placement import KvPlacement
+from .scheduler import Scheduler, StepPlan, fit_prompt
+from .sequence import Sequence
 from .tools.support import ToolSupport
 from .stats import RunnerSnapshot, StatsRecorder, runner_snapshot
 
@@ -97,6 +101,7 @@ class Engine:
                                    isolate_prefill=config.batch_invariant, host_cache=self.host_cache,
                                    step_tokens=config.step_tokens)
         self.stats = StatsRecorder()
+        self.placement = KvPlacement(backend, self.scheduler, self.host_cache, self.stats)
         self._base_seed = config.seed if config.seed is not None else int.from_bytes(os.urandom(8), "little")
         self._outbox = StepOutput()
         self.tools = ToolSupport(backend.chat_template_source, config.tool_format)
@@ -219,83 +224,16 @@ class Engine:
     def schedule(self) -> StepPlan:
         started = time.perf_counter()
         self._retire_ending(self.scheduler.running)  # cancelled since the last step
-        self._shift_full_windows()
-        self._preempt(time.perf_counter())
-        self._admit(time.perf_counter())
+        self._retire_ending(self.placement.shift_full_windows())
+        self.placement.preempt(time.perf_counter())
+        self.placement.admit(time.perf_counter())
         plan = self.scheduler.plan()
         self.stats.add_phase("schedule", time.perf_counter() - started)
         return plan
 
-    def _admit(self, now: float) -> None:
-        """Admit waiting sequences, each into a slot whose KV starts with its reused prefix:
-        copied from another slot, kept from the slot's last request, or restored from host
-        memory. What the slot held and the new sequence does not keep is saved to host memory
-        first (when worth it). A prefix that is not intact after all (a sliding-window cache
-        keeps only its window) is dropped, and the whole prompt is prefilled: a wrong reuse
-        never becomes wrong text."""
-        for admission in self.scheduler.admit(now):
-            seq, placement = admission.seq, admission.placement
-            self._save_what_is_lost(admission)
-            if seq.status is SequenceStatus.DECODING:  # a preempted sequence, resumed
-                self._resume(seq, placement)
-                continue
-            if not self._place_prefix(placement):
-                logger.info("a prefix of %d tokens for %s is not intact; prefilling it in full",
-                            placement.num_cached, seq.id)
-                seq.drop_cached_prefix()
-            self.stats.note_admission(seq.num_cached, seq.num_restored)
-
-    def _preempt(self, now: float) -> None:
-        """Give slots held by lower-priority sequences to waiting ones of higher priority: each
-        preempted sequence's KV is parked in host memory, and restored when it resumes, so it
-        goes on exactly where it stopped. Without room in host memory nothing is preempted
-        (recomputing its KV would not give the same numbers)."""
-        for victim in self.scheduler.preemptions(now):
-            tokens = victim.reusable_kv_tokens(with_generated=True)
-            state = self.backend.save_slot(victim.slot)
-            parked = None if state is None else self.host_cache.park(tokens, state)
-            if parked is None:
-                return
-            logger.info("preempting %s (priority %d) after %d tokens", victim.id, victim.priority,
-                        len(victim.output_tokens))
-            self.scheduler.preempt(victim, parked, now)
-            self.stats.note_preemption()
-
-    def _resume(self, seq: Sequence, placement: Placement) -> None:
-        """A preempted sequence back in a slot: its parked KV restored (or still there)."""
-        parked = placement.host_entry
-        if placement.source_slot == placement.slot:
-            intact = self.backend.reuse_prefix(placement.slot, placement.slot, placement.num_cached)
-        else:
-            intact = self.backend.restore_slot(placement.slot, parked.state, placement.num_cached)
-        self.host_cache.unpark(parked)
-        if not intact:
-            seq.fail("internal error: the KV of a preempted request could not be restored")
-
-    def _place_prefix(self, placement: Placement) -> bool:
-        entry = placement.host_entry
-        if entry is None:
-            return self.backend.reuse_prefix(placement.slot, placement.source_slot, placement.num_cached)
-        started = time.perf_counter()
-        intact = self.backend.restore_slot(placement.slot, entry.state, placement.num_cached)
-        if intact:
-            self.host_cache.note_restored(entry, placement.num_cached, time.perf_counter() - started)
-        return intact
-
-    def _save_what_is_lost(self, admission: Admission) -> None:
-        """Before a slot's KV is overwritten, keep it in host memory, under its tokens."""
-        cache, tokens = self.host_cache, admission.evicted
-        if (cache.is_enabled and admission.num_tokens_lost >= MIN_SAVE_TOKENS
-                and not cache.covers(tokens)):
-            state = self.backend.save_slot(admission.placement.slot)
-            if state is not None:
-                cache.add(tokens, state)
-
     def clear_prefix_cache(self) -> None:
         """Forget every prefix kept in a free slot (and clear that slot's KV) or in host memory."""
-        for slot in self.scheduler.forget_prefixes():
-            self.backend.reuse_prefix(slot, slot, 0)
-        self.host_cache.clear()
+        self.placement.clear()
 
     def execute(self, plan: StepPlan) -> Executed:
         """llama_decode the plan (on a full KV, halve the prompt chunks and retry), then sample
@@ -380,26 +318,9 @@ class Engine:
         slot = seq.slot if seq.is_running else None
         now = time.perf_counter()
         self._emit(seq, seq.finish(now), is_last=True)
-        if seq.parked is not None:  # preempted, then cancelled (or failed) while it waited
-            self.host_cache.unpark(seq.parked)
-        num_kept = self.scheduler.release(seq, seq.status is not SequenceStatus.FAILED, now)
-        if slot is not None and not self.backend.reuse_prefix(slot, slot, num_kept):
-            self.scheduler.prefixes.take(slot)  # not intact: the backend cleared it, keep nothing
+        self.placement.release(seq, slot, now)
         self.stats.note_finish(now, seq.ending.reason.value)
         self._outbox.finished.append(seq.to_result())
-
-    def _shift_full_windows(self) -> None:
-        """Slide every decoding sequence whose window is full, or end it where it cannot slide."""
-        shifts, stuck = self.scheduler.shifts_needed()
-        if not self.backend.can_shift:
-            stuck += [shift.seq for shift in shifts]
-            shifts = []
-        for shift in shifts:
-            self.backend.shift_slot(shift.seq.slot, shift.keep, shift.discard, shift.seq.n_past)
-            shift.seq.record_shift(shift.keep, shift.discard)
-        for seq in stuck:
-            seq.exhaust_window()
-        self._retire_ending(stuck)
 
     def snapshot(self, now: float) -> RunnerSnapshot:
         """Every slot and counter at this moment, as plain values (for a dashboard)."""

@@ -6,6 +6,10 @@ kept below interactive requests."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -17,6 +21,7 @@ from openai.types.chat import ChatCompletion
 from fakes import FakeBackend
 from helpers import serving, wait_until
 from multiseq import Priority
+from multiseq.formats.output import OutputError, ResultSink
 from multiseq.server import ServerSettings, create_app
 from multiseq.server.batches import LINES_PER_SLOT
 
@@ -337,6 +342,95 @@ def test_a_stopped_server_resumes_the_batch_and_runs_each_line_once(make_runner,
     assert batch.status == "completed" and (batch.request_counts.completed, batch.request_counts.failed) == (30, 1)
     assert custom_ids(output_lines, error_lines) == sorted([f"r{index}" for index in range(30)] + ["31"])
     assert [json.dumps(line) for line in output_lines[:len(before)]] == [json.dumps(json.loads(line)) for line in before]
+
+
+# A server whose process kills itself (SIGKILL) in the middle of a group commit: the group's
+# output lines are written, its error lines only half (one torn line). argv: data dir, input.
+CRASHING_SERVER = """
+import os, signal, sys
+from pathlib import Path
+import openai
+from fakes import FakeBackend
+from helpers import serving
+from multiseq import Runner, RunnerConfig
+from multiseq.formats.output import ResultSink
+from multiseq.formats.output import OutputError, ResultSink
+from multiseq.server import ServerSettings, create_app
+from multiseq.server import commits
+
+commits.COMMIT_INTERVAL_SECONDS = 0.2  # groups of several lines of each kind
+whole_write = ResultSink.write_lines
+output_written = []
+
+def write_lines(sink, lines):
+    if sink.name.endswith("output.jsonl"):
+        output_written.append(len(lines))
+    elif output_written and len(lines) >= 2:  # a group holding both kinds, its output already written
+        data = b"".join(lines)
+        os.write(sink._stream.fileno(), data[:len(data) - len(lines[-1]) // 2])
+        os.kill(os.getpid(), signal.SIGKILL)
+    whole_write(sink, lines)
+
+ResultSink.write_lines = write_lines
+backend = FakeBackend(num_slots=2, window=256, n_batch=64, decode_delay=0.01)
+runner = Runner(RunnerConfig(parallel=2, slot_ctx=256, n_batch=64, threads=1, seed=0), backend=backend)
+app = create_app(runner, ServerSettings(model_name="fake-model", data_dir=Path(sys.argv[1])))
+with serving(app) as base:
+    client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
+    source = client.files.create(file=open(sys.argv[2], "rb"), purpose="batch")
+    batch = client.batches.create(input_file_id=source.id, endpoint="/v1/completions", completion_window="24h")
+    print(batch.id, flush=True)
+    signal.pause()  # until the commit kills the process
+"""
+
+
+def test_a_kill_in_the_middle_of_a_group_commit_still_writes_each_custom_id_once(make_runner, data_dir, tmp_path):
+    """Lines are committed in groups; killed (SIGKILL) with a group's output lines written and
+    its error lines torn, the next server finishes the batch with every custom_id in exactly
+    one line, and counts taken from the files."""
+    good = [completion_line(f"good{index}", max_tokens=4) for index in range(30)]
+    bad = [completion_line(f"bad{index}", model="another-model") for index in range(30)]
+    source = tmp_path / "input.jsonl"
+    source.write_text("".join(line + "\n" for pair in zip(good, bad) for line in pair), encoding="utf-8")
+    tests_dir = Path(__file__).parent
+    child = subprocess.run([sys.executable, "-c", CRASHING_SERVER, str(data_dir), str(source)], cwd=tests_dir,
+                           capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(tests_dir)})
+    assert child.returncode == -signal.SIGKILL, child.stderr
+    batch_id = child.stdout.split()[0]
+    errors_file = data_dir / "batches" / batch_id / "errors.jsonl"
+    assert not errors_file.read_bytes().endswith(b"\n"), "killed halfway through a group's error lines"
+
+    app = create_app(make_runner(slow_backend()), ServerSettings(model_name=MODEL, data_dir=data_dir))
+    with serving(app) as base:
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
+        batch = wait_for_end(client, batch_id)
+        output_lines, error_lines = lines_of(client, batch.output_file_id), lines_of(client, batch.error_file_id)
+    every_id = sorted([f"good{index}" for index in range(30)] + [f"bad{index}" for index in range(30)])
+    assert custom_ids(output_lines, error_lines) == every_id
+    assert {line["custom_id"] for line in error_lines} == {f"bad{index}" for index in range(30)}
+    assert (batch.status, batch.request_counts.completed, batch.request_counts.failed) == ("completed", 30, 30)
+
+
+def test_a_result_file_that_cannot_be_written_fails_the_batch_keeping_the_lines_on_disk(batch_server, tmp_path,
+                                                                                      monkeypatch):
+    """A write that fails (a full disk) in the committer ends the batch failed, with a
+    server_error, its requests stopped and the lines committed before it published."""
+    whole_write = ResultSink.write_lines
+
+    def write_until_full(sink, lines):
+        if sink.num_lines >= 2:
+            raise OutputError(f"cannot write results to {sink.name}: No space left on device")
+        whole_write(sink, lines)
+
+    monkeypatch.setattr(ResultSink, "write_lines", write_until_full)
+    client, _, runner = batch_server(slow_backend())
+    source = upload(client, tmp_path, [completion_line(f"r{index}", max_tokens=8) for index in range(40)])
+    batch = wait_for_end(client, run_batch(client, source.id, "/v1/completions").id)
+    assert batch.status == "failed" and [error.code for error in batch.errors.data] == ["server_error"]
+    done = lines_of(client, batch.output_file_id)
+    assert 2 <= len(done) == batch.request_counts.completed < 40
+    assert "No space" not in json.dumps(batch.errors.model_dump()), "the disk's error goes to the log, not the client"
+    wait_until(lambda: runner.snapshot().num_running == 0 and runner.num_waiting == 0, 5, "the batch's requests stopped")
 
 
 # --- below interactive work ----------------------------------------------------------------------

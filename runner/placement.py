@@ -1,0 +1,126 @@
+"""Where a sequence's KV lives between the backend's slots and the host-memory (RAM) tier.
+
+The engine decides *that* something happens (admit, preempt, retire, shift); this module does
+the KV side of it: a reused prefix copied from another slot, kept in the slot or restored from
+host memory; what a slot held saved to host memory before it is overwritten; a preempted
+sequence's KV parked and restored; a finished sequence's KV kept as a prefix; full windows
+shifted. Single-threaded, like the engine it serves.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from .batch import Backend
+from .hostcache import MIN_SAVE_TOKENS, HostCache
+from .scheduler import Admission, Placement, Scheduler
+from .sequence import Sequence, SequenceStatus
+from .stats import StatsRecorder
+
+logger = logging.getLogger("multiseq.runner")
+
+
+class KvPlacement:
+    """The KV of the engine's sequences, across the backend's slots and host memory."""
+
+    def __init__(self, backend: Backend, scheduler: Scheduler, host_cache: HostCache, stats: StatsRecorder) -> None:
+        self.backend = backend
+        self.scheduler = scheduler
+        self.host_cache = host_cache
+        self.stats = stats
+
+    def admit(self, now: float) -> None:
+        """Admit waiting sequences, each into a slot whose KV starts with its reused prefix:
+        copied from another slot, kept from the slot's last request, or restored from host
+        memory. What the slot held and the new sequence does not keep is saved to host memory
+        first (when worth it). A prefix that is not intact after all (a sliding-window cache
+        keeps only its window) is dropped, and the whole prompt is prefilled: a wrong reuse
+        never becomes wrong text."""
+        for admission in self.scheduler.admit(now):
+            seq, placement = admission.seq, admission.placement
+            self._save_what_is_lost(admission)
+            if seq.status is SequenceStatus.DECODING:  # a preempted sequence, resumed
+                self._resume(seq, placement)
+                continue
+            if not self._place_prefix(placement):
+                logger.info("a prefix of %d tokens for %s is not intact; prefilling it in full",
+                            placement.num_cached, seq.id)
+                seq.drop_cached_prefix()
+            self.stats.note_admission(seq.num_cached, seq.num_restored)
+
+    def preempt(self, now: float) -> None:
+        """Give slots held by lower-priority sequences to waiting ones of higher priority: each
+        preempted sequence's KV is parked in host memory, and restored when it resumes, so it
+        goes on exactly where it stopped. Without room in host memory nothing is preempted
+        (recomputing its KV would not give the same numbers)."""
+        for victim in self.scheduler.preemptions(now):
+            tokens = victim.reusable_kv_tokens(with_generated=True)
+            state = self.backend.save_slot(victim.slot)
+            parked = None if state is None else self.host_cache.park(tokens, state)
+            if parked is None:
+                return
+            logger.info("preempting %s (priority %d) after %d tokens", victim.id, victim.priority,
+                        len(victim.output_tokens))
+            self.scheduler.preempt(victim, parked, now)
+            self.stats.note_preemption()
+
+    def release(self, seq: Sequence, slot: int | None, now: float) -> None:
+        """A sequence that ended leaves its slot or the queue: its parked KV is dropped, and
+        its slot's KV stays as a prefix others may reuse (or is cleared: after a failure the
+        KV is in doubt, and nothing of it is kept)."""
+        if seq.parked is not None:  # preempted, then cancelled (or failed) while it waited
+            self.host_cache.unpark(seq.parked)
+        num_kept = self.scheduler.release(seq, seq.status is not SequenceStatus.FAILED, now)
+        if slot is not None and not self.backend.reuse_prefix(slot, slot, num_kept):
+            self.scheduler.prefixes.take(slot)  # not intact: the backend cleared it, keep nothing
+
+    def shift_full_windows(self) -> list[Sequence]:
+        """Slide every decoding sequence whose window is full; the ones that cannot slide (the
+        caller ends them)."""
+        shifts, stuck = self.scheduler.shifts_needed()
+        if not self.backend.can_shift:
+            stuck += [shift.seq for shift in shifts]
+            shifts = []
+        for shift in shifts:
+            self.backend.shift_slot(shift.seq.slot, shift.keep, shift.discard, shift.seq.n_past)
+            shift.seq.record_shift(shift.keep, shift.discard)
+        for seq in stuck:
+            seq.exhaust_window()
+        return stuck
+
+    def clear(self) -> None:
+        """Forget every prefix kept in a free slot (and clear that slot's KV) or in host memory."""
+        for slot in self.scheduler.forget_prefixes():
+            self.backend.reuse_prefix(slot, slot, 0)
+        self.host_cache.clear()
+
+    def _resume(self, seq: Sequence, placement: Placement) -> None:
+        """A preempted sequence back in a slot: its parked KV restored (or still there)."""
+        parked = placement.host_entry
+        if placement.source_slot == placement.slot:
+            intact = self.backend.reuse_prefix(placement.slot, placement.slot, placement.num_cached)
+        else:
+            intact = self.backend.restore_slot(placement.slot, parked.state, placement.num_cached)
+        self.host_cache.unpark(parked)
+        if not intact:
+            seq.fail("internal error: the KV of a preempted request could not be restored")
+
+    def _place_prefix(self, placement: Placement) -> bool:
+        entry = placement.host_entry
+        if entry is None:
+            return self.backend.reuse_prefix(placement.slot, placement.source_slot, placement.num_cached)
+        started = time.perf_counter()
+        intact = self.backend.restore_slot(placement.slot, entry.state, placement.num_cached)
+        if intact:
+            self.host_cache.note_restored(entry, placement.num_cached, time.perf_counter() - started)
+        return intact
+
+    def _save_what_is_lost(self, admission: Admission) -> None:
+        """Before a slot's KV is overwritten, keep it in host memory, under its tokens."""
+        cache, tokens = self.host_cache, admission.evicted
+        if (cache.is_enabled and admission.num_tokens_lost >= MIN_SAVE_TOKENS
+                and not cache.covers(tokens)):
+            state = self.backend.save_slot(admission.placement.slot)
+            if state is not None:
+                cache.add(tokens, state)
