@@ -148,8 +148,8 @@ async def start_completion(request: HttpRequest, body: dict[str, Any], is_chat: 
     state = _state(request)
     runner = state.ready_runner()
     state.check_model(body.get("model"))
-    try:  # off the event loop: a schema or a tool set seen for the first time is compiled here
-        item = await asyncio.to_thread(openai_body_item, uuid.uuid4().hex, body, is_chat, state.settings.defaults)
+    try:  # in the prepare pool: a schema or a tool set seen for the first time is compiled here
+        item = await state.pools.prepare(openai_body_item, uuid.uuid4().hex, body, is_chat, state.settings.defaults)
     except ItemError as error:
         raise ApiError(400, str(error), INVALID_REQUEST, error.param) from None
     item = dataclasses.replace(item, request=dataclasses.replace(item.request, overflow=state.settings.overflow,
@@ -169,8 +169,8 @@ async def count_prompt_tokens(request: HttpRequest, body: dict[str, Any]) -> int
     state = _state(request)
     runner = state.ready_runner()
     try:
-        item = await asyncio.to_thread(openai_body_item, uuid.uuid4().hex, body, True, state.settings.defaults)
-        return await asyncio.to_thread(runner.count_prompt_tokens, item.request)
+        item = await state.pools.prepare(openai_body_item, uuid.uuid4().hex, body, True, state.settings.defaults)
+        return await state.pools.prepare(runner.count_prompt_tokens, item.request)
     except ItemError as error:
         raise ApiError(400, str(error), INVALID_REQUEST, error.param) from None
     except ValueError as error:
