@@ -30,7 +30,7 @@ from ..formats.reader import openai_body_item, unknown_body_fields
 from ..runner import FinishReason, Priority, Result
 from .bodies import read_json
 from .errors import INVALID_REQUEST, OVERLOADED, ApiError, internal_error
-from .jobs import Job, PieceEvent, failure_of
+from .jobs import MAX_QUEUED_EVENTS, Job, PieceEvent, failure_of
 from .sse import EventStream, sse, wait_for_disconnect
 from .state import ServerState
 
@@ -105,7 +105,7 @@ class CompletionCall:
             result = event.result
             if not result.ok:
                 job.cancel()
-                yield _failure_error(result, event.choice, item.n).body()
+                yield (_too_slow_error() if job.is_overrun else _failure_error(result, event.choice, item.n)).body()
                 return
             rest = result.logprobs[streamed_logprobs[event.choice]:] if wants_logprobs and result.logprobs else None
             last = stream_choice(is_chat, event.choice, None, rest if wants_logprobs else None,
@@ -275,6 +275,11 @@ def _failure_error(failure: Result, choice: int, num_choices: int) -> ApiError:
                         code="shutting_down")
     logger.error("request %s failed: %s", failure.id, failure.error)
     return internal_error()
+
+
+def _too_slow_error() -> ApiError:
+    return ApiError(503, f"The client read this stream too slowly (it fell {MAX_QUEUED_EVENTS} pieces behind); the "
+                         f"request was cancelled.", OVERLOADED, code="client_too_slow")
 
 
 def _observe_latency(state: ServerState, results: list[Result]) -> None:
