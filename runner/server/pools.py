@@ -22,6 +22,7 @@ from .errors import INVALID_REQUEST, OVERLOADED, ApiError
 logger = logging.getLogger("multiseq.server")
 
 T = TypeVar("T")
+BUSY_RETRY_AFTER_SECONDS = 2  # as the queue-full 503 says
 
 
 @dataclass(frozen=True)
@@ -126,7 +127,7 @@ class ServerPools:
             if future.cancel():  # it never started (True too when wait_for cancelled it)
                 raise ApiError(503, f"The server is busy preparing other requests: this one did not start within "
                                     f"{self.prepare_timeout_s:g} s. Retry later.", OVERLOADED,
-                               code="prepare_queue_timeout", headers={"Retry-After": "2"}) from None
+                               code="prepare_queue_timeout", headers={"Retry-After": str(BUSY_RETRY_AFTER_SECONDS)}) from None
             logger.warning("preparing a request took longer than %g s; its client was told so", self.prepare_timeout_s)
             if on_abandoned is not None:
                 future.add_done_callback(on_abandoned)
