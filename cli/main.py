@@ -20,6 +20,7 @@ from . import info
 from .interrupts import EXIT_INTERRUPTED, Interrupts
 from ..server.app import (DEFAULT_MAX_BATCH_LINES, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_QUEUE,
                           DEFAULT_MAX_UPLOAD_BYTES, ServerSettings)
+from ..server.state import DEFAULT_KEEP_ALIVE_SECONDS, DEFAULT_PREPARE_TIMEOUT_SECONDS, DEFAULT_SEND_TIMEOUT_SECONDS
 from ..server.door import WILDCARD_ADDRESSES, allowed_hosts_for, parse_list
 from ..server.store import StoreError
 from ..models.folders import DATA_DIR_VARIABLE
@@ -249,20 +250,31 @@ def batch_run(prompts_file: Path, output: Path | None, prompt_format: str | None
               type=click.FloatRange(0, min_open=True), help="Largest file POST /v1/files takes; a larger one gets 413.")
 @click.option("--max-batch-lines", default=DEFAULT_MAX_BATCH_LINES, show_default=True, type=click.IntRange(1),
               help="Most requests one batch may hold; a batch with more fails validation.")
+@click.option("--prepare-timeout", default=DEFAULT_PREPARE_TIMEOUT_SECONDS, show_default=True,
+              type=click.FloatRange(0, min_open=True), help="Seconds a request's preparation (its prompt rendered, "
+              "its schema or tools' grammar compiled) may take; past it, 400 (503 when it waited for a thread).")
+@click.option("--send-timeout", default=DEFAULT_SEND_TIMEOUT_SECONDS, show_default=True,
+              type=click.FloatRange(0, min_open=True), help="Seconds a stream's client may read nothing before "
+              "its connection is dropped and its request cancelled.")
+@click.option("--keep-alive", default=DEFAULT_KEEP_ALIVE_SECONDS, show_default=True,
+              type=click.FloatRange(0, min_open=True), help="Seconds between the ': keep-alive' comments a stream "
+              "sends while it has nothing else to send (waiting for a slot), so proxies keep it open.")
 @click.option("--dashboard/--no-dashboard", default=None,
               help="Live view of the slots instead of access logs. Default: on when standard error is a terminal.")
 @click.option("-v", "--verbose", is_flag=True, help="Show llama.cpp warnings.")
 def serve(ctx_size: int | None, host: str, port: int, api_key: str | None, metrics_public: bool,
           allowed_hosts: str | None, cors_origins: str | None, strict_fields: bool, alias: str | None, max_queue: int,
           max_body_mb: float, data_dir: Path | None, max_upload_mb: float, max_batch_lines: int,
-          dashboard: bool | None, verbose: bool, **options) -> None:
+          prepare_timeout: float, send_timeout: float, keep_alive: float, dashboard: bool | None, verbose: bool,
+          **options) -> None:
     """Serve the model over an OpenAI-compatible HTTP API, batching concurrent clients.
 
     POST /v1/chat/completions and /v1/completions (streamed or not), GET /v1/models, /health
     (503 while the model loads) and /metrics (Prometheus); the Files and Batch APIs
     (/v1/files, /v1/batches), whose batches fill the slots interactive requests leave free and
     resume after a restart. Ctrl-C or SIGTERM stops it: running streams end with an error
-    event, and an idle server exits at once."""
+    event and [DONE], requests that come meanwhile get 503, and an idle server (or one still
+    loading its model) exits at once."""
     from ..server.serve import serve as serve_app
 
     options["slot_ctx"] = _slot_ctx(ctx_size, options["slot_ctx"], options["parallel"])
@@ -279,7 +291,8 @@ def serve(ctx_size: int | None, host: str, port: int, api_key: str | None, metri
                               max_upload_bytes=int(max_upload_mb * 2**20), max_batch_lines=max_batch_lines,
                               metrics_public=metrics_public, strict_fields=strict_fields,
                               allowed_hosts=allowed_hosts_for(host, parse_list(allowed_hosts)),
-                              cors_origins=parse_list(cors_origins))
+                              cors_origins=parse_list(cors_origins), prepare_timeout_s=prepare_timeout,
+                              send_timeout_s=send_timeout, keep_alive_s=keep_alive)
     show_dashboard = dashboard if dashboard is not None else stderr.is_terminal
     _configure_server_logs(verbose, access_log=not show_dashboard)
     if host not in LOCAL_HOSTS and not settings.api_key:

@@ -4,9 +4,11 @@ and the mistakes a user makes, each one line and no traceback."""
 from __future__ import annotations
 
 import http.client
+import json
 import re
 import signal
 import socket
+import time
 
 import openai
 import pytest
@@ -78,3 +80,23 @@ def test_bad_options_are_one_line_and_nothing_starts(start_cli, args, words, cod
     process = start_cli("serve", "--port", "0", "--no-dashboard", *args)
     _, stderr = process.communicate(timeout=60)
     assert process.returncode == code and words in stderr and "Traceback" not in stderr
+
+
+def test_sigterm_ends_an_open_stream_with_done_and_exits_0(start_cli):
+    process = start_cli("serve", "-m", "smollm2-135m", "-np", "1", "-c", "1024", "--port", "0", "--no-dashboard",
+                        "-t", "1", "--ignore-eos")
+    lines = read_until(process, "ready:")
+    base = next(match.group(1) for line in lines if (match := LISTENING.search(line)))
+    connection = http.client.HTTPConnection(base.removeprefix("http://"), timeout=10)
+    connection.request("POST", "/v1/completions", body=json.dumps({"prompt": "Once upon a time", "max_tokens": 900,
+                                                                   "stream": True}),
+                       headers={"Content-Type": "application/json"})
+    stream = connection.getresponse()
+    assert stream.readline().startswith(b"data: ")
+    signalled_at = time.monotonic()
+    process.send_signal(signal.SIGTERM)
+    events = [line for line in stream.read().splitlines() if line.startswith(b"data: ")]
+    assert json.loads(events[-2].removeprefix(b"data: "))["error"]["code"] == "shutting_down"
+    assert events[-1] == b"data: [DONE]" and time.monotonic() - signalled_at < 5
+    _, rest = process.communicate(timeout=15)
+    assert process.returncode == 0 and "Traceback" not in rest, rest

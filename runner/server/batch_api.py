@@ -3,7 +3,6 @@ created, listed, polled and cancelled. The work behind them is batches.py's."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import Any
 
@@ -61,6 +60,11 @@ def list_object(page: Page, shape) -> dict[str, Any]:
             "last_id": data[-1]["id"] if data else None, "has_more": page.has_more}
 
 
+async def _io(request: HttpRequest, function, *args):
+    """File and database work, in the server's io pool (never behind requests being prepared)."""
+    return await request.app.state.server.pools.io(function, *args)
+
+
 # --- files --------------------------------------------------------------------------------------
 
 async def create_file(request: HttpRequest) -> Response:
@@ -76,7 +80,7 @@ async def create_file(request: HttpRequest) -> Response:
         if purpose != BATCH_PURPOSE:
             raise ApiError(400, f"'purpose' must be \"batch\" (the files this server takes are Batch API inputs), "
                                 f"got {json.dumps(purpose)}.", param="purpose")
-        record = await asyncio.to_thread(service.add_upload, upload, purpose)
+        record = await _io(request, service.add_upload, upload, purpose)
     finally:
         upload.discard()  # a no-op once the file is in place
     return JSONResponse(file_object(record))
@@ -88,20 +92,20 @@ async def list_files(request: HttpRequest) -> Response:
     order = query.get("order", "desc")
     if order not in ("asc", "desc"):
         raise ApiError(400, f"'order' must be \"asc\" or \"desc\", got {json.dumps(order)}.", param="order")
-    page = await asyncio.to_thread(service.files, query.get("purpose"), query.get("after"),
+    page = await _io(request, service.files, query.get("purpose"), query.get("after"),
                                    _limit(query.get("limit"), *FILE_LIST_LIMIT), order == "desc")
     return JSONResponse(list_object(page, file_object))
 
 
 async def get_file(request: HttpRequest) -> Response:
     service = service_of(request)
-    return JSONResponse(file_object(await asyncio.to_thread(service.file, request.path_params["file_id"])))
+    return JSONResponse(file_object(await _io(request, service.file, request.path_params["file_id"])))
 
 
 async def file_content(request: HttpRequest) -> Response:
     """The file's bytes, streamed from disk."""
     service = service_of(request)
-    record = await asyncio.to_thread(service.file, request.path_params["file_id"])
+    record = await _io(request, service.file, request.path_params["file_id"])
     path = service.path_of(record)
     if not path.exists():
         raise ApiError(404, f"The file {record.id} has no content any more.", NOT_FOUND, "file_id", "file_not_found")
@@ -110,7 +114,7 @@ async def file_content(request: HttpRequest) -> Response:
 
 async def delete_file(request: HttpRequest) -> Response:
     service = service_of(request)
-    record = await asyncio.to_thread(service.delete_file, request.path_params["file_id"])
+    record = await _io(request, service.delete_file, request.path_params["file_id"])
     return JSONResponse({"id": record.id, "object": "file", "deleted": True})
 
 
@@ -133,7 +137,7 @@ async def create_batch(request: HttpRequest) -> Response:
         raise ApiError(400, f"'completion_window' must be \"{COMPLETION_WINDOW}\", got "
                             f"{json.dumps(body.get('completion_window'))}.", param="completion_window")
     metadata = _metadata(body.get("metadata"))
-    record = await asyncio.to_thread(service.create_batch, input_file_id, endpoint, metadata)
+    record = await _io(request, service.create_batch, input_file_id, endpoint, metadata)
     return JSONResponse(batch_object(record))
 
 
@@ -152,20 +156,20 @@ def _metadata(value: Any) -> dict[str, str] | None:
 
 async def get_batch(request: HttpRequest) -> Response:
     service = service_of(request)
-    return JSONResponse(batch_object(await asyncio.to_thread(service.batch, request.path_params["batch_id"])))
+    return JSONResponse(batch_object(await _io(request, service.batch, request.path_params["batch_id"])))
 
 
 async def list_batches(request: HttpRequest) -> Response:
     service = service_of(request)
     query = request.query_params
-    page = await asyncio.to_thread(service.batches, query.get("after"),
+    page = await _io(request, service.batches, query.get("after"),
                                    _limit(query.get("limit"), *BATCH_LIST_LIMIT))
     return JSONResponse(list_object(page, batch_object))
 
 
 async def cancel_batch(request: HttpRequest) -> Response:
     service = service_of(request)
-    return JSONResponse(batch_object(await asyncio.to_thread(service.cancel_batch, request.path_params["batch_id"])))
+    return JSONResponse(batch_object(await _io(request, service.cancel_batch, request.path_params["batch_id"])))
 
 
 def _limit(value: str | None, default: int, largest: int) -> int:

@@ -30,7 +30,7 @@ from ..formats.reader import openai_body_item, unknown_body_fields
 from ..runner import FinishReason, Priority, Result
 from .bodies import read_json
 from .errors import INVALID_REQUEST, OVERLOADED, ApiError, internal_error
-from .jobs import Job, PieceEvent, failure_of
+from .jobs import MAX_QUEUED_EVENTS, Job, PieceEvent, failure_of
 from .sse import EventStream, sse, wait_for_disconnect
 from .state import ServerState
 
@@ -105,7 +105,7 @@ class CompletionCall:
             result = event.result
             if not result.ok:
                 job.cancel()
-                yield _failure_error(result, event.choice, item.n).body()
+                yield (_too_slow_error() if job.is_overrun else _failure_error(result, event.choice, item.n)).body()
                 return
             rest = result.logprobs[streamed_logprobs[event.choice]:] if wants_logprobs and result.logprobs else None
             last = stream_choice(is_chat, event.choice, None, rest if wants_logprobs else None,
@@ -148,8 +148,8 @@ async def start_completion(request: HttpRequest, body: dict[str, Any], is_chat: 
     state = _state(request)
     runner = state.ready_runner()
     state.check_model(body.get("model"))
-    try:  # off the event loop: a schema or a tool set seen for the first time is compiled here
-        item = await asyncio.to_thread(openai_body_item, uuid.uuid4().hex, body, is_chat, state.settings.defaults)
+    try:  # in the prepare pool: a schema or a tool set seen for the first time is compiled here
+        item = await state.pools.prepare(openai_body_item, uuid.uuid4().hex, body, is_chat, state.settings.defaults)
     except ItemError as error:
         raise ApiError(400, str(error), INVALID_REQUEST, error.param) from None
     item = dataclasses.replace(item, request=dataclasses.replace(item.request, overflow=state.settings.overflow,
@@ -169,8 +169,8 @@ async def count_prompt_tokens(request: HttpRequest, body: dict[str, Any]) -> int
     state = _state(request)
     runner = state.ready_runner()
     try:
-        item = await asyncio.to_thread(openai_body_item, uuid.uuid4().hex, body, True, state.settings.defaults)
-        return await asyncio.to_thread(runner.count_prompt_tokens, item.request)
+        item = await state.pools.prepare(openai_body_item, uuid.uuid4().hex, body, True, state.settings.defaults)
+        return await state.pools.prepare(runner.count_prompt_tokens, item.request)
     except ItemError as error:
         raise ApiError(400, str(error), INVALID_REQUEST, error.param) from None
     except ValueError as error:
@@ -275,6 +275,11 @@ def _failure_error(failure: Result, choice: int, num_choices: int) -> ApiError:
                         code="shutting_down")
     logger.error("request %s failed: %s", failure.id, failure.error)
     return internal_error()
+
+
+def _too_slow_error() -> ApiError:
+    return ApiError(503, f"The client read this stream too slowly (it fell {MAX_QUEUED_EVENTS} pieces behind); the "
+                         f"request was cancelled.", OVERLOADED, code="client_too_slow")
 
 
 def _observe_latency(state: ServerState, results: list[Result]) -> None:

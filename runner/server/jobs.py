@@ -20,6 +20,10 @@ from ..runner import Result, Runner, TextPiece
 
 logger = logging.getLogger("multiseq.server")
 
+# Pieces a request's queue holds before its client counts as too slow to keep up: the request
+# is then cancelled (a client that reads nothing at all is cut by the stream's send timeout).
+MAX_QUEUED_EVENTS = 4096
+
 
 @dataclass(frozen=True)
 class PieceEvent:
@@ -41,7 +45,9 @@ class Job:
         self.runner = runner
         self.item = item
         self.body_id = body_id
-        self.events: asyncio.Queue[PieceEvent | ResultEvent] = asyncio.Queue()
+        # Bounded: MAX_QUEUED_EVENTS pieces, and room for every choice's result beyond them.
+        self.events: asyncio.Queue[PieceEvent | ResultEvent] = asyncio.Queue(MAX_QUEUED_EVENTS + item.n)
+        self.is_overrun = False  # its client fell MAX_QUEUED_EVENTS pieces behind: cancelled
         self.request_ids = [f"{body_id}-{index}" for index in range(item.n)]
         self.results: dict[int, Result] = {}
         self.arrived_at = time.perf_counter()
@@ -65,9 +71,21 @@ class Job:
         """On the runner's thread: pass the event to the event loop (a closed loop, at
         shutdown, has no one left to tell)."""
         try:
-            self._loop.call_soon_threadsafe(self.events.put_nowait, event)
+            self._loop.call_soon_threadsafe(self._queue_event, event)
         except RuntimeError:
             pass
+
+    def _queue_event(self, event: PieceEvent | ResultEvent) -> None:
+        """On the event loop: queue the event, unless it is a piece the queue has no room for
+        (the request is then cancelled; its result, which ends the stream, always fits)."""
+        if isinstance(event, PieceEvent) and self.events.qsize() >= MAX_QUEUED_EVENTS:
+            if not self.is_overrun:
+                self.is_overrun = True
+                logger.warning("request %s: its client fell %d pieces behind; cancelled", self.body_id,
+                               MAX_QUEUED_EVENTS)
+                self.cancel()
+            return
+        self.events.put_nowait(event)
 
     def rejection(self) -> Result | None:
         """The result of a choice the runner refused outright (a prompt that cannot fit, say):

@@ -28,6 +28,7 @@ from starlette.routing import Route
 from .bodies import read_json
 from .chat import CompletionCall, start_chat
 from .errors import INVALID_REQUEST, NOT_FOUND, ApiError, internal_error
+from .pools import ServerPools
 from .response_store import (
     MissingResponse,
     ResponseStore,
@@ -727,8 +728,9 @@ class _InFlight:
 class ResponsesService:
     """The app's stored responses and those being generated."""
 
-    def __init__(self, store: ResponseStore) -> None:
+    def __init__(self, store: ResponseStore, pools: ServerPools) -> None:
         self.store = store
+        self.pools = pools  # the store is read and written in the io pool
         self.in_flight: dict[str, _InFlight] = {}
 
 
@@ -737,13 +739,13 @@ async def service_of(request: HttpRequest) -> ResponsesService:
     has one (opened off the event loop), else an in-memory store."""
     service = getattr(request.app.state, "responses", None)
     if service is None:
-        data_dir = request.app.state.server.settings.data_dir
+        pools = request.app.state.server.pools
         try:
-            store = await asyncio.to_thread(open_response_store, data_dir)
+            store = await pools.io(open_response_store, request.app.state.server.settings.data_dir)
         except StoreError as error:
             logger.error("%s", error)
             raise internal_error() from None
-        service = getattr(request.app.state, "responses", None) or ResponsesService(store)
+        service = getattr(request.app.state, "responses", None) or ResponsesService(store, pools)
         request.app.state.responses = service
     return service
 
@@ -756,7 +758,7 @@ async def create_response(request: HttpRequest) -> Response:
     body = await read_json(request, state.settings.max_body_bytes)
     parsed = parse_request(body)
     service = await service_of(request)
-    history = await _history(service.store, parsed.previous_response_id)
+    history = await _history(service, parsed.previous_response_id)
     chat = chat_body(parsed, history) | ({"stream": True} if parsed.is_stream else {})
     call = await _renamed_errors(start_chat(request, chat, "responses"))
     response_id, created_at, model = new_id("resp"), int(time.time()), state.settings.model_name
@@ -775,11 +777,11 @@ async def create_response(request: HttpRequest) -> Response:
     return JSONResponse(response, headers=headers)
 
 
-async def _history(store: ResponseStore, previous_response_id: str | None) -> list[dict[str, Any]]:
+async def _history(service: ResponsesService, previous_response_id: str | None) -> list[dict[str, Any]]:
     if previous_response_id is None:
         return []
     try:
-        return await asyncio.to_thread(store.conversation, previous_response_id)
+        return await service.pools.io(service.store.conversation, previous_response_id)
     except MissingResponse as missing:
         which = ("is not stored" if missing.response_id == previous_response_id
                  else f"continues {missing.response_id}, which is not stored")
@@ -801,7 +803,7 @@ async def _keep(service: ResponsesService, parsed: ResponsesRequest, response: d
     if parsed.is_stored:
         record = StoredResponse(response["id"], response["created_at"], parsed.previous_response_id,
                                 parsed.input_items, response)
-        await asyncio.to_thread(service.store.put, record)
+        await service.pools.io(service.store.put, record)
 
 
 async def _stream_events(service: ResponsesService, parsed: ResponsesRequest, response_id: str,
@@ -833,7 +835,7 @@ async def get_response(request: HttpRequest) -> Response:
 async def delete_response(request: HttpRequest) -> Response:
     service = await service_of(request)
     response_id = request.path_params["response_id"]
-    if not await asyncio.to_thread(service.store.delete, response_id):
+    if not await service.pools.io(service.store.delete, response_id):
         raise _not_found(response_id)
     return JSONResponse({"id": response_id, "object": "response.deleted", "deleted": True})
 
@@ -882,7 +884,7 @@ async def list_input_items(request: HttpRequest) -> Response:
 async def _stored(request: HttpRequest) -> StoredResponse:
     service = await service_of(request)
     response_id = request.path_params["response_id"]
-    record = await asyncio.to_thread(service.store.get, response_id)
+    record = await service.pools.io(service.store.get, response_id)
     if record is None:
         raise _not_found(response_id)
     return record

@@ -1,7 +1,8 @@
 """Serving the app with uvicorn: listening at once, the model loading behind /health's 503.
 
 SIGINT or SIGTERM stops taking connections and cancels the running requests, whose streams end
-with an error event and [DONE] rather than a cut connection; an idle server exits at once.
+with an error event and [DONE] rather than a cut connection; a request that comes meanwhile gets
+a 503, and an idle server (or one still loading its model) exits at once.
 """
 
 from __future__ import annotations
@@ -124,8 +125,8 @@ def serve(config: RunnerConfig, settings: ServerSettings, host: str, port: int, 
     try:
         asyncio.run(run())
     finally:
-        if loader.is_alive():
-            loader.join()
+        # A model still loading is not waited for: its thread is a daemon, and closes the runner
+        # itself if the load ends before the process does (see load()).
         app.state.server.close()  # the batch worker ends before the runner it feeds
         runner = app.state.server.runner
         if runner is not None:

@@ -17,12 +17,18 @@ from .batches import BatchRules, BatchService
 from .errors import INVALID_REQUEST, OVERLOADED, ApiError, PromptTooLong
 from .jobs import Job
 from .metrics import ServerMetrics
+from .pools import ServerPools
 
 DEFAULT_MAX_QUEUE = 256
 DEFAULT_MAX_BODY_BYTES = 16 << 20
 DEFAULT_MAX_UPLOAD_BYTES = 200 << 20  # OpenAI's limit for a batch input file
 DEFAULT_MAX_BATCH_LINES = 50_000  # OpenAI's limit for the requests of one batch
 RETRY_AFTER_SECONDS = 2
+DEFAULT_PREPARE_THREADS = 2  # CPU work: more threads than cores only make each compile slower
+DEFAULT_IO_THREADS = 4  # files and the database: short waits on the disk
+DEFAULT_PREPARE_TIMEOUT_SECONDS = 30.0
+DEFAULT_SEND_TIMEOUT_SECONDS = 30.0
+DEFAULT_KEEP_ALIVE_SECONDS = 15.0  # under the 30 to 60 s idle timeouts of common proxies
 CHAT_ENDPOINT = "/v1/chat/completions"
 COMPLETIONS_ENDPOINT = "/v1/completions"
 
@@ -49,12 +55,26 @@ class ServerSettings:
     data_dir: Path | None = None
     max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES  # a larger upload gets 413
     max_batch_lines: int = DEFAULT_MAX_BATCH_LINES  # a batch with more requests fails validation
+    # Threads that prepare requests (render, tokenize, compile schemas and tool grammars), and
+    # that read and write files and the database: separate pools, so neither waits on the other.
+    prepare_threads: int = DEFAULT_PREPARE_THREADS
+    io_threads: int = DEFAULT_IO_THREADS
+    # A request whose preparation takes longer gets a 400 (or a 503 when it waited for a thread).
+    prepare_timeout_s: float = DEFAULT_PREPARE_TIMEOUT_SECONDS
+    # A stream whose client reads nothing for this long is cut, and its request cancelled.
+    send_timeout_s: float = DEFAULT_SEND_TIMEOUT_SECONDS
+    # A stream with nothing to send (its request waits for a slot) sends `: keep-alive` this often.
+    keep_alive_s: float = DEFAULT_KEEP_ALIVE_SECONDS
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "allowed_hosts", tuple(self.allowed_hosts))
         object.__setattr__(self, "cors_origins", tuple(self.cors_origins))
-        if min(self.max_queue, self.max_body_bytes, self.max_upload_bytes, self.max_batch_lines) < 1:
-            raise ValueError("max_queue, max_body_bytes, max_upload_bytes and max_batch_lines must be >= 1")
+        if min(self.max_queue, self.max_body_bytes, self.max_upload_bytes, self.max_batch_lines,
+               self.prepare_threads, self.io_threads) < 1:
+            raise ValueError("max_queue, max_body_bytes, max_upload_bytes, max_batch_lines, prepare_threads and "
+                             "io_threads must be >= 1")
+        if min(self.prepare_timeout_s, self.send_timeout_s, self.keep_alive_s) <= 0:
+            raise ValueError("prepare_timeout_s, send_timeout_s and keep_alive_s must be > 0")
 
 
 class ServerState:
@@ -64,6 +84,7 @@ class ServerState:
         self.runner = runner
         self.settings = settings
         self.metrics = ServerMetrics(lambda: self.runner)
+        self.pools = ServerPools(settings.prepare_threads, settings.io_threads, settings.prepare_timeout_s)
         # StoreError when the data directory cannot be used.
         self.batches = None if settings.data_dir is None else BatchService(settings.data_dir, BatchRules(
             settings.model_name, settings.defaults, settings.overflow, settings.max_batch_lines))
@@ -101,6 +122,7 @@ class ServerState:
         (its cancelled requests end at the runner's next step) and close the database."""
         if self.batches is not None:
             self.batches.close()
+        self.pools.shutdown()
 
     def ready_runner(self) -> Runner:
         if self.is_draining:
@@ -117,8 +139,8 @@ class ServerState:
                            "model_not_found")
 
     async def submit(self, runner: Runner, item: PromptItem) -> Job:
-        """Queue a request's choices, or 503 when the queue is full. Tokenizing runs off the
-        event loop, so a long prompt never stalls other clients' streams."""
+        """Queue a request's choices, or 503 when the queue is full. Tokenizing runs in the
+        prepare pool, so a long prompt never stalls other clients' streams."""
         if item.n > self.settings.max_queue:  # it could never be queued: busy is no answer
             raise ApiError(400, f"'n' is {item.n}, more choices than this server's queue holds "
                                 f"({self.settings.max_queue}); ask for at most {self.settings.max_queue}.",
@@ -132,11 +154,23 @@ class ServerState:
                            headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
         job = Job(runner, item, asyncio.get_running_loop(), response_id(item.is_chat))
         self._count_dispatching(item.n)
+
+        def undo(_) -> None:  # the client was told it timed out: what was queued meanwhile goes
+            self._count_dispatching(-(item.n - job.num_dispatched))
+            job.cancel()
+
         try:
-            await asyncio.to_thread(job.submit, lambda: self._count_dispatching(-1))
+            await self.pools.prepare(job.submit, lambda: self._count_dispatching(-1), on_abandoned=undo)
+        except ApiError as error:
+            if error.code != "prepare_timeout":  # else the work goes on, and undo() counts the rest
+                self._count_dispatching(-(item.n - job.num_dispatched))
+            raise
         except BaseException:
             self._count_dispatching(-(item.n - job.num_dispatched))
             raise
+        if self.is_draining:  # the shutdown's cancel_all came before this request was queued
+            job.cancel()
+            self.ready_runner()
         refused = job.rejection()
         if refused is not None:
             raise _refusal(refused, item, runner.window)

@@ -12,7 +12,6 @@ text takes a while, so both run off the event loop.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import Any
 
@@ -37,7 +36,7 @@ async def tokenize(request: HttpRequest) -> Response:
         raise ApiError(400, "'content' must be the text to tokenize (a string)", param="content")
     add_special = _flag(body, "add_special", DEFAULT_ADD_SPECIAL)
     with_pieces = _flag(body, "with_pieces", False)
-    tokens = await asyncio.to_thread(tokenize_text, request, content, add_special)
+    tokens = await state.pools.prepare(tokenize_text, request, content, add_special)
     if not with_pieces:
         return JSONResponse({"tokens": tokens})
     backend = runner.backend
@@ -55,7 +54,7 @@ async def detokenize(request: HttpRequest) -> Response:
                                                for token in tokens):
         raise ApiError(400, "'tokens' must be a list of token ids (integers)", param="tokens")
     try:
-        content = await asyncio.to_thread(detokenize_tokens, request, tokens)
+        content = await state.pools.prepare(detokenize_tokens, request, tokens)
     except ValueError as error:
         raise ApiError(400, f"'tokens': {error}", param="tokens") from None
     return JSONResponse({"content": content})

@@ -7,7 +7,6 @@ soon as its bytes pass it. The other parts (purpose, ...) are short text, bounde
 
 from __future__ import annotations
 
-import asyncio
 import os
 import tempfile
 from dataclasses import dataclass, field
@@ -139,7 +138,7 @@ async def receive_upload(request: HttpRequest, folder: Path, limit: int) -> Uplo
         parser.finalize()
         if reader.file is None:
             raise ApiError(400, "The form has no 'file' part.", param=FILE_FIELD)
-        await asyncio.to_thread(_sync, reader.file)
+        await request.app.state.server.pools.io(_sync, reader.file)
         return reader.upload
     except FormParserError:
         reader.upload.discard()
