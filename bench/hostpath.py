@@ -61,6 +61,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import ctypes
+import functools
 import sys
 import threading
 import time
@@ -137,6 +138,27 @@ def logits_rows(vocab: int, eos: int, num_distinct: int = NUM_DISTINCT_ROWS, see
     return rows
 
 
+@dataclass(frozen=True)
+class Vocabulary:
+    """A zero-cost model's tables: token pieces (EOS's empty) and its distinct logits rows."""
+
+    pieces: tuple[bytes, ...]
+    eos: int
+    rows: np.ndarray  # read-only, [distinct rows, vocab] float32
+
+
+@functools.lru_cache(maxsize=2)
+def vocabulary(vocab: int, seed: int = 0) -> Vocabulary:
+    """The tables of a vocabulary size, built once (a 262k vocabulary takes a while) and shared
+    by every backend of that size."""
+    eos = vocab - 1
+    pieces = token_pieces(vocab, seed)
+    pieces[eos] = b""
+    rows = logits_rows(vocab, eos, seed=seed)
+    rows.flags.writeable = False
+    return Vocabulary(tuple(pieces), eos, rows)
+
+
 class ZeroCostBackend:
     """The engine's Backend (runner.batch.Backend) with a model that costs nothing: decode()
     returns at once a [rows, vocab] view of a prepared logits matrix (as the real backend
@@ -154,12 +176,14 @@ class ZeroCostBackend:
         self.last_decode_seconds = 0.0
         self.chunk_rules = ChunkRules(exact_reuse=False)
         self.chat_template_source = None  # no Jinja template: a chat renders as render_chat() says
-        self.eos = vocab - 1
-        self.pieces = token_pieces(vocab, seed)
-        self.pieces[self.eos] = b""
-        distinct = logits_rows(vocab, self.eos, seed=seed)
+        tables = vocabulary(vocab, seed)
+        self.eos = tables.eos
+        self.pieces = tables.pieces
+        distinct = tables.rows
         # Rows [k, k + n) of this matrix are step k's n rows: a contiguous view for any step.
-        self._matrix = np.ascontiguousarray(distinct[np.arange(num_slots + len(distinct)) % len(distinct)])
+        # Sampling may write into the rows it is given (bias, penalties: the engine owns them
+        # until the next decode), which the benchmark's requests never ask for.
+        self._matrix = distinct[np.arange(num_slots + len(distinct)) % len(distinct)]
         self._num_distinct = len(distinct)
         self.num_decodes = 0
         self.kv_lengths = [0] * num_slots
@@ -418,6 +442,7 @@ class ChainTimes:
 
     fill_ms: float  # writing each row into the llama_token_data array
     apply_ms: float  # llama_sampler_apply and llama_sampler_accept
+    tokens: list[list[int]]  # what the chains chose, per step, per row
 
 
 def _sampler_chain(llama, case: Case, slot: int):
@@ -447,8 +472,10 @@ def llama_chain_ms(case: Case, repeats: int) -> ChainTimes:
     ids = np.arange(case.vocab, dtype=np.int32)
     chains = [_sampler_chain(llama, case, slot) for slot in range(case.slots)]
     fill = apply = 0.0
+    tokens: list[list[int]] = []
     try:
         for step in range(repeats):
+            tokens.append([])
             for slot, row in enumerate(backend.step_logits(step, case.slots)):
                 started = time.perf_counter()
                 token_data["id"] = ids
@@ -461,10 +488,11 @@ def llama_chain_ms(case: Case, repeats: int) -> ChainTimes:
                 llama.llama_sampler_accept(chains[slot], token)
                 apply += time.perf_counter() - filled
                 fill += filled - started
+                tokens[-1].append(token)
     finally:
         for chain in chains:
             llama.llama_sampler_free(chain)
-    return ChainTimes(1000.0 * fill / repeats, 1000.0 * apply / repeats)
+    return ChainTimes(1000.0 * fill / repeats, 1000.0 * apply / repeats, tokens)
 
 
 # --- served ------------------------------------------------------------------------------------------
