@@ -23,8 +23,9 @@ request handles included), and reports host milliseconds per decode step (the fi
 which prefills the prompts, is left out), split into phases:
 
 - schedule: Engine.schedule() without Scheduler.plan() (retiring, shifting, admitting)
-- batch: Scheduler.plan() and Engine.execute() without its sampling (the batch entries, the
-  backend call, which costs nothing here)
+- batch: Scheduler.plan() and Engine.execute() without its sampling (the batch entries, and
+  the backend call: filling a real llama_batch with the llama.cpp backend's own code, then
+  no decode at all)
 - sample: sampling every output row (Executed.sample_seconds, as the engine measures it)
 - detok+stops: Sequence.append_token() (detokenizing, stop strings, max_tokens, the sampler's
   accept)
@@ -76,6 +77,7 @@ import numpy as np
 
 import load  # bench/ is the script's own folder, first on sys.path
 from multiseq.runner import Request, Runner, RunnerConfig, SamplingParams
+from multiseq.runner.backend import _BatchBuffers as LlamaBatch  # the real backend's llama_batch filler
 from multiseq.runner.batch import BatchEntry, ChunkRules
 from multiseq.runner.grammar import tokenizer_from_pieces
 from multiseq.runner.sequence import Sequence
@@ -94,7 +96,7 @@ NUM_STRONG_CANDIDATES = 8  # tokens of a row well above the rest, as a model's r
 BODY_SCALE = 2.0  # standard deviation of a row's logits around 0
 STRONG_BOOST = (6.0, 12.0)  # how far above the body the strong candidates stand
 EOS_MARGIN = 20.0  # the EOS logit stands this far below a row's least likely other token
-PROMPT_TOKENS_MARGIN = 64  # room in each slot's window beyond prompt and generation
+PROMPT_BUDGET = 64  # tokens of a request's prompt, chat-rendered or not, at most
 MODEL_NAME = "zero-cost"
 
 PHASES = ("schedule", "batch", "sample", "detok+stops", "update other", "delivery", "other")
@@ -164,11 +166,14 @@ class ZeroCostBackend:
     returns at once a [rows, vocab] view of a prepared logits matrix (as the real backend
     returns a view of llama.cpp's output buffer, nothing is copied), whose rows cycle through
     a few distributions by step and row. Tokens are byte tokens and words (token_pieces); a
-    prompt tokenizes to its bytes. KV is only counted (each slot's length), so prefix reuse and
-    shifting behave as on a real context; a slot's state cannot be saved."""
+    prompt tokenizes to its bytes. Each decode fills a real llama_batch as the llama.cpp backend
+    does (its own filler), the one host cost of a decode outside llama_decode. KV is only
+    counted (each slot's length), so prefix reuse and shifting behave as on a real context; a
+    slot's state cannot be saved."""
 
-    def __init__(self, num_slots: int, vocab: int, window: int, seed: int = 0) -> None:
+    def __init__(self, num_slots: int, vocab: int, window: int, n_batch: int, seed: int = 0) -> None:
         self.num_slots = num_slots
+        self._batch = LlamaBatch(n_batch)
         self.n_vocab = vocab
         self.window = window
         self.can_shift = True
@@ -227,9 +232,10 @@ class ZeroCostBackend:
         return self._matrix[start:start + num_rows]
 
     def decode(self, entries: list[BatchEntry]) -> np.ndarray:
+        num_outputs = self._batch.fill(entries)
         for entry in entries:
             self.kv_lengths[entry.slot] = entry.start_pos + len(entry.tokens)
-        logits = self.step_logits(self.num_decodes, sum(1 for entry in entries if entry.wants_output))
+        logits = self.step_logits(self.num_decodes, num_outputs)
         self.num_decodes += 1
         return logits
 
@@ -291,16 +297,21 @@ class Case:
                 for index in range(self.slots)]
 
     def backend(self) -> ZeroCostBackend:
-        return ZeroCostBackend(self.slots, self.vocab, self.window)
+        return ZeroCostBackend(self.slots, self.vocab, self.window, self.n_batch)
 
     @property
     def window(self) -> int:
-        return len(self.prompt(0)) + self.steps + PROMPT_TOKENS_MARGIN
+        return PROMPT_BUDGET + self.steps + 1
+
+    @property
+    def n_batch(self) -> int:
+        """Every prompt is prefilled in the first step."""
+        return self.slots * PROMPT_BUDGET
 
     def config(self) -> RunnerConfig:
-        """Every prompt is prefilled in the first step; no host cache (nothing to save)."""
-        return RunnerConfig(parallel=self.slots, slot_ctx=self.window, n_batch=max(512, self.slots * self.window),
-                            threads=1, seed=BASE_SEED, cache_ram_mib=0)
+        """No host cache: the zero-cost backend has no state to save."""
+        return RunnerConfig(parallel=self.slots, slot_ctx=self.window, n_batch=self.n_batch, threads=1,
+                            seed=BASE_SEED, cache_ram_mib=0)
 
 
 # --- phases of a step ----------------------------------------------------------------------------

@@ -77,7 +77,7 @@ def test_llama_cpp_sampled_chain_draws_among_the_strong_candidates():
 
 
 def test_the_zero_cost_backend_never_ends_a_request_early_and_detokenizes_real_pieces():
-    backend = hostpath.ZeroCostBackend(num_slots=2, vocab=VOCAB, window=64)
+    backend = hostpath.ZeroCostBackend(num_slots=2, vocab=VOCAB, window=64, n_batch=128)
     rows = backend.step_logits(0, 2)
     assert (rows.argmin(axis=1) == backend.eos).all()
     assert backend.is_end_of_generation(backend.eos) and backend.token_bytes(backend.eos) == b""
