@@ -149,7 +149,7 @@ class Vocabulary:
     rows: np.ndarray  # read-only, [distinct rows, vocab] float32
 
 
-@functools.lru_cache(maxsize=2)
+@functools.lru_cache(maxsize=len(VOCABS))  # every default size, each built once per run
 def vocabulary(vocab: int, seed: int = 0) -> Vocabulary:
     """The tables of a vocabulary size, built once (a 262k vocabulary takes a while) and shared
     by every backend of that size."""
