@@ -56,6 +56,7 @@ import peers  # bench/ is the script's own folder, first on sys.path
 from multiseq import FinishReason, Request, Runner, RunnerConfig, SamplingParams
 from multiseq.formats.reader import parse_jsonl_line
 from multiseq.runner.backend import LlamaModel
+from multiseq.runner.loading import open_model
 from multiseq.runner.schema import SchemaCheck
 
 ALL_SYSTEMS = ("multiseq", "llama-server")
@@ -247,7 +248,7 @@ def main(argv: list[str] | None = None) -> dict | None:
     if unknown:
         raise SystemExit(f"unknown systems {unknown}; choose from {', '.join(ALL_SYSTEMS)}")
     entries = load_sample(args.limit)
-    model = LlamaModel.open(args.model)
+    model = open_model(args.model)
     prompts = [model.render_chat(messages_for(entry["schema"])) for entry in entries]
     results: dict[str, dict] = {}
     try:

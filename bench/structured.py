@@ -39,6 +39,7 @@ import peers  # bench/ is the script's own folder, first on sys.path
 
 from multiseq import FinishReason, Request, Runner, RunnerConfig, SamplingParams
 from multiseq.runner.backend import LlamaModel
+from multiseq.runner.loading import open_model
 
 ALL_SYSTEMS = ("multiseq", "multiseq-free", "llama-server")
 SLOT_CTX = 512
@@ -156,7 +157,7 @@ def main(argv: list[str] | None = None) -> dict:
     unknown = sorted(set(systems) - set(ALL_SYSTEMS))
     if unknown:
         raise SystemExit(f"unknown systems {unknown}; choose from {', '.join(ALL_SYSTEMS)}")
-    model = LlamaModel.open(args.model)
+    model = open_model(args.model)
     prompts = [model.render_chat(messages) for messages in review_messages(args.prompts)]
     figures: dict[str, dict] = {}
     try:

@@ -42,6 +42,7 @@ from workloads import Workload, short_prompts, standard_workloads
 from multiseq import Request, Runner, RunnerConfig, SamplingParams
 from multiseq.formats.summary import percentile
 from multiseq.runner.backend import LlamaModel
+from multiseq.runner.loading import open_model
 
 ALL_SYSTEMS = ("multiseq", "multiseq-invariant", "llama-server", "llama-cpp-python", "llama-batched-bench", "memory")
 SHARED_PREFIX = "shared-prefix"
@@ -205,7 +206,7 @@ def run_systems(systems: list[str], model: LlamaModel, workload: Workload, args:
     if "multiseq-invariant" in systems:
         parallel = max(int(p) for p in args.server_parallel.split(","))
         log(f"[{workload.name}] multiseq -np {parallel} --batch-invariant ...")
-        unpacked = LlamaModel.open(model.path, repack_weights=False)  # the workload is already rendered text
+        unpacked = open_model(model.path, repack_weights=False)  # the workload is already rendered text
         try:
             yield run_multiseq(unpacked, workload, parallel, args.threads, batch_invariant=True)
         finally:
@@ -289,7 +290,7 @@ def main(argv: list[str] | None = None) -> dict:
         "results": {},
     }
     for model_name in args.models.split(","):
-        model = LlamaModel.open(model_name)
+        model = open_model(model_name)
         for workload_name in args.workloads.split(","):
             workload = workloads[workload_name].rendered_for(model.render_chat)
             figures = []

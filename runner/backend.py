@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import os
 import re
 import threading
 import time
@@ -22,7 +21,6 @@ from dataclasses import dataclass
 import numpy as np
 import llama_cpp as llama
 
-from .. import models
 from .batch import BatchEntry, ChunkRules
 from .chat_template import ChatTemplate, JinjaRenderer, load_chat_template
 from .errors import BackendError, NoKvSlot
@@ -222,17 +220,6 @@ class LlamaModel:
             self._tensor_split = (ctypes.c_float * max_devices)(*tensor_split)
             params.tensor_split = self._tensor_split
         return params
-
-    @classmethod
-    def open(cls, name_or_path: str | os.PathLike | None = None, chat_template: str | None = None,
-             repack_weights: bool = True, **placement) -> LlamaModel:
-        """A registry model by name (fetched into the user's cache on first use; None: the
-        default model), a Hugging Face model (hf:OWNER/REPO[:QUANT] or hf:OWNER/REPO/FILE.gguf)
-        or a .gguf file by path, loaded. `placement` is n_gpu_layers, main_gpu, split_mode and
-        tensor_split, as RunnerConfig has them. Raises ModelError or BackendError."""
-        resolved = models.resolve(name_or_path)
-        return cls(str(resolved.path), chat_template, resolved.chat_template_fallback, repack_weights=repack_weights,
-                   **placement)
 
     @property
     def num_layers(self) -> int:

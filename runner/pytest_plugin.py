@@ -37,9 +37,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 @pytest.fixture(scope="session")
 def multiseq_model(pytestconfig: pytest.Config):
     """The --multiseq-model, loaded once for the whole session."""
-    from .backend import LlamaModel
+    from .loading import open_model
 
-    model = LlamaModel.open(pytestconfig.getoption("--multiseq-model"))
+    model = open_model(pytestconfig.getoption("--multiseq-model"))
     yield model
     model.close()
 

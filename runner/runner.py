@@ -415,9 +415,9 @@ def model_placement(config: RunnerConfig) -> dict[str, Any]:
 
 
 def _open_llama_backend(config: RunnerConfig) -> Backend:
-    from .backend import LlamaModel
+    from .loading import open_model
 
-    model = LlamaModel.open(config.model, config.chat_template, repack_weights=not config.batch_invariant,
+    model = open_model(config.model, config.chat_template, repack_weights=not config.batch_invariant,
                             **model_placement(config))
     try:
         return _llama_backend(model, config, owns_model=True)

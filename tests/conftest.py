@@ -21,7 +21,7 @@ from multiseq.cli.interrupts import Interrupts
 from multiseq.cli.job import BatchJob, OpenedRunner
 from multiseq.cli.main import cli
 from multiseq.formats.reader import TextMode
-from multiseq.runner.backend import LlamaModel
+from multiseq.runner.loading import open_model
 
 pytest_plugins = ["pytester"]
 
@@ -87,7 +87,7 @@ def _session_model(request, pytestconfig, name: str):
     """The registry model `name`, loaded once: the plugin's multiseq_model when it is that one."""
     if pytestconfig.getoption("--multiseq-model") == name:
         return request.getfixturevalue("multiseq_model")
-    model = LlamaModel.open(name)
+    model = open_model(name)
     request.addfinalizer(model.close)
     return model
 
@@ -110,7 +110,7 @@ def unpacked_model():
 
     def load(name: str):
         if name not in loaded:
-            loaded[name] = LlamaModel.open(name, repack_weights=False)
+            loaded[name] = open_model(name, repack_weights=False)
         return loaded[name]
 
     yield load

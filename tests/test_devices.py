@@ -16,6 +16,7 @@ from multiseq import Request, Runner, RunnerConfig, SamplingParams, models
 from multiseq.cli import main as cli_main
 from multiseq.cli.job import OpenedRunner
 from multiseq.runner import backend as llama_backend
+from multiseq.runner.loading import open_model
 from multiseq.runner.config import FlashAttention, SplitMode
 
 # llama.h's values, written out so that the backend's own translation is what is checked.
@@ -126,7 +127,7 @@ def test_the_no_gpu_notice_is_said_once(monkeypatch, caplog):
 @pytest.fixture(scope="module")
 def placed_model():
     """SmolLM2 loaded with every placement option set (to values a CPU-only build ignores)."""
-    model = llama_backend.LlamaModel.open("smollm2-135m", n_gpu_layers=99, main_gpu=1, split_mode="row",
+    model = open_model("smollm2-135m", n_gpu_layers=99, main_gpu=1, split_mode="row",
                                           tensor_split=(3, 1))
     yield model
     model.close()

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from multiseq.runner.backend import LlamaModel
+from multiseq.runner.loading import open_model
 
 pytestmark = pytest.mark.model
 
@@ -17,7 +17,7 @@ def test_token_bytes_read_from_many_threads_are_each_tokens_own(smollm):
     """Several threads detokenizing at once (two runners on one model, or a server's request
     threads) each get their own token's bytes, never another thread's."""
     expected = [smollm.token_bytes(token) for token in range(smollm.n_vocab)]
-    fresh = LlamaModel.open("smollm2-135m")  # nothing cached yet: every call reaches llama.cpp
+    fresh = open_model("smollm2-135m")  # nothing cached yet: every call reaches llama.cpp
     try:
         seen: list[list[bytes] | None] = [None] * NUM_THREADS
         start = threading.Barrier(NUM_THREADS)
