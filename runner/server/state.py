@@ -15,7 +15,7 @@ from ..formats.reader import PromptItem
 from ..runner import OverflowPolicy, Runner, SamplingParams
 from .batches import BatchRules, BatchService
 from .errors import INVALID_REQUEST, OVERLOADED, ApiError
-from .jobs import Job
+from .jobs import Job, LoopDispatcher
 from .metrics import ServerMetrics
 
 DEFAULT_MAX_QUEUE = 256
@@ -70,6 +70,7 @@ class ServerState:
         # Choices accepted but not yet handed to the runner (it counts them from then on).
         self._num_dispatching = 0
         self._dispatch_lock = threading.Lock()
+        self._dispatcher: LoopDispatcher | None = None  # the runner's events to the serving loop
         self.is_draining = False
 
     def _count_dispatching(self, change: int) -> None:
@@ -94,13 +95,25 @@ class ServerState:
         if self.batches is not None:
             self.batches.stop()
         if self.runner is not None:
-            self.runner.cancel_all()
+            self.runner.cancel_all_soon()  # on the event loop: never wait for the engine
 
     def close(self) -> None:
         """After the server has stopped, before the runner closes: wait for the batch worker
         (its cancelled requests end at the runner's next step) and close the database."""
         if self.batches is not None:
             self.batches.close()
+        if self._dispatcher is not None:
+            self._dispatcher.close()
+            self._dispatcher = None
+
+    def dispatcher(self, runner: Runner, loop: asyncio.AbstractEventLoop) -> LoopDispatcher:
+        """The one dispatcher that hands `runner`'s events to `loop` (made at the first request)."""
+        current = self._dispatcher
+        if current is None or current.runner is not runner or current.loop is not loop:
+            if current is not None:
+                current.close()
+            current = self._dispatcher = LoopDispatcher(runner, loop)
+        return current
 
     def ready_runner(self) -> Runner:
         if self.is_draining:
@@ -130,7 +143,7 @@ class ServerState:
             raise ApiError(503, f"The server is busy: {waiting} requests are waiting for a slot (at most "
                                 f"{self.settings.max_queue}). Retry later.", OVERLOADED, code="queue_full",
                            headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
-        job = Job(runner, item, asyncio.get_running_loop(), response_id(item.is_chat))
+        job = Job(runner, item, self.dispatcher(runner, asyncio.get_running_loop()), response_id(item.is_chat))
         self._count_dispatching(item.n)
         try:
             await asyncio.to_thread(job.submit, lambda: self._count_dispatching(-1))
