@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import http.client
+import sys
 import threading
 import time
+from pathlib import Path
 
 import openai
 import pytest
@@ -21,6 +23,9 @@ from multiseq.server.jobs import PieceEvent
 from multiseq.server.metrics import LoopLagMonitor
 from multiseq.server.state import ServerState
 from prometheus_client import CollectorRegistry
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+import load  # noqa: E402 - bench/ is a folder of scripts, not a package
 
 MODEL = "fake-model"
 SAVE_SECONDS = 0.5  # a KV save as slow as a big model's
@@ -166,6 +171,8 @@ def test_metrics_show_the_event_loop_lag(make_runner, serve_app):
     text = timed_get(base, "/metrics")[1].decode()
     assert "# TYPE multiseq_event_loop_lag_max_seconds gauge" in text
     assert 'multiseq_event_loop_lag_seconds_bucket{le="0.005"}' in text
+    lag_ms = load.loop_lag_max_ms(int(base.rsplit(":", 1)[1]))  # what bench/load.py reports
+    assert lag_ms is not None and 0 <= lag_ms < 10_000
 
 
 def test_the_loop_lag_monitor_sees_a_blocked_loop_and_its_maximum_resets_at_each_scrape():
