@@ -52,7 +52,8 @@ so every system does the same work; a forced tool call ends when the call is who
 request, the SSE stream parsed as it arrives), so it takes little CPU from the servers.
 Reported per system: output tokens/s over the run's wall time, TTFT p50/p95 (request sent to
 first content), gaps between consecutive content events p50/p99/p99.9/max, prompt tokens sent
-and cached. `batch-run` is the same chats through `multiseq batch-run` at the same -np, for
+and cached, and (multiseq) loop_lag_max_ms: the largest lag of the server's event loop during
+the run, read from its /metrics. `batch-run` is the same chats through `multiseq batch-run` at the same -np, for
 the server's cost over the engine. The last line printed is one JSON object.
 """
 
@@ -66,6 +67,8 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -480,15 +483,32 @@ def run_server(system: str, load: ChatLoad | AgentLoad | LongPromptLoad, args, w
         warm_up = ChatLoad("warm-up", [[SYSTEM, {"role": "user", "content": f"Say {word}."}]
                                        for word in ("one", "two", "three", "four") * args.parallel], 4)
         asyncio.run(closed_loop("127.0.0.1", port, warm_up, args.parallel, resolved.name, api))
+        loop_lag_max_ms(port)  # the maximum is since the previous scrape: this one starts the run's
         if isinstance(load, AgentLoad):
             exchanges, wall_s = asyncio.run(agent_sessions("127.0.0.1", port, load, resolved.name, api))
-            return summarize_agents(system, load, exchanges, wall_s)
-        if isinstance(load, LongPromptLoad):
+            figure = summarize_agents(system, load, exchanges, wall_s)
+        elif isinstance(load, LongPromptLoad):
             short, long, wall_s = asyncio.run(with_long_prompts("127.0.0.1", port, load, args.clients, resolved.name,
                                                                 api))
-            return summarize_long_prompts(system, load, short, long, wall_s)
-        exchanges, wall_s = asyncio.run(closed_loop("127.0.0.1", port, load, args.clients, resolved.name, api))
-    return summarize(system, load.name, exchanges, wall_s)
+            figure = summarize_long_prompts(system, load, short, long, wall_s)
+        else:
+            exchanges, wall_s = asyncio.run(closed_loop("127.0.0.1", port, load, args.clients, resolved.name, api))
+            figure = summarize(system, load.name, exchanges, wall_s)
+        return figure | {"loop_lag_max_ms": loop_lag_max_ms(port)}
+
+
+def loop_lag_max_ms(port: int) -> float | None:
+    """multiseq's largest event-loop lag since the previous scrape of its /metrics, in ms (None
+    for a server without that metric: llama-server)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as response:
+            text = response.read().decode()
+    except (urllib.error.URLError, OSError):
+        return None
+    for line in text.splitlines():
+        if line.startswith("multiseq_event_loop_lag_max_seconds "):
+            return float(line.split()[1]) * 1000
+    return None
 
 
 def run_batch(load: ChatLoad, args, workdir: Path) -> dict:

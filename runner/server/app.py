@@ -48,6 +48,7 @@ async def health(request: HttpRequest) -> Response:
 
 
 async def metrics(request: HttpRequest) -> Response:
+    state_of(request).metrics.loop_lag.start()  # an app served by other means watches from its first scrape
     return Response(generate_latest(state_of(request).metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
 

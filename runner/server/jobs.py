@@ -1,9 +1,13 @@
 """One HTTP request in the engine: its choices as runner requests, bridged to the event loop.
 
-The runner's worker thread hands each text piece and each result to the request's own asyncio
-queue with loop.call_soon_threadsafe: no thread and no polling per request. The handler (or the
-stream it returns) awaits that queue; when the client goes away, the job cancels whatever of it
-is still waiting or running, and the runner frees the slot at its next step.
+The runner's worker thread hands each text piece and each result to a LoopDispatcher, one per
+event loop, which collects them; after each step (a runner delivery listener) the dispatcher
+hands the whole step's events to the loop in one loop.call_soon_threadsafe, and on the loop
+routes each to its request's own asyncio queue: no thread, no polling, and one wake-up of the
+loop per step rather than per token. The handler (or the stream it returns) awaits that queue;
+when the client goes away, the job cancels whatever of it is still waiting or running without
+waiting for the engine (Runner.cancel_soon), ignores the pieces that still come for it, and the
+runner frees the slot at its next step.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -38,10 +43,50 @@ class ResultEvent:
     result: Result
 
 
+class LoopDispatcher:
+    """Hands the runner's events to one event loop, a step's worth at a time: the runner's
+    callbacks put() events here (on its thread), the runner's delivery listener flush()es them
+    to the loop in one call, and on the loop each event goes to its job."""
+
+    def __init__(self, runner: Runner, loop: asyncio.AbstractEventLoop) -> None:
+        self.runner = runner
+        self.loop = loop
+        self._pending: list[tuple[Job, PieceEvent | ResultEvent]] = []
+        self._lock = threading.Lock()  # put() and flush() may come from different threads
+        runner.add_delivery_listener(self.flush)
+
+    def put(self, job: Job, event: PieceEvent | ResultEvent) -> None:
+        """On the runner's thread (or a submitting one): hold an event until the flush."""
+        with self._lock:
+            self._pending.append((job, event))
+
+    def flush(self) -> None:
+        """After a delivery: hand everything held to the loop at once (a closed loop, at
+        shutdown, has no one left to tell)."""
+        with self._lock:
+            events, self._pending = self._pending, []
+        if not events:
+            return
+        try:
+            self.loop.call_soon_threadsafe(_route, events)
+        except RuntimeError:
+            pass
+
+    def close(self) -> None:
+        """Stop listening to the runner (the loop is done)."""
+        self.runner.remove_delivery_listener(self.flush)
+
+
+def _route(events: list[tuple[Job, PieceEvent | ResultEvent]]) -> None:
+    """On the loop: each event to its job."""
+    for job, event in events:
+        job.receive(event)
+
+
 class Job:
     """The runner requests of one HTTP request (one per choice) and the events they produce."""
 
-    def __init__(self, runner: Runner, item: PromptItem, loop: asyncio.AbstractEventLoop, body_id: str) -> None:
+    def __init__(self, runner: Runner, item: PromptItem, dispatcher: LoopDispatcher, body_id: str) -> None:
         self.runner = runner
         self.item = item
         self.body_id = body_id
@@ -51,7 +96,8 @@ class Job:
         self.request_ids = [f"{body_id}-{index}" for index in range(item.n)]
         self.results: dict[int, Result] = {}
         self.arrived_at = time.perf_counter()
-        self._loop = loop
+        self._dispatcher = dispatcher
+        self._cancelled: set[int] = set()  # choices this job cancelled: their pieces are dropped
         self._handles = []
         self.num_dispatched = 0  # choices handed to the runner (or being handed) so far
 
@@ -68,23 +114,24 @@ class Job:
                 on_finish=lambda result, choice=choice: self._hand_over(ResultEvent(choice, result))))
 
     def _hand_over(self, event: PieceEvent | ResultEvent) -> None:
-        """On the runner's thread: pass the event to the event loop (a closed loop, at
-        shutdown, has no one left to tell)."""
-        try:
-            self._loop.call_soon_threadsafe(self._queue_event, event)
-        except RuntimeError:
-            pass
+        """On the runner's thread: pass the event on to the loop, with the rest of its step."""
+        self._dispatcher.put(self, event)
 
-    def _queue_event(self, event: PieceEvent | ResultEvent) -> None:
-        """On the event loop: queue the event, unless it is a piece the queue has no room for
-        (the request is then cancelled; its result, which ends the stream, always fits)."""
-        if isinstance(event, PieceEvent) and self.events.qsize() >= MAX_QUEUED_EVENTS:
-            if not self.is_overrun:
-                self.is_overrun = True
-                logger.warning("request %s: its client fell %d pieces behind; cancelled", self.body_id,
-                               MAX_QUEUED_EVENTS)
-                self.cancel()
-            return
+    def receive(self, event: PieceEvent | ResultEvent) -> None:
+        """On the loop: queue the event, unless it is a piece of a choice this job cancelled
+        (the engine applies a cancel at its next step; what it made meanwhile is not wanted)
+        or a piece the queue has no room for (the request is then cancelled). Results always
+        come through, and always fit: they say how each choice ended, and end the stream."""
+        if isinstance(event, PieceEvent):
+            if event.choice in self._cancelled:
+                return
+            if self.events.qsize() >= MAX_QUEUED_EVENTS:
+                if not self.is_overrun:
+                    self.is_overrun = True
+                    logger.warning("request %s: its client fell %d pieces behind; cancelled", self.body_id,
+                                   MAX_QUEUED_EVENTS)
+                    self.cancel()
+                return
         self.events.put_nowait(event)
 
     def rejection(self) -> Result | None:
@@ -97,10 +144,12 @@ class Job:
         return refused
 
     def cancel(self) -> None:
-        """Cancel every choice that has not ended (the client went away, or gave up)."""
+        """Cancel every choice that has not ended (the client went away, or gave up), without
+        waiting for the engine: safe on the event loop."""
         for choice, request_id in enumerate(self.request_ids):
-            if choice not in self.results and not self._handles[choice].done:
-                self.runner.cancel(request_id)
+            if choice < len(self._handles) and choice not in self.results and not self._handles[choice].done:
+                self._cancelled.add(choice)
+                self.runner.cancel_soon(request_id)
 
     @property
     def is_complete(self) -> bool:

@@ -1,12 +1,20 @@
 """/metrics in Prometheus' text format (prometheus_client), a registry of each app's own.
 
 What the engine counts (requests running and waiting, slots in use, prompt tokens computed and
-reused, tokens generated) is read from the runner when /metrics is scraped, so the figures are
-those of that moment and cost nothing between scrapes. Latencies are what clients see: time to
-the first token and the gaps between tokens, observed as the server hands pieces out."""
+reused, tokens generated) is read from the snapshot the runner's worker published last
+(Runner.latest_snapshot, a few ms old at most while requests run), so a scrape never waits for
+the engine. Latencies are what clients see: time to the first token and the gaps between
+tokens, observed as the server hands pieces out.
+
+The event loop's lag is measured by a task on the loop that sleeps LOOP_LAG_INTERVAL_S again
+and again and notes how late it wakes: anything that blocks the loop (a lock, a slow callback)
+shows there. multiseq_event_loop_lag_seconds is its histogram, and
+multiseq_event_loop_lag_max_seconds the largest lag since the previous scrape."""
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -18,6 +26,9 @@ from ..runner.stats import HostCacheSnapshot
 # Seconds; TTFT spans queueing and prefill, gaps are one decode step or a stall.
 TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0)
 GAP_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+# How often the loop-lag task wakes, and the buckets of how late it does.
+LOOP_LAG_INTERVAL_S = 0.05
+LOOP_LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
 class ServerMetrics:
@@ -31,11 +42,54 @@ class ServerMetrics:
         self.requests = Counter("multiseq_api_requests", "Requests accepted, by the API they came through "
                                 "(chat, completions, responses, messages)", ["api"], registry=self.registry)
         self.registry.register(_EngineCollector(runner_of))
+        self.loop_lag = LoopLagMonitor(self.registry)
 
     def requests_by_api(self) -> dict[str, int]:
         """Requests accepted so far, by the API they came through (only those that had one)."""
         return {sample.labels["api"]: int(sample.value) for family in self.requests.collect()
                 for sample in family.samples if sample.name.endswith("_total")}
+
+
+class LoopLagMonitor:
+    """How late the event loop wakes from a short sleep: a histogram, and the largest lag since
+    the last scrape (a gauge read, and reset, by each scrape)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.histogram = Histogram("multiseq_event_loop_lag_seconds",
+                                   f"How late the server's event loop woke from a {LOOP_LAG_INTERVAL_S * 1000:g} ms "
+                                   "sleep", buckets=LOOP_LAG_BUCKETS, registry=registry)
+        self._max_s = 0.0
+        self._lock = threading.Lock()  # the loop observes, a scrape (maybe in another thread) reads
+        self._task: asyncio.Task | None = None
+        registry.register(self)
+
+    def start(self) -> None:
+        """Watch the running loop (idempotent; call on the loop)."""
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._watch(), name="multiseq-loop-lag")
+
+    def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+
+    async def _watch(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            asleep_at = loop.time()
+            await asyncio.sleep(LOOP_LAG_INTERVAL_S)
+            self.observe(max(0.0, loop.time() - asleep_at - LOOP_LAG_INTERVAL_S))
+
+    def observe(self, lag_s: float) -> None:
+        self.histogram.observe(lag_s)
+        with self._lock:
+            self._max_s = max(self._max_s, lag_s)
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            largest, self._max_s = self._max_s, 0.0
+        yield _gauge("multiseq_event_loop_lag_max_seconds", "The largest event-loop lag since the previous scrape",
+                     largest)
 
 
 class _EngineCollector:
@@ -48,7 +102,7 @@ class _EngineCollector:
         runner = self._runner_of()
         if runner is None:  # still loading
             return
-        snapshot = runner.snapshot()
+        snapshot = runner.latest_snapshot
         stats = snapshot.stats
         num_slots = len(snapshot.slots)
         yield _gauge("multiseq_requests_running", "Requests holding a slot (prefilling or decoding)",

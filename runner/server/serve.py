@@ -42,9 +42,14 @@ class Server(uvicorn.Server):
 
     async def startup(self, sockets=None) -> None:
         self._loop = asyncio.get_running_loop()
+        self.state.metrics.loop_lag.start()
         await super().startup(sockets)
         if self.started:
             self.listening.set()
+
+    async def shutdown(self, sockets=None) -> None:
+        await super().shutdown(sockets)
+        self.state.metrics.loop_lag.stop()
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:

@@ -15,7 +15,7 @@ from ..formats.reader import PromptItem
 from ..runner import OverflowPolicy, Result, Runner, SamplingParams
 from .batches import BatchRules, BatchService
 from .errors import INVALID_REQUEST, OVERLOADED, ApiError, PromptTooLong
-from .jobs import Job
+from .jobs import Job, LoopDispatcher
 from .metrics import ServerMetrics
 from .pools import ServerPools
 
@@ -91,6 +91,7 @@ class ServerState:
         # Choices accepted but not yet handed to the runner (it counts them from then on).
         self._num_dispatching = 0
         self._dispatch_lock = threading.Lock()
+        self._dispatcher: LoopDispatcher | None = None  # the runner's events to the serving loop
         self.is_draining = False
 
     def _count_dispatching(self, change: int) -> None:
@@ -115,7 +116,7 @@ class ServerState:
         if self.batches is not None:
             self.batches.stop()
         if self.runner is not None:
-            self.runner.cancel_all()
+            self.runner.cancel_all_soon()  # on the event loop: never wait for the engine
 
     def close(self) -> None:
         """After the server has stopped, before the runner closes: wait for the batch worker
@@ -123,6 +124,18 @@ class ServerState:
         if self.batches is not None:
             self.batches.close()
         self.pools.shutdown()
+        if self._dispatcher is not None:
+            self._dispatcher.close()
+            self._dispatcher = None
+
+    def dispatcher(self, runner: Runner, loop: asyncio.AbstractEventLoop) -> LoopDispatcher:
+        """The one dispatcher that hands `runner`'s events to `loop` (made at the first request)."""
+        current = self._dispatcher
+        if current is None or current.runner is not runner or current.loop is not loop:
+            if current is not None:
+                current.close()
+            current = self._dispatcher = LoopDispatcher(runner, loop)
+        return current
 
     def ready_runner(self) -> Runner:
         if self.is_draining:
@@ -152,7 +165,7 @@ class ServerState:
             raise ApiError(503, f"The server is busy: {waiting} requests are waiting for a slot (at most "
                                 f"{self.settings.max_queue}). Retry later.", OVERLOADED, code="queue_full",
                            headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
-        job = Job(runner, item, asyncio.get_running_loop(), response_id(item.is_chat))
+        job = Job(runner, item, self.dispatcher(runner, asyncio.get_running_loop()), response_id(item.is_chat))
         self._count_dispatching(item.n)
 
         def undo(_) -> None:  # the client was told it timed out: what was queued meanwhile goes

@@ -174,7 +174,7 @@ class BatchWorker:
         run = self._current
         if run is None:
             return 0
-        in_slots = sum(1 for slot in runner.snapshot().slots
+        in_slots = sum(1 for slot in runner.latest_snapshot.slots
                        if slot.request_id is not None and slot.request_id.startswith(run.id_prefix))
         return max(0, run.num_open_requests - in_slots)
 

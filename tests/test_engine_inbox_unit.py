@@ -1,0 +1,209 @@
+"""The event loop never waits on the engine: while the worker saves a slot's KV to host memory
+(slow on a big model), /health, /metrics and a cancel answer at once; a step's pieces reach the
+loop in one hand-over; the loop's own lag is measured and shown on /metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import sys
+import threading
+import time
+from pathlib import Path
+
+import openai
+import pytest
+
+from fakes import FakeBackend
+from helpers import wait_until
+from multiseq import FinishReason, Request, SamplingParams
+from multiseq.formats.reader import PromptItem
+from multiseq.server import ServerSettings, create_app
+from multiseq.server.jobs import PieceEvent
+from multiseq.server.metrics import LoopLagMonitor
+from multiseq.server.state import ServerState
+from prometheus_client import CollectorRegistry
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+import load  # noqa: E402 - bench/ is a folder of scripts, not a package
+
+MODEL = "fake-model"
+SAVE_SECONDS = 0.5  # a KV save as slow as a big model's
+PROMPT_ANSWER_SECONDS = 0.05  # what "at once" means for the loop, with room for a busy machine
+RUNNER_THREAD = "multiseq-runner"
+# Long enough that the slot's KV is worth saving when another prompt takes the slot.
+FIRST_PROMPT = "the first conversation, long enough to be kept in host memory: " * 2
+SECOND_PROMPT = "a different conversation that needs the only slot"
+
+
+class SlowSaveBackend(FakeBackend):
+    """Saving a slot's state to host memory takes SAVE_SECONDS; `saving` is set as it starts."""
+
+    def __init__(self, **settings) -> None:
+        super().__init__(**settings)
+        self.saving = threading.Event()
+
+    def save_slot(self, slot: int) -> bytearray | None:
+        self.saving.set()
+        time.sleep(SAVE_SECONDS)
+        return super().save_slot(slot)
+
+
+def timed_get(base: str, path: str) -> tuple[int, bytes, float]:
+    """(status, body, seconds) of one GET."""
+    connection = http.client.HTTPConnection(base.removeprefix("http://"), timeout=10)
+    started = time.perf_counter()
+    connection.request("GET", path)
+    response = connection.getresponse()
+    body = response.read()
+    elapsed = time.perf_counter() - started
+    connection.close()
+    return response.status, body, elapsed
+
+
+def runner_saving_a_slot(make_runner, backend: SlowSaveBackend, autostart: bool = True):
+    """A one-slot runner whose slot holds a finished conversation worth saving."""
+    runner = make_runner(backend, autostart=autostart)
+    first = runner.submit(Request(prompt=FIRST_PROMPT, sampling=SamplingParams(max_tokens=8, temperature=0)))
+    if not autostart:
+        while runner.step():
+            pass
+    assert first.result(timeout=10).ok and not backend.saves
+    return runner
+
+
+def prompt_item(prompt: str, max_tokens: int) -> PromptItem:
+    return PromptItem(line_number=0, id="line", request=Request(
+        prompt=prompt, sampling=SamplingParams(max_tokens=max_tokens, temperature=0)))
+
+
+def test_health_and_metrics_answer_at_once_while_the_worker_saves_a_slot(make_runner, serve_app):
+    backend = SlowSaveBackend(num_slots=1, window=512)
+    runner = runner_saving_a_slot(make_runner, backend)
+    base = serve_app(create_app(runner, ServerSettings(model_name=MODEL)))
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
+    answers = []
+    second = threading.Thread(target=lambda: answers.append(client.completions.create(
+        model=MODEL, prompt=SECOND_PROMPT, max_tokens=4, temperature=0)))
+    second.start()
+    assert backend.saving.wait(10), "the second prompt's admission saves the first conversation's slot"
+    health = timed_get(base, "/health")
+    metrics = timed_get(base, "/metrics")
+    still_saving = len(backend.saves) == 0  # save_slot notes the slot only once its sleep is over
+    second.join(10)
+    assert still_saving, "both answers came while the save ran"
+    assert health[0] == 200 and health[2] < PROMPT_ANSWER_SECONDS, f"/health took {health[2]:.3f} s"
+    assert metrics[0] == 200 and metrics[2] < PROMPT_ANSWER_SECONDS, f"/metrics took {metrics[2]:.3f} s"
+    assert b"multiseq_slots 1.0" in metrics[1]
+    assert answers and answers[0].choices[0].finish_reason == "length"
+
+
+def test_a_cancel_from_the_loop_returns_at_once_while_the_worker_saves_a_slot(make_runner):
+    backend = SlowSaveBackend(num_slots=1, window=512)
+    runner = runner_saving_a_slot(make_runner, backend)
+    state = ServerState(runner, ServerSettings(model_name=MODEL))
+
+    async def cancel_during_the_save():
+        job = await state.submit(runner, prompt_item(SECOND_PROMPT, max_tokens=200))
+        assert await asyncio.to_thread(backend.saving.wait, 10), "admitting the job saves the slot"
+        started = time.perf_counter()
+        job.cancel()
+        cancel_seconds = time.perf_counter() - started
+        still_saving = len(backend.saves) == 0
+        return cancel_seconds, still_saving, await asyncio.wait_for(job.all_results(), 10)
+
+    cancel_seconds, still_saving, [result] = asyncio.run(cancel_during_the_save())
+    state.close()
+    assert still_saving and cancel_seconds < PROMPT_ANSWER_SECONDS, f"the cancel took {cancel_seconds:.3f} s"
+    assert result.finish_reason is FinishReason.CANCELLED
+    assert result.completion_tokens < 200
+
+
+def test_a_steps_pieces_reach_the_loop_in_one_hand_over(make_runner):
+    """8 streams: one call_soon_threadsafe from the runner's thread per step, not per piece,
+    and each stream's text is the text the runner alone produces."""
+    num_streams, max_tokens = 8, 20
+    prompts = [f"stream number {index}" for index in range(num_streams)]
+    alone = make_runner(FakeBackend(num_slots=num_streams))
+    expected = [result.text for result in alone.run_batch(
+        Request(prompt=prompt, sampling=SamplingParams(max_tokens=max_tokens, temperature=0)) for prompt in prompts)]
+    runner = make_runner(FakeBackend(num_slots=num_streams), autostart=False)
+    state = ServerState(runner, ServerSettings(model_name=MODEL))
+    hand_overs = []
+
+    async def stream(job) -> str:
+        return "".join([event.piece.text async for event in job.events_until_complete()
+                        if isinstance(event, PieceEvent)])
+
+    async def run_streams() -> list[str]:
+        loop = asyncio.get_running_loop()
+        call_soon_threadsafe = loop.call_soon_threadsafe
+
+        def counted(callback, *args, **kwargs):
+            if threading.current_thread().name == RUNNER_THREAD:
+                hand_overs.append(callback)
+            return call_soon_threadsafe(callback, *args, **kwargs)
+
+        loop.call_soon_threadsafe = counted
+        jobs = [await state.submit(runner, prompt_item(prompt, max_tokens)) for prompt in prompts]
+        runner.start()
+        return await asyncio.wait_for(asyncio.gather(*(stream(job) for job in jobs)), 10)
+
+    texts = asyncio.run(run_streams())
+    state.close()
+    assert texts == expected and all(len(text) == max_tokens for text in texts)
+    num_steps = runner.stats().num_steps
+    assert 1 <= len(hand_overs) <= num_steps, f"{len(hand_overs)} hand-overs for {num_steps} steps"
+    assert num_streams * max_tokens >= 4 * len(hand_overs), "many pieces per hand-over"
+
+
+def test_metrics_show_the_event_loop_lag(make_runner, serve_app):
+    runner = make_runner(FakeBackend())
+    base = serve_app(create_app(runner, ServerSettings(model_name=MODEL)))
+
+    def lag_count() -> float:
+        for line in timed_get(base, "/metrics")[1].decode().splitlines():
+            if line.startswith("multiseq_event_loop_lag_seconds_count "):
+                return float(line.split()[1])
+        return 0.0
+
+    wait_until(lambda: lag_count() >= 2, 10, "the loop-lag task's wake-ups on /metrics")
+    text = timed_get(base, "/metrics")[1].decode()
+    assert "# TYPE multiseq_event_loop_lag_max_seconds gauge" in text
+    assert 'multiseq_event_loop_lag_seconds_bucket{le="0.005"}' in text
+    lag_ms = load.loop_lag_max_ms(int(base.rsplit(":", 1)[1]))  # what bench/load.py reports
+    assert lag_ms is not None and 0 <= lag_ms < 10_000
+
+
+def test_the_loop_lag_monitor_sees_a_blocked_loop_and_its_maximum_resets_at_each_scrape():
+    monitor = LoopLagMonitor(CollectorRegistry())
+
+    async def block_the_loop() -> None:
+        monitor.start()
+        await asyncio.sleep(0.01)  # the task is asleep
+        time.sleep(0.2)  # what a lock taken on the loop does
+        await asyncio.sleep(0.1)  # the task wakes, late
+        monitor.stop()
+
+    asyncio.run(block_the_loop())
+    [gauge] = monitor.collect()
+    assert gauge.samples[0].value >= 0.1
+    [again] = monitor.collect()
+    assert again.samples[0].value == 0.0, "the maximum is since the previous scrape"
+
+
+@pytest.mark.parametrize("cancel_all", [False, True])
+def test_a_cancel_posted_for_a_queued_request_ends_it_at_the_next_step(make_runner, cancel_all):
+    """cancel_soon and cancel_all_soon only post: the request ends cancelled at the next step."""
+    runner = make_runner(FakeBackend(num_slots=1), autostart=False)
+    handle = runner.submit(Request(prompt="queued", sampling=SamplingParams(max_tokens=50, temperature=0)))
+    assert runner.num_waiting == 1
+    if cancel_all:
+        runner.cancel_all_soon()
+    else:
+        assert runner.cancel_soon(handle.id) is True
+    assert not handle.done, "nothing happens until the worker drains its inbox"
+    runner.step()
+    result = handle.result(timeout=1)
+    assert result.finish_reason is FinishReason.CANCELLED and result.completion_tokens == 0
+    assert runner.num_waiting == 0 and runner.latest_snapshot.num_cancelled == 1
