@@ -29,7 +29,10 @@ import load  # noqa: E402 - bench/ is a folder of scripts, not a package
 
 MODEL = "fake-model"
 SAVE_SECONDS = 0.5  # a KV save as slow as a big model's
-PROMPT_ANSWER_SECONDS = 0.05  # what "at once" means for the loop, with room for a busy machine
+# What "at once" means for the loop: well inside the save (each test also checks that the answer
+# came while the save ran). Quiet, the answers take a few milliseconds; a CI machine running other
+# tests must not fail them, so the bound is half the save, not the 50 ms.
+PROMPT_ANSWER_SECONDS = SAVE_SECONDS / 2
 RUNNER_THREAD = "multiseq-runner"
 # Long enough that the slot's KV is worth saving when another prompt takes the slot.
 FIRST_PROMPT = "the first conversation, long enough to be kept in host memory: " * 2
