@@ -76,11 +76,11 @@ from multiprocessing import get_context
 import numpy as np
 
 import load  # bench/ is the script's own folder, first on sys.path
-from multiseq.runner import Request, Runner, RunnerConfig, SamplingParams
-from multiseq.runner.backend import _BatchBuffers as LlamaBatch  # the real backend's llama_batch filler
-from multiseq.runner.batch import BatchEntry, ChunkRules
-from multiseq.runner.grammar import tokenizer_from_pieces
-from multiseq.runner.sequence import Sequence
+from multiseq import Request, Runner, RunnerConfig, SamplingParams
+from multiseq.backend import _BatchBuffers as LlamaBatch  # the real backend's llama_batch filler
+from multiseq.batch import BatchEntry, ChunkRules
+from multiseq.grammar import tokenizer_from_pieces
+from multiseq.sequence import Sequence
 
 VOCABS = {49152: "SmolLM2", 151936: "Qwen", 262144: "Gemma 3"}
 SAMPLINGS = ("greedy", "sampled")

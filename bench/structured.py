@@ -38,8 +38,8 @@ import jsonschema
 import peers  # bench/ is the script's own folder, first on sys.path
 
 from multiseq import FinishReason, Request, Runner, RunnerConfig, SamplingParams
-from multiseq.runner.backend import LlamaModel
-from multiseq.runner.loading import open_model
+from multiseq.backend import LlamaModel
+from multiseq.loading import open_model
 
 ALL_SYSTEMS = ("multiseq", "multiseq-free", "llama-server")
 SLOT_CTX = 512

@@ -41,8 +41,8 @@ from workloads import Workload, short_prompts, standard_workloads
 
 from multiseq import Request, Runner, RunnerConfig, SamplingParams
 from multiseq.formats.summary import percentile
-from multiseq.runner.backend import LlamaModel
-from multiseq.runner.loading import open_model
+from multiseq.backend import LlamaModel
+from multiseq.loading import open_model
 
 ALL_SYSTEMS = ("multiseq", "multiseq-invariant", "llama-server", "llama-cpp-python", "llama-batched-bench", "memory")
 SHARED_PREFIX = "shared-prefix"

@@ -21,7 +21,7 @@ from rich.text import Text
 
 from ..formats.batchrun import TICK_SECONDS
 from ..runner import Runner
-from ..runner.stats import RunnerSnapshot, SlotSnapshot
+from ..stats import RunnerSnapshot, SlotSnapshot
 
 REFRESH_SECONDS = TICK_SECONDS  # a batch run ticks the display this often
 _PHASE_STYLES = {"prefill": "yellow", "decode": "green", "idle": "dim"}

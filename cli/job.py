@@ -17,8 +17,9 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from ..runner import Runner, RunnerConfig, SamplingParams
-from ..runner.chat_template import load_chat_template
+from ..config import RunnerConfig, SamplingParams
+from ..runner import Runner
+from ..chat_template import load_chat_template
 from ..formats.batchrun import BatchRun, RunOutcome, default_window
 from ..formats.ids import IdSet
 from ..formats.lines import NotTextError, sniff_text
@@ -205,7 +206,7 @@ def _print_header(opened: OpenedRunner, file_format: PromptFormat, scan: FileSca
 
 def check_chat_template(value: str) -> None:
     """An unknown template name or a bad template file is a usage error, before the model loads."""
-    from ..runner.backend import builtin_chat_templates  # loads llama.cpp's library, not a model
+    from ..backend import builtin_chat_templates  # loads llama.cpp's library, not a model
 
     try:
         load_chat_template(value, builtin_chat_templates())

@@ -14,8 +14,9 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
 from .. import models
-from ..runner import BackendError, Runner, RunnerConfig, SamplingParams
-from ..runner.config import OverflowPolicy, default_of
+from ..config import OverflowPolicy, RunnerConfig, SamplingParams, default_of
+from ..errors import BackendError
+from ..runner import Runner
 from . import info
 from .interrupts import EXIT_INTERRUPTED, Interrupts
 from ..server.app import (DEFAULT_MAX_BATCH_LINES, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_QUEUE,

@@ -13,8 +13,7 @@ from typing import Any
 import click
 
 from .. import models
-from ..runner import RunnerConfig, SamplingParams
-from ..runner.config import TOOL_FORMATS, FlashAttention, OverflowPolicy, SplitMode, default_of
+from ..config import TOOL_FORMATS, FlashAttention, OverflowPolicy, RunnerConfig, SamplingParams, SplitMode, default_of
 
 ENGINE_FIELDS = ("model", "parallel", "slot_ctx", "threads", "n_keep", "n_discard", "seed", "chat_template",
                  "tool_format", "prefix_cache", "cache_ram_mib", "step_tokens", "batch_invariant", "overflow", "n_gpu_layers", "main_gpu", "split_mode", "tensor_split",

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 
-from .. import models
+from . import models
 from .backend import LlamaModel
 
 

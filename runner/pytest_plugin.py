@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import pytest
 
-from ..models.registry import DEFAULT_MODEL
+from .models.registry import DEFAULT_MODEL
 from .config import RunnerConfig, default_of
 
 

@@ -21,7 +21,7 @@ from multiseq.cli.interrupts import Interrupts
 from multiseq.cli.job import BatchJob, OpenedRunner
 from multiseq.cli.main import cli
 from multiseq.formats.reader import TextMode
-from multiseq.runner.loading import open_model
+from multiseq.loading import open_model
 
 pytest_plugins = ["pytester"]
 

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from multiseq.runner.batch import ChunkRules
-from multiseq.runner.errors import NoKvSlot
-from multiseq.runner.grammar import tokenizer_from_pieces
+from multiseq.batch import ChunkRules
+from multiseq.errors import NoKvSlot
+from multiseq.grammar import tokenizer_from_pieces
 
 BOS = 256
 EOS = 257

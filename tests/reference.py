@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from multiseq.runner.config import SamplingParams
+from multiseq.config import SamplingParams
 
 
 def reference_distribution(logits: np.ndarray, params: SamplingParams) -> np.ndarray:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 
 from multiseq.cli.dashboard import RunProgress, render, render_server
-from multiseq.runner.stats import HostCacheSnapshot, RunnerSnapshot, RunStats, SlotSnapshot
+from multiseq.stats import HostCacheSnapshot, RunnerSnapshot, RunStats, SlotSnapshot
 
 
 def made_up_snapshot() -> RunnerSnapshot:

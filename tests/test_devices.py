@@ -12,12 +12,11 @@ import pytest
 from click.testing import CliRunner
 
 from fakes import FakeBackend
-from multiseq import Request, Runner, RunnerConfig, SamplingParams, models
+from multiseq import Request, Runner, RunnerConfig, SamplingParams, backend as llama_backend, models
 from multiseq.cli import main as cli_main
 from multiseq.cli.job import OpenedRunner
-from multiseq.runner import backend as llama_backend
-from multiseq.runner.loading import open_model
-from multiseq.runner.config import FlashAttention, SplitMode
+from multiseq.loading import open_model
+from multiseq.config import FlashAttention, SplitMode
 
 # llama.h's values, written out so that the backend's own translation is what is checked.
 LLAMA_SPLIT_MODE_ROW = 2

@@ -43,7 +43,7 @@ import click
 import pytest
 
 from multiseq.formats.reader import PromptFormat, detect_format, read_prompts
-from multiseq.runner import SamplingParams
+from multiseq import SamplingParams
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC_FILES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "bench" / "README.md"]

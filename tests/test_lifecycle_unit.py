@@ -8,14 +8,13 @@ import copy
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from fakes import EOS, FakeBackend
 from multiseq import CANCELLED_BEFORE_START, Engine, FinishReason, Request, Runner, RunnerConfig, SamplingParams
-from multiseq.runner.sampling import Sampled, SequenceSampler, sample_rows
-from multiseq.runner.sequence import InvalidTransition, SequenceStatus
+from multiseq.sampling import Sampled, SequenceSampler, sample_rows
+from multiseq.sequence import InvalidTransition, SequenceStatus
 
 GREEDY = SamplingParams(max_tokens=4, temperature=0)
 

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from multiseq import BackendError, Request, Runner, RunnerConfig, SamplingParams
-from multiseq.runner.backend import LlamaBackend
-from multiseq.runner.batch import BatchEntry
+from multiseq.backend import LlamaBackend
+from multiseq.batch import BatchEntry
 
 pytestmark = pytest.mark.model
 

@@ -12,9 +12,9 @@ import time
 
 from fakes import FakeBackend
 from multiseq import FinishReason, Priority, Request, RunnerConfig, SamplingParams
-from multiseq.runner.batch import ChunkRules
-from multiseq.runner.engine import Engine
-from multiseq.runner.waiting import STARVATION_SECONDS
+from multiseq.batch import ChunkRules
+from multiseq.engine import Engine
+from multiseq.waiting import STARVATION_SECONDS
 
 GREEDY = SamplingParams(max_tokens=40, temperature=0)
 SAMPLED = SamplingParams(max_tokens=60, temperature=0.9, seed=11)

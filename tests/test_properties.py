@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import numpy as np
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from multiseq import OverflowPolicy
-from multiseq.runner.detok import StopMatcher
-from multiseq.runner.topk import top_k_sorted
-from multiseq.runner.scheduler import PromptDoesNotFit, fit_prompt
+from multiseq.detok import StopMatcher
+from multiseq.topk import top_k_sorted
+from multiseq.scheduler import PromptDoesNotFit, fit_prompt
 
 # A small alphabet makes stop strings, partial matches and overlaps common.
 TEXT = st.text(alphabet="abc\n", max_size=40)

@@ -386,7 +386,7 @@ def test_the_memory_store_forgets_the_least_recently_used_beyond_its_capacity():
 # --- the routes, with the official client on the fake backend -------------------------------------
 
 # The engine parses the calls a model writes once runner/tools has its parsers.
-needs_tool_parsers = pytest.mark.skipif(importlib.util.find_spec("multiseq.runner.tools.parsers") is None,
+needs_tool_parsers = pytest.mark.skipif(importlib.util.find_spec("multiseq.tools.parsers") is None,
                                         reason="the tool-call parsers are not in runner/tools yet")
 PARIS_CALL = '{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}]}'
 

@@ -8,10 +8,10 @@ from collections import deque
 import numpy as np
 import pytest
 
-from multiseq.runner.config import SamplingParams
+from multiseq.config import SamplingParams
 from reference import reference_distribution
-from multiseq.runner.sampling import SequenceSampler, apply_penalties, sample_rows
-from multiseq.runner.topk import top_k_sorted
+from multiseq.sampling import SequenceSampler, apply_penalties, sample_rows
+from multiseq.topk import top_k_sorted
 
 
 @pytest.mark.parametrize("vocab_size, top_k", [(262144, 40), (49152, 40), (512, 5), (1000, 40), (300, 7), (4096, 1)])

@@ -16,16 +16,15 @@ from pathlib import Path
 import pytest
 
 from fakes import FakeBackend
-from multiseq import FinishReason, Request, SamplingParams
+from multiseq import FinishReason, Request, SamplingParams, grammar
 from multiseq.formats.openai_output import openai_record
 from multiseq.formats.reader import parse_jsonl_line, parse_openai_line
 from multiseq.formats.records import result_record
 from multiseq.formats.resume import record_succeeded
 from multiseq.formats.summary import RunTally
-from multiseq.runner import grammar
-from multiseq.runner.errors import ConstraintError
-from multiseq.runner.grammar import TokenConstraint
-from multiseq.runner.schema import SchemaCheck, schema_grammar
+from multiseq.errors import ConstraintError
+from multiseq.grammar import TokenConstraint
+from multiseq.schema import SchemaCheck, schema_grammar
 
 # Each case: a schema with a keyword the grammar cannot enforce, what the result names as
 # approximated, a reply that follows the approximated grammar but breaks the keyword, and one

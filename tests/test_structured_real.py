@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from multiseq import FinishReason, Request, SamplingParams
-from multiseq.runner.backend import LlamaBackend
-from multiseq.runner.batch import BatchEntry
+from multiseq.backend import LlamaBackend
+from multiseq.batch import BatchEntry
 
 pytestmark = pytest.mark.model
 

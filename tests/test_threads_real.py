@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from multiseq.runner.loading import open_model
+from multiseq.loading import open_model
 
 pytestmark = pytest.mark.model
 

@@ -11,9 +11,9 @@ import llguidance
 import pytest
 
 from fakes import FakeBackend
-from multiseq.runner.tools import ChoiceMode, Tool, ToolChoice, ToolFormat
-from multiseq.runner.tools.grammars import tool_grammar
-from multiseq.runner.tools.prompts import call_text, detect_format, generic_messages, native_messages
+from multiseq.tools import ChoiceMode, Tool, ToolChoice, ToolFormat
+from multiseq.tools.grammars import tool_grammar
+from multiseq.tools.prompts import call_text, detect_format, generic_messages, native_messages
 
 WEATHER = Tool("get_weather", "The weather in a city", {
     "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"]})

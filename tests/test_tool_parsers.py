@@ -8,10 +8,9 @@ import json
 from dataclasses import dataclass, field
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
-from multiseq.runner.tools import (ArgumentsDelta, ParsedOutput, ReasoningDelta, TextDelta, ToolCall, ToolCallParser,
+from multiseq.tools import (ArgumentsDelta, ParsedOutput, ReasoningDelta, TextDelta, ToolCall, ToolCallParser,
                                    ToolCallStart, ToolFormat, parse_output)
 
 HERMES, LLAMA3, MISTRAL, GENERIC = ToolFormat.HERMES, ToolFormat.LLAMA3, ToolFormat.MISTRAL, ToolFormat.GENERIC

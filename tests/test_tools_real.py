@@ -12,7 +12,7 @@ import pytest
 
 from helpers import serving
 from multiseq import FinishReason, Request, SamplingParams
-from multiseq.runner.tools import ChoiceMode, Tool, ToolChoice
+from multiseq.tools import ChoiceMode, Tool, ToolChoice
 from multiseq.server import ServerSettings, create_app
 
 pytestmark = pytest.mark.model

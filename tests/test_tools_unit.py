@@ -12,8 +12,8 @@ import pytest
 
 from fakes import FakeBackend
 from multiseq import FinishReason, Request, SamplingParams
-from multiseq.runner.tools import ChoiceMode, Tool, ToolChoice, ToolFormat
-from multiseq.runner.tools.prompts import generic_messages
+from multiseq.tools import ChoiceMode, Tool, ToolChoice, ToolFormat
+from multiseq.tools.prompts import generic_messages
 from multiseq.server import ServerSettings, create_app
 
 MODEL = "fake-model"

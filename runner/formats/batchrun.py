@@ -16,7 +16,9 @@ import time
 from collections.abc import Container, Iterator
 from dataclasses import dataclass, field
 
-from ..runner import CANCELLED_BEFORE_START, Request, Result, Runner
+from ..request import Request, Result
+from ..runner import Runner
+from ..sequence import CANCELLED_BEFORE_START
 from .output import ResultWriter
 from .reader import PromptFormat, PromptItem
 from .records import record_for

@@ -11,10 +11,9 @@ import json
 import math
 from typing import Any
 
-from ..runner import SamplingParams
-from ..runner.config import is_int, is_number
-from ..runner.grammar import ConstraintError, check_constraint
-from ..runner.request import CHAT_ROLES
+from ..config import SamplingParams, is_int, is_number
+from ..grammar import ConstraintError, check_constraint
+from ..request import CHAT_ROLES
 
 MAX_CHOICES = 128
 # OpenAI takes up to 4 stop strings; vLLM and llama.cpp clients send a few more. Every piece of

@@ -20,8 +20,9 @@ import time
 import uuid
 from typing import Any
 
-from ..runner import FinishReason, Result, TokenLogprob
-from ..runner.tools import Delta, ReasoningDelta, TextDelta, ToolCallStart
+from ..logprobs import TokenLogprob
+from ..request import FinishReason, Result
+from ..tools import Delta, ReasoningDelta, TextDelta, ToolCallStart
 from .reader import PromptItem
 
 logger = logging.getLogger("multiseq.formats")

@@ -23,7 +23,8 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from ..runner import Request, SamplingParams
+from ..config import SamplingParams
+from ..request import Request
 from .fields import (COMMON_FIELDS, IGNORED_OPENAI_FIELDS, SAMPLING_FIELDS, ItemError, chat_messages,
                      check_constraint_compiles, choice_count, completion_logprobs, constraint_param, non_finite_path,
                      reject_unsupported, response_format_overrides, sampling_overrides)

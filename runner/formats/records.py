@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..runner import Result, TokenLogprob
+from ..logprobs import TokenLogprob
+from ..request import Result
 from .openai_output import openai_record
 from .reader import PromptFormat, PromptItem
 from .resume import choice_succeeded

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..runner import SamplingParams
+from ..config import SamplingParams
 from .ids import HashCollector, IdSet, id_hash, repeated_hashes
 from .lines import count_items, iter_lines
 from .reader import PromptFormat, TextMode, line_id, parse_line

@@ -8,7 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from ..runner import FinishReason, Result, RunStats
+from ..request import FinishReason, Result
+from ..stats import RunStats
 
 
 def percentile(values, percent: float) -> float | None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..runner.tools import ChoiceMode, Tool, ToolChoice
+from ..tools import ChoiceMode, Tool, ToolChoice
 from .fields import ItemError
 
 TOOL_FIELDS = frozenset({"tools", "tool_choice", "parallel_tool_calls", "functions", "function_call"})

@@ -8,7 +8,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from ..runner import OverflowPolicy, SamplingParams
+from ..config import OverflowPolicy, SamplingParams
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from ..formats.openai_output import (INVALID_OUTPUT, INVALID_OUTPUT_CODE, INVALI
                                      chat_deltas, completion_body, schema_failure_message, stop_reason, stream_choice,
                                      stream_chunk, usage_of)
 from ..formats.reader import openai_body_item, unknown_body_fields
-from ..runner import FinishReason, Priority, Result
+from ..request import FinishReason, Priority, Result
 from .bodies import read_json
 from .errors import INVALID_REQUEST, OVERLOADED, ApiError, internal_error
 from .jobs import MAX_QUEUED_EVENTS, Job, PieceEvent, failure_of

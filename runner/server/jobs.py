@@ -21,7 +21,9 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from ..formats.reader import PromptItem
-from ..runner import Result, Runner, TextPiece
+from ..engine import TextPiece
+from ..request import Result
+from ..runner import Runner
 
 logger = logging.getLogger("multiseq.server")
 

@@ -23,7 +23,7 @@ from typing import Any
 from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response
 
-from ..runner.tools.types import Tool
+from ..tools.types import Tool
 from .bodies import read_json
 from .chat import count_prompt_tokens, start_chat
 from .errors import ApiError, internal_error

@@ -17,7 +17,8 @@ from collections.abc import Callable, Iterator
 
 import uvicorn
 
-from ..runner import Runner, RunnerConfig
+from ..config import RunnerConfig
+from ..runner import Runner
 from .app import ServerSettings, ServerState, create_app
 
 logger = logging.getLogger("multiseq.server")

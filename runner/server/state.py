@@ -12,7 +12,9 @@ from typing import Any
 
 from ..formats.openai_output import response_id
 from ..formats.reader import PromptItem
-from ..runner import OverflowPolicy, Result, Runner, SamplingParams
+from ..config import OverflowPolicy, SamplingParams
+from ..request import Result
+from ..runner import Runner
 from .batches import BatchRules, BatchService
 from .errors import INVALID_REQUEST, OVERLOADED, ApiError, PromptTooLong
 from .jobs import Job, LoopDispatcher

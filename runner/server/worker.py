@@ -24,7 +24,8 @@ from ..formats.lines import RawLine, decode_line, iter_lines
 from ..formats.output import ResultSink, ResultWriter
 from ..formats.reader import CHAT_URL, PromptFormat, PromptItem, line_id, parse_line
 from ..formats.resume import drop_torn_tail, written_ids
-from ..runner import FinishReason, Priority, Request, Result, Runner
+from ..request import FinishReason, Priority, Request, Result
+from ..runner import Runner
 from .batchrules import BatchRules, batch_error, new_id, now
 from .commits import GroupCommitter
 from .errors import INTERNAL_ERROR_MESSAGE

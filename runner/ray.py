@@ -39,10 +39,11 @@ from multiseq import models
 from multiseq.formats.batchrun import default_window, with_free_id
 from multiseq.formats.reader import PromptFormat, PromptItem, parse_jsonl_line
 from multiseq.formats.records import record_for
-from multiseq.runner import BackendError, FinishReason, Request, Result, Runner, RunnerConfig, RunStats, SamplingParams
-from multiseq.runner.config import default_of
-from multiseq.runner.errors import first_line
-from multiseq.runner.request import NO_TIMINGS
+from multiseq.config import RunnerConfig, SamplingParams, default_of
+from multiseq.errors import BackendError, first_line
+from multiseq.request import NO_TIMINGS, FinishReason, Request, Result
+from multiseq.runner import Runner
+from multiseq.stats import RunStats
 
 # An actor that dies is started again and its requests are retried this many times.
 MAX_RESTARTS = 3
