@@ -30,7 +30,7 @@ which prefills the prompts, is left out), split into phases:
 - detok+stops: Sequence.append_token() (detokenizing, stop strings, max_tokens, the sampler's
   accept)
 - update other: the rest of Engine.update() (KV accounting, text pieces, retiring, stats)
-- delivery: Engine.take_output() and Runner._deliver() (pieces and results to the handles)
+- delivery: Engine.take_output() and Deliveries.deliver() (pieces and results to the handles)
 - other: what is left of Runner.step() (its locks, its queued commands)
 
 The phases are measured by wrapping those methods on the runner's instances (and
@@ -376,7 +376,7 @@ def instrumented(runner: Runner) -> Iterator[PhaseClock]:
     engine.update = clock.timed("update", engine.update)
     engine.take_output = clock.timed("take_output", engine.take_output)
     engine.scheduler.plan = clock.timed("plan", engine.scheduler.plan)
-    runner._deliver = clock.timed("deliver", runner._deliver)
+    runner._deliveries.deliver = clock.timed("deliver", runner._deliveries.deliver)
     append_token = Sequence.append_token
     Sequence.append_token = clock.timed("append_token", append_token)
     try:
@@ -386,7 +386,7 @@ def instrumented(runner: Runner) -> Iterator[PhaseClock]:
         for name in ("schedule", "execute", "update", "take_output"):
             delattr(engine, name)
         del engine.scheduler.plan
-        del runner._deliver
+        del runner._deliveries.deliver
 
 
 @dataclass

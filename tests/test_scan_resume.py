@@ -133,7 +133,7 @@ def test_a_ctrl_c_while_the_model_loads_ends_the_command_once_the_load_returns(t
 
     with pytest.raises(KeyboardInterrupt):
         fake_job(prompts, tmp_path / "out.jsonl", interrupts=interrupts, open_runner=loading_when_ctrl_c_comes)
-    assert opened and opened[0].runner._closing, "the loaded runner is closed"
+    assert opened and opened[0].runner._closed, "the loaded runner is closed"
     out = tmp_path / "out.jsonl"
     assert not out.exists() or not out.read_text()
 
