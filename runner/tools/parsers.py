@@ -129,17 +129,195 @@ class _EdgeTrimmer:
         return pending
 
 
-class ToolCallParser:
+class _StreamReader:
+    """One growing buffer of output text, read by generator steps that yield while the text so
+    far cannot settle what they read (see the module's docstring); the JSON and marker primitives."""
+
+    def __init__(self) -> None:
+        self._buf = ""
+        self._pos = 0  # the first unread character of _buf
+        self._is_closed = False
+
+    def _text_until(self, markers: tuple[str, ...], sink: Callable[[str], None]) -> Steps[str | None]:
+        """Hand text to `sink` up to the first of `markers` (consumed): the marker, or None at the
+        end. Only a suffix that may begin a marker is held back."""
+        while True:
+            found_at, found = _find_first(self._buf, self._pos, markers)
+            if found is not None:
+                sink(self._buf[self._pos:found_at])
+                self._pos = found_at + len(found)
+                return found
+            if self._is_closed:
+                sink(self._buf[self._pos:])
+                self._pos = len(self._buf)
+                return None
+            safe_end = len(self._buf) - _marker_prefix_length(self._buf, self._pos, markers)
+            sink(self._buf[self._pos:safe_end])
+            self._pos = safe_end
+            # Text already handed on is never read again: keep the buffer to what is unread.
+            self._buf = self._buf[self._pos:]
+            self._pos = 0
+            yield
+
+    # --- reading primitives ------------------------------------------------------------------
+
+    def _has_unread(self) -> Steps[bool]:
+        """Wait for an unread character; False when the output ended first."""
+        while self._pos >= len(self._buf):
+            if self._is_closed:
+                return False
+            yield
+        return True
+
+    def _skip_whitespace(self, whitespace: str | None = None) -> Steps[str | None]:
+        """Skip whitespace (any, or the characters of `whitespace`); the next character, left
+        unread, or None at the end of the output."""
+        while (yield from self._has_unread()):
+            char = self._buf[self._pos]
+            if not (char in whitespace if whitespace is not None else char.isspace()):
+                return char
+            self._pos += 1
+        return None
+
+    def _skip_json_whitespace(self) -> Steps[str | None]:
+        return (yield from self._skip_whitespace(JSON_WHITESPACE))
+
+    def _consume_literal(self, literal: str) -> Steps[bool]:
+        """Consume `literal` if the output goes on with it; False, consuming nothing, once it cannot."""
+        while True:
+            unread = self._buf[self._pos:self._pos + len(literal)]
+            if unread == literal:
+                self._pos += len(literal)
+                return True
+            if not literal.startswith(unread) or self._is_closed:
+                return False
+            yield
+
+    def _is_at_end_inside(self, literal: str) -> bool:
+        """Whether the output ended with (at most) a beginning of `literal` left unread."""
+        return self._is_closed and literal.startswith(self._buf[self._pos:])
+
+    def _expect(self, char: str, what: str) -> Steps[None]:
+        found = yield from self._skip_json_whitespace()
+        if found is None:
+            raise _Malformed(CUT_OFF)
+        if found != char:
+            raise _Malformed(f"{NOT_JSON}: expected {what}, found {found!r}")
+        self._pos += 1
+
+    def _next_key(self, is_first: bool) -> Steps[str | None]:
+        """The next key of an object being read (its ':' consumed), or None at its '}'."""
+        found = yield from self._skip_json_whitespace()
+        if found == "}":
+            self._pos += 1
+            return None
+        if not is_first:
+            if found != ",":
+                raise _Malformed(CUT_OFF if found is None else f"{NOT_JSON}: expected ',' or '}}', found {found!r}")
+            self._pos += 1
+            found = yield from self._skip_json_whitespace()
+        if found != '"':
+            raise _Malformed(CUT_OFF if found is None else f"{NOT_JSON}: expected a key in double quotes, "
+                                                            f"found {found!r}")
+        key = (yield from self._scan_value()).value
+        yield from self._expect(":", "':' after a key")
+        return key
+
+    def _scan_value(self, on_piece: Callable[[str], None] | None = None) -> Steps[_JsonValue]:
+        """Read one JSON value whole, tracking strings, escapes and nesting to find its end;
+        `on_piece` gets its text as it arrives. json validates it once it is whole."""
+        first = yield from self._skip_json_whitespace()
+        if first is None:
+            raise _Malformed(CUT_OFF)
+        start = scanned = handed = self._pos
+        is_scalar = first not in '{["'
+        depth = 0
+        is_in_string = is_escaped = False
+        end = None
+        while end is None:
+            buf = self._buf
+            while scanned < len(buf):
+                char = buf[scanned]
+                if is_in_string:
+                    if is_escaped:
+                        is_escaped = False
+                    elif char == "\\":
+                        is_escaped = True
+                    elif char == '"':
+                        is_in_string = False
+                        if depth == 0:
+                            end = scanned + 1
+                            break
+                elif is_scalar:
+                    if char in SCALAR_ENDS:
+                        end = scanned
+                        break
+                elif char == '"':
+                    is_in_string = True
+                elif char in "{[":
+                    depth += 1
+                elif char in "}]":
+                    depth -= 1
+                    if depth == 0:
+                        end = scanned + 1
+                        break
+                scanned += 1
+            if end is None and is_scalar and self._is_closed:
+                end = scanned
+            ready = end if end is not None else scanned
+            if on_piece is not None and ready > handed:
+                on_piece(buf[handed:ready])
+                handed = ready
+            if end is None:
+                if self._is_closed:
+                    raise _Malformed(CUT_OFF)
+                yield
+        self._pos = end
+        text = self._buf[start:end]
+        return _JsonValue(text, _decode(text, STRICT_JSON))
+
+    def _stream_string(self, sink: Callable[[str], None]) -> Steps[None]:
+        """Read a JSON string, handing `sink` its decoded text as it arrives (GENERIC's response)."""
+        first = yield from self._skip_json_whitespace()
+        if first is None:
+            raise _Malformed(CUT_OFF)
+        if first != '"':
+            raise _Malformed(RESPONSE_NOT_STRING)
+        scanned = decoded = self._pos + 1
+        is_escaped = False
+        end = None
+        while end is None:
+            buf = self._buf
+            while scanned < len(buf):
+                char = buf[scanned]
+                if is_escaped:
+                    is_escaped = False
+                elif char == "\\":
+                    is_escaped = True
+                elif char == '"':
+                    end = scanned
+                    break
+                scanned += 1
+            ready = end if end is not None else _whole_escapes_end(buf, decoded, scanned)
+            if ready > decoded:
+                sink(_decode(f'"{buf[decoded:ready]}"', LENIENT_JSON))
+                decoded = ready
+            if end is None:
+                if self._is_closed:
+                    raise _Malformed(CUT_OFF)
+                yield
+        self._pos = end + 1
+
+
+class ToolCallParser(_StreamReader):
     """Streams one output's content, reasoning and tool calls (see the module's docstring)."""
 
     def __init__(self, tool_format: ToolFormat, call_id: Callable[[int], str],
                  parse_reasoning: bool = True) -> None:
         self._format = ToolFormat(tool_format)
         self._call_id = call_id
+        super().__init__()
         self._parse_reasoning = parse_reasoning
-        self._buf = ""
-        self._pos = 0  # the first unread character of _buf
-        self._is_closed = False
         self._is_done = False
         self._out: list[Delta] = []
         self._content_parts: list[str] = []
@@ -439,176 +617,6 @@ class ToolCallParser:
         held = "".join(self._held_parts)
         self._held_parts = []
         return held
-
-    def _text_until(self, markers: tuple[str, ...], sink: Callable[[str], None]) -> Steps[str | None]:
-        """Hand text to `sink` up to the first of `markers` (consumed): the marker, or None at the
-        end. Only a suffix that may begin a marker is held back."""
-        while True:
-            found_at, found = _find_first(self._buf, self._pos, markers)
-            if found is not None:
-                sink(self._buf[self._pos:found_at])
-                self._pos = found_at + len(found)
-                return found
-            if self._is_closed:
-                sink(self._buf[self._pos:])
-                self._pos = len(self._buf)
-                return None
-            safe_end = len(self._buf) - _marker_prefix_length(self._buf, self._pos, markers)
-            sink(self._buf[self._pos:safe_end])
-            self._pos = safe_end
-            # Text already handed on is never read again: keep the buffer to what is unread.
-            self._buf = self._buf[self._pos:]
-            self._pos = 0
-            yield
-
-    # --- reading primitives ------------------------------------------------------------------
-
-    def _has_unread(self) -> Steps[bool]:
-        """Wait for an unread character; False when the output ended first."""
-        while self._pos >= len(self._buf):
-            if self._is_closed:
-                return False
-            yield
-        return True
-
-    def _skip_whitespace(self, whitespace: str | None = None) -> Steps[str | None]:
-        """Skip whitespace (any, or the characters of `whitespace`); the next character, left
-        unread, or None at the end of the output."""
-        while (yield from self._has_unread()):
-            char = self._buf[self._pos]
-            if not (char in whitespace if whitespace is not None else char.isspace()):
-                return char
-            self._pos += 1
-        return None
-
-    def _skip_json_whitespace(self) -> Steps[str | None]:
-        return (yield from self._skip_whitespace(JSON_WHITESPACE))
-
-    def _consume_literal(self, literal: str) -> Steps[bool]:
-        """Consume `literal` if the output goes on with it; False, consuming nothing, once it cannot."""
-        while True:
-            unread = self._buf[self._pos:self._pos + len(literal)]
-            if unread == literal:
-                self._pos += len(literal)
-                return True
-            if not literal.startswith(unread) or self._is_closed:
-                return False
-            yield
-
-    def _is_at_end_inside(self, literal: str) -> bool:
-        """Whether the output ended with (at most) a beginning of `literal` left unread."""
-        return self._is_closed and literal.startswith(self._buf[self._pos:])
-
-    def _expect(self, char: str, what: str) -> Steps[None]:
-        found = yield from self._skip_json_whitespace()
-        if found is None:
-            raise _Malformed(CUT_OFF)
-        if found != char:
-            raise _Malformed(f"{NOT_JSON}: expected {what}, found {found!r}")
-        self._pos += 1
-
-    def _next_key(self, is_first: bool) -> Steps[str | None]:
-        """The next key of an object being read (its ':' consumed), or None at its '}'."""
-        found = yield from self._skip_json_whitespace()
-        if found == "}":
-            self._pos += 1
-            return None
-        if not is_first:
-            if found != ",":
-                raise _Malformed(CUT_OFF if found is None else f"{NOT_JSON}: expected ',' or '}}', found {found!r}")
-            self._pos += 1
-            found = yield from self._skip_json_whitespace()
-        if found != '"':
-            raise _Malformed(CUT_OFF if found is None else f"{NOT_JSON}: expected a key in double quotes, "
-                                                            f"found {found!r}")
-        key = (yield from self._scan_value()).value
-        yield from self._expect(":", "':' after a key")
-        return key
-
-    def _scan_value(self, on_piece: Callable[[str], None] | None = None) -> Steps[_JsonValue]:
-        """Read one JSON value whole, tracking strings, escapes and nesting to find its end;
-        `on_piece` gets its text as it arrives. json validates it once it is whole."""
-        first = yield from self._skip_json_whitespace()
-        if first is None:
-            raise _Malformed(CUT_OFF)
-        start = scanned = handed = self._pos
-        is_scalar = first not in '{["'
-        depth = 0
-        is_in_string = is_escaped = False
-        end = None
-        while end is None:
-            buf = self._buf
-            while scanned < len(buf):
-                char = buf[scanned]
-                if is_in_string:
-                    if is_escaped:
-                        is_escaped = False
-                    elif char == "\\":
-                        is_escaped = True
-                    elif char == '"':
-                        is_in_string = False
-                        if depth == 0:
-                            end = scanned + 1
-                            break
-                elif is_scalar:
-                    if char in SCALAR_ENDS:
-                        end = scanned
-                        break
-                elif char == '"':
-                    is_in_string = True
-                elif char in "{[":
-                    depth += 1
-                elif char in "}]":
-                    depth -= 1
-                    if depth == 0:
-                        end = scanned + 1
-                        break
-                scanned += 1
-            if end is None and is_scalar and self._is_closed:
-                end = scanned
-            ready = end if end is not None else scanned
-            if on_piece is not None and ready > handed:
-                on_piece(buf[handed:ready])
-                handed = ready
-            if end is None:
-                if self._is_closed:
-                    raise _Malformed(CUT_OFF)
-                yield
-        self._pos = end
-        text = self._buf[start:end]
-        return _JsonValue(text, _decode(text, STRICT_JSON))
-
-    def _stream_string(self, sink: Callable[[str], None]) -> Steps[None]:
-        """Read a JSON string, handing `sink` its decoded text as it arrives (GENERIC's response)."""
-        first = yield from self._skip_json_whitespace()
-        if first is None:
-            raise _Malformed(CUT_OFF)
-        if first != '"':
-            raise _Malformed(RESPONSE_NOT_STRING)
-        scanned = decoded = self._pos + 1
-        is_escaped = False
-        end = None
-        while end is None:
-            buf = self._buf
-            while scanned < len(buf):
-                char = buf[scanned]
-                if is_escaped:
-                    is_escaped = False
-                elif char == "\\":
-                    is_escaped = True
-                elif char == '"':
-                    end = scanned
-                    break
-                scanned += 1
-            ready = end if end is not None else _whole_escapes_end(buf, decoded, scanned)
-            if ready > decoded:
-                sink(_decode(f'"{buf[decoded:ready]}"', LENIENT_JSON))
-                decoded = ready
-            if end is None:
-                if self._is_closed:
-                    raise _Malformed(CUT_OFF)
-                yield
-        self._pos = end + 1
 
 
 def parse_output(tool_format: ToolFormat, text: str, call_id: Callable[[int], str],
