@@ -129,6 +129,62 @@ class _EdgeTrimmer:
         return pending
 
 
+class _TextOutput:
+    """The content and reasoning of one output, as they stream: edge whitespace trimmed, and text
+    that a later </think> may still make reasoning (its <think> was in the prompt) held back."""
+
+    def __init__(self, out: list[Delta]) -> None:
+        self._out = out  # the parser's deltas not yet taken
+        self._content_parts: list[str] = []
+        self._reasoning_parts: list[str] = []
+        self._content_trim = _EdgeTrimmer()
+        self._reasoning_trim = _EdgeTrimmer()
+        # Text read while a </think> may still make it reasoning (its <think> was in the prompt).
+        self.may_be_reasoning = False
+        self._held_parts: list[str] = []
+
+    def content(self) -> str:
+        return "".join(self._content_parts)
+
+    def reasoning(self) -> str:
+        return "".join(self._reasoning_parts)
+
+    def emit_content(self, text: str) -> None:
+        if self.may_be_reasoning:
+            self._held_parts.append(text)
+            return
+        released = self._content_trim.push(text)
+        if released:
+            self._content_parts.append(released)
+            self._out.append(TextDelta(released))
+
+    def emit_reasoning(self, text: str) -> None:
+        released = self._reasoning_trim.push(text)
+        if released:
+            self._reasoning_parts.append(released)
+            self._out.append(ReasoningDelta(released))
+
+    def end_prompt_opened_reasoning(self) -> None:
+        """A </think> came: the text held for it is reasoning."""
+        self.may_be_reasoning = False
+        self.emit_reasoning(self._take_held_text())
+
+    def settle_as_content(self) -> None:
+        """No </think> came before a call or the end: the text held for it is content."""
+        if self.may_be_reasoning:
+            self.may_be_reasoning = False
+            self.emit_content(self._take_held_text())
+
+    def take_pending_whitespace(self) -> str:
+        """The content's trailing whitespace held so far, forgotten here (a call follows it)."""
+        return self._content_trim.take_pending()
+
+    def _take_held_text(self) -> str:
+        held = "".join(self._held_parts)
+        self._held_parts = []
+        return held
+
+
 class _StreamReader:
     """One growing buffer of output text, read by generator steps that yield while the text so
     far cannot settle what they read (see the module's docstring); the JSON and marker primitives."""
@@ -320,13 +376,7 @@ class ToolCallParser(_StreamReader):
         self._parse_reasoning = parse_reasoning
         self._is_done = False
         self._out: list[Delta] = []
-        self._content_parts: list[str] = []
-        self._reasoning_parts: list[str] = []
-        self._content_trim = _EdgeTrimmer()
-        self._reasoning_trim = _EdgeTrimmer()
-        # Text read while a </think> may still make it reasoning (its <think> was in the prompt).
-        self._may_be_reasoning = False
-        self._held_parts: list[str] = []
+        self._text = _TextOutput(self._out)
         self._num_started = 0
         self._calls: list[ToolCall] = []
         self._raw_start = 0  # where the raw text of a broken call begins
@@ -354,8 +404,7 @@ class ToolCallParser(_StreamReader):
         """The whole output, parsed: what the deltas add up to, less any broken call."""
         if not self._is_closed:
             raise ValueError("result() before close(): the output may go on")
-        return ParsedOutput(content="".join(self._content_parts) or None,
-                            reasoning="".join(self._reasoning_parts) or None,
+        return ParsedOutput(content=self._text.content() or None, reasoning=self._text.reasoning() or None,
                             tool_calls=tuple(self._calls), error=self._error)
 
     # --- driving the reading steps ------------------------------------------------------------
@@ -369,17 +418,18 @@ class ToolCallParser(_StreamReader):
             self._is_done = True
 
     def _take_deltas(self) -> list[Delta]:
-        deltas, self._out = self._out, []
+        deltas = list(self._out)
+        self._out.clear()  # the list _TextOutput appends to too
         return deltas
 
     def _read_output(self) -> Steps[None]:
         if self._parse_reasoning:
             first = yield from self._skip_whitespace()
             if first is not None and (yield from self._consume_literal(THINK_OPEN)):
-                if (yield from self._text_until((THINK_CLOSE,), self._emit_reasoning)) is None:
+                if (yield from self._text_until((THINK_CLOSE,), self._text.emit_reasoning)) is None:
                     return  # ended inside the think block: all of it was reasoning
             else:
-                self._may_be_reasoning = True
+                self._text.may_be_reasoning = True
         if self._format is ToolFormat.HERMES:
             yield from self._marked_calls_body(HERMES_OPEN, self._hermes_block)
         elif self._format is ToolFormat.MISTRAL:
@@ -405,9 +455,9 @@ class ToolCallParser(_StreamReader):
             is_call = first == "{" or (self._format is ToolFormat.LLAMA3 and first is not None
                                        and (yield from self._consume_literal(PYTHON_TAG)))
             if is_call:
-                self._settle_as_content()
+                self._text.settle_as_content()
                 if (yield from self._guarded(read_calls, start)):
-                    yield from self._text_until((), self._emit_content)  # what follows the calls
+                    yield from self._text_until((), self._text.emit_content)  # what follows the calls
                 return
             if (yield from self._content_until()) is None:
                 return
@@ -417,21 +467,20 @@ class ToolCallParser(_StreamReader):
         """Read content up to the first of `call_markers`: the marker, or None at the end. While
         the text may still be reasoning opened by the prompt, a </think> ends it instead and
         this returns THINK_CLOSE."""
-        markers = call_markers + ((THINK_CLOSE,) if self._may_be_reasoning else ())
-        found = yield from self._text_until(markers, self._emit_content)
+        markers = call_markers + ((THINK_CLOSE,) if self._text.may_be_reasoning else ())
+        found = yield from self._text_until(markers, self._text.emit_content)
         if found == THINK_CLOSE:
-            self._may_be_reasoning = False
-            self._emit_reasoning(self._take_held_text())
+            self._text.end_prompt_opened_reasoning()
             if call_markers:
                 return (yield from self._content_until(*call_markers))
             return found
-        self._settle_as_content()
+        self._text.settle_as_content()
         return found
 
     def _guarded(self, read_calls: Callable[[], Steps[None]], start: int) -> Steps[bool]:
         """Read calls starting at `start`; whether they were whole. If not, their raw text and
         everything after it is content, and the error says why."""
-        whitespace_before = self._content_trim.take_pending()
+        whitespace_before = self._text.take_pending_whitespace()
         self._raw_start = start
         try:
             yield from read_calls()
@@ -439,8 +488,8 @@ class ToolCallParser(_StreamReader):
         except _Malformed as problem:
             self._error = self._error or problem.reason
             before = whitespace_before if self._raw_start == start else ""
-            self._emit_content(before + self._buf[self._raw_start:self._pos])
-            yield from self._text_until((), self._emit_content)
+            self._text.emit_content(before + self._buf[self._raw_start:self._pos])
+            yield from self._text_until((), self._text.emit_content)
             return False
 
     # --- the calls of each format -----------------------------------------------------------
@@ -487,7 +536,7 @@ class ToolCallParser(_StreamReader):
             elif key == GENERIC_CALL_KEY:
                 self._commit((yield from self._call_object()))
             elif key == GENERIC_RESPONSE_KEY:
-                yield from self._stream_string(self._emit_content)
+                yield from self._stream_string(self._text.emit_content)
                 self._raw_start = self._pos  # the response is content already: keep it out of the raw text
             else:
                 yield from self._scan_value()
@@ -589,34 +638,6 @@ class ToolCallParser(_StreamReader):
         assert call.id is not None and call.name is not None
         self._calls.append(ToolCall(id=call.id, name=call.name, arguments=call.arguments))
         self._raw_start = self._pos
-
-    # --- text, reasoning and what is held back -------------------------------------------------
-
-    def _emit_content(self, text: str) -> None:
-        if self._may_be_reasoning:
-            self._held_parts.append(text)
-            return
-        released = self._content_trim.push(text)
-        if released:
-            self._content_parts.append(released)
-            self._out.append(TextDelta(released))
-
-    def _emit_reasoning(self, text: str) -> None:
-        released = self._reasoning_trim.push(text)
-        if released:
-            self._reasoning_parts.append(released)
-            self._out.append(ReasoningDelta(released))
-
-    def _settle_as_content(self) -> None:
-        """No </think> came before a call or the end: the text held for it is content."""
-        if self._may_be_reasoning:
-            self._may_be_reasoning = False
-            self._emit_content(self._take_held_text())
-
-    def _take_held_text(self) -> str:
-        held = "".join(self._held_parts)
-        self._held_parts = []
-        return held
 
 
 def parse_output(tool_format: ToolFormat, text: str, call_id: Callable[[int], str],
