@@ -9,6 +9,8 @@ The parser is a generator-based reader: each step of the grammar (`_text_until`,
 `_call_object`, ...) reads from one growing buffer and, where the text so far cannot decide
 what comes next, yields to wait for more. A decision is taken only when the text already read
 settles it (or the output has ended), so it cannot depend on where the pieces were cut.
+`_StreamReader` holds the buffer and the reading primitives, `_TextOutput` the content and
+reasoning streamed so far, `_Calls` the calls; `ToolCallParser` reads each format's grammar.
 
 What is held back, never shown as content until known not to be a call: a suffix that may begin
 a marker (`<tool_call>`, `[TOOL_CALLS]`, `<|python_tag|>`, `</think>`), a leading `{` in the
@@ -183,6 +185,43 @@ class _TextOutput:
         held = "".join(self._held_parts)
         self._held_parts = []
         return held
+
+
+class _Calls:
+    """The tool calls of one output: their starts and arguments streamed as deltas (arguments
+    written before the name held until the name is known), and the whole ones kept."""
+
+    def __init__(self, call_id: Callable[[int], str], out: list[Delta]) -> None:
+        self._call_id = call_id
+        self._out = out  # the parser's deltas not yet taken
+        self._num_started = 0
+        self.whole: list[ToolCall] = []
+
+    def new_call(self) -> _CallInProgress:
+        return _CallInProgress(index=self._num_started)
+
+    def start(self, call: _CallInProgress, name: str) -> None:
+        call.name = name
+        call.id = self._call_id(call.index)
+        self._num_started += 1
+        self._out.append(ToolCallStart(call.index, call.id, name))
+        if call.held_arguments:
+            self._out.append(ArgumentsDelta(call.index, call.held_arguments))
+            call.held_arguments = ""
+
+    def emit_arguments(self, call: _CallInProgress, piece: str) -> None:
+        if call.is_started:
+            self._out.append(ArgumentsDelta(call.index, piece))
+        else:
+            call.held_arguments += piece
+
+    def finish(self, call: _CallInProgress) -> None:
+        """The call is whole: it joins the result (with "{}" for arguments it never wrote)."""
+        if call.arguments is None:
+            call.arguments = NO_ARGUMENTS
+            self.emit_arguments(call, NO_ARGUMENTS)
+        assert call.id is not None and call.name is not None
+        self.whole.append(ToolCall(id=call.id, name=call.name, arguments=call.arguments))
 
 
 class _StreamReader:
@@ -371,14 +410,12 @@ class ToolCallParser(_StreamReader):
     def __init__(self, tool_format: ToolFormat, call_id: Callable[[int], str],
                  parse_reasoning: bool = True) -> None:
         self._format = ToolFormat(tool_format)
-        self._call_id = call_id
         super().__init__()
         self._parse_reasoning = parse_reasoning
         self._is_done = False
         self._out: list[Delta] = []
         self._text = _TextOutput(self._out)
-        self._num_started = 0
-        self._calls: list[ToolCall] = []
+        self._calls = _Calls(call_id, self._out)
         self._raw_start = 0  # where the raw text of a broken call begins
         self._error: str | None = None
         self._steps = self._read_output()
@@ -405,7 +442,7 @@ class ToolCallParser(_StreamReader):
         if not self._is_closed:
             raise ValueError("result() before close(): the output may go on")
         return ParsedOutput(content=self._text.content() or None, reasoning=self._text.reasoning() or None,
-                            tool_calls=tuple(self._calls), error=self._error)
+                            tool_calls=tuple(self._calls.whole), error=self._error)
 
     # --- driving the reading steps ------------------------------------------------------------
 
@@ -565,7 +602,7 @@ class ToolCallParser(_StreamReader):
         """One {"name": ..., "arguments": {...}} object (other keys are skipped), its start and
         arguments streamed as they are read."""
         yield from self._expect("{", "'{' to begin the call")
-        call = _CallInProgress(index=self._num_started)
+        call = self._calls.new_call()
         is_first = True
         while (key := (yield from self._next_key(is_first))) is not None:
             is_first = False
@@ -573,7 +610,7 @@ class ToolCallParser(_StreamReader):
                 name = (yield from self._scan_value()).value
                 if not isinstance(name, str) or not name:
                     raise _Malformed(NO_NAME)
-                self._start_call(call, name)
+                self._calls.start(call, name)
             elif key in ARGUMENTS_KEYS and call.arguments is None:
                 call.arguments = yield from self._arguments(call)
             else:
@@ -597,8 +634,8 @@ class ToolCallParser(_StreamReader):
             raise _Malformed(CUT_OFF if self._is_at_end_inside(MISTRAL_ARGS) else MISTRAL_NO_ARGS)
         if not name:
             raise _Malformed(NO_NAME)
-        call = _CallInProgress(index=self._num_started)
-        self._start_call(call, name)
+        call = self._calls.new_call()
+        self._calls.start(call, name)
         call.arguments = yield from self._arguments(call)
         return call
 
@@ -606,37 +643,18 @@ class ToolCallParser(_StreamReader):
         """The arguments' JSON text: an object streamed as written, or a string holding one unwrapped."""
         first = yield from self._skip_json_whitespace()
         if first == "{":
-            return (yield from self._scan_value(lambda piece: self._emit_arguments(call, piece))).text
+            return (yield from self._scan_value(lambda piece: self._calls.emit_arguments(call, piece))).text
         if first == '"':
             arguments = _unwrap_arguments((yield from self._scan_value()).value)
-            self._emit_arguments(call, arguments)
+            self._calls.emit_arguments(call, arguments)
             return arguments
         if first is None:
             raise _Malformed(CUT_OFF)
         raise _Malformed(ARGUMENTS_NOT_OBJECT)
 
-    def _start_call(self, call: _CallInProgress, name: str) -> None:
-        call.name = name
-        call.id = self._call_id(call.index)
-        self._num_started += 1
-        self._out.append(ToolCallStart(call.index, call.id, name))
-        if call.held_arguments:
-            self._out.append(ArgumentsDelta(call.index, call.held_arguments))
-            call.held_arguments = ""
-
-    def _emit_arguments(self, call: _CallInProgress, piece: str) -> None:
-        if call.is_started:
-            self._out.append(ArgumentsDelta(call.index, piece))
-        else:
-            call.held_arguments += piece
-
     def _commit(self, call: _CallInProgress) -> None:
         """The call is whole: it joins the result, and a later broken call's raw text starts after it."""
-        if call.arguments is None:
-            call.arguments = NO_ARGUMENTS
-            self._emit_arguments(call, NO_ARGUMENTS)
-        assert call.id is not None and call.name is not None
-        self._calls.append(ToolCall(id=call.id, name=call.name, arguments=call.arguments))
+        self._calls.finish(call)
         self._raw_start = self._pos
 
 
