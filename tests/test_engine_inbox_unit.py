@@ -5,6 +5,7 @@ loop in one hand-over; the loop's own lag is measured and shown on /metrics."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import http.client
 import sys
 import threading
@@ -210,3 +211,29 @@ def test_a_cancel_posted_for_a_queued_request_ends_it_at_the_next_step(make_runn
     result = handle.result(timeout=1)
     assert result.finish_reason is FinishReason.CANCELLED and result.completion_tokens == 0
     assert runner.num_waiting == 0 and runner.latest_snapshot.num_cancelled == 1
+
+
+def test_pieces_queued_behind_a_slow_reader_come_joined_with_the_same_text(make_runner):
+    """A reader that falls behind gets each choice's queued pieces as one (one chunk to send
+    where there were many); the text is what the runner made, choice by choice."""
+    max_tokens = 12
+    alone = make_runner(FakeBackend(num_slots=2))
+    expected = alone.run_batch([Request(prompt="a slow reader", sampling=SamplingParams(
+        max_tokens=max_tokens, temperature=0))])[0].text
+    runner = make_runner(FakeBackend(num_slots=2), autostart=False)
+    state = ServerState(runner, ServerSettings(model_name=MODEL))
+
+    async def read_after_the_run(n: int) -> list[PieceEvent]:
+        item = dataclasses.replace(prompt_item("a slow reader", max_tokens), n=n)
+        job = await state.submit(runner, item)
+        while runner.step():  # every step is done before the reader reads anything
+            pass
+        await asyncio.sleep(0)  # the loop takes the runner's hand-overs
+        return [event async for event in job.events_until_complete() if isinstance(event, PieceEvent)]
+
+    [joined] = asyncio.run(read_after_the_run(1))
+    assert joined.piece.text == expected and len(expected) == max_tokens
+    both = asyncio.run(read_after_the_run(2))
+    state.close()
+    assert ["".join(event.piece.text for event in both if event.choice == choice) for choice in (0, 1)] == \
+        [expected, expected], "two choices' pieces alternate: each choice's text stays whole and in order"

@@ -80,7 +80,8 @@ def test_a_stream_gives_the_same_text_piece_by_piece_then_the_usage(server):
                                                  stream_options={"include_usage": True}))
     assert chunks[0].choices[0].delta.role == "assistant"
     text = "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices)
-    assert text == REPLY and len([c for c in chunks if c.choices and c.choices[0].delta.content]) == len(REPLY)
+    # A piece per token, or fewer where the reader fell behind the engine (their pieces join).
+    assert text == REPLY and 1 <= len([c for c in chunks if c.choices and c.choices[0].delta.content]) <= len(REPLY)
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == len(REPLY) + 1
     assert all(chunk.usage is None for chunk in chunks[:-1])

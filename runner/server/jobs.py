@@ -158,8 +158,19 @@ class Job:
         return len(self.results) == self.item.n
 
     async def events_until_complete(self) -> AsyncIterator[PieceEvent | ResultEvent]:
+        """The events in order. Pieces of one choice that queued up while the consumer was busy
+        (a client reading slower than the engine writes) come joined as one: one chunk to build
+        and send where there were many, and the same text. A consumer that keeps up gets every
+        piece as it was made."""
+        held: PieceEvent | ResultEvent | None = None
         while not self.is_complete:
-            event = await self.events.get()
+            event, held = (held, None) if held is not None else (await self.events.get(), None)
+            while isinstance(event, PieceEvent) and not self.events.empty():
+                following = self.events.get_nowait()
+                if not (isinstance(following, PieceEvent) and following.choice == event.choice):
+                    held = following
+                    break
+                event = _joined(event, following)
             if isinstance(event, ResultEvent):
                 self.results[event.choice] = event.result
             yield event
@@ -168,6 +179,15 @@ class Job:
         async for _ in self.events_until_complete():
             pass
         return [self.results[choice] for choice in range(self.item.n)]
+
+
+def _joined(first: PieceEvent, then: PieceEvent) -> PieceEvent:
+    """Two pieces of one choice as one, made when the first was (its time to first token)."""
+    deltas = None if first.piece.deltas is None and then.piece.deltas is None else \
+        (first.piece.deltas or ()) + (then.piece.deltas or ())
+    piece = TextPiece(first.piece.request_id, first.piece.text + then.piece.text,
+                      first.piece.logprobs + then.piece.logprobs, deltas)
+    return PieceEvent(first.choice, piece, first.at)
 
 
 def failure_of(results: list[Result]) -> Result | None:
