@@ -11,6 +11,10 @@ from typing import Any, Protocol
 
 import numpy as np
 
+# A slot's KV saved to host memory: bytes only the backend reads (llama.cpp's: a numpy array,
+# allocated without the zero-filling bytearray does while holding the GIL).
+SlotState = np.ndarray | bytearray
+
 
 @dataclass(frozen=True, slots=True)
 class BatchEntry:
@@ -83,10 +87,10 @@ class Backend(Protocol):
         KV when the slots differ; length 0 clears the slot). False when those positions are
         not all there (the slot is then cleared)."""
 
-    def save_slot(self, slot: int) -> bytearray | None:
+    def save_slot(self, slot: int) -> SlotState | None:
         """The slot's KV state, to restore into some slot later (None when it cannot be saved)."""
 
-    def restore_slot(self, slot: int, state: bytearray, length: int) -> bool:
+    def restore_slot(self, slot: int, state: SlotState, length: int) -> bool:
         """Put a saved state into the slot, cut back to positions [0, length). False when not
         all of it is there (the slot is then cleared)."""
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .batch import SlotState
 from .prefix import common_prefix_length, starts_with
 
 # Saving costs a copy of the slot's KV (~23 kB a token on SmolLM2, 9 on Gemma 3): a slot whose
@@ -40,7 +41,7 @@ class HostEntry:
     """A slot's KV saved in host memory: the tokens at positions 0..len-1, and the state."""
 
     tokens: np.ndarray
-    state: bytearray
+    state: SlotState
 
     @property
     def num_bytes(self) -> int:
@@ -116,7 +117,7 @@ class HostCache:
         """Whether an entry already holds these tokens (it starts with all of them)."""
         return any(starts_with(entry.tokens, tokens) for entry in self._all_states())
 
-    def add(self, tokens: np.ndarray, state: bytearray) -> bool:
+    def add(self, tokens: np.ndarray, state: SlotState) -> bool:
         """Keep a slot's state under its tokens, evicting the least recently used entries to
         make room; False when the state alone is larger than the limit."""
         if len(state) > self.limit_bytes:
@@ -141,7 +142,7 @@ class HostCache:
             self.stats.num_evicted += 1
         return True
 
-    def park(self, tokens: np.ndarray, state: bytearray) -> HostEntry | None:
+    def park(self, tokens: np.ndarray, state: SlotState) -> HostEntry | None:
         """Hold a preempted sequence's state (never evicted) until unpark(); None when it
         cannot fit beside the other parked states."""
         if not self._make_room(len(state)):

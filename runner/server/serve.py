@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import signal
 import socket
@@ -78,6 +79,15 @@ class Server(uvicorn.Server):
             self._loop.call_soon_threadsafe(self.state.begin_shutdown)
 
 
+def freeze_loaded_objects() -> None:
+    """Leave what loading made (the model's vocabulary and caches, templates, modules) out of
+    the garbage collector's full passes from now on. Such a pass walks every tracked object and
+    holds the GIL meanwhile: with the model's objects in it, one took 73 ms on the event loop
+    during the agents-tools load benchmark, a pause in every stream."""
+    gc.collect()
+    gc.freeze()
+
+
 def open_socket(host: str, port: int) -> socket.socket:
     """A listening TCP socket on host:port (port 0: a free one), IPv4 or IPv6 as the host says."""
     family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
@@ -114,6 +124,7 @@ def serve(config: RunnerConfig, settings: ServerSettings, host: str, port: int, 
         if server.should_exit:  # stopped while loading
             runner.close()
             return
+        freeze_loaded_objects()
         app.state.server.attach(runner)
         if on_ready is not None:
             on_ready(runner)
