@@ -493,6 +493,10 @@ def test_a_function_call_and_its_output_go_round_to_the_model(serve):
         f'<user>{{"tool_response": {{"name": "get_weather", "content": "sunny"}}}}<assistant>')
 
 
+def without_repeats(types: list[str]) -> list[str]:
+    return [kind for index, kind in enumerate(types) if index == 0 or types[index - 1] != kind]
+
+
 def test_every_streamed_event_comes_in_order_and_the_final_response_matches(serve):
     client, _, _ = serve()
     with client.responses.stream(model=MODEL, input="Hi", temperature=0) as stream:
@@ -505,7 +509,9 @@ def test_every_streamed_event_comes_in_order_and_the_final_response_matches(serv
     assert set(types[4:-4]) == {"response.output_text.delta"}
     assert final.output_text == "Hello!" and final.usage.output_tokens == len("Hello!") + 1
     raw = list(client.responses.create(model=MODEL, input="Hi", temperature=0, stream=True))
-    assert [event.type for event in raw] == types
+    # The same events either way; how many text deltas depends on how far the reader lagged
+    # the engine (pieces queued behind it come joined).
+    assert without_repeats([event.type for event in raw]) == without_repeats(types)
     assert [event.sequence_number for event in raw] == list(range(len(raw)))
     streamed, whole = raw[-1].response, client.responses.create(model=MODEL, input="Hi", temperature=0)
     varying = {"id", "created_at", "completed_at", "output", "usage"}  # a later run hits the prompt cache
