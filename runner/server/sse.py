@@ -51,30 +51,30 @@ class EventStream:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         send_timeout, keep_alive = _stream_timings(scope)
-
-        async def send_in_time(message: dict[str, Any]) -> None:  # a client that stopped reading blocks send
-            with anyio.fail_after(send_timeout):
-                await send(message)
-
+        sender = _WatchedSender(send, send_timeout, keep_alive)
         async with anyio.create_task_group() as group:
             async def watch() -> None:
                 await wait_for_disconnect(receive)
                 self._on_disconnect()
                 group.cancel_scope.cancel()
 
-            group.start_soon(watch)
-            try:
-                await send_in_time({"type": "http.response.start", "status": 200, "headers": [
-                    (b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
-                    (b"x-accel-buffering", b"no"), *self._headers]})
-                async with aclosing(with_keep_alives(self._events, keep_alive)) as events:
-                    async for event in events:
-                        await send_in_time({"type": "http.response.body", "body": event.encode("utf-8"),
-                                            "more_body": True})
-                await send_in_time({"type": "http.response.body", "body": b"", "more_body": False})
-            except TimeoutError:  # (an OSError too) the client stopped reading but kept the connection
+            async def watch_sends() -> None:
+                await sender.watch()  # returns when a send stalled past the timeout
                 logger.warning("a client read nothing of its stream for %g s: its request is cancelled", send_timeout)
                 self._on_disconnect()
+                group.cancel_scope.cancel()
+
+            group.start_soon(watch)
+            group.start_soon(watch_sends)
+            try:
+                await sender.send({"type": "http.response.start", "status": 200, "headers": [
+                    (b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
+                    (b"x-accel-buffering", b"no"), *self._headers]})
+                async with aclosing(self._events) as events:
+                    async for event in events:
+                        await sender.send({"type": "http.response.body", "body": event.encode("utf-8"),
+                                           "more_body": True})
+                await sender.send({"type": "http.response.body", "body": b"", "more_body": False})
             except OSError:  # the connection broke while writing
                 self._on_disconnect()
             except Exception:  # noqa: BLE001 - the status is sent; tell the client in the stream, log the rest
@@ -86,37 +86,56 @@ class EventStream:
                 group.cancel_scope.cancel()
 
 
+class _WatchedSender:
+    """A stream's sends, watched by one timer rather than a timeout around each send (which cost
+    a cancel scope per token): a send that stays blocked past the send timeout (the client
+    stopped reading but kept the connection) ends the watch; a stream that sent nothing for the
+    keep-alive interval (its request waits for a slot) gets KEEP_ALIVE between its events."""
+
+    def __init__(self, send: Send, send_timeout: float, keep_alive: float) -> None:
+        self._send = send
+        self._send_timeout = send_timeout
+        self._keep_alive = keep_alive
+        self._lock = asyncio.Lock()  # one send at a time: a keep-alive never splits an event
+        self._sending_since: float | None = None
+        self._last_sent = asyncio.get_running_loop().time()
+        self._started = False
+
+    async def send(self, message: dict[str, Any]) -> None:
+        async with self._lock:
+            loop = asyncio.get_running_loop()
+            self._sending_since = loop.time()
+            try:
+                await self._send(message)
+            finally:
+                self._sending_since = None
+                self._last_sent = loop.time()
+                self._started = True
+
+    async def watch(self) -> None:
+        """Wake at a fraction of the shorter interval; return once a send is stalled."""
+        loop = asyncio.get_running_loop()
+        tick = min(self._send_timeout, self._keep_alive) / 4
+        while True:
+            await asyncio.sleep(tick)
+            now = loop.time()
+            if self._sending_since is not None:
+                if now - self._sending_since > self._send_timeout:
+                    return
+            elif self._started and now - self._last_sent >= self._keep_alive and not self._lock.locked():
+                with anyio.move_on_after(self._send_timeout) as scope:
+                    await self.send({"type": "http.response.body", "body": KEEP_ALIVE.encode("utf-8"),
+                                     "more_body": True})
+                if scope.cancelled_caught:
+                    return
+
+
 def _stream_timings(scope: Scope) -> tuple[float, float]:
     """The send timeout and keep-alive interval of the app serving this stream (its settings)."""
     state = getattr(getattr(scope.get("app"), "state", None), "server", None)
     if state is None:  # mounted outside this server's app: the defaults
         return DEFAULT_SEND_TIMEOUT_SECONDS, DEFAULT_KEEP_ALIVE_SECONDS
     return state.settings.send_timeout_s, state.settings.keep_alive_s
-
-
-async def with_keep_alives(events: AsyncIterator[str], interval: float) -> AsyncIterator[str]:
-    """The events, and KEEP_ALIVE whenever none came for `interval` seconds (a request waiting
-    for a slot sends nothing). The next event is awaited in a task of its own, so a keep-alive
-    never interrupts the stream's generator."""
-    iterator = aiter(events)
-    pending: asyncio.Future[str] | None = None
-    try:
-        while True:
-            if pending is None:
-                pending = asyncio.ensure_future(anext(iterator))
-            done, _ = await asyncio.wait({pending}, timeout=interval)
-            if not done:
-                yield KEEP_ALIVE
-                continue
-            finished, pending = pending, None
-            try:
-                event = finished.result()
-            except StopAsyncIteration:
-                return
-            yield event
-    finally:
-        if pending is not None:  # the stream was cut: stop the generator where it waits
-            pending.cancel()
 
 
 async def _send_quietly(send: Send, text: str) -> None:
