@@ -94,7 +94,10 @@ def test_ctrl_c_on_ray_writes_finished_and_partial_results_then_resume_completes
     assert "Traceback" not in stderr
     first = {record["id"]: record for record in read_jsonl(out)}
     cancelled = [record for record in first.values() if record["finish_reason"] == "cancelled"]
-    assert cancelled and any(record["text"] for record in cancelled), "running requests are written, partial"
+    # Running requests are written, cancelled. (Whether they had text yet depends on how far the
+    # workers got when the signal came: a worker that started late has none. The partial text
+    # itself is checked without Ray, in test_cli_formats.)
+    assert cancelled and all(record["error"] is None for record in cancelled), "running requests are written"
     not_started = len(ids) - len(first)
     assert not_started >= 1 and f"{not_started} not started (--resume runs them)" in stderr
 
