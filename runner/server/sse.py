@@ -99,7 +99,6 @@ class _WatchedSender:
         self._lock = asyncio.Lock()  # one send at a time: a keep-alive never splits an event
         self._sending_since: float | None = None
         self._last_sent = asyncio.get_running_loop().time()
-        self._started = False
 
     async def send(self, message: dict[str, Any]) -> None:
         async with self._lock:
@@ -110,10 +109,10 @@ class _WatchedSender:
             finally:
                 self._sending_since = None
                 self._last_sent = loop.time()
-                self._started = True
 
     async def watch(self) -> None:
-        """Wake at a fraction of the shorter interval; return once a send is stalled."""
+        """Wake at a fraction of the shorter interval; return once a send is stalled. (It first
+        runs once the stream's first send, its status, has begun: keep-alives follow a status.)"""
         loop = asyncio.get_running_loop()
         tick = min(self._send_timeout, self._keep_alive) / 4
         while True:
@@ -122,7 +121,7 @@ class _WatchedSender:
             if self._sending_since is not None:
                 if now - self._sending_since > self._send_timeout:
                     return
-            elif self._started and now - self._last_sent >= self._keep_alive and not self._lock.locked():
+            elif now - self._last_sent >= self._keep_alive and not self._lock.locked():
                 with anyio.move_on_after(self._send_timeout) as scope:
                     await self.send({"type": "http.response.body", "body": KEEP_ALIVE.encode("utf-8"),
                                      "more_body": True})
