@@ -181,6 +181,7 @@ class ZeroCostBackend:
         self.last_decode_seconds = 0.0
         self.chunk_rules = ChunkRules(exact_reuse=False)
         self.chat_template_source = None  # no Jinja template: a chat renders as render_chat() says
+        self.graph_sampling = None  # every row is sampled on the host
         tables = vocabulary(vocab, seed)
         self.eos = tables.eos
         self.pieces = tables.pieces

@@ -13,11 +13,12 @@ from typing import Any
 import click
 
 from .. import models
-from ..config import TOOL_FORMATS, FlashAttention, OverflowPolicy, RunnerConfig, SamplingParams, SplitMode, default_of
+from ..config import (TOOL_FORMATS, FlashAttention, OverflowPolicy, RunnerConfig, SamplingMode, SamplingParams,
+                      SplitMode, default_of)
 
 ENGINE_FIELDS = ("model", "parallel", "slot_ctx", "threads", "n_keep", "n_discard", "seed", "chat_template",
                  "tool_format", "prefix_cache", "cache_ram_mib", "step_tokens", "batch_invariant", "overflow", "n_gpu_layers", "main_gpu", "split_mode", "tensor_split",
-                 "flash_attn")
+                 "flash_attn", "sampling")
 SAMPLING_FIELDS = ("max_tokens", "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "stop", "ignore_eos",
                    "strict_schema")
 
@@ -124,6 +125,11 @@ def engine_options(slot_ctx_help: str = "Context tokens per slot (prompt + gener
         click.option("-fa", "--flash-attn", type=click.Choice([mode.value for mode in FlashAttention]),
                      default=default_of(RunnerConfig, "flash_attn").value, show_default=True,
                      help="Flash attention; auto lets llama.cpp decide (--batch-invariant turns it off)."),
+        click.option("--sampling", type=click.Choice([mode.value for mode in SamplingMode]),
+                     default=default_of(RunnerConfig, "sampling").value, show_default=True,
+                     help="Where tokens are sampled: backend runs llama.cpp's sampler chains in the model's graph "
+                          "for greedy and plain sampled requests (grammars, logit bias, penalties and logprobs "
+                          "stay on the host); auto is the host on a CPU build, where it is faster."),
     ])
 
 

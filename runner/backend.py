@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import llama_cpp as llama
 
-from .batch import BatchEntry, ChunkRules, SlotState
+from .batch import BatchEntry, ChainSpec, ChunkRules, SlotState
 from .chat_template import ChatTemplate, JinjaRenderer, load_chat_template
 from .errors import BackendError, NoKvSlot
 
@@ -154,7 +154,77 @@ class _BatchBuffers:
         self.outputs[:count] = 0
         self.outputs[output_indices] = 1
         self.batch.n_tokens = count
+        self.output_indices = output_indices  # where each output row's token is in the batch
         return len(output_indices)
+
+
+class _SlotChains:
+    """Sampler chains inside the model's graph, one per slot (llama_set_sampler): llama.cpp
+    samples those slots' rows itself, and copies no logits when every row of a micro-batch
+    has a chain. The chains are owned here, freed once detached."""
+
+    def __init__(self, ctx, batch: _BatchBuffers) -> None:
+        self._ctx = ctx
+        self._batch = batch
+        self._chains: dict[int, object] = {}
+
+    def attach(self, slot: int, spec: ChainSpec, num_accepted: int) -> bool:
+        self.detach(slot)
+        chain = _new_chain(spec, num_accepted)
+        if not llama.llama_set_sampler(self._ctx, slot, chain):
+            llama.llama_sampler_free(chain)
+            return False
+        self._chains[slot] = chain
+        return True
+
+    def detach(self, slot: int) -> None:
+        chain = self._chains.pop(slot, None)
+        if chain is not None:
+            llama.llama_set_sampler(self._ctx, slot, None)
+            llama.llama_sampler_free(chain)
+
+    def sampled_tokens(self, rows: list[int]) -> list[int]:
+        indices = self._batch.output_indices
+        return [llama.llama_get_sampled_token_ith(self._ctx, indices[row]) for row in rows]
+
+    def accept(self, slot: int, token: int) -> None:
+        llama.llama_sampler_accept(self._chains[slot], token)
+
+    def close(self) -> None:
+        for slot in list(self._chains):
+            self.detach(slot)
+
+
+_NO_SEED = 0xFFFFFFFF  # LLAMA_DEFAULT_SEED: llama.cpp would seed from entropy
+
+
+def _new_chain(spec: ChainSpec, num_accepted: int):
+    """llama.cpp's chain for the spec. Its draw is advanced past the tokens already accepted
+    (one draw each, as llama.cpp's dist sampler draws once per accepted output), so a
+    sequence given a new chain (preempted, then resumed) draws what it would have drawn."""
+    chain = llama.llama_sampler_chain_init(llama.llama_sampler_chain_default_params())
+    if spec.is_greedy:
+        llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_greedy())
+        return chain
+    if spec.top_k > 0:
+        llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_top_k(spec.top_k))
+    if spec.top_p < 1.0:
+        llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_top_p(spec.top_p, 1))
+    if spec.min_p > 0.0:
+        llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_min_p(spec.min_p, 1))
+    llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_temp(spec.temperature))
+    dist = llama.llama_sampler_init_dist(spec.seed if spec.seed != _NO_SEED else 0)
+    _advance_draws(dist, num_accepted)
+    llama.llama_sampler_chain_add(chain, dist)
+    return chain
+
+
+def _advance_draws(dist, count: int) -> None:
+    """Draw `count` times from a dist sampler: applied to a one-token array, it draws once."""
+    one = (llama.llama_token_data * 1)(llama.llama_token_data(0, 0.0, 1.0))
+    array = llama.llama_token_data_array(one, 1, -1, False)
+    for _ in range(count):
+        llama.llama_sampler_apply(dist, ctypes.byref(array))
 
 
 class LlamaModel:
@@ -406,6 +476,7 @@ class LlamaBackend:
         self.device = model.device
         self.can_shift = bool(llama.llama_memory_can_shift(self._memory))
         self._batch = _BatchBuffers(n_batch)
+        self.graph_sampling = _SlotChains(self._ctx, self._batch)
         self.last_decode_seconds = 0.0  # the llama_decode call alone, without filling the batch
         # Text work needs only the model; the runner reaches it through the backend.
         self.tokenize = model.tokenize
@@ -445,6 +516,7 @@ class LlamaBackend:
 
     def close(self) -> None:
         if self._ctx:
+            self.graph_sampling.close()
             llama.llama_free(self._ctx)
             self._ctx = None
         if self._owns_model:
@@ -454,7 +526,9 @@ class LlamaBackend:
 
     def decode(self, entries: list[BatchEntry]) -> np.ndarray:
         """One llama_decode over the entries; the logits rows of the entries that want output,
-        in entry order, as a (rows, n_vocab) view valid until the next decode."""
+        in entry order, as a (rows, n_vocab) view valid until the next decode. A row whose
+        slot has a sampler chain holds no logits when no row beside it needed them (its token
+        is in graph_sampling.sampled_tokens)."""
         num_outputs = self._batch.fill(entries)
         started = time.perf_counter()
         code = llama.llama_decode(self._ctx, self._batch.batch)

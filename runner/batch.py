@@ -58,6 +58,44 @@ class ChunkRules:
         return end - start if end - start >= self.min_tokens else 0
 
 
+@dataclass(frozen=True, slots=True)
+class ChainSpec:
+    """A sampler chain llama.cpp can run inside the model's graph (backend sampling), so that
+    only the chosen token leaves the device: greedy, or llama.cpp's top-k, top-p, min-p,
+    temperature and a seeded draw, in that order (the host sampler's order)."""
+
+    temperature: float = 0.0  # <= 0: greedy
+    top_k: int = 0  # 0: off
+    top_p: float = 1.0  # 1: off
+    min_p: float = 0.0  # 0: off
+    seed: int = 0  # the draw's generator, 32 bits
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature <= 0
+
+
+GREEDY_CHAIN = ChainSpec()
+
+
+class GraphSampling(Protocol):
+    """Sampler chains run in the model's graph, one per slot (a backend offers this or not).
+    A chain's draws depend only on its seed and the tokens accepted so far."""
+
+    def attach(self, slot: int, spec: ChainSpec, num_accepted: int) -> bool:
+        """Give the slot a new chain, its draws advanced past `num_accepted` accepted tokens;
+        False when the backend cannot run it (the slot then has none)."""
+
+    def detach(self, slot: int) -> None:
+        """The slot's rows are sampled on the host again."""
+
+    def sampled_tokens(self, rows: list[int]) -> list[int]:
+        """The tokens the last decode chose for these output rows (their slots had chains)."""
+
+    def accept(self, slot: int, token: int) -> None:
+        """The slot's chain takes its token as accepted (its next draw moves on)."""
+
+
 class Backend(Protocol):
     """Exactly what the engine uses of a model and its context."""
 
@@ -68,6 +106,7 @@ class Backend(Protocol):
     last_decode_seconds: float  # time of the last decode() call's llama_decode alone
     chunk_rules: ChunkRules  # how to cut prompts so that the cut does not change their numbers
     chat_template_source: str | None  # the chat template's Jinja text (None: built-in or none)
+    graph_sampling: GraphSampling | None  # sampler chains in the model's graph; None: host only
 
     def tokenize(self, text: str, add_special: bool = True) -> list[int]: ...
     def render_chat(self, messages: tuple[dict, ...], tools: list[dict] | None = None) -> str: ...
@@ -79,7 +118,8 @@ class Backend(Protocol):
 
     def decode(self, entries: list[BatchEntry]) -> np.ndarray:
         """One llama_decode over entries in slot order: the logits rows of the entries that
-        want output, in entry order. Raises NoKvSlot when a smaller batch may fit, and
+        want output, in entry order (a row whose slot has a graph_sampling chain may hold no
+        logits: its token is in graph_sampling.sampled_tokens). Raises NoKvSlot when a smaller batch may fit, and
         BackendError when the decode failed for good."""
 
     def reuse_prefix(self, slot: int, source_slot: int, length: int) -> bool:

@@ -38,7 +38,8 @@ from .grammar import TokenConstraint
 from .logprobs import TokenLogprob
 from .request import FinishReason, Request, Result
 from .tools import Delta
-from .sampling import Sampled, SequenceSampler, sample_rows
+from .graph_sampling import RowSampling
+from .sampling import Sampled, SequenceSampler
 from .hostcache import HostCache
 from .placement import KvPlacement
 from .scheduler import Scheduler, StepPlan, fit_prompt
@@ -105,6 +106,7 @@ class Engine:
         self._base_seed = config.seed if config.seed is not None else int.from_bytes(os.urandom(8), "little")
         self._outbox = StepOutput()
         self.tools = ToolSupport(backend.chat_template_source, config.tool_format)
+        self.row_sampling = RowSampling(config.sampling, backend.graph_sampling)
 
     def _clamped_n_discard(self) -> int:
         n_discard = self.config.n_discard
@@ -241,6 +243,7 @@ class Engine:
         started = time.perf_counter()
         while True:
             try:
+                in_graph = self.row_sampling.prepare(plan)
                 logits = self.backend.decode(plan.entries)
                 break
             except NoKvSlot:
@@ -252,7 +255,10 @@ class Engine:
             except BackendError as error:
                 return self._failed(plan, str(error), started)
         decoded = time.perf_counter()
-        sampled = sample_rows(logits, [seq.sampler for seq in plan.output_seqs])
+        try:
+            sampled = self.row_sampling.sample(logits, plan.output_seqs, in_graph)
+        except BackendError as error:
+            return self._failed(plan, str(error), started)
         decode_seconds = self.backend.last_decode_seconds
         return Executed(plan, sampled, None, decode_seconds, decoded - started - decode_seconds,
                         time.perf_counter() - decoded)

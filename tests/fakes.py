@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from multiseq.batch import ChunkRules
+from multiseq.batch import ChainSpec, ChunkRules
 from multiseq.errors import NoKvSlot
 from multiseq.grammar import tokenizer_from_pieces
 
@@ -46,6 +46,51 @@ class DecodeCall:
     slots_with_pending_token: list[int]  # slots that had a sampled token not yet fed back
     started_at: float
     start_positions: list[int]  # of each entry, in batch order
+
+
+class FakeGraphSampling:
+    """Sampler chains 'in the graph' of the fake: greedy takes the row's argmax, a sampled
+    chain draws from the tempered softmax of its top-k with a uniform that depends only on its
+    seed and the tokens it accepted (as llama.cpp's dist chain does). Records what was asked."""
+
+    def __init__(self, backend: FakeBackend) -> None:
+        self._backend = backend
+        self.chains: dict[int, list] = {}  # slot -> [spec, tokens accepted]
+        self.attaches: list[tuple[int, ChainSpec, int]] = []  # (slot, spec, accepted before)
+        self.detaches: list[int] = []
+        self.sampled_rows = 0  # rows whose token a chain chose
+        self.refuse = False  # attach() fails, as for a chain the device cannot run
+
+    def attach(self, slot: int, spec: ChainSpec, num_accepted: int) -> bool:
+        if self.refuse:
+            self.chains.pop(slot, None)
+            return False
+        self.chains[slot] = [spec, num_accepted]
+        self.attaches.append((slot, spec, num_accepted))
+        return True
+
+    def detach(self, slot: int) -> None:
+        del self.chains[slot]
+        self.detaches.append(slot)
+
+    def sampled_tokens(self, rows: list[int]) -> list[int]:
+        self.sampled_rows += len(rows)
+        return [self._choose(self._backend.last_output_slots[row], self._backend.last_rows[row]) for row in rows]
+
+    def _choose(self, slot: int, row: np.ndarray) -> int:
+        if slot not in self.chains:
+            return -1  # LLAMA_TOKEN_NULL: no chain on that slot
+        spec, accepted = self.chains[slot]
+        if spec.is_greedy:
+            return int(row.argmax())
+        top = np.argsort(-row, kind="stable")[:spec.top_k or len(row)]
+        weights = np.exp((row[top] - row[top[0]]) / spec.temperature)
+        uniform = np.random.default_rng([spec.seed, accepted]).random()
+        pick = int(np.searchsorted(np.cumsum(weights) / weights.sum(), uniform, side="right"))
+        return int(top[min(pick, len(top) - 1)])
+
+    def accept(self, slot: int, token: int) -> None:
+        self.chains[slot][1] += 1
 
 
 class FakeBackend:
@@ -86,6 +131,9 @@ class FakeBackend:
         self.is_decoding = False
         self.kv_changes_during_decode: list[str] = []
         self.during_decode = None  # called inside decode(): what another thread might do meanwhile
+        self.graph_sampling: FakeGraphSampling | None = FakeGraphSampling(self)
+        self.last_rows = np.empty((0, VOCAB), dtype=np.float32)  # the last decode's logits rows
+        self.last_output_slots: list[int] = []  # and the slot of each
 
     # --- text --------------------------------------------------------------------------------
 
@@ -188,7 +236,9 @@ class FakeBackend:
         if self.decode_delay:
             time.sleep(self.decode_delay)
         self.last_decode_seconds = time.perf_counter() - started
-        return np.array(rows, dtype=np.float32).reshape(len(rows), VOCAB)
+        self.last_rows = np.array(rows, dtype=np.float32).reshape(len(rows), VOCAB)
+        self.last_output_slots = [entry.slot for entry in entries if entry.wants_output]
+        return self.last_rows.copy()  # the engine may change its rows in place
 
     # --- KV ----------------------------------------------------------------------------------
 

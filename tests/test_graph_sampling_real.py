@@ -1,0 +1,70 @@
+"""Backend sampling on llama.cpp (CPU build): sampler chains in the model's graph against the
+host's numpy sampler. Greedy text is identical, a seeded request repeats itself (and survives a
+preemption), and rows that need the host share steps with rows sampled in the graph."""
+
+from __future__ import annotations
+
+import pytest
+
+from multiseq import Priority, Request, SamplingParams
+
+pytestmark = pytest.mark.model
+
+PROMPTS = ["The capital of France is", "List three colors:", "Once upon a time", "2 + 2 ="]
+GREEDY = SamplingParams(max_tokens=12, temperature=0)
+SAMPLED = SamplingParams(max_tokens=16, temperature=1.0, top_k=40, top_p=0.95, min_p=0.05, seed=7)
+
+
+def run_all(runner, requests: list[Request]) -> dict[str, str]:
+    return {result.id: result.text for result in runner.run_batch(requests)}
+
+
+def test_greedy_text_is_the_same_sampled_in_the_graph_as_on_the_host(smollm, real_runner):
+    requests = [Request(prompt=prompt, id=str(index), sampling=GREEDY) for index, prompt in enumerate(PROMPTS)]
+    on_host = run_all(real_runner(smollm, len(PROMPTS), sampling="host"), requests)
+    in_graph_runner = real_runner(smollm, len(PROMPTS), sampling="backend")
+    in_graph = run_all(in_graph_runner, requests)
+    assert in_graph == on_host
+    assert in_graph_runner.engine.row_sampling.num_chains == len(PROMPTS), "the slots' rows were sampled in the graph"
+
+
+def test_a_seeded_request_sampled_in_the_graph_repeats_itself(smollm, real_runner):
+    runner = real_runner(smollm, 2, sampling="backend")
+    first = runner.run_batch([Request(prompt=PROMPTS[2], sampling=SAMPLED)])[0]
+    second = runner.run_batch([Request(prompt=PROMPTS[2], sampling=SAMPLED)])[0]
+    other = runner.run_batch([Request(prompt=PROMPTS[2], sampling=SamplingParams(
+        max_tokens=16, temperature=1.0, top_k=40, top_p=0.95, min_p=0.05, seed=8))])[0]
+    assert first.ok and first.completion_tokens == SAMPLED.max_tokens
+    assert first.text == second.text
+    assert other.text != first.text, "the seed reaches llama.cpp's draw"
+
+
+def test_rows_that_need_the_host_share_steps_with_rows_sampled_in_the_graph(smollm, real_runner):
+    sampling = [
+        GREEDY,
+        SamplingParams(max_tokens=12, temperature=0, logit_bias={smollm.tokenize(" blue", False)[0]: 8.0}),
+        SamplingParams(max_tokens=12, temperature=0, json_schema={"type": "array", "items": {"type": "integer"}}),
+        SamplingParams(max_tokens=12, temperature=0, logprobs=True, top_logprobs=2),
+    ]
+    requests = [Request(prompt=prompt, id=str(index), sampling=params)
+                for index, (prompt, params) in enumerate(zip(PROMPTS, sampling))]
+    on_host = run_all(real_runner(smollm, len(PROMPTS), sampling="host"), requests)
+    mixed_runner = real_runner(smollm, len(PROMPTS), sampling="backend")
+    mixed = run_all(mixed_runner, requests)
+    assert mixed == on_host
+    assert mixed_runner.engine.row_sampling.num_chains == 1, "only the plain greedy request had a chain"
+
+
+def test_a_preempted_request_sampled_in_the_graph_resumes_its_draws(smollm, real_runner):
+    batch = Request(prompt=PROMPTS[2], id="batch", sampling=SamplingParams(
+        max_tokens=24, temperature=1.0, top_k=40, seed=3), priority=Priority.BATCH)
+    alone = real_runner(smollm, 1, sampling="backend").run_batch([batch])[0].text
+    runner = real_runner(smollm, 1, sampling="backend", autostart=False)
+    handle = runner.submit(batch)
+    for _ in range(8):
+        runner.step()
+    chat = runner.submit(Request(prompt=PROMPTS[0], id="chat", sampling=GREEDY, priority=Priority.INTERACTIVE))
+    while runner.step():
+        pass
+    assert chat.result().ok and runner.stats().num_preempted == 1
+    assert handle.result().text == alone, "resumed on a new chain as if never interrupted"
