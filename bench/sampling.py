@@ -8,7 +8,8 @@ Usage (from the repository root, in the project's virtual environment; nothing e
     python bench/sampling.py --quick                          # SmolLM2, 4 slots, a few tokens
 
 `--prompts` distinct short prompts (bench/workloads.py's short_prompts) run through one Runner
-per path, all submitted at once, `--max-tokens` each with ignore_eos off; each path runs
+per path, all submitted at once, exactly `--max-tokens` each (ignore_eos: the end tokens go
+to the chain as a -inf bias, so both paths do the same work); each path runs
 `--repeats` times, the two alternating, the model loaded once. Reported per path: the median
 generated tokens/s over the repeats, and whether every path wrote the same text (greedy: it
 must; sampled with a seed: each path repeats itself, the two paths draw with different
@@ -38,8 +39,9 @@ def log(message: str) -> None:
 
 def sampling_params(args: argparse.Namespace) -> SamplingParams:
     if args.sampled:
-        return SamplingParams(max_tokens=args.max_tokens, temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, seed=1)
-    return SamplingParams(max_tokens=args.max_tokens, temperature=0)
+        return SamplingParams(max_tokens=args.max_tokens, temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, seed=1,
+                              ignore_eos=True)
+    return SamplingParams(max_tokens=args.max_tokens, temperature=0, ignore_eos=True)
 
 
 def run_once(model, path: str, prompts: list[str], args: argparse.Namespace) -> tuple[float, list[str], int]:

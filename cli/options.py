@@ -128,8 +128,8 @@ def engine_options(slot_ctx_help: str = "Context tokens per slot (prompt + gener
         click.option("--sampling", type=click.Choice([mode.value for mode in SamplingMode]),
                      default=default_of(RunnerConfig, "sampling").value, show_default=True,
                      help="Where tokens are sampled: backend runs llama.cpp's sampler chains in the model's graph "
-                          "for greedy and plain sampled requests (grammars, logit bias, penalties and logprobs "
-                          "stay on the host); auto is the host on a CPU build, where it is faster."),
+                          "for greedy and sampled requests, logit bias included (grammars, penalties, min_tokens "
+                          "and logprobs stay on the host); auto is the host on a CPU build, where it is faster."),
     ])
 
 

@@ -163,14 +163,15 @@ class _SlotChains:
     samples those slots' rows itself, and copies no logits when every row of a micro-batch
     has a chain. The chains are owned here, freed once detached."""
 
-    def __init__(self, ctx, batch: _BatchBuffers) -> None:
+    def __init__(self, ctx, batch: _BatchBuffers, n_vocab: int) -> None:
         self._ctx = ctx
         self._batch = batch
+        self._n_vocab = n_vocab
         self._chains: dict[int, object] = {}
 
     def attach(self, slot: int, spec: ChainSpec, num_accepted: int) -> bool:
         self.detach(slot)
-        chain = _new_chain(spec, num_accepted)
+        chain = _new_chain(spec, num_accepted, self._n_vocab)
         if not llama.llama_set_sampler(self._ctx, slot, chain):
             llama.llama_sampler_free(chain)
             return False
@@ -198,11 +199,15 @@ class _SlotChains:
 _NO_SEED = 0xFFFFFFFF  # LLAMA_DEFAULT_SEED: llama.cpp would seed from entropy
 
 
-def _new_chain(spec: ChainSpec, num_accepted: int):
+def _new_chain(spec: ChainSpec, num_accepted: int, n_vocab: int):
     """llama.cpp's chain for the spec. Its draw is advanced past the tokens already accepted
     (one draw each, as llama.cpp's dist sampler draws once per accepted output), so a
     sequence given a new chain (preempted, then resumed) draws what it would have drawn."""
     chain = llama.llama_sampler_chain_init(llama.llama_sampler_chain_default_params())
+    if spec.logit_bias:
+        pairs = (llama.llama_logit_bias * len(spec.logit_bias))(*(llama.llama_logit_bias(token, bias)
+                                                                  for token, bias in spec.logit_bias))
+        llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_logit_bias(n_vocab, len(spec.logit_bias), pairs))
     if spec.is_greedy:
         llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_greedy())
         return chain
@@ -476,7 +481,7 @@ class LlamaBackend:
         self.device = model.device
         self.can_shift = bool(llama.llama_memory_can_shift(self._memory))
         self._batch = _BatchBuffers(n_batch)
-        self.graph_sampling = _SlotChains(self._ctx, self._batch)
+        self.graph_sampling = _SlotChains(self._ctx, self._batch, model.n_vocab)
         self.last_decode_seconds = 0.0  # the llama_decode call alone, without filling the batch
         # Text work needs only the model; the runner reaches it through the backend.
         self.tokenize = model.tokenize

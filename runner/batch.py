@@ -61,9 +61,11 @@ class ChunkRules:
 @dataclass(frozen=True, slots=True)
 class ChainSpec:
     """A sampler chain llama.cpp can run inside the model's graph (backend sampling), so that
-    only the chosen token leaves the device: greedy, or llama.cpp's top-k, top-p, min-p,
-    temperature and a seeded draw, in that order (the host sampler's order)."""
+    only the chosen token leaves the device: a logit bias (banned tokens at -inf), then
+    greedy, or llama.cpp's top-k, top-p, min-p, temperature and a seeded draw, in that order
+    (the host sampler's order)."""
 
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token, bias) pairs, each token once
     temperature: float = 0.0  # <= 0: greedy
     top_k: int = 0  # 0: off
     top_p: float = 1.0  # 1: off

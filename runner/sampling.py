@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .batch import GREEDY_CHAIN, ChainSpec
+from .batch import ChainSpec
 from .config import SamplingParams
 from .constrained import candidates_allowed, masked_argmax, masked_top_k, pad_candidates
 from .grammar import TokenConstraint, allowed_bits, fill_bitmasks
@@ -86,15 +86,25 @@ class SequenceSampler:
     def chain_spec(self) -> ChainSpec | None:
         """The llama.cpp sampler chain that samples this sequence's rows as this sampler would
         (the same distribution, another generator); None when the host is needed: a
-        constraint, a logit bias, penalties, banned tokens or log probabilities."""
-        if (self.constraint is not None or self.bias_ids is not None or self.recent is not None
-                or self.banned is not None or self.banned_early is not None or self.params.logprobs):
+        constraint, penalties, tokens banned until min_tokens, or log probabilities."""
+        if (self.constraint is not None or self.recent is not None or self.banned_early is not None
+                or self.params.logprobs):
             return None
+        bias = self._chain_bias()
         if self.params.is_greedy:
-            return GREEDY_CHAIN
+            return ChainSpec(logit_bias=bias)
         seed = (self.seed ^ (self.seed >> 32)) & 0xFFFFFFFF  # all 64 bits count in the chain's 32
-        return ChainSpec(temperature=self.params.temperature, top_k=self.params.top_k, top_p=self.params.top_p,
-                         min_p=self.params.min_p, seed=seed)
+        return ChainSpec(logit_bias=bias, temperature=self.params.temperature, top_k=self.params.top_k,
+                         top_p=self.params.top_p, min_p=self.params.min_p, seed=seed)
+
+    def _chain_bias(self) -> tuple[tuple[int, float], ...]:
+        """The logit bias and the bans as one (token, bias) list, as adjust() applies them."""
+        bias: dict[int, float] = {}
+        if self.bias_ids is not None:
+            bias.update(zip(self.bias_ids.tolist(), self.bias_values.tolist()))
+        if self.banned is not None:
+            bias.update(dict.fromkeys(self.banned.tolist(), -np.inf))
+        return tuple(sorted(bias.items()))
 
     def next_uniform(self) -> float:
         """The uniform number of the next draw (the same until a token is accepted)."""

@@ -81,6 +81,9 @@ class FakeGraphSampling:
         if slot not in self.chains:
             return -1  # LLAMA_TOKEN_NULL: no chain on that slot
         spec, accepted = self.chains[slot]
+        row = row.copy()
+        for token, bias in spec.logit_bias:
+            row[token] += bias
         if spec.is_greedy:
             return int(row.argmax())
         top = np.argsort(-row, kind="stable")[:spec.top_k or len(row)]

@@ -1,6 +1,7 @@
 """Backend sampling on llama.cpp (CPU build): sampler chains in the model's graph against the
-host's numpy sampler. Greedy text is identical, a seeded request repeats itself (and survives a
-preemption), and rows that need the host share steps with rows sampled in the graph."""
+host's numpy sampler. Greedy text is identical (a logit bias and ignore_eos included), a seeded
+request repeats itself (and survives a preemption), and rows that need the host share steps
+with rows sampled in the graph."""
 
 from __future__ import annotations
 
@@ -20,7 +21,9 @@ def run_all(runner, requests: list[Request]) -> dict[str, str]:
 
 
 def test_greedy_text_is_the_same_sampled_in_the_graph_as_on_the_host(smollm, real_runner):
-    requests = [Request(prompt=prompt, id=str(index), sampling=GREEDY) for index, prompt in enumerate(PROMPTS)]
+    ignore_eos = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)  # the end tokens at -inf in the chain
+    requests = [Request(prompt=prompt, id=str(index), sampling=ignore_eos if index % 2 else GREEDY)
+                for index, prompt in enumerate(PROMPTS)]
     on_host = run_all(real_runner(smollm, len(PROMPTS), sampling="host"), requests)
     in_graph_runner = real_runner(smollm, len(PROMPTS), sampling="backend")
     in_graph = run_all(in_graph_runner, requests)
@@ -52,7 +55,7 @@ def test_rows_that_need_the_host_share_steps_with_rows_sampled_in_the_graph(smol
     mixed_runner = real_runner(smollm, len(PROMPTS), sampling="backend")
     mixed = run_all(mixed_runner, requests)
     assert mixed == on_host
-    assert mixed_runner.engine.row_sampling.num_chains == 1, "only the plain greedy request had a chain"
+    assert mixed_runner.engine.row_sampling.num_chains == 2, "the greedy and the biased requests had chains"
 
 
 def test_a_preempted_request_sampled_in_the_graph_resumes_its_draws(smollm, real_runner):

@@ -34,13 +34,19 @@ def run(engine: Engine, max_steps: int = 2000) -> dict:
     raise AssertionError(f"still working after {max_steps} steps")
 
 
-def texts(sampling: str, requests: dict[str, tuple[str, SamplingParams]], noisy: bool = False,
-          num_slots: int = 4) -> tuple[dict[str, str], FakeBackend]:
+def results(sampling: str, requests: dict[str, tuple[str, SamplingParams]], noisy: bool = False,
+            num_slots: int = 4) -> tuple[dict, FakeBackend]:
     backend = FakeBackend(num_slots=num_slots, window=256, n_batch=128, noisy=noisy)
     engine = make_engine(backend, sampling)
     for request_id, (prompt, params) in requests.items():
         submit(engine, request_id, prompt, params)
-    return {request_id: result.text for request_id, result in run(engine).items()}, backend
+    return run(engine), backend
+
+
+def texts(sampling: str, requests: dict[str, tuple[str, SamplingParams]], noisy: bool = False,
+          num_slots: int = 4) -> tuple[dict[str, str], FakeBackend]:
+    by_id, backend = results(sampling, requests, noisy, num_slots)
+    return {request_id: result.text for request_id, result in by_id.items()}, backend
 
 
 def test_greedy_rows_are_chosen_in_the_graph_with_the_hosts_text():
@@ -66,7 +72,7 @@ def test_auto_samples_on_the_host():
 
 def test_rows_that_need_the_host_share_a_step_with_rows_sampled_in_the_graph():
     needs_host = {
-        "bias": SamplingParams(max_tokens=12, temperature=0, logit_bias={ord("q"): 100.0}),
+        "min_tokens": SamplingParams(max_tokens=12, temperature=0, min_tokens=3),
         "penalty": SamplingParams(max_tokens=12, temperature=0, repeat_penalty=1.5),
         "logprobs": SamplingParams(max_tokens=12, temperature=0, logprobs=True),
         "schema": SamplingParams(max_tokens=12, temperature=0, json_schema={"type": "integer"}),
@@ -75,9 +81,24 @@ def test_rows_that_need_the_host_share_a_step_with_rows_sampled_in_the_graph():
     on_host, _ = texts("host", requests, noisy=True, num_slots=5)
     mixed, backend = texts("backend", requests, noisy=True, num_slots=5)
     assert mixed == on_host
-    assert on_host["bias"] == "q" * 12, "the bias was applied"
     assert backend.graph_sampling.sampled_rows == GREEDY.max_tokens, "only the plain greedy request's rows"
     assert [spec for _, spec, _ in backend.graph_sampling.attaches] == [GREEDY_CHAIN]
+
+
+def test_a_logit_bias_and_ignore_eos_ride_in_the_chain():
+    requests = {
+        "bias": ("prompt b", SamplingParams(max_tokens=12, temperature=0, logit_bias={ord("q"): 100.0})),
+        "ban": ("prompt c", SamplingParams(max_tokens=12, temperature=0, logit_bias={ord("d"): -100.0})),
+        "ignore_eos": ("hi", SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)),
+    }
+    on_host, _ = texts("host", requests, noisy=True)
+    in_graph, backend = results("backend", requests, noisy=True)
+    assert {request_id: result.text for request_id, result in in_graph.items()} == on_host
+    assert on_host["bias"] == "q" * 12 and "d" not in on_host["ban"], "the bias was applied"
+    assert in_graph["ignore_eos"].completion_tokens == 6
+    assert backend.graph_sampling.sampled_rows == sum(result.completion_tokens for result in in_graph.values())
+    ignore_eos_spec = [spec for _, spec, _ in backend.graph_sampling.attaches if spec.logit_bias[0][1] == float("-inf")]
+    assert ignore_eos_spec, "the end-of-generation tokens went to the chain as a -inf bias"
 
 
 def test_a_seeded_sampled_request_gives_the_same_text_twice_and_follows_its_parameters():
