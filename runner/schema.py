@@ -165,6 +165,10 @@ NUMBER_LIMIT = 10**15 - 1
 # At most 10 digits after the point (16 in llama.cpp): llguidance reads multipleOf through a
 # float, and 1e-10 is the finest power of ten it reads exactly.
 FRACTION_STEP = 1e-10
+# The widest bound llguidance builds a range for (it fails beyond an i64 for integers, and near
+# 1e19 for numbers): a schema's own bound beyond it is pulled in to it, which leaves out only
+# values of more than 18 digits.
+WIDEST_BOUND = 10**18
 # A schema's own bounds closer than this leave the fraction unbounded: a range narrower than a
 # couple of steps might hold no multiple of FRACTION_STEP at all.
 _MIN_STEPPED_RANGE = 2 * FRACTION_STEP
@@ -297,6 +301,10 @@ def _bound_number(node: dict[str, Any]) -> None:
     if not types & {"number", "integer"} or "enum" in node or "const" in node:
         return
     low, high = _lower_bound(node), _upper_bound(node)
+    if low is not None and low < -WIDEST_BOUND and (high is None or high >= -WIDEST_BOUND):
+        low = _pull_in(node, "minimum", "exclusiveMinimum", -WIDEST_BOUND)
+    if high is not None and high > WIDEST_BOUND and (low is None or low <= WIDEST_BOUND):
+        high = _pull_in(node, "maximum", "exclusiveMaximum", WIDEST_BOUND)
     # A side the schema bounds keeps its bound (one that is no number stays llguidance's to
     # refuse); one beyond the limit leaves the other side unbounded rather than the range empty.
     if "minimum" not in node and low is None and (high is None or high > -NUMBER_LIMIT):
@@ -306,6 +314,14 @@ def _bound_number(node: dict[str, Any]) -> None:
     is_wide = low is None or high is None or high - low >= _MIN_STEPPED_RANGE
     if "number" in types and "multipleOf" not in node and is_wide:
         node["multipleOf"] = FRACTION_STEP
+
+
+def _pull_in(node: dict[str, Any], inclusive: str, exclusive: str, bound: int) -> int:
+    """Make `bound` the node's bound on that side (every numeric bound there is beyond it)."""
+    node[inclusive] = bound
+    if _is_number(node.get(exclusive)):
+        del node[exclusive]
+    return bound
 
 
 def _is_number(value: Any) -> bool:

@@ -391,6 +391,19 @@ def test_a_schemas_own_number_bounds_are_kept():
     assert allows(tiny, "0.0000000000005"), "a range finer than the fraction bound keeps its fraction"
 
 
+@pytest.mark.parametrize("schema, output", [
+    ({"type": "integer", "minimum": -1e19}, "-12"),
+    ({"type": "integer", "exclusiveMinimum": -9.3e18, "maximum": 3}, "-5"),
+    ({"type": "number", "minimum": -1e300}, "-12.5"),
+    ({"type": "number", "maximum": 1e300}, "7.25"),
+    ({"type": "array", "items": {"type": "number", "exclusiveMinimum": -1e30, "exclusiveMaximum": 1e30}}, "[1,-2.5]"),
+], ids=["integer minimum -1e19", "exclusive integer -9.3e18", "number minimum -1e300", "number maximum 1e300",
+        "exclusive both sides"])
+def test_a_bound_beyond_what_llguidance_builds_is_pulled_in_not_refused(schema, output):
+    assert allows(fresh(schema), output)
+    assert constraint(fresh(schema), strict=False).output_error(output) is None
+
+
 def test_a_schemas_own_options_do_not_loosen_strict_mode():
     schema = {"x-guidance": {"lenient": True}, "type": "integer", "not": {"const": 1}}
     assert schema_grammar(schema, strict=False).approximated == ("not",)
