@@ -59,7 +59,7 @@ def _tools(value: Any, field: str, legacy: bool = False) -> list[Tool]:
             kind = spec.get("type") if isinstance(spec, dict) else None
             raise ItemError(f"{where} must be a function tool ({{'type': 'function', 'function': {{...}}}}), got type "
                             f"{json.dumps(kind)}", f"{where}.type")
-        tools.append(_tool(spec.get("function"), where if legacy else f"{where}.function"))
+        tools.append(read_tool(spec.get("function"), where if legacy else f"{where}.function"))
     names = [tool.name for tool in tools]
     duplicate = next((name for name in names if names.count(name) > 1), None)
     if duplicate is not None:
@@ -67,7 +67,9 @@ def _tools(value: Any, field: str, legacy: bool = False) -> list[Tool]:
     return tools
 
 
-def _tool(function: Any, where: str) -> Tool:
+def read_tool(function: Any, where: str) -> Tool:
+    """A function tool's name, description, parameters and strict flag, checked; an ItemError
+    names the field under `where` (the chat API's tools[i].function, the Responses API's tools[i])."""
     if not isinstance(function, dict):
         raise ItemError(f"{where} must be an object with 'name' and 'parameters'", where)
     name = function.get("name")

@@ -25,6 +25,8 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from ..formats.fields import ItemError
+from ..formats.tool_fields import read_tool
 from .bodies import read_json
 from .chat import CompletionCall, start_chat
 from .errors import INVALID_REQUEST, NOT_FOUND, ApiError, internal_error
@@ -343,18 +345,14 @@ def split_tools(value: Any) -> tuple[list[dict[str, Any]], list[str]]:
 
 
 def _function_tool(tool: dict[str, Any], where: str) -> dict[str, Any]:
-    name = _required_string(tool, "name", where)
-    description = tool.get("description")
-    if description is not None and not isinstance(description, str):
-        raise bad_request(f"{where}.description", f"{where}.description must be a string.")
-    parameters = tool.get("parameters")
-    if parameters is not None and not isinstance(parameters, dict):
-        raise bad_request(f"{where}.parameters", f"{where}.parameters must be a JSON schema object.")
-    strict = tool.get("strict")
-    if strict is not None and not isinstance(strict, bool):
-        raise bad_request(f"{where}.strict", f"{where}.strict must be true or false.")
-    return {"type": "function", "name": name, "description": description, "parameters": parameters,
-            "strict": strict}
+    """A Responses function tool (its fields at the top level), checked as the chat API checks
+    one, with the error naming the Responses field."""
+    try:
+        checked = read_tool(tool, where)
+    except ItemError as error:
+        raise bad_request(error.param or where, f"{error}.") from None
+    return {"type": "function", "name": checked.name, "description": checked.description,
+            "parameters": checked.parameters, "strict": checked.strict}
 
 
 def _ignored_tool_label(tool: dict[str, Any]) -> str:
