@@ -142,18 +142,20 @@ def _check_reachable(address: str) -> None:
         raise RayError(f"could not connect to the Ray cluster at {address}: {error.strerror or error}") from None
 
 
-def check_cpus(workers: int, threads: int, gpus: float = 0) -> None:
+def check_cpus(workers: int, threads: int, gpus: float = 0, option: str = "--workers") -> None:
     """Every worker must get its own cores (and the GPUs it asks for): refuse a run the cluster
-    cannot place at once."""
+    cannot place at once. `option` is the one that sets the number of workers (serve's
+    --replicas)."""
+    noun = option.removeprefix("--")
     resources = ray.cluster_resources()
     available = int(resources.get("CPU", 0))
     if workers * threads > available:
-        raise RayError(f"{workers} workers x {threads} threads need {workers * threads} CPUs, and the Ray cluster "
-                       f"has {available}: use fewer --workers or --threads")
+        raise RayError(f"{workers} {noun} x {threads} threads need {workers * threads} CPUs, and the Ray cluster "
+                       f"has {available}: use fewer {option} or --threads")
     available_gpus = resources.get("GPU", 0)
     if workers * gpus > available_gpus:
-        raise RayError(f"{workers} workers x {gpus:g} GPUs need {workers * gpus:g} GPUs, and the Ray cluster has "
-                       f"{available_gpus:g}: use fewer --workers or --worker-gpus")
+        raise RayError(f"{workers} {noun} x {gpus:g} GPUs need {workers * gpus:g} GPUs, and the Ray cluster has "
+                       f"{available_gpus:g}: use fewer {option} or --worker-gpus")
 
 
 # --- batch-run --ray -----------------------------------------------------------------------------
