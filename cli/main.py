@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import socket
 import sys
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,6 +24,7 @@ from ..server.app import (DEFAULT_MAX_BATCH_LINES, DEFAULT_MAX_BODY_BYTES, DEFAU
                           DEFAULT_MAX_UPLOAD_BYTES, ServerSettings)
 from ..server.state import DEFAULT_KEEP_ALIVE_SECONDS, DEFAULT_PREPARE_TIMEOUT_SECONDS, DEFAULT_SEND_TIMEOUT_SECONDS
 from ..server.door import WILDCARD_ADDRESSES, allowed_hosts_for, parse_list
+from ..server.routing import ROUTINGS
 from ..server.store import StoreError
 from ..models.folders import DATA_DIR_VARIABLE
 from .dashboard import ServerDashboard
@@ -262,12 +264,24 @@ def batch_run(prompts_file: Path, output: Path | None, prompt_format: str | None
               "sends while it has nothing else to send (waiting for a slot), so proxies keep it open.")
 @click.option("--dashboard/--no-dashboard", default=None,
               help="Live view of the slots instead of access logs. Default: on when standard error is a terminal.")
+@click.option("--ray", "ray_address", is_flag=False, flag_value="local", default=None, metavar="[ADDRESS]",
+              help="Serve --replicas copies of this server on Ray Serve, behind one endpoint at --host:--port (Ray "
+                   "Serve's proxy): on a local Ray started on this machine, or on the cluster at ADDRESS (auto: "
+                   "the one `ray start` began here). Needs multiseq[ray].")
+@click.option("--replicas", type=click.IntRange(1), help="Servers on the Ray cluster (with --ray), each with -np "
+              "slots and -t threads, asking Ray for -t CPUs. Default: 1.")
+@click.option("--routing", type=click.Choice(ROUTINGS), help="With --ray: prefix sends each conversation to the "
+              "replica holding it (unless that one has -np requests more than the least busy); ray is Ray Serve's "
+              "own choice (power of two choices, by queue length). [default: prefix]")
+@click.option("--worker-gpus", type=click.FloatRange(0), help="GPUs Ray gives each replica (with --ray; Ray hides "
+              "the GPUs from a replica that asks for none, so give 1 with -ngl). Default: 0.")
 @click.option("-v", "--verbose", is_flag=True, help="Show llama.cpp warnings.")
 def serve(ctx_size: int | None, host: str, port: int, api_key: str | None, metrics_public: bool,
           allowed_hosts: str | None, cors_origins: str | None, strict_fields: bool, alias: str | None, max_queue: int,
           max_body_mb: float, data_dir: Path | None, max_upload_mb: float, max_batch_lines: int,
-          prepare_timeout: float, send_timeout: float, keep_alive: float, dashboard: bool | None, verbose: bool,
-          **options) -> None:
+          prepare_timeout: float, send_timeout: float, keep_alive: float, dashboard: bool | None,
+          ray_address: str | None, replicas: int | None, routing: str | None, worker_gpus: float | None,
+          verbose: bool, **options) -> None:
     """Serve the model over an OpenAI-compatible HTTP API, batching concurrent clients.
 
     POST /v1/chat/completions and /v1/completions (streamed or not), GET /v1/models, /health
@@ -275,9 +289,11 @@ def serve(ctx_size: int | None, host: str, port: int, api_key: str | None, metri
     (/v1/files, /v1/batches), whose batches fill the slots interactive requests leave free and
     resume after a restart. Ctrl-C or SIGTERM stops it: running streams end with an error
     event and [DONE], requests that come meanwhile get 503, and an idle server (or one still
-    loading its model) exits at once."""
+    loading its model) exits at once. With --ray, --replicas such servers run on Ray Serve behind
+    one endpoint, each conversation sent to the replica that holds it."""
     from ..server.serve import serve as serve_app
 
+    _check_ray_options(ray_address, replicas, routing, worker_gpus, dashboard)
     options["slot_ctx"] = _slot_ctx(ctx_size, options["slot_ctx"], options["parallel"])
     if options["step_tokens"] is None:
         options["step_tokens"] = min(max(SERVE_STEP_TOKENS, options["parallel"]), default_of(RunnerConfig, "n_batch"))
@@ -303,6 +319,10 @@ def serve(ctx_size: int | None, host: str, port: int, api_key: str | None, metri
         stderr.print(f"[yellow]warning: listening on {host} without --allowed-hosts: any Host header is accepted, so "
                      f"a web page may reach this server through DNS rebinding; name this machine's hosts with "
                      f"--allowed-hosts[/]", soft_wrap=True)
+    if ray_address is not None:
+        _serve_on_ray(config, settings, None if ray_address == "local" else ray_address, replicas or 1,
+                      routing or "prefix", worker_gpus or 0, host, port)
+        return
     address = f"http://{host}:{port}"
     view = ServerDashboard(stderr) if show_dashboard else None
     metrics = None  # the server's, once it listens: the dashboard counts requests per API from them
@@ -334,6 +354,49 @@ def serve(ctx_size: int | None, host: str, port: int, api_key: str | None, metri
     if failure is not None:
         raise click.ClickException(f"the model could not load: {failure}")
     stderr.print("multiseq serve stopped")
+
+
+def _check_ray_options(ray_address: str | None, replicas: int | None, routing: str | None,
+                       worker_gpus: float | None, dashboard: bool | None) -> None:
+    if ray_address is None:
+        given = [name for name, value in (("--replicas", replicas), ("--routing", routing),
+                                          ("--worker-gpus", worker_gpus)) if value is not None]
+        if given:
+            raise click.UsageError(f"{given[0]} needs --ray")
+    elif dashboard:
+        raise click.UsageError("--dashboard shows the slots of one server; with --ray each replica has its own "
+                               "(see /metrics)")
+
+
+def _serve_on_ray(config: RunnerConfig, settings: ServerSettings, address: str | None, replicas: int, routing: str,
+                  gpus: float, host: str, port: int) -> None:
+    """`serve --ray`: the replicas on Ray Serve until Ctrl-C or SIGTERM. Each replica loads the
+    model on its own node (fetching it there if needed)."""
+    try:
+        from .. import ray as multiseq_ray
+        from .. import ray_serve
+    except ImportError as error:
+        raise click.ClickException(str(error)) from None
+    port = port or _free_port(host)  # Ray Serve's proxy takes no port 0
+
+    def ready(address: str) -> None:
+        stderr.print(f"ready: {settings.model_name} on {replicas} Ray Serve replicas ({config.parallel} slots x "
+                     f"{config.slot_ctx} tokens, {config.threads} threads each; routing {routing}), serving "
+                     f"{address}/v1", soft_wrap=True)
+
+    stderr.print(f"[bold]multiseq[/] {settings.model_name}: starting {replicas} replicas on Ray Serve (the model is "
+                 f"loading)", soft_wrap=True)
+    try:
+        ray_serve.run(config, settings, replicas, address, host, port, routing, gpus, on_ready=ready)
+    except (multiseq_ray.RayError, ray_serve.RayServeError) as error:
+        raise click.ClickException(str(error)) from None
+    stderr.print("multiseq serve stopped")
+
+
+def _free_port(host: str) -> int:
+    with socket.socket(socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0][0]) as probe:
+        probe.bind((host, 0))
+        return probe.getsockname()[1]
 
 
 def _slot_ctx(ctx_size: int | None, slot_ctx: int | None, parallel: int) -> int | None:

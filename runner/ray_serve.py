@@ -60,8 +60,8 @@ from multiseq.runner import Runner
 from multiseq.server.app import ServerSettings, create_app
 from multiseq.server.errors import SERVER_ERROR, error_body
 from multiseq.server.messages import stream_error_event
-from multiseq.server.routing import (NO_KEY, NO_MATCH, Candidate, PrefixIndex, RoutingKey, StateHomes, rank_replicas,
-                                     response_key, routing_key)
+from multiseq.server.routing import (NO_KEY, NO_MATCH, ROUTINGS, Candidate, PrefixIndex, RoutingKey, StateHomes,
+                                     rank_replicas, response_key, routing_key)
 from multiseq.server.serve import GRACEFUL_SHUTDOWN_SECONDS, prepare_constraints
 from multiseq.server.sse import sse
 
@@ -71,12 +71,13 @@ APP_NAME = "multiseq"
 ENGINE = "Engine"
 GATEWAY = "Gateway"
 REPLICA_HEADER = b"x-multiseq-replica"
-ROUTINGS = ("prefix", "ray")
 # What an Engine replica takes at once beyond its queue (the server's own limits answer first).
 ENGINE_EXTRA_ONGOING = 64
 GATEWAY_MAX_ONGOING = 100_000
 # A call refused by a dead replica before it started is sent to another this many times.
 MAX_SEND_ATTEMPTS = 3
+# How often Ray Serve checks a replica: a dead one is found, and replaced, this soon.
+HEALTH_CHECK_PERIOD_S = 2.0
 # How long /health and /metrics wait for a replica, and for the first replica to be known.
 FAN_OUT_TIMEOUT_S = 3.0
 # The first message of a replica's answer: who took the call (then the app's ASGI messages).
@@ -346,9 +347,10 @@ class Gateway:
     """The ASGI app behind Ray Serve's proxy: every request to an Engine replica through the
     deployment handle (its router picks which), /health and /metrics over all of them."""
 
-    def __init__(self, engine, max_body_bytes: int) -> None:
+    def __init__(self, engine, max_body_bytes: int, num_replicas: int) -> None:
         self._engine = engine  # a DeploymentHandle of the Engine deployment
         self._max_body_bytes = max_body_bytes
+        self._num_replicas = num_replicas
 
     async def __call__(self, scope: dict[str, Any], receive: Callable, send: Callable) -> None:
         if scope["type"] == "lifespan":
@@ -436,7 +438,8 @@ class Gateway:
 
     async def _health(self, scope: dict[str, Any]) -> Response:
         answers = await self._ask_all("/health", scope)
-        report = health_report({name: None if answer is None else answer.json_status() for name, answer in answers.items()})
+        report = health_report({name: None if answer is None else answer.json_status()
+                                for name, answer in answers.items()}, self._num_replicas)
         return JSONResponse(report, status_code=200 if report["status"] in ("ok", "degraded") else 503)
 
     async def _metrics(self, scope: dict[str, Any]) -> Response:
@@ -589,19 +592,19 @@ class _Collector:
 
 # --- /health and /metrics over the replicas ------------------------------------------------------
 
-def health_report(statuses: dict[str, str | None]) -> dict[str, Any]:
-    """/health of the whole: "ok" when every replica is, "degraded" when some are (requests
-    still run), "loading" before any replica is up, else "unavailable"; and each replica's own
-    status (None: it did not answer)."""
+def health_report(statuses: dict[str, str | None], num_replicas: int) -> dict[str, Any]:
+    """/health of the whole: "ok" when all `num_replicas` replicas are, "degraded" when some
+    are (requests still run; a replica being restarted is missing), "loading" before any replica
+    is up, else "unavailable"; and each running replica's own status (None: it did not answer)."""
     replicas = {name: {"status": status or "unreachable"} for name, status in sorted(statuses.items())}
     num_ok = sum(status == "ok" for status in statuses.values())
     if not statuses:
         overall = "loading"
-    elif num_ok == len(statuses):
+    elif num_ok >= num_replicas:
         overall = "ok"
     else:
         overall = "degraded" if num_ok else "unavailable"
-    return {"status": overall, "replicas": replicas}
+    return {"status": overall, "num_replicas": num_replicas, "replicas": replicas}
 
 
 def merge_metrics(texts: dict[str, str | None]) -> bytes:
@@ -634,8 +637,8 @@ class _Families:
 # --- the application -----------------------------------------------------------------------------
 
 class _GatewayDeployment:
-    def __init__(self, engine, max_body_bytes: int) -> None:
-        self.gateway = Gateway(engine, max_body_bytes)
+    def __init__(self, engine, max_body_bytes: int, num_replicas: int) -> None:
+        self.gateway = Gateway(engine, max_body_bytes, num_replicas)
 
     def __serve_build_asgi_app__(self) -> Gateway:
         return self.gateway
@@ -661,10 +664,11 @@ def build_app(config: RunnerConfig, settings: ServerSettings, replicas: int, rou
         ray_actor_options={"num_cpus": config.threads, "num_gpus": gpus},
         max_ongoing_requests=settings.max_queue + config.parallel + ENGINE_EXTRA_ONGOING,
         graceful_shutdown_timeout_s=GRACEFUL_SHUTDOWN_SECONDS, max_constructor_retry_count=1,
+        health_check_period_s=HEALTH_CHECK_PERIOD_S,
         request_router_config=router)
     gateway = serve.deployment(serve.ingress()(_GatewayDeployment), name=GATEWAY, num_replicas=1,
                                ray_actor_options={"num_cpus": 0}, max_ongoing_requests=GATEWAY_MAX_ONGOING)
-    return gateway.bind(engine.bind(config, settings), max(settings.max_body_bytes, settings.max_upload_bytes))
+    return gateway.bind(engine.bind(config, settings), max(settings.max_body_bytes, settings.max_upload_bytes), replicas)
 
 
 def run(config: RunnerConfig, settings: ServerSettings, replicas: int, address: str | None, host: str, port: int,

@@ -40,6 +40,8 @@ FILES_AND_BATCHES = "multiseq:files-and-batches"
 RESPONSE_PREFIX = "multiseq:response:"
 
 _CHAT_PATHS = ("/v1/chat/completions", "/v1/messages")
+# How replicas are chosen: by the conversation's prefix (this module), or by Ray Serve's own router.
+ROUTINGS = ("prefix", "ray")
 
 
 @dataclass(frozen=True)
