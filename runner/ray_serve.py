@@ -60,8 +60,8 @@ from multiseq.runner import Runner
 from multiseq.server.app import ServerSettings, create_app
 from multiseq.server.errors import SERVER_ERROR, error_body
 from multiseq.server.messages import stream_error_event
-from multiseq.server.routing import (NO_KEY, NO_MATCH, ROUTINGS, Candidate, PrefixIndex, RoutingKey, StateHomes,
-                                     rank_replicas, response_key, routing_key)
+from multiseq.server.routing import (NO_KEY, NO_MATCH, ROUTINGS, Candidate, LoadBook, PrefixIndex, RoutingKey,
+                                     StateHomes, rank_replicas, response_key, routing_key)
 from multiseq.server.serve import GRACEFUL_SHUTDOWN_SECONDS, prepare_constraints
 from multiseq.server.sse import sse
 
@@ -212,46 +212,45 @@ class PrefixAffinityRouter(_ReplicaDirectory, RequestRouter):
         self._register()
         self.max_imbalance = max_imbalance
         self.index = PrefixIndex(max_nodes) if max_nodes else PrefixIndex()
-        self._ongoing: dict[str, int] = {}
-        self._routed: dict[str, str] = {}  # internal request id -> replica, until it completes
+        self.load = LoadBook()
 
     async def choose_replicas(self, candidate_replicas: list[RunningReplica],
                               pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
-        call = _call_of(pending_request)
         fixed = self._fixed_choice(candidate_replicas, pending_request)
         if fixed is not None:
             return fixed
-        if pending_request is not None:
-            pending_request.routing_context.should_backoff = True  # every replica is offered: wait before again
+        call = _call_of(pending_request)
         key = call.key if call is not None else NO_KEY
         shuffled = random.sample(candidate_replicas, len(candidate_replicas))  # equal ones: any order
         by_name = {replica.replica_id.unique_id: replica for replica in shuffled}
         with self._lock:
             matches = self.index.match(key) if not key.is_empty else {}
-            candidates = [Candidate(name, self._ongoing.get(name, 0), matches.get(name, NO_MATCH),
+            candidates = [Candidate(name, self.load.num_ongoing(name), matches.get(name, NO_MATCH),
                                     self.index.num_conversations(name)) for name in by_name]
-        return [[by_name[name]] for name in rank_replicas(candidates, self.max_imbalance)]
+            ranked = rank_replicas(candidates, self.max_imbalance)
+            if pending_request is not None and ranked:
+                self.load.pick(pending_request.metadata.internal_request_id, ranked[0])
+        if pending_request is not None:
+            pending_request.routing_context.should_backoff = True  # every replica is offered: wait before again
+        return [[by_name[name]] for name in ranked]
 
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result: Any) -> None:
         name = replica_id.unique_id
         call = _call_of(pending_request)
         self._note_routed(call, name)
         with self._lock:
-            self._ongoing[name] = self._ongoing.get(name, 0) + 1
-            self._routed[pending_request.metadata.internal_request_id] = name
+            self.load.confirm(pending_request.metadata.internal_request_id, name)
             if call is not None and call.replica is None and not call.key.is_empty and not call.key.is_pinned:
                 self.index.record(call.key, name)
 
     def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
         with self._lock:
-            name = self._routed.pop(internal_request_id, None)
-            if name is not None and name in self._ongoing:
-                self._ongoing[name] = max(0, self._ongoing[name] - 1)
+            self.load.finish(internal_request_id)
 
     def _forget(self, name: str) -> None:
         super()._forget(name)
         with self._lock:
-            self._ongoing.pop(name, None)
+            self.load.forget(name)
             self.index.forget(name)
 
 

@@ -1,6 +1,7 @@
 """Imports go one way, and nowhere in a circle.
 
-Layers, top to bottom: the command line (multiseq.cli), the server and multiseq.ray; below them
+Layers, top to bottom: the command line (multiseq.cli), the server, multiseq.ray and
+multiseq.ray_serve; below them
 multiseq.formats (request bodies, prompt files, result records, the batch loop); the engine (every
 other module of multiseq: multiseq.engine, multiseq.runner, multiseq.tools...); at the bottom
 multiseq.models. Exactly one module imports llama_cpp, and
@@ -21,7 +22,7 @@ PACKAGE_DIRS = [
     ("multiseq.cli", ROOT / "cli"),
     ("multiseq.models", ROOT / "models"),
 ]
-TOP = ("multiseq.cli", "multiseq.server", "multiseq.ray")
+TOP = ("multiseq.cli", "multiseq.server", "multiseq.ray", "multiseq.ray_serve")
 UI_AND_HTTP = ("click", "rich", "fastapi", "starlette", "uvicorn", "httpx", "prometheus_client", "aiohttp")
 
 
@@ -102,7 +103,7 @@ def test_formats_import_neither_the_command_line_nor_the_server(graph):
 
 def test_the_server_and_ray_do_not_import_the_command_line(graph):
     wrong = {name: sorted(imported for imported in imports if is_in(imported, "multiseq.cli"))
-             for name, imports in graph.items() if is_in(name, "multiseq.server") or is_in(name, "multiseq.ray")}
+             for name, imports in graph.items() if any(is_in(name, top) for top in TOP if top != "multiseq.cli")}
     assert not {name: found for name, found in wrong.items() if found}
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,6 +35,9 @@ TEXT_BLOCK_CHARS = 256
 # Tree nodes kept before the least recently used go (a node per message or block; what the
 # replicas' own caches hold is far less).
 DEFAULT_MAX_NODES = 200_000
+# A replica picked for a request that never reached it (cancelled while being routed) stops
+# counting against it after this long.
+UNCONFIRMED_TTL_S = 60.0
 # Keys of the state one server keeps: every request that reads or changes it goes to the replica
 # that made it.
 FILES_AND_BATCHES = "multiseq:files-and-batches"
@@ -248,6 +252,59 @@ def rank_replicas(candidates: list[Candidate], max_imbalance: int) -> list[str]:
         if home.num_ongoing - by_load[0].num_ongoing <= max_imbalance:
             return [home.replica, *(candidate.replica for candidate in by_load if candidate is not home)]
     return [candidate.replica for candidate in by_load]
+
+
+@dataclass
+class _Assignment:
+    replica: str
+    is_confirmed: bool
+    at: float
+
+
+class LoadBook:
+    """Requests per replica, counted from the moment the router picks a replica for them (so
+    requests that arrive together spread, before any replica has taken one) until they end. A
+    pick is replaced by the next pick for the same request (its replica refused it), and by the
+    replica that took it."""
+
+    def __init__(self, clock=time.monotonic) -> None:
+        self._clock = clock
+        self._assignments: dict[str, _Assignment] = {}
+        self._counts: dict[str, int] = {}
+
+    def num_ongoing(self, replica: str) -> int:
+        return self._counts.get(replica, 0)
+
+    def pick(self, request_id: str, replica: str) -> None:
+        self._drop_stale()
+        self._move(request_id, replica, is_confirmed=False)
+
+    def confirm(self, request_id: str, replica: str) -> None:
+        self._move(request_id, replica, is_confirmed=True)
+
+    def finish(self, request_id: str) -> None:
+        assignment = self._assignments.pop(request_id, None)
+        if assignment is not None:
+            self._count(assignment.replica, -1)
+
+    def forget(self, replica: str) -> None:
+        self._counts.pop(replica, None)
+        for request_id in [key for key, assignment in self._assignments.items() if assignment.replica == replica]:
+            del self._assignments[request_id]
+
+    def _move(self, request_id: str, replica: str, is_confirmed: bool) -> None:
+        self.finish(request_id)
+        self._assignments[request_id] = _Assignment(replica, is_confirmed, self._clock())
+        self._count(replica, +1)
+
+    def _count(self, replica: str, change: int) -> None:
+        self._counts[replica] = max(0, self._counts.get(replica, 0) + change)
+
+    def _drop_stale(self) -> None:
+        oldest = self._clock() - UNCONFIRMED_TTL_S
+        for request_id in [key for key, assignment in self._assignments.items()
+                           if not assignment.is_confirmed and assignment.at < oldest]:
+            self.finish(request_id)
 
 
 class StateHomes:

@@ -1,0 +1,234 @@
+"""`serve --ray` and multiseq.ray_serve: two replicas of the bundled model (one thread each) on a
+local Ray, behind Ray Serve's proxy on a free loopback port. Each session's turns stay on one
+replica (whose cache then holds them), sessions spread, every API and streams pass through,
+/health and /metrics cover the replicas, and a replica killed mid-stream ends that stream with
+an error event while new requests go to the other and Ray Serve starts it again."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import re
+import signal
+import socket
+import time
+
+import pytest
+
+ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'multiseq[ray]')")
+serve = pytest.importorskip("ray.serve")
+
+import anthropic  # noqa: E402
+import openai  # noqa: E402
+
+from helpers import read_until, wait_until  # noqa: E402
+from multiseq import RunnerConfig  # noqa: E402
+from multiseq import ray_serve  # noqa: E402
+from multiseq.server.app import ServerSettings  # noqa: E402
+
+MODEL = "smollm2-135m"
+NUM_REPLICAS = 2
+SYSTEM = {"role": "system", "content": "You are a terse assistant for a weather service. " * 8}
+READY = re.compile(r"serving (http://127\.0\.0\.1:\d+)/v1")
+# A replica killed mid-stream: the stream ends within this; a new replica is up within the other.
+STREAM_END_S = 10
+RESTART_S = 90
+
+model = pytest.mark.model
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+# --- as a user runs it ---------------------------------------------------------------------------
+
+@model
+def test_serve_on_ray_answers_and_stops_on_sigterm(start_cli):
+    """The command with its own local Ray (one replica: the test is about the command)."""
+    process = start_cli("serve", "--ray", "--replicas", "1", "-m", MODEL, "-np", "1", "-t", "1", "-c", "512",
+                        "--port", "0", "--no-dashboard", "--alias", "local")
+    lines = read_until(process, "ready:", timeout=120)
+    base = next(match.group(1) for line in lines if (match := READY.search(line)))
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
+    reply = client.chat.completions.with_raw_response.create(model="local", max_tokens=4,
+                                                             messages=[{"role": "user", "content": "Hi"}])
+    assert reply.parse().choices[0].message.content and reply.headers["x-multiseq-replica"]
+    process.send_signal(signal.SIGTERM)
+    _, rest = process.communicate(timeout=60)
+    assert process.returncode == 0, rest
+    assert "multiseq serve stopped" in rest and "Traceback" not in "".join(lines) + rest
+
+
+def test_ray_options_without_ray_or_with_the_dashboard_are_usage_errors(run_cli):
+    for args, words in ((["--replicas", "2"], "--replicas needs --ray"), (["--routing", "ray"], "--routing needs --ray"),
+                        (["--ray", "--dashboard"], "--dashboard shows the slots of one server")):
+        result = run_cli("serve", "--port", "0", *args)
+        assert result.exit_code == 2 and words in result.output
+
+
+# --- two replicas --------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def base_url(tmp_path_factory):
+    """Ray on loopback with 2 CPUs, the application on Ray Serve's proxy at a free port."""
+    ray.init(num_cpus=NUM_REPLICAS, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
+    try:
+        port = free_port()
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        config = RunnerConfig(model=MODEL, parallel=2, threads=1, slot_ctx=1024, seed=0)
+        settings = ServerSettings(model_name=MODEL, data_dir=tmp_path_factory.mktemp("data"))
+        serve.run(ray_serve.build_app(config, settings, NUM_REPLICAS), name=ray_serve.APP_NAME, route_prefix="/")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+
+@pytest.fixture
+def client(base_url):
+    return openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0)
+
+
+def chat(client, messages: list[dict]):
+    """One greedy turn; its reply, the replica it ran on and the prompt tokens it found cached."""
+    raw = client.chat.completions.with_raw_response.create(model=MODEL, messages=messages, max_tokens=8,
+                                                           temperature=0)
+    completion = raw.parse()
+    return completion.choices[0].message.content, raw.headers["x-multiseq-replica"], \
+        completion.usage.prompt_tokens_details.cached_tokens
+
+
+@model
+def test_each_session_stays_on_one_replica_and_sessions_spread(client):
+    replicas_by_session, cached_by_turn = {}, []
+    for session in range(3):
+        history = [SYSTEM]
+        for turn in range(3):
+            history.append({"role": "user", "content": f"Session {session}: the weather in town {turn}?"})
+            reply, replica, cached = chat(client, history)
+            history.append({"role": "assistant", "content": reply})
+            replicas_by_session.setdefault(session, []).append(replica)
+            cached_by_turn.append((turn, cached))
+    assert all(len(set(replicas)) == 1 for replicas in replicas_by_session.values()), replicas_by_session
+    assert len({replicas[0] for replicas in replicas_by_session.values()}) == NUM_REPLICAS, "sessions spread"
+    history_lengths = {turn: cached for turn, cached in cached_by_turn if turn > 0}
+    assert all(cached > 0 for cached in history_lengths.values()), "later turns find their history cached"
+
+
+@model
+def test_streams_and_the_other_apis_pass_through(base_url):
+    connection = http.client.HTTPConnection(base_url.removeprefix("http://"), timeout=60)
+    connection.request("POST", "/v1/chat/completions", json.dumps(
+        {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 6, "ignore_eos": True,
+         "stream": True,
+         "stream_options": {"include_usage": True}}), {"Content-Type": "application/json"})
+    response = connection.getresponse()
+    assert response.status == 200 and response.getheader("content-type").startswith("text/event-stream")
+    assert response.getheader("x-multiseq-replica")
+    events = [line for line in response.read().decode().splitlines() if line.startswith("data: ")]
+    assert events[-1] == "data: [DONE]" and json.loads(events[-2][6:])["usage"]["completion_tokens"] == 6
+    message = anthropic.Anthropic(base_url=base_url, api_key="unused", max_retries=0).messages.create(
+        model=MODEL, max_tokens=4, messages=[{"role": "user", "content": "Hi"}])
+    assert message.content[0].text and message.usage.output_tokens == 4
+    models = openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused").models.list()
+    assert [card.id for card in models.data] == [MODEL]
+
+
+@model
+def test_files_are_always_read_from_the_replica_that_keeps_them(client):
+    uploaded = client.files.create(file=("in.jsonl", b'{"custom_id": "a"}\n'), purpose="batch")
+    replicas = set()
+    for _ in range(4):
+        raw = client.files.with_raw_response.retrieve(uploaded.id)
+        assert raw.parse().id == uploaded.id
+        replicas.add(raw.headers["x-multiseq-replica"])
+    assert len(replicas) == 1
+
+
+@model
+def test_health_and_metrics_cover_every_replica(base_url, client):
+    chat(client, [{"role": "user", "content": "Hi"}])
+    health = json.loads(_get(base_url, "/health")[1])
+    assert health["status"] == "ok" and len(health["replicas"]) == NUM_REPLICAS
+    assert all(replica["status"] == "ok" for replica in health["replicas"].values())
+    status, metrics = _get(base_url, "/metrics")
+    assert status == 200
+    for name in health["replicas"]:
+        assert f'multiseq_replica_up{{replica="{name}"}} 1.0' in metrics
+        assert re.search(rf'multiseq_requests_waiting{{replica="{name}"}} ', metrics), metrics[:2000]
+    assert metrics.count("# TYPE multiseq_requests_waiting gauge") == 1, "each family once"
+
+
+@model
+def test_a_killed_replica_ends_its_stream_with_an_error_and_the_others_serve_on(base_url, client):
+    connection = http.client.HTTPConnection(base_url.removeprefix("http://"), timeout=60)
+    connection.request("POST", "/v1/chat/completions", json.dumps(
+        {"model": MODEL, "messages": [{"role": "user", "content": "Tell a long story."}], "max_tokens": 400,
+         "ignore_eos": True, "stream": True}), {"Content-Type": "application/json"})
+    response = connection.getresponse()
+    victim = response.getheader("x-multiseq-replica")
+    assert response.readline().startswith(b"data: ")  # it is streaming
+    ray.kill(ray.get_actor(f"SERVE_REPLICA::{ray_serve.APP_NAME}#{ray_serve.ENGINE}#{victim}", namespace="serve"),
+             no_restart=True)
+    killed_at = time.monotonic()
+    rest = response.read().decode()
+    assert time.monotonic() - killed_at < STREAM_END_S
+    events = [line for line in rest.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "data: [DONE]"
+    assert json.loads(events[-2][6:])["error"]["code"] == "replica_lost"
+
+    _, replica, _ = chat(client, [{"role": "user", "content": "Still there?"}])
+    assert replica != victim
+    wait_until(lambda: _health(base_url)["status"] == "ok", timeout=RESTART_S, what="a new replica")
+    assert victim not in _health(base_url)["replicas"] and len(_health(base_url)["replicas"]) == NUM_REPLICAS
+
+
+def _get(base_url: str, path: str) -> tuple[int, str]:
+    connection = http.client.HTTPConnection(base_url.removeprefix("http://"), timeout=30)
+    connection.request("GET", path)
+    response = connection.getresponse()
+    return response.status, response.read().decode()
+
+
+def _health(base_url: str) -> dict:
+    return json.loads(_get(base_url, "/health")[1])
+
+
+@model
+def test_a_cluster_too_small_is_one_line(base_url, run_cli):
+    result = run_cli("serve", "--ray", ray.get_runtime_context().gcs_address, "--replicas", "3", "-t", "1",
+                     "--port", "0")
+    assert result.exit_code == 1
+    assert "3 replicas x 1 threads need 3 CPUs, and the Ray cluster has 2: use fewer --replicas" in result.output
+    assert "Traceback" not in result.output
+
+
+# --- what the gateway adds up, without a cluster -------------------------------------------------
+
+def test_metrics_of_the_replicas_merge_into_one_exposition_with_a_label_each():
+    from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+
+    def exposition(tokens: int) -> str:
+        registry = CollectorRegistry()
+        Counter("multiseq_generation_tokens", "Tokens generated", registry=registry).inc(tokens)
+        Histogram("multiseq_ttft_seconds", "TTFT", buckets=(0.1, 1.0), registry=registry).observe(0.5)
+        return generate_latest(registry).decode()
+
+    merged = ray_serve.merge_metrics({"a": exposition(5), "b": exposition(7), "c": None}).decode()
+    assert merged.count("# TYPE multiseq_generation_tokens_total counter") == 1
+    assert merged.count("# TYPE multiseq_ttft_seconds histogram") == 1
+    assert 'multiseq_generation_tokens_total{replica="a"} 5.0' in merged
+    assert 'multiseq_generation_tokens_total{replica="b"} 7.0' in merged
+    assert 'multiseq_ttft_seconds_bucket{le="1.0",replica="b"} 1.0' in merged
+    assert 'multiseq_replica_up{replica="c"} 0.0' in merged and 'multiseq_replica_up{replica="a"} 1.0' in merged
+
+
+def test_health_is_degraded_while_a_replica_is_missing_or_failing():
+    assert ray_serve.health_report({"a": "ok", "b": "ok"}, 2)["status"] == "ok"
+    assert ray_serve.health_report({"a": "ok"}, 2)["status"] == "degraded"
+    assert ray_serve.health_report({"a": "ok", "b": None}, 2)["replicas"]["b"] == {"status": "unreachable"}
+    assert ray_serve.health_report({"a": "loading"}, 2)["status"] == "unavailable"
+    assert ray_serve.health_report({}, 2)["status"] == "loading"
