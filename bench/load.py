@@ -12,6 +12,8 @@ Usage (from the repository root, in the project's virtual environment; nothing e
         --parallel 16 --slot-ctx 4096
     python bench/load.py --systems multiseq --workloads agents,agents-tools --parallel 4 --sessions 8 \
         --turns 4 --system-tokens 1000 --slot-ctx 4096 --api responses
+    python bench/load.py --systems multiseq-ray --routing prefix,ray --replicas 2 --workloads agents \
+        --parallel 4 --sessions 8 --turns 4 --system-tokens 1000 --slot-ctx 4096
 
 Each workload is a list of chat requests sent through the API --api names, streamed, by
 --clients clients in a closed loop (each sends its next request when the last one ended), to
@@ -54,7 +56,11 @@ Reported per system: output tokens/s over the run's wall time, TTFT p50/p95 (req
 first content), gaps between consecutive content events p50/p99/p99.9/max, prompt tokens sent
 and cached, and (multiseq) loop_lag_max_ms: the largest lag of the server's event loop during
 the run, read from its /metrics. `batch-run` is the same chats through `multiseq batch-run` at the same -np, for
-the server's cost over the engine. The last line printed is one JSON object.
+the server's cost over the engine. `multiseq-ray` is `multiseq serve --ray` on a local Ray:
+--replicas servers sharing --threads, behind Ray Serve's proxy, with --routing prefix (each
+conversation to the replica holding it), ray (Ray Serve's own router) or both in turn; with
+both, `ratios` has the prompt tokens computed under prefix routing over those under Ray's.
+The last line printed is one JSON object.
 """
 
 from __future__ import annotations
@@ -84,7 +90,7 @@ from workloads import (agent_system_prompt, agent_tools, agent_user_messages, lo
 
 from multiseq import models
 
-SYSTEMS = ("multiseq", "llama-server", "batch-run")
+SYSTEMS = ("multiseq", "multiseq-ray", "llama-server", "batch-run")
 
 
 @dataclass(frozen=True)
@@ -463,6 +469,16 @@ def multiseq_command(args, port: int) -> list[str]:
             "--max-queue", "4096", *(["--step-tokens", str(args.step_tokens)] if args.step_tokens else [])]
 
 
+def multiseq_ray_command(args, port: int, routing: str) -> list[str]:
+    """`multiseq serve --ray` on a local Ray: --replicas servers of --parallel slots, the
+    --threads shared among them (the same cores as the single server)."""
+    threads = max(1, args.threads // args.replicas)
+    return [sys.executable, "-m", "multiseq.cli.main", "serve", "--ray", "--replicas", str(args.replicas),
+            "--routing", routing, "-m", args.model, "-np", str(args.parallel), "--slot-ctx", str(args.slot_ctx),
+            "-t", str(threads), "--port", str(port), "--no-dashboard", "--max-queue", "4096",
+            *(["--step-tokens", str(args.step_tokens)] if args.step_tokens else [])]
+
+
 def llama_server_command(args, port: int, model_path: Path, fallback_template: str | None) -> list[str]:
     tools = peers.ensure_llama_tools(log=log)
     extra = ["--chat-template", fallback_template] if fallback_template else []
@@ -470,15 +486,19 @@ def llama_server_command(args, port: int, model_path: Path, fallback_template: s
                                 prompt_cache=True, extra_args=extra)
 
 
-def run_server(system: str, load: ChatLoad | AgentLoad | LongPromptLoad, args, workdir: Path) -> dict:
+def run_server(system: str, load: ChatLoad | AgentLoad | LongPromptLoad, args, workdir: Path,
+               routing: str | None = None) -> dict:
     resolved = models.resolve(args.model)
     port = peers._free_port()
     if system == "multiseq":
         command = multiseq_command(args, port)
+    elif system == "multiseq-ray":
+        command = multiseq_ray_command(args, port, routing)
     else:
         command = llama_server_command(args, port, resolved.path, resolved.chat_template_fallback)
     api = APIS[args.api]
-    with running(command, port, workdir / f"{system}-{load.name}.log"):
+    log_name = f"{system}{'-' + routing if routing else ''}-{load.name}.log"
+    with running(command, port, workdir / log_name):
         # Warm-up, every slot once, with chats the run does not send (so that no cache starts warm).
         warm_up = ChatLoad("warm-up", [[SYSTEM, {"role": "user", "content": f"Say {word}."}]
                                        for word in ("one", "two", "three", "four") * args.parallel], 4)
@@ -494,21 +514,21 @@ def run_server(system: str, load: ChatLoad | AgentLoad | LongPromptLoad, args, w
         else:
             exchanges, wall_s = asyncio.run(closed_loop("127.0.0.1", port, load, args.clients, resolved.name, api))
             figure = summarize(system, load.name, exchanges, wall_s)
+        figure |= {"routing": routing, "replicas": args.replicas} if routing else {}
         return figure | {"loop_lag_max_ms": loop_lag_max_ms(port)}
 
 
 def loop_lag_max_ms(port: int) -> float | None:
-    """multiseq's largest event-loop lag since the previous scrape of its /metrics, in ms (None
-    for a server without that metric: llama-server)."""
+    """multiseq's largest event-loop lag since the previous scrape of its /metrics, in ms (the
+    largest of its replicas' with --ray; None for a server without that metric: llama-server)."""
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as response:
             text = response.read().decode()
     except (urllib.error.URLError, OSError):
         return None
-    for line in text.splitlines():
-        if line.startswith("multiseq_event_loop_lag_max_seconds "):
-            return float(line.split()[1]) * 1000
-    return None
+    lags = [float(line.split()[-1]) * 1000 for line in text.splitlines()
+            if line.startswith(("multiseq_event_loop_lag_max_seconds ", "multiseq_event_loop_lag_max_seconds{"))]
+    return max(lags) if lags else None
 
 
 def run_batch(load: ChatLoad, args, workdir: Path) -> dict:
@@ -532,12 +552,23 @@ def run_batch(load: ChatLoad, args, workdir: Path) -> dict:
 
 
 def ratios(figures: list[dict]) -> dict[str, float]:
-    """multiseq's output tokens/s over each peer's, per workload."""
+    """multiseq's output tokens/s over each peer's, per workload; with multiseq-ray under both
+    routings, the prompt tokens computed with prefix routing over those with Ray Serve's own."""
     found = {}
     for ours in (figure for figure in figures if figure["system"] == "multiseq"):
         for peer in (figure for figure in figures if figure["workload"] == ours["workload"] and figure is not ours):
-            found[f"{ours['workload']}: multiseq / {peer['system']}"] = ours["tokens_per_s"] / peer["tokens_per_s"]
+            found[f"{ours['workload']}: multiseq / {_label(peer)}"] = ours["tokens_per_s"] / peer["tokens_per_s"]
+    on_ray = {(figure["workload"], figure["routing"]): figure for figure in figures if figure["system"] == "multiseq-ray"}
+    for (workload, routing), prefix in on_ray.items():
+        default = on_ray.get((workload, "ray"))
+        if routing == "prefix" and default is not None and default.get("prompt_tokens_computed"):
+            found[f"{workload}: prompt tokens computed, multiseq-ray prefix / ray"] = \
+                prefix["prompt_tokens_computed"] / default["prompt_tokens_computed"]
     return found
+
+
+def _label(figure: dict) -> str:
+    return f"{figure['system']} ({figure['routing']})" if figure.get("routing") else figure["system"]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -560,6 +591,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="the API every request goes through: chat (/v1/chat/completions), responses "
                              "(/v1/responses) or messages (Anthropic's /v1/messages)")
     parser.add_argument("--step-tokens", type=int, default=None, help="multiseq serve's --step-tokens (default: its own)")
+    parser.add_argument("--replicas", type=int, default=2, help="multiseq-ray: servers on the local Ray, sharing "
+                        "--threads (each gets threads / replicas)")
+    parser.add_argument("--routing", default="prefix", help="multiseq-ray: prefix, ray (Ray Serve's own router), or "
+                        "both: prefix,ray")
     return parser.parse_args(argv)
 
 
@@ -578,15 +613,20 @@ def main(argv: list[str] | None = None) -> dict:
         raise SystemExit("the agents and long-prompts workloads need a server: batch-run cannot take them")
     if args.api != "chat" and "batch-run" in systems:
         raise SystemExit(f"--api {args.api} needs a server: batch-run reads a prompts file, through no API")
+    routings = args.routing.split(",")
+    if set(routings) - {"prefix", "ray"}:
+        raise SystemExit(f"unknown routing in {args.routing!r}; choose from prefix, ray")
     figures = []
     with tempfile.TemporaryDirectory(prefix="multiseq-load-") as tmp:
         for name in args.workloads.split(","):
-            for system in systems:
+            for system, routing in [(system, routing) for system in systems
+                                    for routing in (routings if system == "multiseq-ray" else [None])]:
                 who = (f"{len(loads[name].users)} sessions" if isinstance(loads[name], AgentLoad)
                        else f"{args.clients} clients")
-                log(f"[{name}] {system} -np {args.parallel}, {who}, --api {args.api} ...")
+                how = f" --replicas {args.replicas} --routing {routing}" if routing else ""
+                log(f"[{name}] {system}{how} -np {args.parallel}, {who}, --api {args.api} ...")
                 figure = (run_batch(loads[name], args, Path(tmp)) if system == "batch-run"
-                          else run_server(system, loads[name], args, Path(tmp)))
+                          else run_server(system, loads[name], args, Path(tmp), routing))
                 figures.append(figure)
                 log("  " + ", ".join(f"{key} {value:.3f}" if isinstance(value, float) else f"{key} {value}"
                                      for key, value in figure.items() if key not in ("system", "workload")))
