@@ -4,7 +4,7 @@ each conversation routed to the replica that holds it.
     pip install 'multiseq[ray]'
     multiseq serve --ray auto --replicas 2 -m smollm2-135m -np 4 -t 4
 
-Two deployments make one Ray Serve application (`build_app`; `serve()` runs it for the command):
+Two deployments make one Ray Serve application (`build_app`; `run()` runs it for the command):
 
 - `Engine`: a whole `multiseq serve` per replica (the app `multiseq.server` builds, with its own
   Runner and slots), its requests handed over as HTTP calls and its ASGI messages streamed back.
@@ -62,7 +62,7 @@ from multiseq.server.errors import SERVER_ERROR, error_body
 from multiseq.server.messages import stream_error_event
 from multiseq.server.routing import (NO_KEY, NO_MATCH, ROUTINGS, Candidate, LoadBook, PrefixIndex, RoutingKey,
                                      StateHomes, rank_replicas, response_key, routing_key)
-from multiseq.server.serve import GRACEFUL_SHUTDOWN_SECONDS, prepare_constraints
+from multiseq.server.serve import GRACEFUL_SHUTDOWN_SECONDS, freeze_loaded_objects, prepare_constraints
 from multiseq.server.sse import sse
 
 logger = logging.getLogger("multiseq.server")
@@ -272,6 +272,7 @@ class Engine:
             self.app.state.server.close()
             raise RayServeError(f"the model could not load: {error}") from None
         prepare_constraints(runner)
+        freeze_loaded_objects()
         self.app.state.server.attach(runner)
 
     async def handle_http(self, call: HttpCall) -> AsyncIterator[list[dict[str, Any]]]:
