@@ -695,16 +695,20 @@ def run(config: RunnerConfig, settings: ServerSettings, replicas: int, address: 
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         with contextlib.suppress(Exception):
-            serve.delete(APP_NAME)
-        if address is None:
-            serve.shutdown()
+            serve.delete(APP_NAME)  # its replicas end their requests first
+        if address is None:  # the local cluster goes, and Serve's actors with it
             import ray
 
             ray.shutdown()
 
 
 def _cause(error: Exception) -> str:
-    """The useful line of Ray Serve's failure text (the replica's own error, where it says)."""
+    """Why the application could not start, in one line: the replica's own error where Ray
+    Serve kept it (a traceback, in the deployment's status), else Ray Serve's last line."""
+    with contextlib.suppress(Exception):  # the status is a help, not a must
+        message = serve.status().applications[APP_NAME].deployments[ENGINE].message
+        ours = [line for line in message.splitlines() if f"{RayServeError.__name__}: " in line]
+        if ours:
+            return ours[-1].split(f"{RayServeError.__name__}: ", 1)[1]
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    ours = [line for line in lines if "RayServeError" in line or "could not load" in line]
-    return (ours or lines or [type(error).__name__])[-1].split("RayServeError: ")[-1]
+    return lines[-1] if lines else type(error).__name__
