@@ -186,7 +186,11 @@ class _ReplicaDirectory:
 
 class LeastBusyRouter(_ReplicaDirectory, PowerOfTwoChoicesRequestRouter):
     """Ray Serve's default router (power of two choices), for `--routing ray`; pinned state
-    still goes to its home."""
+    still goes to its home. A replica chosen goes to the request it was chosen for (Ray's base
+    rule), not to the oldest one waiting (its FIFO mixin's), which would send a call meant for
+    one replica to another."""
+
+    _fulfill_next_pending_request = RequestRouter._fulfill_next_pending_request
 
     def initialize_state(self, **kwargs: Any) -> None:
         self._register()

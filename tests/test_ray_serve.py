@@ -47,15 +47,17 @@ def free_port() -> int:
 
 @model
 def test_serve_on_ray_answers_and_stops_on_sigterm(start_cli):
-    """The command with its own local Ray (one replica: the test is about the command)."""
-    process = start_cli("serve", "--ray", "--replicas", "1", "-m", MODEL, "-np", "1", "-t", "1", "-c", "512",
-                        "--port", "0", "--no-dashboard", "--alias", "local")
+    """The command with its own local Ray, on Ray Serve's own router (one replica: the test is
+    about the command; the module's cluster below routes by prefix)."""
+    process = start_cli("serve", "--ray", "--replicas", "1", "--routing", "ray", "-m", MODEL, "-np", "1", "-t", "1",
+                        "-c", "512", "--port", "0", "--no-dashboard", "--alias", "local")
     lines = read_until(process, "ready:", timeout=120)
     base = next(match.group(1) for line in lines if (match := READY.search(line)))
     client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
     reply = client.chat.completions.with_raw_response.create(model="local", max_tokens=4,
                                                              messages=[{"role": "user", "content": "Hi"}])
-    assert reply.parse().choices[0].message.content and reply.headers["x-multiseq-replica"]
+    assert reply.parse().choices[0].message.content
+    assert _health(base)["replicas"] == {reply.headers["x-multiseq-replica"]: {"status": "ok"}}
     process.send_signal(signal.SIGTERM)
     _, rest = process.communicate(timeout=60)
     assert process.returncode == 0, rest
@@ -149,6 +151,25 @@ def test_files_are_always_read_from_the_replica_that_keeps_them(client):
 
 
 @model
+def test_a_stored_response_is_continued_on_the_replica_that_keeps_it(client):
+    """Stored responses live on the replica that made them (one made by a stream too): every
+    request naming one goes there, where a replica chosen by load would not find it."""
+    raw = client.responses.with_raw_response.create(model=MODEL, input="Name a city.", max_output_tokens=8,
+                                                    stream=True)
+    home = raw.headers["x-multiseq-replica"]
+    events = list(raw.parse())
+    first_id = next(event.response.id for event in events if event.type == "response.created")
+    previous_id = first_id
+    for question in ("And another?", "And one more?", "Which is largest?"):
+        raw = client.responses.with_raw_response.create(model=MODEL, input=question, max_output_tokens=8,
+                                                        previous_response_id=previous_id)
+        assert raw.headers["x-multiseq-replica"] == home
+        previous_id = raw.parse().id
+    raw = client.responses.with_raw_response.retrieve(first_id)
+    assert raw.parse().id == first_id and raw.headers["x-multiseq-replica"] == home
+
+
+@model
 def test_health_and_metrics_cover_every_replica(base_url, client):
     chat(client, [{"role": "user", "content": "Hi"}])
     health = json.loads(_get(base_url, "/health")[1])
@@ -206,7 +227,68 @@ def test_a_cluster_too_small_is_one_line(base_url, run_cli):
     assert "Traceback" not in result.output
 
 
-# --- what the gateway adds up, without a cluster -------------------------------------------------
+# --- what the gateway does, without a cluster -----------------------------------------------------
+
+class Sent:
+    """An ASGI `send` that keeps what it was sent."""
+
+    def __init__(self) -> None:
+        self.messages = []
+
+    async def __call__(self, message) -> None:
+        self.messages.append(message)
+
+    @property
+    def body(self) -> str:
+        return b"".join(message.get("body", b"") for message in self.messages).decode()
+
+
+def relayed_then_failed(path: str, batches: list[list[dict]]) -> Sent:
+    """A replica's messages through the gateway's relay, then the replica dies."""
+    import asyncio
+
+    sent = Sent()
+
+    async def run() -> None:
+        relay = ray_serve._Relay(sent, path)
+        for batch in batches:
+            await relay.forward(batch)
+        await relay.fail()
+
+    asyncio.run(run())
+    return sent
+
+
+ACCEPTED = [{"type": "multiseq.accepted", "replica": "r1"}]
+STREAM_START = [{"type": "http.response.start", "status": 200,
+                 "headers": [(b"content-type", b"text/event-stream; charset=utf-8")]}]
+
+
+def test_a_stream_cut_by_its_replica_ends_with_the_apis_error_event():
+    chat = relayed_then_failed("/v1/chat/completions", [ACCEPTED, STREAM_START, [
+        {"type": "http.response.body", "body": b'data: {"choices": []}\n\n', "more_body": True}]])
+    assert (b"x-multiseq-replica", b"r1") in chat.messages[0]["headers"]
+    events = [line for line in chat.body.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "data: [DONE]" and json.loads(events[-2][6:])["error"]["code"] == "replica_lost"
+    assert chat.messages[-1]["more_body"] is False
+
+    messages = relayed_then_failed("/v1/messages", [ACCEPTED, STREAM_START])
+    assert "event: error" in messages.body and json.loads(messages.body.split("data: ")[-1])["type"] == "error"
+
+    responses = relayed_then_failed("/v1/responses", [ACCEPTED, STREAM_START, [
+        {"type": "http.response.body", "body": b'event: response.created\ndata: {"sequence_number": 4}\n\n',
+         "more_body": True}]])
+    error = json.loads(responses.body.split("data: ")[-1])
+    assert error["type"] == "error" and error["code"] == "replica_lost" and error["sequence_number"] == 5
+
+
+def test_a_request_whose_replica_died_before_answering_gets_a_502():
+    sent = relayed_then_failed("/v1/chat/completions", [ACCEPTED])
+    assert sent.messages[0]["status"] == 502
+    assert json.loads(sent.body)["error"]["code"] == "replica_lost"
+    anthropic_shape = relayed_then_failed("/v1/messages", [ACCEPTED])
+    assert json.loads(anthropic_shape.body)["type"] == "error"
+
 
 def test_metrics_of_the_replicas_merge_into_one_exposition_with_a_label_each():
     from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
