@@ -184,6 +184,26 @@ def test_health_and_metrics_cover_every_replica(base_url, client):
 
 
 @model
+def test_a_client_that_goes_away_frees_its_slot_on_the_replica(base_url):
+    connection = http.client.HTTPConnection(base_url.removeprefix("http://"), timeout=60)
+    connection.request("POST", "/v1/chat/completions", json.dumps(
+        {"model": MODEL, "messages": [{"role": "user", "content": "Tell a long story."}], "max_tokens": 400,
+         "ignore_eos": True, "stream": True}), {"Content-Type": "application/json"})
+    response = connection.getresponse()
+    for _ in range(10):  # a few tokens: it holds a slot
+        response.readline()
+    assert _num_running(base_url) == 1
+    connection.sock.shutdown(socket.SHUT_RDWR)
+    connection.close()
+    wait_until(lambda: _num_running(base_url) == 0, timeout=10, what="the slot freed")
+
+
+def _num_running(base_url: str) -> int:
+    return sum(int(float(line.split()[-1])) for line in _get(base_url, "/metrics")[1].splitlines()
+               if line.startswith("multiseq_requests_running{"))
+
+
+@model
 def test_a_killed_replica_ends_its_stream_with_an_error_and_the_others_serve_on(base_url, client):
     connection = http.client.HTTPConnection(base_url.removeprefix("http://"), timeout=60)
     connection.request("POST", "/v1/chat/completions", json.dumps(
