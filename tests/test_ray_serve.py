@@ -187,15 +187,15 @@ def test_health_and_metrics_cover_every_replica(base_url, client):
 def test_a_client_that_goes_away_frees_its_slot_on_the_replica(base_url):
     connection = http.client.HTTPConnection(base_url.removeprefix("http://"), timeout=60)
     connection.request("POST", "/v1/chat/completions", json.dumps(
-        {"model": MODEL, "messages": [{"role": "user", "content": "Tell a long story."}], "max_tokens": 400,
-         "ignore_eos": True, "stream": True}), {"Content-Type": "application/json"})
+        {"model": MODEL, "messages": [{"role": "user", "content": "Tell a long story."}], "max_tokens": 900,
+         "ignore_eos": True, "stream": True}), {"Content-Type": "application/json"})  # ~10 s to run out
     response = connection.getresponse()
     for _ in range(10):  # a few tokens: it holds a slot
         response.readline()
     assert _num_running(base_url) == 1
     connection.sock.shutdown(socket.SHUT_RDWR)
     connection.close()
-    wait_until(lambda: _num_running(base_url) == 0, timeout=10, what="the slot freed")
+    wait_until(lambda: _num_running(base_url) == 0, timeout=3, what="the slot freed")
 
 
 def _num_running(base_url: str) -> int:
