@@ -42,6 +42,8 @@ from typing import Any
 try:
     from ray import serve
     from ray.exceptions import RayError
+    # Ray Serve's default router, not exported by ray.serve.request_router (Ray LLM's prefix
+    # router builds on it from here too).
     from ray.serve._private.request_router import PowerOfTwoChoicesRequestRouter
     from ray.serve.config import HTTPOptions, RequestRouterConfig
     from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
@@ -73,6 +75,8 @@ GATEWAY = "Gateway"
 REPLICA_HEADER = b"x-multiseq-replica"
 # What an Engine replica takes at once beyond its queue (the server's own limits answer first).
 ENGINE_EXTRA_ONGOING = 64
+# The gateway only relays (each engine's queue bounds the work): Ray Serve's default of 5 at once
+# would queue streams in front of it.
 GATEWAY_MAX_ONGOING = 100_000
 # A call refused by a dead replica before it started is sent to another this many times.
 MAX_SEND_ATTEMPTS = 3
