@@ -69,6 +69,7 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import subprocess
 import sys
 import tempfile
@@ -122,6 +123,12 @@ class AgentLoad:
     users: list[list[str]]  # per session, its user messages in turn order
     reply_tokens: list[int]  # per session
     tools: list[dict] | None = None  # OpenAI function specs; every turn then forces a call
+    think_s: float = 0.0  # mean pause before each later turn (an agent running its tools)
+
+    def pause_before(self, session: int, turn: int) -> float:
+        """The pause before a session's turn: uniform in [0, 2 * think_s), the same in every
+        run (seeded by session and turn), none before the first turn."""
+        return random.Random(session * 1_000 + turn).uniform(0, 2 * self.think_s) if turn else 0.0
 
     @property
     def chats(self) -> list[list[dict]]:  # each session's first turn (for a warm-up or a peek)
@@ -152,7 +159,7 @@ def long_prompt_load(short: ChatLoad, approx_tokens: int, every_s: float) -> Lon
     return LongPromptLoad("long-prompts", short, chats, every_s)
 
 
-def agent_load(sessions: int, turns: int, system_tokens: int, num_tools: int = 0) -> AgentLoad:
+def agent_load(sessions: int, turns: int, system_tokens: int, num_tools: int = 0, think_s: float = 0.0) -> AgentLoad:
     """Sessions sharing a system prompt; with num_tools, they also send that many tool
     definitions, and every turn asks for a tool call (tool_choice required) and sends its
     result back with the next question ("agents-tools")."""
@@ -161,7 +168,7 @@ def agent_load(sessions: int, turns: int, system_tokens: int, num_tools: int = 0
                      [agent_user_messages(session, turns) for session in range(sessions)],
                      # A forced call ends by itself; its budget only bounds a runaway argument.
                      [(192 if num_tools else 64) + (session * 11) % 33 for session in range(sessions)],
-                     agent_tools(num_tools) if num_tools else None)
+                     agent_tools(num_tools) if num_tools else None, think_s)
 
 
 def log(message: str) -> None:
@@ -348,14 +355,15 @@ async def closed_loop(host: str, port: int, load: ChatLoad, clients: int, model:
 
 
 async def agent_sessions(host: str, port: int, load: AgentLoad, model: str, api: Api) -> tuple[list[Exchange], float]:
-    """Every session at once, each sending its next turn (the whole conversation so far) as
-    soon as its last reply ended."""
+    """Every session at once, each sending its next turn (the whole conversation so far) once
+    its last reply ended and its pause (--think-s) is over."""
     exchanges: list[Exchange] = []
 
     async def session(index: int) -> None:
         history = [load.system]
         for turn, user in enumerate(load.users[index]):
             history.append({"role": "user", "content": user})
+            await asyncio.sleep(load.pause_before(index, turn))
             exchange = await send(host, port, api, history, load.reply_tokens[index], model, load.tools)
             exchange.turn = turn
             exchanges.append(exchange)
@@ -583,6 +591,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--requests", type=int, default=64)
     parser.add_argument("--sessions", type=int, default=None, help="agents: sessions (default 2 x --parallel)")
     parser.add_argument("--turns", type=int, default=4, help="agents: turns per session")
+    parser.add_argument("--think-s", type=float, default=0.0,
+                        help="agents: mean pause before each later turn, uniform in [0, 2x) and the same in every run "
+                             "(an agent running its tools; default 0: the next turn as soon as the reply ended)")
     parser.add_argument("--system-tokens", type=int, default=1000, help="agents: system prompt size, about")
     parser.add_argument("--tools", type=int, default=10, help="agents-tools: tool definitions sent with each turn")
     parser.add_argument("--long-tokens", type=int, default=1200, help="long-prompts: a long prompt's size, about")
@@ -606,8 +617,10 @@ def main(argv: list[str] | None = None) -> dict:
         raise SystemExit(f"unknown systems {unknown}; choose from {', '.join(SYSTEMS)}")
     chats = chat_loads(args.requests)
     loads: dict[str, ChatLoad | AgentLoad | LongPromptLoad] = {
-        **chats, "agents": agent_load(args.sessions or 2 * args.parallel, args.turns, args.system_tokens),
-        "agents-tools": agent_load(args.sessions or 2 * args.parallel, args.turns, args.system_tokens, args.tools),
+        **chats, "agents": agent_load(args.sessions or 2 * args.parallel, args.turns, args.system_tokens,
+                                      think_s=args.think_s),
+        "agents-tools": agent_load(args.sessions or 2 * args.parallel, args.turns, args.system_tokens, args.tools,
+                                   args.think_s),
         "long-prompts": long_prompt_load(chats["distinct"], args.long_tokens, args.long_every)}
     if {"agents", "agents-tools", "long-prompts"} & set(args.workloads.split(",")) and "batch-run" in systems:
         raise SystemExit("the agents and long-prompts workloads need a server: batch-run cannot take them")

@@ -63,7 +63,7 @@ class SamplingMode(str, Enum):
     # temperature, top-k, top-p, min-p, seed); the host for the rest, in the same step.
     BACKEND = "backend"
     # The faster of the two where measured: the host on a CPU build (in-graph greedy measured
-    # 0.92x the host's tokens/s, Gemma 3 270M at 16 slots: llama.cpp still copies each row's
+    # 0.88x the host's tokens/s, Gemma 3 270M at 16 slots: llama.cpp still copies each row's
     # logits and takes its argmax one row at a time).
     AUTO = "auto"
 
