@@ -20,6 +20,7 @@ import hashlib
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -82,11 +83,12 @@ class SequenceSampler:
         self.constraint = constraint
         self.token_bytes = token_bytes or (lambda token: b"")
 
-    @property
+    @cached_property
     def chain_spec(self) -> ChainSpec | None:
         """The llama.cpp sampler chain that samples this sequence's rows as this sampler would
         (the same distribution, another generator); None when the host is needed: a
-        constraint, penalties, tokens banned until min_tokens, or log probabilities."""
+        constraint, penalties, tokens banned until min_tokens, or log probabilities. Asked
+        every step; what it depends on is set when the sampler is made, so it is built once."""
         if (self.constraint is not None or self.recent is not None or self.banned_early is not None
                 or self.params.logprobs):
             return None
