@@ -97,3 +97,15 @@ def add_hub_repo(cache: Path, repo: str, files: dict[str, bytes | Path], commit:
         link.parent.mkdir(parents=True, exist_ok=True)
         link.symlink_to(os.path.relpath(blob, link.parent))
     return snapshot
+
+
+def run_until_done(engine, max_steps: int = 2000) -> dict:
+    """Step a thread-free Engine until nothing is left; its results by id, in the order they
+    finished."""
+    results = {}
+    for _ in range(max_steps):
+        if not engine.has_work:
+            return results
+        for result in engine.step().finished:
+            results[result.id] = result
+    raise AssertionError(f"still working after {max_steps} steps")

@@ -5,6 +5,7 @@ seeded draws that survive a preemption. The same on llama.cpp: test_graph_sampli
 from __future__ import annotations
 
 from fakes import FakeBackend
+from helpers import run_until_done
 from multiseq import Priority, Request, RunnerConfig, SamplingParams
 from multiseq.batch import GREEDY_CHAIN
 from multiseq.engine import Engine
@@ -24,23 +25,13 @@ def submit(engine: Engine, request_id: str, prompt: str, sampling: SamplingParam
     engine.add(engine.new_sequence(request, request_id))
 
 
-def run(engine: Engine, max_steps: int = 2000) -> dict:
-    results = {}
-    for _ in range(max_steps):
-        if not engine.has_work:
-            return results
-        for result in engine.step().finished:
-            results[result.id] = result
-    raise AssertionError(f"still working after {max_steps} steps")
-
-
 def results(sampling: str, requests: dict[str, tuple[str, SamplingParams]], noisy: bool = False,
             num_slots: int = 4) -> tuple[dict, FakeBackend]:
     backend = FakeBackend(num_slots=num_slots, window=256, n_batch=128, noisy=noisy)
     engine = make_engine(backend, sampling)
     for request_id, (prompt, params) in requests.items():
         submit(engine, request_id, prompt, params)
-    return run(engine), backend
+    return run_until_done(engine), backend
 
 
 def texts(sampling: str, requests: dict[str, tuple[str, SamplingParams]], noisy: bool = False,
@@ -120,7 +111,7 @@ def test_a_preempted_sampled_request_resumes_its_draws_where_they_were():
     for _ in range(10):
         engine.step()
     submit(engine, "chat", "hello", GREEDY, priority=Priority.INTERACTIVE)
-    results = run(engine)
+    results = run_until_done(engine)
     assert engine.stats.snapshot().num_preempted == 1
     assert results["batch"].text == alone["batch"], "resumed as if never interrupted"
     resumed = [accepted for _, spec, accepted in backend.graph_sampling.attaches if not spec.is_greedy]
@@ -132,7 +123,7 @@ def test_a_chain_the_backend_cannot_run_leaves_the_row_to_the_host():
     backend.graph_sampling.refuse = True
     engine = make_engine(backend)
     submit(engine, "a", "prompt", GREEDY)
-    assert run(engine)["a"].text == texts("host", {"a": ("prompt", GREEDY)}, noisy=True)[0]["a"]
+    assert run_until_done(engine)["a"].text == texts("host", {"a": ("prompt", GREEDY)}, noisy=True)[0]["a"]
     assert backend.graph_sampling.sampled_rows == 0
 
 
@@ -141,6 +132,6 @@ def test_a_slot_without_a_part_in_the_step_loses_its_chain():
     engine = make_engine(backend)
     submit(engine, "short", "a", SamplingParams(max_tokens=2, temperature=0))
     submit(engine, "long", "b", SamplingParams(max_tokens=8, temperature=0))
-    run(engine)
+    run_until_done(engine)
     assert len(backend.graph_sampling.detaches) == 1, "the idle slot's chain went (llama.cpp would run it each step)"
     assert engine.row_sampling.num_chains == len(backend.graph_sampling.chains) == 1

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 
 from fakes import FakeBackend
+from helpers import run_until_done
 from multiseq import FinishReason, Priority, Request, RunnerConfig, SamplingParams
 from multiseq.batch import ChunkRules
 from multiseq.engine import Engine
@@ -31,17 +32,6 @@ def submit(engine: Engine, request_id: str, prompt: str, sampling: SamplingParam
     seq = engine.new_sequence(Request(prompt=prompt, id=request_id, sampling=sampling, priority=priority), request_id)
     engine.add(seq)
     return seq
-
-
-def run_until_done(engine: Engine, max_steps: int = 2000) -> dict:
-    """Step until nothing is left; the results by id, in the order they finished."""
-    results = {}
-    for _ in range(max_steps):
-        if not engine.has_work:
-            return results
-        for result in engine.step().finished:
-            results[result.id] = result
-    raise AssertionError(f"still working after {max_steps} steps")
 
 
 def alone(prompt: str, sampling: SamplingParams, request_id: str) -> str:
