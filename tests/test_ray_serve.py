@@ -153,8 +153,8 @@ def test_streams_and_the_other_apis_pass_through(base_url):
     events = [line for line in response.read().decode().splitlines() if line.startswith("data: ")]
     assert events[-1] == "data: [DONE]" and json.loads(events[-2][6:])["usage"]["completion_tokens"] == 6
     message = anthropic.Anthropic(base_url=base_url, api_key="unused", max_retries=0).messages.create(
-        model=MODEL, max_tokens=4, messages=[{"role": "user", "content": "Hi"}])
-    assert message.content[0].text and message.usage.output_tokens == 4
+        model=MODEL, max_tokens=4, messages=[{"role": "user", "content": "Hi"}], extra_body={"ignore_eos": True})
+    assert message.content[0].text and message.usage.output_tokens == 4 and message.stop_reason == "max_tokens"
     models = openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused").models.list()
     assert [card.id for card in models.data] == [MODEL]
 
