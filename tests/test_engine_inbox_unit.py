@@ -237,3 +237,24 @@ def test_pieces_queued_behind_a_slow_reader_come_joined_with_the_same_text(make_
     state.close()
     assert ["".join(event.piece.text for event in both if event.choice == choice) for choice in (0, 1)] == \
         [expected, expected], "two choices' pieces alternate: each choice's text stays whole and in order"
+
+
+def test_with_a_stream_interval_each_chunk_carries_the_steps_since_the_last_one(make_runner, serve_app):
+    """serve --stream-interval: the loop takes the runner's pieces at most that often, so a
+    stream's chunks come no more often (each carrying several steps' text), and the streamed
+    text is the text of the same request not streamed."""
+    interval, max_tokens = 0.05, 30
+    runner = make_runner(FakeBackend(num_slots=2, decode_delay=0.004))  # 30 steps: at least 0.12 s
+    base = serve_app(create_app(runner, ServerSettings(model_name=MODEL, stream_interval_s=interval)))
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
+    question = dict(model=MODEL, max_tokens=max_tokens, temperature=0, messages=[{"role": "user", "content": "Hi"}])
+    whole = client.chat.completions.create(**question).choices[0].message.content
+    started = time.perf_counter()
+    pieces = [chunk.choices[0].delta.content for chunk in client.chat.completions.create(**question, stream=True)
+              if chunk.choices and chunk.choices[0].delta.content]
+    seconds = time.perf_counter() - started
+    assert "".join(pieces) == whole and len(whole) == max_tokens
+    # The first take comes at once, each later one at least `interval` after the one before.
+    assert len(pieces) <= 1 + seconds / interval, f"{len(pieces)} chunks in {seconds:.3f} s"
+    with pytest.raises(ValueError, match="stream_interval_s"):
+        ServerSettings(model_name=MODEL, stream_interval_s=2.0)

@@ -2,9 +2,12 @@
 
 The runner's worker thread hands each text piece and each result to a LoopDispatcher, one per
 event loop, which collects them; after each step (a runner delivery listener) the dispatcher
-hands the whole step's events to the loop in one loop.call_soon_threadsafe, and on the loop
-routes each to its request's own asyncio queue: no thread, no polling, and one wake-up of the
-loop per step rather than per token. The handler (or the stream it returns) awaits that queue;
+hands what it holds to the loop in one loop.call_soon_threadsafe, and on the loop routes each
+event to its request's own asyncio queue: no thread, no polling, and at most one wake-up of the
+loop per step rather than per token. With a stream interval, the loop takes what is held at
+most that often: a stream then gets the pieces of several steps as one chunk, one write where
+there were several (many streams on a fast model cost the loop, and the engine that shares its
+GIL and cores, that much less). The handler (or the stream it returns) awaits that queue;
 when the client goes away, the job cancels whatever of it is still waiting or running without
 waiting for the engine (Runner.cancel_soon), ignores the pieces that still come for it, and the
 runner frees the slot at its next step.
@@ -15,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import math
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -46,33 +50,54 @@ class ResultEvent:
 
 
 class LoopDispatcher:
-    """Hands the runner's events to one event loop, a step's worth at a time: the runner's
-    callbacks put() events here (on its thread), the runner's delivery listener flush()es them
-    to the loop in one call, and on the loop each event goes to its job."""
+    """Hands the runner's events to one event loop: the runner's callbacks put() events here
+    (on its thread), the runner's delivery listener flush()es, which asks the loop to take
+    them, and on the loop each event goes to its job. The loop takes what is held no more
+    often than every `interval_s` (0: whenever a step flushes), and never later than that after
+    a flush."""
 
-    def __init__(self, runner: Runner, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, runner: Runner, loop: asyncio.AbstractEventLoop, interval_s: float = 0.0) -> None:
         self.runner = runner
         self.loop = loop
+        self.interval_s = interval_s
         self._pending: list[tuple[Job, PieceEvent | ResultEvent]] = []
         self._lock = threading.Lock()  # put() and flush() may come from different threads
+        self._is_take_asked = False  # the loop was asked to take what is held, and has not yet
+        self._last_take = -math.inf  # loop.time() of the last take
         runner.add_delivery_listener(self.flush)
 
     def put(self, job: Job, event: PieceEvent | ResultEvent) -> None:
-        """On the runner's thread (or a submitting one): hold an event until the flush."""
+        """On the runner's thread (or a submitting one): hold an event until the loop takes it."""
         with self._lock:
             self._pending.append((job, event))
 
     def flush(self) -> None:
-        """After a delivery: hand everything held to the loop at once (a closed loop, at
-        shutdown, has no one left to tell)."""
+        """After a delivery: ask the loop to take what is held, unless it was asked already (the
+        events of later steps join those it will take). A closed loop, at shutdown, has no one
+        left to tell."""
         with self._lock:
-            events, self._pending = self._pending, []
-        if not events:
-            return
+            if not self._pending or self._is_take_asked:
+                return
+            self._is_take_asked = True
         try:
-            self.loop.call_soon_threadsafe(_route, events)
+            self.loop.call_soon_threadsafe(self._take_when_due)
         except RuntimeError:
             pass
+
+    def _take_when_due(self) -> None:
+        """On the loop: take now, or once the interval since the last take has passed."""
+        wait = self._last_take + self.interval_s - self.loop.time()
+        if wait > 0:
+            self.loop.call_later(wait, self._take)
+        else:
+            self._take()
+
+    def _take(self) -> None:
+        with self._lock:
+            events, self._pending = self._pending, []
+            self._is_take_asked = False
+        self._last_take = self.loop.time()
+        _route(events)
 
     def close(self) -> None:
         """Stop listening to the runner (the loop is done)."""
@@ -165,12 +190,15 @@ class Job:
         held: PieceEvent | ResultEvent | None = None
         while not self.is_complete:
             event, held = (held, None) if held is not None else (await self.events.get(), None)
-            while isinstance(event, PieceEvent) and not self.events.empty():
-                following = self.events.get_nowait()
-                if not (isinstance(following, PieceEvent) and following.choice == event.choice):
-                    held = following
-                    break
-                event = _joined(event, following)
+            if isinstance(event, PieceEvent) and not self.events.empty():
+                run = [event]
+                while not self.events.empty():
+                    following = self.events.get_nowait()
+                    if not (isinstance(following, PieceEvent) and following.choice == event.choice):
+                        held = following
+                        break
+                    run.append(following)
+                event = _joined(run)
             if isinstance(event, ResultEvent):
                 self.results[event.choice] = event.result
             yield event
@@ -181,12 +209,16 @@ class Job:
         return [self.results[choice] for choice in range(self.item.n)]
 
 
-def _joined(first: PieceEvent, then: PieceEvent) -> PieceEvent:
-    """Two pieces of one choice as one, made when the first was (its time to first token)."""
-    deltas = None if first.piece.deltas is None and then.piece.deltas is None else \
-        (first.piece.deltas or ()) + (then.piece.deltas or ())
-    piece = TextPiece(first.piece.request_id, first.piece.text + then.piece.text,
-                      first.piece.logprobs + then.piece.logprobs, deltas)
+def _joined(run: list[PieceEvent]) -> PieceEvent:
+    """Consecutive pieces of one choice as one, made when the first was (its time to first token)."""
+    if len(run) == 1:
+        return run[0]
+    first = run[0]
+    pieces = [event.piece for event in run]
+    deltas = None if all(piece.deltas is None for piece in pieces) else \
+        tuple(delta for piece in pieces for delta in piece.deltas or ())
+    piece = TextPiece(first.piece.request_id, "".join(piece.text for piece in pieces),
+                      tuple(logprob for piece in pieces for logprob in piece.logprobs), deltas)
     return PieceEvent(first.choice, piece, first.at)
 
 

@@ -31,6 +31,7 @@ DEFAULT_IO_THREADS = 4  # files and the database: short waits on the disk
 DEFAULT_PREPARE_TIMEOUT_SECONDS = 30.0
 DEFAULT_SEND_TIMEOUT_SECONDS = 30.0
 DEFAULT_KEEP_ALIVE_SECONDS = 15.0  # under the 30 to 60 s idle timeouts of common proxies
+MAX_STREAM_INTERVAL_SECONDS = 1.0  # a stream that waits longer between chunks no longer streams
 CHAT_ENDPOINT = "/v1/chat/completions"
 COMPLETIONS_ENDPOINT = "/v1/completions"
 
@@ -67,6 +68,9 @@ class ServerSettings:
     send_timeout_s: float = DEFAULT_SEND_TIMEOUT_SECONDS
     # A stream with nothing to send (its request waits for a slot) sends `: keep-alive` this often.
     keep_alive_s: float = DEFAULT_KEEP_ALIVE_SECONDS
+    # The loop takes the runner's pieces at most this often (0: every step): with many streams
+    # on a fast model, each stream then gets several steps' text in one chunk, one write.
+    stream_interval_s: float = 0.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "allowed_hosts", tuple(self.allowed_hosts))
@@ -77,6 +81,8 @@ class ServerSettings:
                              "io_threads must be >= 1")
         if min(self.prepare_timeout_s, self.send_timeout_s, self.keep_alive_s) <= 0:
             raise ValueError("prepare_timeout_s, send_timeout_s and keep_alive_s must be > 0")
+        if not 0 <= self.stream_interval_s <= MAX_STREAM_INTERVAL_SECONDS:
+            raise ValueError(f"stream_interval_s must be between 0 and {MAX_STREAM_INTERVAL_SECONDS}")
 
 
 class ServerState:
@@ -136,7 +142,7 @@ class ServerState:
         if current is None or current.runner is not runner or current.loop is not loop:
             if current is not None:
                 current.close()
-            current = self._dispatcher = LoopDispatcher(runner, loop)
+            current = self._dispatcher = LoopDispatcher(runner, loop, self.settings.stream_interval_s)
         return current
 
     def ready_runner(self) -> Runner:
