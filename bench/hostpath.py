@@ -52,6 +52,8 @@ uvicorn, `slots` concurrent streaming chat clients (bench/load.py's asyncio clie
 separate process so that they do not share the server's GIL), each asking for --steps tokens.
 Reported: streamed completion tokens/s against the same requests submitted to a Runner with
 its own worker thread (engine alone), and their ratio (the target is >= 0.8 at 64 slots).
+--stream-interval gives serve's --stream-interval (seconds; several, comma-separated, are each
+served): a stream's chunks then come at most that often, each with the steps since the last.
 
 Everything runs on the CPU and uses no model, so it runs unchanged on a CUDA build. The
 output is markdown tables on stdout.
@@ -547,12 +549,14 @@ def client_process() -> Executor:
     return executor
 
 
-def _served_tokens_per_second(case: Case, clients: Executor) -> float:
+def _served_tokens_per_second(case: Case, stream_interval_s: float, clients: Executor) -> float:
     from multiseq.server import ServerSettings, create_app
-    from multiseq.server.serve import make_server
+    from multiseq.server.serve import hand_back_the_gil_sooner, make_server
 
     runner = Runner(case.config(), backend=case.backend())
-    app = create_app(runner, ServerSettings(model_name=MODEL_NAME))
+    switch_interval = sys.getswitchinterval()
+    hand_back_the_gil_sooner()  # as `multiseq serve` does
+    app = create_app(runner, ServerSettings(model_name=MODEL_NAME, stream_interval_s=stream_interval_s))
     server = make_server(app, "127.0.0.1", 0, access_log=False)
     thread = threading.Thread(target=server.run, name="hostpath-server", daemon=True)
     thread.start()
@@ -567,6 +571,7 @@ def _served_tokens_per_second(case: Case, clients: Executor) -> float:
         thread.join(30)
         app.state.server.close()
         runner.close()
+        sys.setswitchinterval(switch_interval)
     expected = case.slots * (case.steps + 1)
     if run.completion_tokens != expected:
         raise RuntimeError(f"the clients received {run.completion_tokens} completion tokens, not {expected}")
@@ -589,6 +594,7 @@ def _engine_tokens_per_second(case: Case) -> float:
 @dataclass(frozen=True)
 class ServedRun:
     case: Case
+    stream_interval_s: float
     engine_tokens_per_second: float
     server_tokens_per_second: float
 
@@ -597,9 +603,11 @@ class ServedRun:
         return self.server_tokens_per_second / self.engine_tokens_per_second
 
 
-def run_served(case: Case, clients: Executor) -> ServedRun:
-    """Streamed tokens/s of the case served over HTTP, and of the engine alone."""
-    return ServedRun(case, _engine_tokens_per_second(case), _served_tokens_per_second(case, clients))
+def run_served(case: Case, stream_interval_s: float, clients: Executor) -> ServedRun:
+    """Streamed tokens/s of the case served over HTTP (serve --stream-interval), and of the
+    engine alone."""
+    return ServedRun(case, stream_interval_s, _engine_tokens_per_second(case),
+                     _served_tokens_per_second(case, stream_interval_s, clients))
 
 
 # --- the report ----------------------------------------------------------------------------------
@@ -636,11 +644,12 @@ def phase_table(reports: list[CaseReport]) -> str:
 
 
 def served_table(runs: list[ServedRun]) -> str:
-    header = ["slots", "vocab", "sampling", "engine tok/s", "server tok/s", "server / engine"]
+    header = ["slots", "vocab", "sampling", "stream interval", "engine tok/s", "server tok/s", "server / engine"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for run in runs:
         lines.append(f"| {run.case.slots} | {_vocab_label(run.case.vocab)} | {run.case.sampling} | "
-                     f"{run.engine_tokens_per_second:,.0f} | {run.server_tokens_per_second:,.0f} | {run.ratio:.2f} |")
+                     f"{run.stream_interval_s * 1000:g} ms | {run.engine_tokens_per_second:,.0f} | "
+                     f"{run.server_tokens_per_second:,.0f} | {run.ratio:.2f} |")
     return "\n".join(lines)
 
 
@@ -649,14 +658,23 @@ def served_table(runs: list[ServedRun]) -> str:
 QUICK = dict(slots=[2], vocab=[1024], sampling=list(SAMPLINGS), steps=4, compare_steps=1)
 
 
-def _numbers(text: str) -> list[int]:
+def _listed(text: str, convert: Callable[[str], float], minimum: float, what: str) -> list:
+    """A comma-separated list of values, each at least `minimum` (an argparse type)."""
     try:
-        values = [int(part) for part in text.split(",") if part.strip()]
+        values = [convert(part) for part in text.split(",") if part.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected comma-separated {what}, got {text!r}") from None
+    if not values or min(values) < minimum:
+        raise argparse.ArgumentTypeError(f"expected {what} of at least {minimum:g}, got {text!r}")
     return values
+
+
+def _numbers(text: str) -> list[int]:
+    return _listed(text, int, 1, "integers")
+
+
+def _seconds(text: str) -> list[float]:
+    return _listed(text, float, 0, "seconds")
 
 
 def _samplings(text: str) -> list[str]:
@@ -678,6 +696,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--compare-steps", type=int, default=2,
                         help="steps of rows the sampling references run over (default 2)")
     parser.add_argument("--server", action="store_true", help="also serve each case over HTTP")
+    parser.add_argument("--stream-interval", type=_seconds, default=[0.0], metavar="SECONDS",
+                        help="with --server: serve's --stream-interval, comma-separated to compare (default 0)")
     parser.add_argument("--quick", action="store_true",
                         help="2 slots, a 1,024-token vocabulary, 4 steps: checks that everything runs")
     args = parser.parse_args(argv)
@@ -708,7 +728,7 @@ def main(argv: list[str] | None = None) -> int:
             for case in cases(args):
                 print(f"served: {case.slots} slots, vocab {case.vocab}, {case.sampling} ...", file=sys.stderr,
                       flush=True)
-                served.append(run_served(case, clients))
+                served.extend(run_served(case, interval, clients) for interval in args.stream_interval)
         print("\nStreamed tokens/s: served over HTTP against the engine alone\n")
         print(served_table(served))
     return 0

@@ -64,7 +64,8 @@ from multiseq.server.errors import SERVER_ERROR, error_body
 from multiseq.server.messages import stream_error_event
 from multiseq.server.routing import (NO_KEY, NO_MATCH, ROUTINGS, Candidate, LoadBook, PrefixIndex, RoutingKey,
                                      StateHomes, rank_replicas, response_key, routing_key)
-from multiseq.server.serve import GRACEFUL_SHUTDOWN_SECONDS, freeze_loaded_objects, prepare_constraints
+from multiseq.server.serve import (GRACEFUL_SHUTDOWN_SECONDS, freeze_loaded_objects, hand_back_the_gil_sooner,
+                                   prepare_constraints)
 from multiseq.server.sse import sse
 
 logger = logging.getLogger("multiseq.server")
@@ -281,6 +282,7 @@ class Engine:
             raise RayServeError(f"the model could not load: {error}") from None
         prepare_constraints(runner)
         freeze_loaded_objects()
+        hand_back_the_gil_sooner()
         self.app.state.server.attach(runner)
 
     async def handle_http(self, call: HttpCall) -> AsyncIterator[list[dict[str, Any]]]:

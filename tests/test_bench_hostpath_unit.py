@@ -4,6 +4,8 @@ on every run, llama.cpp's chain samples the same rows, and the served run stream
 
 from __future__ import annotations
 
+import dataclasses
+
 import sys
 from pathlib import Path
 
@@ -87,12 +89,15 @@ def test_the_zero_cost_backend_never_ends_a_request_early_and_detokenizes_real_p
     assert np.shares_memory(backend.step_logits(3, 2), backend.step_logits(3, 2)), "rows are views, not copies"
 
 
-def test_served_quick_run_streams_every_token():
+@pytest.mark.parametrize("stream_interval", [0.0, 0.02])
+def test_served_quick_run_streams_every_token(stream_interval):
+    """Every token reaches the clients (run_served raises otherwise), every step or joined."""
     case = hostpath.Case(slots=2, vocab=VOCAB, sampling="greedy", steps=STEPS)
     with hostpath.client_process() as clients:
-        served = hostpath.run_served(case, clients)
+        served = hostpath.run_served(case, stream_interval, clients)
     assert served.engine_tokens_per_second > 0 and served.server_tokens_per_second > 0
     assert served.ratio == served.server_tokens_per_second / served.engine_tokens_per_second
+    assert "| 20 ms |" in hostpath.served_table([dataclasses.replace(served, stream_interval_s=0.02)])
 
 
 def test_quick_command_prints_one_row_per_case(capsys):
@@ -109,3 +114,6 @@ def test_bad_arguments_are_refused_naming_the_option(capsys):
     with pytest.raises(SystemExit):
         hostpath.parse_args(["--slots", "0"])
     assert "--slots" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        hostpath.parse_args(["--stream-interval", "-0.1"])
+    assert "--stream-interval" in capsys.readouterr().err
