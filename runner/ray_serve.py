@@ -692,11 +692,7 @@ def run(config: RunnerConfig, settings: ServerSettings, replicas: int, address: 
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         serve.start(http_options=HTTPOptions(host=host, port=port))
-        try:
-            serve.run(build_app(config, settings, replicas, routing, gpus), name=APP_NAME, route_prefix="/",
-                      blocking=False)
-        except RuntimeError as error:  # a replica could not start: Ray Serve gives up after its retries
-            raise RayServeError(f"the application could not start: {_cause(error)}") from None
+        start_application(build_app(config, settings, replicas, routing, gpus))
         if on_ready is not None:
             on_ready(f"http://{host}:{port}")
         while not stop.wait(0.5):  # a wait without a timeout would not wake for the signal handler
@@ -712,11 +708,20 @@ def run(config: RunnerConfig, settings: ServerSettings, replicas: int, address: 
             ray.shutdown()
 
 
-def _cause(error: Exception) -> str:
-    """Why the application could not start, in one line: the replica's own error where Ray
-    Serve kept it (a traceback, in the deployment's status), else Ray Serve's last line."""
+def start_application(app, name: str = APP_NAME, route_prefix: str = "/") -> None:
+    """Run `app` on Ray Serve (started) and return once its replicas answer. RayServeError, in
+    one line, when a replica cannot start (its model does not load on its node, say)."""
+    try:
+        serve.run(app, name=name, route_prefix=route_prefix, blocking=False)
+    except RuntimeError as error:  # Ray Serve gave up after its retries
+        raise RayServeError(f"the application could not start: {_cause(error, name)}") from None
+
+
+def _cause(error: Exception, name: str) -> str:
+    """Why the application `name` could not start, in one line: the replica's own error where
+    Ray Serve kept it (a traceback, in the deployment's status), else Ray Serve's last line."""
     with contextlib.suppress(Exception):  # the status is a help, not a must
-        message = serve.status().applications[APP_NAME].deployments[ENGINE].message
+        message = serve.status().applications[name].deployments[ENGINE].message
         ours = [line for line in message.splitlines() if f"{RayServeError.__name__}: " in line]
         if ours:
             return ours[-1].split(f"{RayServeError.__name__}: ", 1)[1]

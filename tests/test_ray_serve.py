@@ -95,8 +95,9 @@ def test_ray_options_without_ray_or_with_the_dashboard_are_usage_errors(run_cli)
 
 @pytest.fixture(scope="module")
 def base_url(tmp_path_factory):
-    """Ray on loopback with 2 CPUs, the application on Ray Serve's proxy at a free port."""
-    ray.init(num_cpus=NUM_REPLICAS, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
+    """Ray on loopback with a CPU for each replica and one spare (for an application that cannot
+    start), the application on Ray Serve's proxy at a free port."""
+    ray.init(num_cpus=NUM_REPLICAS + 1, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
     try:
         port = free_port()
         serve.start(http_options={"host": "127.0.0.1", "port": port})
@@ -260,11 +261,29 @@ def _health(base_url: str) -> dict:
 
 @model
 def test_a_cluster_too_small_is_one_line(base_url, run_cli):
-    result = run_cli("serve", "--ray", ray.get_runtime_context().gcs_address, "--replicas", "3", "-t", "1",
+    result = run_cli("serve", "--ray", ray.get_runtime_context().gcs_address, "--replicas", "4", "-t", "1",
                      "--port", "0")
     assert result.exit_code == 1
-    assert "3 replicas x 1 threads need 3 CPUs, and the Ray cluster has 2: use fewer --replicas" in result.output
+    assert "4 replicas x 1 threads need 4 CPUs, and the Ray cluster has 3: use fewer --replicas" in result.output
     assert "Traceback" not in result.output
+
+
+@model
+def test_a_replica_whose_model_cannot_load_is_one_line_and_the_others_serve_on(client, tmp_path):
+    """On a cluster, the model file can be missing or broken on a replica's node: starting
+    the application then fails with llama.cpp's reason in one line, not a hang."""
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"GGUF" + bytes(60))
+    config = RunnerConfig(model=str(broken), parallel=1, threads=1, slot_ctx=256)
+    app = ray_serve.build_app(config, ServerSettings(model_name="broken"), 1)
+    try:
+        with pytest.raises(ray_serve.RayServeError) as failure:
+            ray_serve.start_application(app, name="broken", route_prefix="/broken")
+    finally:
+        serve.delete("broken")
+    assert str(failure.value).startswith("the application could not start: the model could not load: ")
+    assert "bad GGUF version" in str(failure.value) and "\n" not in str(failure.value)
+    assert chat(client, [{"role": "user", "content": "Hi"}])[0], "the running application answers on"
 
 
 # --- what the gateway does, without a cluster -----------------------------------------------------
