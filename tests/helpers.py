@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import selectors
 import subprocess
 import threading
 import time
@@ -27,21 +26,23 @@ def wait_for_lines(path: Path, count: int, process: subprocess.Popen, timeout: f
 
 
 def read_until(process: subprocess.Popen, pattern: str, timeout: float = 60.0) -> list[str]:
-    """Lines of the process's stderr up to the one holding `pattern` (bounded wait)."""
-    selector = selectors.DefaultSelector()
-    selector.register(process.stderr, selectors.EVENT_READ)
-    lines = []
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not selector.select(timeout=max(0.0, deadline - time.monotonic())):
-            break
-        line = process.stderr.readline()
-        if not line:
-            break
-        lines.append(line)
-        if pattern in line:
-            return lines
-    raise AssertionError(f"{pattern!r} never came; stderr so far:\n{''.join(lines)}")
+    """Lines of the process's stderr up to the one holding `pattern` (bounded wait). Read by
+    blocking readline on a thread: two lines often come in one read, and a select on the pipe
+    would not see the second, already in the reader's buffer."""
+    lines: list[str] = []
+
+    def read() -> None:
+        for line in process.stderr:
+            lines.append(line)
+            if pattern in line:
+                return
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(timeout)
+    if not (lines and pattern in lines[-1]):
+        raise AssertionError(f"{pattern!r} never came; stderr so far:\n{''.join(lines)}")
+    return lines
 
 
 @contextmanager

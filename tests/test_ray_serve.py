@@ -11,7 +11,6 @@ import json
 import re
 import signal
 import socket
-import threading
 import time
 
 import pytest
@@ -22,7 +21,7 @@ serve = pytest.importorskip("ray.serve")
 import anthropic  # noqa: E402
 import openai  # noqa: E402
 
-from helpers import wait_until  # noqa: E402
+from helpers import read_until, wait_until  # noqa: E402
 from multiseq import RunnerConfig  # noqa: E402
 from multiseq import ray_serve  # noqa: E402
 from multiseq.server.app import ServerSettings  # noqa: E402
@@ -46,32 +45,13 @@ def free_port() -> int:
 
 # --- as a user runs it ---------------------------------------------------------------------------
 
-def lines_until(process, pattern: str, timeout: float) -> list[str]:
-    """The process's stderr lines up to the one holding `pattern`. (Read by blocking readline
-    on a thread: Ray Serve's line and ours often come in one read, and a select on the pipe
-    would not see the second, already in the reader's buffer.)"""
-    lines: list[str] = []
-
-    def read() -> None:
-        for line in process.stderr:
-            lines.append(line)
-            if pattern in line:
-                return
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    reader.join(timeout)
-    assert lines and pattern in lines[-1], f"{pattern!r} never came; stderr so far:\n{''.join(lines)}"
-    return lines
-
-
 @model
 def test_serve_on_ray_answers_and_stops_on_sigterm(start_cli):
     """The command with its own local Ray, on Ray Serve's own router (one replica: the test is
     about the command; the module's cluster below routes by prefix)."""
     process = start_cli("serve", "--ray", "--replicas", "1", "--routing", "ray", "-m", MODEL, "-np", "1", "-t", "1",
                         "-c", "512", "--port", "0", "--no-dashboard", "--alias", "local")
-    lines = lines_until(process, "ready:", timeout=120)
+    lines = read_until(process, "ready:", timeout=120)
     base = next(match.group(1) for line in lines if (match := READY.search(line)))
     client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
     reply = client.chat.completions.with_raw_response.create(model="local", max_tokens=4,
