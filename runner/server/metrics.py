@@ -2,7 +2,7 @@
 
 What the engine counts (requests running and waiting, slots in use, prompt tokens computed and
 reused, tokens generated) is read from the snapshot the runner's worker published last
-(Runner.latest_snapshot, a few ms old at most while requests run), so a scrape never waits for
+(Runner.latest_snapshot, at most 0.1 s old while requests run), so a scrape never waits for
 the engine. Latencies are what clients see: time to the first token and the gaps between
 tokens, observed as the server hands pieces out.
 
