@@ -52,8 +52,9 @@ uvicorn, `slots` concurrent streaming chat clients (bench/load.py's asyncio clie
 separate process so that they do not share the server's GIL), each asking for --steps tokens.
 Reported: streamed completion tokens/s against the same requests submitted to a Runner with
 its own worker thread (engine alone), and their ratio (the target is >= 0.8 at 64 slots).
---stream-interval gives serve's --stream-interval (seconds; several, comma-separated, are each
-served): a stream's chunks then come at most that often, each with the steps since the last.
+--stream-interval gives serve's --stream-interval (auto, the default, or seconds; several,
+comma-separated, are each served): a stream's chunks then come at most that often, each with
+the steps since the last.
 
 Everything runs on the CPU and uses no model, so it runs unchanged on a CUDA build. The
 output is markdown tables on stdout.
@@ -549,7 +550,7 @@ def client_process() -> Executor:
     return executor
 
 
-def _served_tokens_per_second(case: Case, stream_interval_s: float, clients: Executor) -> float:
+def _served_tokens_per_second(case: Case, stream_interval_s: float | None, clients: Executor) -> float:
     from multiseq.server import ServerSettings, create_app
     from multiseq.server.serve import hand_back_the_gil_sooner, make_server
 
@@ -594,7 +595,7 @@ def _engine_tokens_per_second(case: Case) -> float:
 @dataclass(frozen=True)
 class ServedRun:
     case: Case
-    stream_interval_s: float
+    stream_interval_s: float | None  # None: auto
     engine_tokens_per_second: float
     server_tokens_per_second: float
 
@@ -603,7 +604,7 @@ class ServedRun:
         return self.server_tokens_per_second / self.engine_tokens_per_second
 
 
-def run_served(case: Case, stream_interval_s: float, clients: Executor) -> ServedRun:
+def run_served(case: Case, stream_interval_s: float | None, clients: Executor) -> ServedRun:
     """Streamed tokens/s of the case served over HTTP (serve --stream-interval), and of the
     engine alone."""
     return ServedRun(case, stream_interval_s, _engine_tokens_per_second(case),
@@ -643,12 +644,16 @@ def phase_table(reports: list[CaseReport]) -> str:
     return "\n".join(lines)
 
 
+def _interval_label(seconds: float | None) -> str:
+    return "auto" if seconds is None else f"{seconds * 1000:g} ms"
+
+
 def served_table(runs: list[ServedRun]) -> str:
     header = ["slots", "vocab", "sampling", "stream interval", "engine tok/s", "server tok/s", "server / engine"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for run in runs:
         lines.append(f"| {run.case.slots} | {_vocab_label(run.case.vocab)} | {run.case.sampling} | "
-                     f"{run.stream_interval_s * 1000:g} ms | {run.engine_tokens_per_second:,.0f} | "
+                     f"{_interval_label(run.stream_interval_s)} | {run.engine_tokens_per_second:,.0f} | "
                      f"{run.server_tokens_per_second:,.0f} | {run.ratio:.2f} |")
     return "\n".join(lines)
 
@@ -658,23 +663,26 @@ def served_table(runs: list[ServedRun]) -> str:
 QUICK = dict(slots=[2], vocab=[1024], sampling=list(SAMPLINGS), steps=4, compare_steps=1)
 
 
-def _listed(text: str, convert: Callable[[str], float], minimum: float, what: str) -> list:
-    """A comma-separated list of values, each at least `minimum` (an argparse type)."""
+def _numbers(text: str) -> list[int]:
     try:
-        values = [convert(part) for part in text.split(",") if part.strip()]
+        values = [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated {what}, got {text!r}") from None
-    if not values or min(values) < minimum:
-        raise argparse.ArgumentTypeError(f"expected {what} of at least {minimum:g}, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
     return values
 
 
-def _numbers(text: str) -> list[int]:
-    return _listed(text, int, 1, "integers")
-
-
-def _seconds(text: str) -> list[float]:
-    return _listed(text, float, 0, "seconds")
+def _intervals(text: str) -> list[float | None]:
+    """Stream intervals, comma-separated: seconds, or auto (None)."""
+    parts = [part.strip() for part in text.split(",") if part.strip()]
+    try:
+        values = [None if part == "auto" else float(part) for part in parts]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected auto or seconds, comma-separated, got {text!r}") from None
+    if not values or any(value is not None and value < 0 for value in values):
+        raise argparse.ArgumentTypeError(f"expected auto or seconds >= 0, got {text!r}")
+    return values
 
 
 def _samplings(text: str) -> list[str]:
@@ -696,8 +704,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--compare-steps", type=int, default=2,
                         help="steps of rows the sampling references run over (default 2)")
     parser.add_argument("--server", action="store_true", help="also serve each case over HTTP")
-    parser.add_argument("--stream-interval", type=_seconds, default=[0.0], metavar="SECONDS",
-                        help="with --server: serve's --stream-interval, comma-separated to compare (default 0)")
+    parser.add_argument("--stream-interval", type=_intervals, default=[None], metavar="auto|SECONDS",
+                        help="with --server: serve's --stream-interval, comma-separated to compare (default auto)")
     parser.add_argument("--quick", action="store_true",
                         help="2 slots, a 1,024-token vocabulary, 4 steps: checks that everything runs")
     args = parser.parse_args(argv)

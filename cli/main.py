@@ -30,7 +30,8 @@ from ..server.store import StoreError
 from ..models.folders import DATA_DIR_VARIABLE
 from .dashboard import ServerDashboard
 from .job import BatchJob, OpenedRunner, check_chat_template
-from .options import SERVE_STEP_TOKENS, engine_options, overflow_option, runner_config, sampling_defaults, sampling_options
+from .options import (SERVE_STEP_TOKENS, StreamInterval, engine_options, overflow_option, runner_config,
+                      sampling_defaults, sampling_options)
 from ..formats.reader import PromptFormat, TextMode
 
 stderr = Console(stderr=True)
@@ -263,10 +264,11 @@ def batch_run(prompts_file: Path, output: Path | None, prompt_format: str | None
 @click.option("--keep-alive", default=DEFAULT_KEEP_ALIVE_SECONDS, show_default=True,
               type=click.FloatRange(0, min_open=True), help="Seconds between the ': keep-alive' comments a stream "
               "sends while it has nothing else to send (waiting for a slot), so proxies keep it open.")
-@click.option("--stream-interval", default=0.0, show_default=True,
-              type=click.FloatRange(0, MAX_STREAM_INTERVAL_SECONDS), help="Seconds between a stream's chunks at "
-              "least (0: one per step). With many streams on a fast model, each chunk then carries several steps' "
-              "text: fewer writes, more tokens/s, that much later a token.")
+@click.option("--stream-interval", default="auto", show_default=True,
+              type=StreamInterval(MAX_STREAM_INTERVAL_SECONDS), help="Seconds between a stream's chunks at least "
+              "(0: one per step); each chunk carries the text of the steps since the last one: fewer writes, more "
+              "tokens/s, that much later a token. auto: in proportion to the streams being fed, so a few streams "
+              "get every step and many streams on a fast model (a GPU) share the server's time.")
 @click.option("--dashboard/--no-dashboard", default=None,
               help="Live view of the slots instead of access logs. Default: on when standard error is a terminal.")
 @click.option("--ray", "ray_address", is_flag=False, flag_value="local", default=None, metavar="[ADDRESS]",
@@ -284,7 +286,7 @@ def batch_run(prompts_file: Path, output: Path | None, prompt_format: str | None
 def serve(ctx_size: int | None, host: str, port: int, api_key: str | None, metrics_public: bool,
           allowed_hosts: str | None, cors_origins: str | None, strict_fields: bool, alias: str | None, max_queue: int,
           max_body_mb: float, data_dir: Path | None, max_upload_mb: float, max_batch_lines: int,
-          prepare_timeout: float, send_timeout: float, keep_alive: float, stream_interval: float,
+          prepare_timeout: float, send_timeout: float, keep_alive: float, stream_interval: float | None,
           dashboard: bool | None, ray_address: str | None, replicas: int | None, routing: str | None,
           worker_gpus: float | None, verbose: bool, **options) -> None:
     """Serve the model over an OpenAI-compatible HTTP API, batching concurrent clients.

@@ -60,6 +60,29 @@ class TensorSplit(click.ParamType):
         return shares
 
 
+class StreamInterval(click.ParamType):
+    """serve --stream-interval: seconds between a stream's chunks at least, or `auto` (None)."""
+
+    name = "auto|SECONDS"
+
+    def __init__(self, maximum: float) -> None:
+        self.maximum = maximum
+
+    def convert(self, value: Any, param, ctx) -> float | None:
+        if value is None or isinstance(value, float):
+            return value
+        text = str(value).strip().lower()
+        if text == "auto":
+            return None
+        try:
+            seconds = float(text)
+        except ValueError:
+            seconds = -1.0
+        if not 0 <= seconds <= self.maximum:
+            self.fail(f"{value!r} is not auto or seconds from 0 to {self.maximum:g}", param, ctx)
+        return seconds
+
+
 def _apply(decorators: list[Callable]) -> Callable:
     def decorate(function: Callable) -> Callable:
         for decorator in reversed(decorators):

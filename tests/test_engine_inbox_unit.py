@@ -20,7 +20,7 @@ from helpers import wait_until
 from multiseq import FinishReason, Request, SamplingParams
 from multiseq.formats.reader import PromptItem
 from multiseq.server import ServerSettings, create_app
-from multiseq.server.jobs import PieceEvent
+from multiseq.server.jobs import MAX_CHUNKS_PER_SECOND, PieceEvent
 from multiseq.server.metrics import LoopLagMonitor
 from multiseq.server.state import ServerState
 from prometheus_client import CollectorRegistry
@@ -258,3 +258,34 @@ def test_with_a_stream_interval_each_chunk_carries_the_steps_since_the_last_one(
     assert len(pieces) <= 1 + seconds / interval, f"{len(pieces)} chunks in {seconds:.3f} s"
     with pytest.raises(ValueError, match="stream_interval_s"):
         ServerSettings(model_name=MODEL, stream_interval_s=2.0)
+
+
+def test_the_automatic_stream_interval_grows_with_the_streams_being_fed(make_runner):
+    """stream_interval_s=None (serve's default, auto): after a take that fed N streams the loop
+    waits N / MAX_CHUNKS_PER_SECOND, so 32 streams of a fast model get several steps per chunk
+    (a few streams would get every step), and each stream's text is the runner's own."""
+    num_streams, max_tokens = 32, 20
+    interval = num_streams / MAX_CHUNKS_PER_SECOND
+    prompts = [f"stream number {index}" for index in range(num_streams)]
+    alone = make_runner(FakeBackend(num_slots=num_streams))
+    expected = [result.text for result in alone.run_batch(
+        Request(prompt=prompt, sampling=SamplingParams(max_tokens=max_tokens, temperature=0)) for prompt in prompts)]
+    runner = make_runner(FakeBackend(num_slots=num_streams, decode_delay=0.004), autostart=False)
+    state = ServerState(runner, ServerSettings(model_name=MODEL, stream_interval_s=None))
+
+    async def stream(job) -> list[str]:
+        return [event.piece.text async for event in job.events_until_complete() if isinstance(event, PieceEvent)]
+
+    async def run_streams() -> list[list[str]]:
+        jobs = [await state.submit(runner, prompt_item(prompt, max_tokens)) for prompt in prompts]
+        runner.start()
+        return await asyncio.wait_for(asyncio.gather(*(stream(job) for job in jobs)), 30)
+
+    started = time.perf_counter()
+    pieces = asyncio.run(run_streams())
+    seconds = time.perf_counter() - started
+    state.close()
+    assert ["".join(stream) for stream in pieces] == expected
+    # Every take feeds all 32 streams (they start and end together) but the first and last.
+    most = max(len(stream) for stream in pieces)
+    assert most <= 2 + seconds / interval, f"{most} chunks in {seconds:.3f} s"

@@ -69,8 +69,9 @@ class ServerSettings:
     # A stream with nothing to send (its request waits for a slot) sends `: keep-alive` this often.
     keep_alive_s: float = DEFAULT_KEEP_ALIVE_SECONDS
     # The loop takes the runner's pieces at most this often (0: every step): with many streams
-    # on a fast model, each stream then gets several steps' text in one chunk, one write.
-    stream_interval_s: float = 0.0
+    # on a fast model, each stream then gets several steps' text in one chunk, one write. None:
+    # in proportion to the streams being fed (jobs.MAX_CHUNKS_PER_SECOND over them all).
+    stream_interval_s: float | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "allowed_hosts", tuple(self.allowed_hosts))
@@ -81,7 +82,7 @@ class ServerSettings:
                              "io_threads must be >= 1")
         if min(self.prepare_timeout_s, self.send_timeout_s, self.keep_alive_s) <= 0:
             raise ValueError("prepare_timeout_s, send_timeout_s and keep_alive_s must be > 0")
-        if not 0 <= self.stream_interval_s <= MAX_STREAM_INTERVAL_SECONDS:
+        if self.stream_interval_s is not None and not 0 <= self.stream_interval_s <= MAX_STREAM_INTERVAL_SECONDS:
             raise ValueError(f"stream_interval_s must be between 0 and {MAX_STREAM_INTERVAL_SECONDS}")
 
 
