@@ -114,9 +114,31 @@ class LoopDispatcher:
 
 
 def _route(events: list[tuple[Job, PieceEvent | ResultEvent]]) -> None:
-    """On the loop: each event to its job."""
+    """On the loop: each job its events in order, the consecutive pieces of one choice joined
+    (a take that spans several steps hands each stream one piece, not one per step)."""
+    by_job: dict[Job, list[PieceEvent | ResultEvent]] = {}
     for job, event in events:
-        job.receive(event)
+        by_job.setdefault(job, []).append(event)
+    for job, job_events in by_job.items():
+        for event in _joined_runs(job_events):
+            job.receive(event)
+
+
+def _joined_runs(events: list[PieceEvent | ResultEvent]) -> list[PieceEvent | ResultEvent]:
+    """The events in order, each run of consecutive pieces of one choice as one piece."""
+    out: list[PieceEvent | ResultEvent] = []
+    run: list[PieceEvent] = []
+    for event in events:
+        if run and not (isinstance(event, PieceEvent) and event.choice == run[0].choice):
+            out.append(_joined(run))
+            run = []
+        if isinstance(event, PieceEvent):
+            run.append(event)
+        else:
+            out.append(event)
+    if run:
+        out.append(_joined(run))
+    return out
 
 
 class Job:
