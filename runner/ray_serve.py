@@ -64,8 +64,7 @@ from multiseq.server.errors import SERVER_ERROR, error_body
 from multiseq.server.messages import stream_error_event
 from multiseq.server.routing import (NO_KEY, NO_MATCH, ROUTINGS, Candidate, LoadBook, PrefixIndex, RoutingKey,
                                      StateHomes, rank_replicas, response_key, routing_key)
-from multiseq.server.serve import (GRACEFUL_SHUTDOWN_SECONDS, freeze_loaded_objects, hand_back_the_gil_sooner,
-                                   prepare_constraints)
+from multiseq.server.serve import GRACEFUL_SHUTDOWN_SECONDS, prepare_to_serve
 from multiseq.server.sse import sse
 
 logger = logging.getLogger("multiseq.server")
@@ -280,9 +279,7 @@ class Engine:
         except (BackendError, ModelError, ValueError, OSError) as error:
             self.app.state.server.close()
             raise RayServeError(f"the model could not load: {error}") from None
-        prepare_constraints(runner)
-        freeze_loaded_objects()
-        hand_back_the_gil_sooner()
+        prepare_to_serve(runner)
         self.app.state.server.attach(runner)
 
     async def handle_http(self, call: HttpCall) -> AsyncIterator[list[dict[str, Any]]]:

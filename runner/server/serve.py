@@ -107,6 +107,14 @@ def hand_back_the_gil_sooner() -> None:
     sys.setswitchinterval(SERVING_SWITCH_INTERVAL_SECONDS)
 
 
+def prepare_to_serve(runner: Runner) -> None:
+    """What a process does with its loaded runner before it serves (serve, and each Ray Serve
+    replica): nothing it would otherwise do at a first request, or in a long pause, then."""
+    prepare_constraints(runner)
+    freeze_loaded_objects()
+    hand_back_the_gil_sooner()
+
+
 def open_socket(host: str, port: int) -> socket.socket:
     """A listening TCP socket on host:port (port 0: a free one), IPv4 or IPv6 as the host says."""
     family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
@@ -143,9 +151,7 @@ def serve(config: RunnerConfig, settings: ServerSettings, host: str, port: int, 
         if server.should_exit:  # stopped while loading
             runner.close()
             return
-        prepare_constraints(runner)
-        freeze_loaded_objects()
-        hand_back_the_gil_sooner()
+        prepare_to_serve(runner)
         app.state.server.attach(runner)
         if on_ready is not None:
             on_ready(runner)
