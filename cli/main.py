@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import socket
 import sys
 from contextlib import contextmanager
 from pathlib import Path
@@ -402,8 +401,9 @@ def _serve_on_ray(config: RunnerConfig, settings: ServerSettings, address: str |
 
 
 def _free_port(host: str) -> int:
-    with socket.socket(socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0][0]) as probe:
-        probe.bind((host, 0))
+    from ..server.serve import open_socket
+
+    with open_socket(host, 0) as probe:
         return probe.getsockname()[1]
 
 
