@@ -40,7 +40,7 @@ from .request import FinishReason, Request, Result
 from .tools import Delta
 from .graph_sampling import RowSampling
 from .sampling import Sampled, SequenceSampler
-from .hostcache import HostCache
+from .hostcache import HostCache, PrefixHolding, SharedPrefix
 from .placement import KvPlacement
 from .scheduler import Scheduler, StepPlan, fit_prompt
 from .sequence import Sequence
@@ -327,6 +327,18 @@ class Engine:
         self.placement.release(seq, slot, now)
         self.stats.note_finish(now, seq.ending.reason.value)
         self._outbox.finished.append(seq.to_result())
+
+    # --- prefixes shared with other servers of the same model -------------------------------
+
+    def prefix_holding(self, prompt: list[int] | np.ndarray, share_more_than: int | None = None) -> PrefixHolding:
+        """How much of `prompt` this engine holds, and (share_more_than) the KV of the longest
+        prefix held when it is longer than that, for another server to import."""
+        return self.placement.holding(np.asarray(prompt, dtype=np.int32), share_more_than)
+
+    def import_prefix(self, shared: SharedPrefix) -> bool:
+        """Keep another server's prefix KV in host memory: a prompt that starts with it restores
+        it, as it restores a state saved here."""
+        return self.host_cache.import_shared(shared)
 
     def snapshot(self, now: float) -> RunnerSnapshot:
         """Every slot and counter at this moment, as plain values (for a dashboard)."""

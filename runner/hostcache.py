@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .batch import SlotState
-from .prefix import common_prefix_length, starts_with
+from .prefix import MIN_WAIT_TOKENS, common_prefix_length, starts_with
 
 # Saving costs a copy of the slot's KV (~23 kB a token on SmolLM2, 9 on Gemma 3): a slot whose
 # loss would cost fewer tokens than this is not worth the memory.
@@ -48,6 +48,30 @@ class HostEntry:
         return len(self.state)
 
 
+@dataclass(frozen=True)
+class SharedPrefix:
+    """A prefix's KV as one server hands it to another: a saved slot state and the tokens it
+    holds at positions 0..len-1 (the state may hold more: a restore cuts it back)."""
+
+    tokens: np.ndarray
+    state: SlotState
+
+
+@dataclass(frozen=True)
+class PrefixHolding:
+    """How much of a prompt a server holds (in a slot, or saved in host memory), and how much
+    a prefill under way there will hold; with the prefix's KV when it was asked for."""
+
+    num_held: int
+    num_in_flight: int = 0
+    shared: SharedPrefix | None = None
+
+    @property
+    def is_growing(self) -> bool:
+        """Whether a prefill under way will hold enough more to be worth waiting for."""
+        return self.num_in_flight >= self.num_held + MIN_WAIT_TOKENS
+
+
 @dataclass
 class CostModel:
     """Running estimates of what restoring a byte and prefilling a token cost."""
@@ -68,6 +92,14 @@ class CostModel:
         return num_bytes * self.restore_seconds_per_byte < num_tokens_saved * self.prefill_seconds_per_token
 
 
+def _owned(state: SlotState) -> SlotState:
+    """A state this process owns and llama.cpp may be handed: one that came over as a read-only
+    view (Ray's object store gives arrays so) is copied, which also frees the store's memory."""
+    if isinstance(state, np.ndarray) and not state.flags.writeable:
+        return state.copy()
+    return state
+
+
 def _smoothed(estimate: float, measured: float) -> float:
     return (1 - _SMOOTHING) * estimate + _SMOOTHING * measured
 
@@ -78,6 +110,7 @@ class HostCacheStats:
     num_restored: int = 0
     num_evicted: int = 0
     tokens_restored: int = 0
+    num_imported: int = 0  # states another server handed over (serving on several replicas)
 
 
 class HostCache:
@@ -131,6 +164,16 @@ class HostCache:
         self._next_key += 1
         self.num_bytes += len(state)
         self.stats.num_saved += 1
+        return True
+
+    def import_shared(self, shared: SharedPrefix) -> bool:
+        """Keep a prefix's KV that another server of the same model and settings computed, as
+        if this server had saved it; False when it is not kept (host memory is off or too small,
+        or an entry already holds those tokens)."""
+        if not self.is_enabled or self.covers(shared.tokens) or not self.add(shared.tokens, _owned(shared.state)):
+            return False
+        self.stats.num_saved -= 1  # add() counted it as saved here
+        self.stats.num_imported += 1
         return True
 
     def _make_room(self, num_bytes: int) -> bool:

@@ -12,8 +12,10 @@ from __future__ import annotations
 import logging
 import time
 
+import numpy as np
+
 from .batch import Backend
-from .hostcache import MIN_SAVE_TOKENS, HostCache
+from .hostcache import MIN_SAVE_TOKENS, HostCache, PrefixHolding, SharedPrefix
 from .scheduler import Admission, Placement, Scheduler
 from .sequence import Sequence, SequenceStatus
 from .stats import StatsRecorder
@@ -88,6 +90,21 @@ class KvPlacement:
         for seq in stuck:
             seq.exhaust_window()
         return stuck
+
+    def holding(self, prompt: np.ndarray, share_more_than: int | None = None) -> PrefixHolding:
+        """How much of `prompt` a slot or host memory holds here, and how much a prefill under
+        way will hold; with share_more_than, also the KV of the longest held prefix when it is
+        longer than that (the host memory's state, or the slot's, saved now)."""
+        slot, in_slot, in_flight = self.scheduler.longest_held(prompt)
+        entry, in_host = self.host_cache.best_match(prompt) if self.host_cache.is_enabled else (None, 0)
+        held = max(in_slot, in_host)
+        if share_more_than is None or held <= share_more_than:
+            return PrefixHolding(held, in_flight)
+        if entry is not None and in_host >= in_slot:
+            return PrefixHolding(held, in_flight, SharedPrefix(entry.tokens, entry.state))
+        state = self.backend.save_slot(slot)
+        shared = None if state is None else SharedPrefix(self.scheduler.kv_tokens(slot), state)
+        return PrefixHolding(held, in_flight, shared)
 
     def clear(self) -> None:
         """Forget every prefix kept in a free slot (and clear that slot's KV) or in host memory."""

@@ -36,10 +36,13 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import numpy as np
+
 from .batch import Backend
 from .config import RunnerConfig
 from .delivery import PUBLISH_INTERVAL_S, Deliveries, RequestHandle, SnapshotPublisher  # noqa: F401 - re-exported
 from .engine import Engine, TextPiece
+from .hostcache import PrefixHolding, SharedPrefix
 from .inbox import Command, Inbox
 from .request import Request, Result
 from .stats import RunnerSnapshot, RunStats
@@ -145,7 +148,37 @@ class Runner:
     def count_prompt_tokens(self, request: Request) -> int:
         """How many tokens the request's prompt comes to (a chat rendered with its tools), without
         running it; ValueError or BackendError when it cannot be rendered. Any thread."""
-        return len(self.engine.prompt_tokens(request))
+        return len(self.prompt_tokens(request))
+
+    def prompt_tokens(self, request: Request) -> list[int]:
+        """The request's prompt as tokens (a chat rendered with its tools); ValueError or
+        BackendError when it cannot be rendered. Any thread."""
+        return self.engine.prompt_tokens(request)
+
+    # --- prefixes shared between servers of the same model (replicas) ------------------------
+
+    @property
+    def can_import_prefixes(self) -> bool:
+        """Whether another server's prefix KV can be kept here (host memory is on)."""
+        return self.engine.host_cache.is_enabled
+
+    def prefix_holding(self, prompt: list[int] | np.ndarray, share_more_than: int | None = None) -> PrefixHolding:
+        """How much of `prompt` this runner's slots and host memory hold, and how much a prefill
+        under way will hold; with share_more_than, also the KV of the longest prefix held when it
+        is longer than that (for import_prefix on another runner of the same model and
+        settings). Waits for the step under way to end."""
+        return self.between_steps(lambda: self.engine.prefix_holding(prompt, share_more_than))
+
+    def prefill_seconds(self, num_tokens: int) -> float:
+        """What prefilling num_tokens costs here, by the running estimate the host memory's
+        restores are weighed with (a float read: any thread)."""
+        return num_tokens * self.engine.host_cache.costs.prefill_seconds_per_token
+
+    def import_prefix(self, shared: SharedPrefix) -> bool:
+        """Keep a prefix's KV that another runner exported in host memory: a request whose
+        prompt starts with it restores it instead of prefilling. False when it is not kept
+        (host memory is off or too small, or already holds it). Waits for the step under way."""
+        return self.between_steps(lambda: self.engine.import_prefix(shared))
 
     def run_batch(self, requests: Iterable[Request]) -> list[Result]:
         """Run requests to completion and return their results in input order.

@@ -344,6 +344,19 @@ class Scheduler:
                 in_flight = max(in_flight, reusable(shared, len(prompt)))
         return resident, in_flight
 
+    def longest_held(self, prompt: np.ndarray) -> tuple[int, int, int]:
+        """The slot whose KV holds the longest reusable prefix of `prompt`, that prefix's
+        length, and the most that a prompt still being prefilled will hold."""
+        resident, in_flight = self._prefixes_for(prompt)
+        slot = max(range(self.num_slots), key=resident.__getitem__)
+        return slot, resident[slot], in_flight
+
+    def kv_tokens(self, slot: int) -> np.ndarray:
+        """The tokens the slot's KV holds at their own positions, from position 0 (between
+        two steps): a running sequence's, or the prefix a free slot keeps."""
+        holder = self.slots[slot]
+        return self.prefixes.kept(slot) if holder is None else holder.reusable_kv_tokens(self.keeps_generated)
+
     def _waits_for_prefill(self, seq: Sequence) -> bool:
         """Whether admission would hold seq back for a prefix another slot is prefilling."""
         if not self.prefix_cache or seq.parked is not None:

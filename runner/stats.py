@@ -194,6 +194,7 @@ class HostCacheSnapshot:
     num_restored: int
     num_evicted: int
     tokens_restored: int
+    num_imported: int = 0  # states another replica handed over
 
 
 @dataclass(frozen=True)
@@ -238,7 +239,7 @@ def runner_snapshot(scheduler: Scheduler, stats: StatsRecorder, window: int, now
 def host_cache_snapshot(cache: HostCache) -> HostCacheSnapshot:
     counts = cache.stats
     return HostCacheSnapshot(cache.limit_bytes, cache.num_bytes, cache.num_entries, counts.num_saved,
-                             counts.num_restored, counts.num_evicted, counts.tokens_restored)
+                             counts.num_restored, counts.num_evicted, counts.tokens_restored, counts.num_imported)
 
 
 def _slot_snapshot(slot: int, seq: Sequence | None, window: int, now: float, num_kept: int) -> SlotSnapshot:

@@ -89,3 +89,22 @@ def test_gemma_restores_a_conversation_longer_than_its_window_when_the_next_turn
     restored = ask(moved, second_messages)
     assert restored.prompt_tokens_from_ram == in_slot.prompt_tokens_cached > 600
     assert restored.text == in_slot.text
+
+
+@pytest.mark.parametrize("model_name", BOTH_MODELS)
+def test_a_prefix_brought_from_another_runner_continues_as_if_computed_there(request, model_name, real_runner):
+    """Replicas of one model: the KV of a conversation computed on one runner is exported and
+    imported into another's host memory, which restores it instead of prefilling it. The next
+    turn there must equal the same turn taken where the conversation stayed (bit for bit)."""
+    model = request.getfixturevalue(model_name)
+    home = real_runner(model, 1)
+    first = ask(home, FIRST)
+    second_messages = next_turn(FIRST, first.text, "And why are sunsets red?")
+    elsewhere = real_runner(model, 1)
+    tokens = elsewhere.prompt_tokens(Request(messages=second_messages, sampling=GREEDY))
+    holding = home.prefix_holding(tokens, share_more_than=elsewhere.prefix_holding(tokens).num_held)
+    assert holding.shared is not None and elsewhere.import_prefix(holding.shared)
+    moved = ask(elsewhere, second_messages)
+    stayed = ask(home, second_messages)
+    assert moved.prompt_tokens_from_ram == moved.prompt_tokens_cached == stayed.prompt_tokens_cached > first.prompt_tokens
+    assert moved.text == stayed.text

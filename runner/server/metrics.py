@@ -130,6 +130,8 @@ def _ram_cache_metrics(cache: HostCacheSnapshot) -> Iterator[Metric]:
     yield _counter("multiseq_ram_cache_saves", "Slot states saved before their slot was reused", cache.num_saved)
     yield _counter("multiseq_ram_cache_restores", "Slot states restored instead of a prefill", cache.num_restored)
     yield _counter("multiseq_ram_cache_evictions", "Slot states dropped to stay within the bound", cache.num_evicted)
+    yield _counter("multiseq_ram_cache_imports", "Prefix states brought from another replica instead of a prefill",
+                   cache.num_imported)
 
 
 def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
