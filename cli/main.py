@@ -279,6 +279,10 @@ def batch_run(prompts_file: Path, output: Path | None, prompt_format: str | None
 @click.option("--routing", type=click.Choice(ROUTINGS), help="With --ray: prefix sends each conversation to the "
               "replica holding it (unless that one has -np requests more than the least busy); ray is Ray Serve's "
               "own choice (power of two choices, by queue length). [default: prefix]")
+@click.option("--share-prefixes/--no-share-prefixes", default=None, help="With --ray and prefix routing: a replica "
+              "given a prompt whose start another replica holds brings that KV over, into its host memory "
+              "(--cache-ram), instead of computing it again; a prefill of it under way there is waited for. "
+              "[default: on]")
 @click.option("--worker-gpus", type=click.FloatRange(0), help="GPUs Ray gives each replica (with --ray; Ray hides "
               "the GPUs from a replica that asks for none, so give 1 with -ngl). Default: 0.")
 @click.option("-v", "--verbose", is_flag=True, help="Show llama.cpp warnings.")
@@ -287,7 +291,7 @@ def serve(ctx_size: int | None, host: str, port: int, api_key: str | None, metri
           max_body_mb: float, data_dir: Path | None, max_upload_mb: float, max_batch_lines: int,
           prepare_timeout: float, send_timeout: float, keep_alive: float, stream_interval: float | None,
           dashboard: bool | None, ray_address: str | None, replicas: int | None, routing: str | None,
-          worker_gpus: float | None, verbose: bool, **options) -> None:
+          share_prefixes: bool | None, worker_gpus: float | None, verbose: bool, **options) -> None:
     """Serve the model over an OpenAI-compatible HTTP API, batching concurrent clients.
 
     POST /v1/chat/completions and /v1/completions (streamed or not), GET /v1/models, /health
@@ -299,7 +303,7 @@ def serve(ctx_size: int | None, host: str, port: int, api_key: str | None, metri
     one endpoint, each conversation sent to the replica that holds it."""
     from ..server.serve import serve as serve_app
 
-    _check_ray_options(ray_address, replicas, routing, worker_gpus, dashboard)
+    _check_ray_options(ray_address, replicas, routing, share_prefixes, worker_gpus, dashboard)
     options["slot_ctx"] = _slot_ctx(ctx_size, options["slot_ctx"], options["parallel"])
     if options["step_tokens"] is None:
         options["step_tokens"] = min(max(SERVE_STEP_TOKENS, options["parallel"]), default_of(RunnerConfig, "n_batch"))
@@ -328,7 +332,7 @@ def serve(ctx_size: int | None, host: str, port: int, api_key: str | None, metri
                      f"--allowed-hosts[/]", soft_wrap=True)
     if ray_address is not None:
         _serve_on_ray(config, settings, None if ray_address == "local" else ray_address, replicas or 1,
-                      routing or "prefix", worker_gpus or 0, host, port)
+                      routing or "prefix", worker_gpus or 0, host, port, share_prefixes is not False)
         return
     address = f"http://{host}:{port}"
     view = ServerDashboard(stderr) if show_dashboard else None
@@ -364,10 +368,11 @@ def serve(ctx_size: int | None, host: str, port: int, api_key: str | None, metri
 
 
 def _check_ray_options(ray_address: str | None, replicas: int | None, routing: str | None,
-                       worker_gpus: float | None, dashboard: bool | None) -> None:
+                       share_prefixes: bool | None, worker_gpus: float | None, dashboard: bool | None) -> None:
     if ray_address is None:
         given = [name for name, value in (("--replicas", replicas), ("--routing", routing),
-                                          ("--worker-gpus", worker_gpus)) if value is not None]
+                                          ("--share-prefixes", share_prefixes), ("--worker-gpus", worker_gpus))
+                 if value is not None]
         if given:
             raise click.UsageError(f"{given[0]} needs --ray")
     elif dashboard:
@@ -376,7 +381,7 @@ def _check_ray_options(ray_address: str | None, replicas: int | None, routing: s
 
 
 def _serve_on_ray(config: RunnerConfig, settings: ServerSettings, address: str | None, replicas: int, routing: str,
-                  gpus: float, host: str, port: int) -> None:
+                  gpus: float, host: str, port: int, share_prefixes: bool) -> None:
     """`serve --ray`: the replicas on Ray Serve until Ctrl-C or SIGTERM. Each replica loads the
     model on its own node (fetching it there if needed)."""
     try:
@@ -394,7 +399,8 @@ def _serve_on_ray(config: RunnerConfig, settings: ServerSettings, address: str |
     stderr.print(f"[bold]multiseq[/] {settings.model_name}: starting {replicas} replicas on Ray Serve (the model is "
                  f"loading)", soft_wrap=True)
     try:
-        ray_serve.run(config, settings, replicas, address, host, port, routing, gpus, on_ready=ready)
+        ray_serve.run(config, settings, replicas, address, host, port, routing, gpus, on_ready=ready,
+                      share_prefixes=share_prefixes)
     except (multiseq_ray.RayError, ray_serve.RayServeError) as error:
         raise click.ClickException(str(error)) from None
     stderr.print("multiseq serve stopped")

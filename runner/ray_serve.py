@@ -35,7 +35,10 @@ import random
 import re
 import signal
 import threading
+import time
+import weakref
 from collections.abc import AsyncIterator, Callable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,6 +53,7 @@ try:
 except ImportError as error:  # the optional extra is missing
     raise ImportError("multiseq.ray_serve needs Ray Serve: pip install 'multiseq[ray]'") from error
 
+import numpy as np
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.responses import JSONResponse, Response
@@ -57,6 +61,8 @@ from starlette.responses import JSONResponse, Response
 from multiseq import ray as multiseq_ray
 from multiseq.config import RunnerConfig
 from multiseq.errors import BackendError
+from multiseq.formats.reader import PromptItem
+from multiseq.hostcache import SharedPrefix
 from multiseq.models import ModelError
 from multiseq.runner import Runner
 from multiseq.server.app import ServerSettings, create_app
@@ -80,6 +86,12 @@ ENGINE_EXTRA_ONGOING = 64
 GATEWAY_MAX_ONGOING = 100_000
 # A call refused by a dead replica before it started is sent to another this many times.
 MAX_SEND_ATTEMPTS = 3
+# Prefix KV sharing between replicas: the replicas named as holders of a request's key, the
+# fewest tokens worth a transfer (a Ray call and a restore cost about what a step does), and how
+# often a replica asked for a prefix looks again while its prefill is under way.
+MAX_HOLDERS_NAMED = 3
+MIN_SHARED_TOKENS = 64
+SHARE_POLL_S = 0.05
 # How often Ray Serve checks a replica: a dead one is found, and replaced, this soon.
 HEALTH_CHECK_PERIOD_S = 2.0
 # How long /health and /metrics wait for a replica, and for the first replica to be known.
@@ -108,12 +120,30 @@ class HttpCall:
     key: RoutingKey = NO_KEY
     replica: str | None = None  # a call for this replica only (health, metrics)
     client: tuple[str, int] | None = None
+    # The replicas the prefix router saw hold most of the key, with how many of its characters:
+    # the replica that takes the call brings the prompt's prefix KV from one holding more.
+    holders: tuple[tuple[str, int], ...] = ()
 
     def scope(self) -> dict[str, Any]:
         return {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
                 "method": self.method, "scheme": "http", "path": self.path, "raw_path": self.path.encode(),
                 "query_string": self.query_string, "root_path": "", "headers": list(self.headers),
                 "client": self.client, "server": None}
+
+
+@dataclass(frozen=True)
+class PrefixAsk:
+    """One Engine replica asking another for the KV of the longest prefix of `tokens` it holds,
+    if longer than `more_than`; waiting up to `wait_s` for a prefill under way there."""
+
+    tokens: np.ndarray
+    more_than: int
+    wait_s: float
+    replica: str  # the replica asked (the routers send the call there)
+    key: RoutingKey = NO_KEY
+
+    def holds_more(self, num_held: int) -> bool:
+        return num_held > self.more_than
 
 
 # --- routing -------------------------------------------------------------------------------------
@@ -242,6 +272,15 @@ class PrefixAffinityRouter(_ReplicaDirectory, RequestRouter):
             pending_request.routing_context.should_backoff = True  # every replica is offered: wait before again
         return [[by_name[name]] for name in ranked]
 
+    def holders(self, key: RoutingKey) -> tuple[tuple[str, int], ...]:
+        """The replicas that were sent most of `key`, with how many of its characters (most first)."""
+        if key.is_empty or key.is_pinned:
+            return ()
+        with self._lock:
+            matches = self.index.match(key)
+        ranked = sorted(matches.items(), key=lambda item: -item[1].num_held_chars)
+        return tuple((name, match.num_held_chars) for name, match in ranked[:MAX_HOLDERS_NAMED])
+
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result: Any) -> None:
         name = replica_id.unique_id
         call = _call_of(pending_request)
@@ -264,13 +303,26 @@ class PrefixAffinityRouter(_ReplicaDirectory, RequestRouter):
 
 # --- an Engine replica ---------------------------------------------------------------------------
 
+# The call an Engine replica's app is serving (set for the app's task; its routes inherit it).
+_CALL: ContextVar[HttpCall | None] = ContextVar("multiseq_ray_serve_call", default=None)
+
+
 class Engine:
     """One multiseq server: its app, its runner, its slots. Calls come as `HttpCall`s; each
-    answer is a stream of lists of ASGI messages, after one that names this replica."""
+    answer is a stream of lists of ASGI messages, after one that names this replica.
 
-    def __init__(self, config: RunnerConfig, settings: ServerSettings) -> None:
+    With `share_prefixes`, a request whose prompt starts with more than this replica holds
+    brings that prefix's KV from a replica that holds it (`PrefixAsk`, answered by
+    `share_prefix`), into host memory, before it is queued: it is restored, not prefilled
+    again. A prefill of it under way there is waited for, up to what computing it here would
+    take; a transfer that fails leaves the request to prefill as it would have."""
+
+    def __init__(self, config: RunnerConfig, settings: ServerSettings, share_prefixes: bool = True) -> None:
         context = serve.get_replica_context()
         self.name = context.replica_id.unique_id
+        self._app_name = context.app_name
+        self._engines = None  # a handle to this deployment, to ask the other replicas (made at first use)
+        self._bringing: weakref.WeakValueDictionary[tuple, asyncio.Lock] = weakref.WeakValueDictionary()
         if settings.data_dir is not None:  # each replica its own files and batches (their calls are pinned)
             settings = dataclasses.replace(settings, data_dir=settings.data_dir / f"replica-{context.rank.rank}")
         self.app = create_app(None, settings)
@@ -280,12 +332,16 @@ class Engine:
             self.app.state.server.close()
             raise RayServeError(f"the model could not load: {error}") from None
         prepare_to_serve(runner)
+        if share_prefixes and runner.can_import_prefixes:
+            self.app.state.server.before_submit = self._bring_prefix
         self.app.state.server.attach(runner)
 
     async def handle_http(self, call: HttpCall) -> AsyncIterator[list[dict[str, Any]]]:
         yield [{"type": _ACCEPTED, "replica": self.name}]
         exchange = _Exchange(call.body)
+        serving = _CALL.set(call)
         task = asyncio.ensure_future(self.app(call.scope(), exchange.receive, exchange.send))
+        _CALL.reset(serving)
         task.add_done_callback(lambda _: exchange.finish())
         try:
             while batch := await exchange.next_batch():
@@ -294,6 +350,64 @@ class Engine:
             exchange.disconnect()  # the caller went away (or the answer is complete): the app's job ends
             with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError, Exception):
                 await asyncio.wait_for(asyncio.shield(task), GRACEFUL_SHUTDOWN_SECONDS)
+
+    async def share_prefix(self, ask: PrefixAsk) -> SharedPrefix | None:
+        """The KV of the longest prefix of ask.tokens held here, when it is longer than
+        ask.more_than; while a prefill under way here will hold more, it is waited for (up to
+        ask.wait_s). None when there is none."""
+        runner = self.app.state.server.runner
+        if runner is None:
+            return None
+        deadline = time.monotonic() + ask.wait_s
+        while True:
+            holding = await asyncio.to_thread(runner.prefix_holding, ask.tokens)
+            if not holding.is_growing or time.monotonic() >= deadline:
+                break
+            await asyncio.sleep(SHARE_POLL_S)
+        if not ask.holds_more(holding.num_held):
+            return None
+        return (await asyncio.to_thread(runner.prefix_holding, ask.tokens, ask.more_than)).shared
+
+    async def _bring_prefix(self, runner: Runner, item: PromptItem) -> None:
+        """Before a request is queued: when the router saw another replica hold more of its
+        conversation than this one, import the KV of what that replica holds of the prompt."""
+        call = _CALL.get()
+        if call is None or item.request is None:
+            return
+        held_here = dict(call.holders).get(self.name, 0)
+        donors = [name for name, num_chars in call.holders if name != self.name and num_chars > held_here]
+        if not donors:
+            return
+        try:
+            tokens = np.asarray(await self.app.state.server.pools.prepare(runner.prompt_tokens, item.request),
+                                dtype=np.int32)
+            # One transfer at a time per donor and conversation start: the requests behind it
+            # find its prefix here, and ask for nothing.
+            lock = self._bringing.setdefault((donors[0], call.key.segments[0]), asyncio.Lock())
+            async with lock:
+                await self._import_from(donors[0], runner, tokens)
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:  # noqa: BLE001 - a prefix not brought is prefilled here, as without sharing
+            logger.info("replica %s: no prefix from %s (%s)", self.name, donors[0],
+                        str(error).splitlines()[0] if str(error) else type(error).__name__)
+
+    async def _import_from(self, donor: str, runner: Runner, tokens: np.ndarray) -> None:
+        holding = await asyncio.to_thread(runner.prefix_holding, tokens)
+        num_missing = len(tokens) - holding.num_held
+        if num_missing < MIN_SHARED_TOKENS:
+            return
+        started = time.perf_counter()
+        ask = PrefixAsk(tokens, holding.num_held + MIN_SHARED_TOKENS - 1, runner.prefill_seconds(num_missing), donor)
+        shared = await self._other_engines().share_prefix.remote(ask)
+        if shared is not None and await asyncio.to_thread(runner.import_prefix, shared):
+            logger.info("replica %s: %d prompt tokens' KV from %s in %.3f s", self.name, len(shared.tokens), donor,
+                        time.perf_counter() - started)
+
+    def _other_engines(self):
+        if self._engines is None:
+            self._engines = serve.get_deployment_handle(ENGINE, self._app_name)
+        return self._engines
 
     def __del__(self) -> None:
         state = getattr(getattr(self, "app", None), "state", None)
@@ -383,9 +497,13 @@ class Gateway:
                                                       f"{self._max_body_bytes} bytes.", "request_too_large")(
                 scope, receive, send)
             return
+        key = routing_key(scope["method"], scope["path"], body)
+        router = _router_of(self._engine)
+        # (Told by its method, not its class: Ray Serve ships the router's module by value.)
+        holders = router.holders(key) if hasattr(router, "holders") else ()
         call = HttpCall(scope["method"], scope["path"], scope.get("query_string", b""),
                         tuple((bytes(name), bytes(value)) for name, value in scope.get("headers", [])), body,
-                        routing_key(scope["method"], scope["path"], body), client=_client_of(scope))
+                        key, client=_client_of(scope), holders=holders)
         relay = _Relay(send, scope["path"])
         for attempt in range(1, MAX_SEND_ATTEMPTS + 1):
             answer = self._engine.options(stream=True).handle_http.remote(call)
@@ -652,13 +770,15 @@ class _GatewayDeployment:
 
 
 def build_app(config: RunnerConfig, settings: ServerSettings, replicas: int, routing: str = "prefix",
-              gpus: float = 0, max_imbalance: int | None = None):
+              gpus: float = 0, max_imbalance: int | None = None, share_prefixes: bool = True):
     """The Ray Serve application: `replicas` Engine replicas (each a server with `config` and
     `settings`, asking Ray for config.threads CPUs and `gpus` GPUs) behind the Gateway. Run it
     with `serve.run(app, route_prefix="/")`, or compose it into an application of your own.
     `routing`: "prefix" (the conversation's replica unless it has more than `max_imbalance`
     requests beyond the least busy one; default: its slots, -np) or "ray" (Ray Serve's power of
-    two choices)."""
+    two choices). With prefix routing and `share_prefixes`, a replica that takes a prompt whose
+    prefix another replica holds brings that prefix's KV over instead of prefilling it (host
+    memory must be on: config.cache_ram_mib)."""
     if routing not in ROUTINGS:
         raise ValueError(f"routing must be one of {', '.join(ROUTINGS)}, not {routing!r}")
     if replicas < 1:
@@ -675,11 +795,12 @@ def build_app(config: RunnerConfig, settings: ServerSettings, replicas: int, rou
         request_router_config=router)
     gateway = serve.deployment(serve.ingress()(_GatewayDeployment), name=GATEWAY, num_replicas=1,
                                ray_actor_options={"num_cpus": 0}, max_ongoing_requests=GATEWAY_MAX_ONGOING)
-    return gateway.bind(engine.bind(config, settings), max(settings.max_body_bytes, settings.max_upload_bytes), replicas)
+    return gateway.bind(engine.bind(config, settings, share_prefixes and routing == "prefix"), max(settings.max_body_bytes, settings.max_upload_bytes), replicas)
 
 
 def run(config: RunnerConfig, settings: ServerSettings, replicas: int, address: str | None, host: str, port: int,
-        routing: str = "prefix", gpus: float = 0, on_ready: Callable[[str], None] | None = None) -> None:
+        routing: str = "prefix", gpus: float = 0, on_ready: Callable[[str], None] | None = None,
+        share_prefixes: bool = True) -> None:
     """`multiseq serve --ray`: join the cluster at `address` (None: start a local one), run the
     application with Ray Serve's proxy on host:port, and keep it until SIGINT or SIGTERM; then
     delete it (and stop the local cluster). RayError or RayServeError: one line for the user."""
@@ -689,7 +810,7 @@ def run(config: RunnerConfig, settings: ServerSettings, replicas: int, address: 
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         serve.start(http_options=HTTPOptions(host=host, port=port))
-        start_application(build_app(config, settings, replicas, routing, gpus))
+        start_application(build_app(config, settings, replicas, routing, gpus, share_prefixes=share_prefixes))
         if on_ready is not None:
             on_ready(f"http://{host}:{port}")
         while not stop.wait(0.5):  # a wait without a timeout would not wake for the signal handler

@@ -122,6 +122,31 @@ def test_each_session_stays_on_one_replica_and_sessions_spread(client):
 
 
 @model
+def test_a_session_on_the_other_replica_brings_the_shared_system_prompt_over(client, base_url):
+    """New sessions sharing a system prompt spread over the replicas; the first on the second
+    replica restores the prompt's KV from the first replica (into its host memory) instead of
+    computing it again."""
+    system = {"role": "system", "content": "You are a patient assistant for a railway company. " * 12}
+    first = client.chat.completions.with_raw_response.create(
+        model=MODEL, max_tokens=4, temperature=0, messages=[system, {"role": "user", "content": "Trains to Leeds?"}])
+    home, num_prompt = first.headers["x-multiseq-replica"], first.parse().usage.prompt_tokens
+    for session in range(6):  # the router sends one of them to the replica without it
+        raw = client.chat.completions.with_raw_response.create(
+            model=MODEL, max_tokens=4, temperature=0,
+            messages=[system, {"role": "user", "content": f"Session {session}: trains to York?"}])
+        if raw.headers["x-multiseq-replica"] != home:
+            break
+    else:
+        pytest.fail("no session went to the other replica")
+    usage = raw.parse().usage
+    assert usage.prompt_tokens_details.cached_tokens >= 0.8 * num_prompt, "the system prompt came from the other replica"
+    replica = raw.headers["x-multiseq-replica"]
+    imports = re.search(rf'multiseq_ram_cache_imports_total{{replica="{re.escape(replica)}"}} (\S+)',
+                        _get(base_url, "/metrics")[1])
+    assert imports and float(imports.group(1)) >= 1, "counted in the replica's metrics"
+
+
+@model
 def test_streams_and_the_other_apis_pass_through(base_url):
     connection = http.client.HTTPConnection(base_url.removeprefix("http://"), timeout=60)
     connection.request("POST", "/v1/chat/completions", json.dumps(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -102,6 +103,9 @@ class ServerState:
         self._dispatch_lock = threading.Lock()
         self._dispatcher: LoopDispatcher | None = None  # the runner's events to the serving loop
         self.is_draining = False
+        # Awaited before a request's choices are prepared and queued (a replica brings the KV
+        # of the prompt's prefix from another replica here); it must not raise for its own failures.
+        self.before_submit: Callable[[Runner, PromptItem], Awaitable[None]] | None = None
 
     def _count_dispatching(self, change: int) -> None:
         with self._dispatch_lock:
@@ -182,6 +186,8 @@ class ServerState:
             job.cancel()
 
         try:
+            if self.before_submit is not None:
+                await self.before_submit(runner, item)
             await self.pools.prepare(job.submit, lambda: self._count_dispatching(-1), on_abandoned=undo)
         except ApiError as error:
             if error.code != "prepare_timeout":  # else the work goes on, and undo() counts the rest
