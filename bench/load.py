@@ -12,8 +12,8 @@ Usage (from the repository root, in the project's virtual environment; nothing e
         --parallel 16 --slot-ctx 4096
     python bench/load.py --systems multiseq --workloads agents,agents-tools --parallel 4 --sessions 8 \
         --turns 4 --system-tokens 1000 --slot-ctx 4096 --api responses
-    python bench/load.py --systems multiseq-ray --routing prefix,ray --replicas 2 --workloads agents \
-        --parallel 4 --sessions 8 --turns 4 --system-tokens 1000 --slot-ctx 4096
+    python bench/load.py --systems multiseq-ray --routing prefix,prefix-unshared,ray --replicas 2 \
+        --workloads agents --parallel 4 --sessions 8 --turns 4 --system-tokens 1000 --slot-ctx 4096 --think-s 3
 
 Each workload is a list of chat requests sent through the API --api names, streamed, by
 --clients clients in a closed loop (each sends its next request when the last one ended), to
@@ -58,8 +58,10 @@ and cached, and (multiseq) loop_lag_max_ms: the largest lag of the server's even
 the run, read from its /metrics. `batch-run` is the same chats through `multiseq batch-run` at the same -np, for
 the server's cost over the engine. `multiseq-ray` is `multiseq serve --ray` on a local Ray:
 --replicas servers sharing --threads, behind Ray Serve's proxy, with --routing prefix (each
-conversation to the replica holding it), ray (Ray Serve's own router) or both in turn; with
-both, `ratios` has the prompt tokens computed under prefix routing over those under Ray's.
+conversation to the replica holding it, a prefix another replica holds brought over),
+prefix-unshared (the same without bringing prefixes over), ray (Ray Serve's own router) or
+several in turn; with ray among them, `ratios` has the prompt tokens computed under each other
+routing over those under Ray's.
 The last line printed is one JSON object.
 """
 
@@ -92,6 +94,8 @@ from workloads import (agent_system_prompt, agent_tools, agent_user_messages, lo
 from multiseq import models
 
 SYSTEMS = ("multiseq", "multiseq-ray", "llama-server", "batch-run")
+# multiseq-ray's routings: prefix (sharing prefixes' KV between replicas), prefix-unshared (without), ray.
+BENCH_ROUTINGS = ("prefix", "prefix-unshared", "ray")
 
 
 @dataclass(frozen=True)
@@ -479,10 +483,13 @@ def multiseq_command(args, port: int) -> list[str]:
 
 def multiseq_ray_command(args, port: int, routing: str) -> list[str]:
     """`multiseq serve --ray` on a local Ray: --replicas servers of --parallel slots, the
-    --threads shared among them (the same cores as the single server)."""
+    --threads shared among them (the same cores as the single server). Routing prefix-unshared
+    is prefix routing with --no-share-prefixes."""
     threads = max(1, args.threads // args.replicas)
+    routing_options = (["--routing", "prefix", "--no-share-prefixes"] if routing == "prefix-unshared"
+                       else ["--routing", routing])
     return [sys.executable, "-m", "multiseq.cli.main", "serve", "--ray", "--replicas", str(args.replicas),
-            "--routing", routing, "-m", args.model, "-np", str(args.parallel), "--slot-ctx", str(args.slot_ctx),
+            *routing_options, "-m", args.model, "-np", str(args.parallel), "--slot-ctx", str(args.slot_ctx),
             "-t", str(threads), "--port", str(port), "--no-dashboard", "--max-queue", "4096",
             *(["--step-tokens", str(args.step_tokens)] if args.step_tokens else [])]
 
@@ -511,7 +518,7 @@ def run_server(system: str, load: ChatLoad | AgentLoad | LongPromptLoad, args, w
         warm_up = ChatLoad("warm-up", [[SYSTEM, {"role": "user", "content": f"Say {word}."}]
                                        for word in ("one", "two", "three", "four") * args.parallel], 4)
         asyncio.run(closed_loop("127.0.0.1", port, warm_up, args.parallel, resolved.name, api))
-        loop_lag_max_ms(port)  # the maximum is since the previous scrape: this one starts the run's
+        before = scrape_metrics(port)  # the lag's maximum is since the previous scrape: this one starts the run's
         if isinstance(load, AgentLoad):
             exchanges, wall_s = asyncio.run(agent_sessions("127.0.0.1", port, load, resolved.name, api))
             figure = summarize_agents(system, load, exchanges, wall_s)
@@ -523,20 +530,33 @@ def run_server(system: str, load: ChatLoad | AgentLoad | LongPromptLoad, args, w
             exchanges, wall_s = asyncio.run(closed_loop("127.0.0.1", port, load, args.clients, resolved.name, api))
             figure = summarize(system, load.name, exchanges, wall_s)
         figure |= {"routing": routing, "replicas": args.replicas} if routing else {}
-        return figure | {"loop_lag_max_ms": loop_lag_max_ms(port)}
+        metrics = scrape_metrics(port)
+        figure |= {"loop_lag_max_ms": loop_lag_max_ms(metrics)}
+        if system == "multiseq-ray":  # prefixes' KV brought from another replica
+            figure["prefix_imports"] = (sum(_samples(metrics, "multiseq_ram_cache_imports_total"))
+                                        - sum(_samples(before, "multiseq_ram_cache_imports_total")))
+        return figure
 
 
-def loop_lag_max_ms(port: int) -> float | None:
-    """multiseq's largest event-loop lag since the previous scrape of its /metrics, in ms (the
-    largest of its replicas' with --ray; None for a server without that metric: llama-server)."""
+def scrape_metrics(port: int) -> str:
+    """The server's /metrics ("" for a server without them: llama-server)."""
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as response:
-            text = response.read().decode()
+            return response.read().decode()
     except (urllib.error.URLError, OSError):
-        return None
-    lags = [float(line.split()[-1]) * 1000 for line in text.splitlines()
-            if line.startswith(("multiseq_event_loop_lag_max_seconds ", "multiseq_event_loop_lag_max_seconds{"))]
+        return ""
+
+
+def loop_lag_max_ms(metrics: str) -> float | None:
+    """multiseq's largest event-loop lag since the previous scrape of its /metrics, in ms (the
+    largest of its replicas' with --ray; None for a server without that metric: llama-server)."""
+    lags = [value * 1000 for value in _samples(metrics, "multiseq_event_loop_lag_max_seconds")]
     return max(lags) if lags else None
+
+
+def _samples(metrics: str, name: str) -> list[float]:
+    """The values of one metric's samples (with any labels) in a Prometheus exposition."""
+    return [float(line.split()[-1]) for line in metrics.splitlines() if line.startswith((f"{name} ", f"{name}{{"))]
 
 
 def run_batch(load: ChatLoad, args, workdir: Path) -> dict:
@@ -569,8 +589,8 @@ def ratios(figures: list[dict]) -> dict[str, float]:
     on_ray = {(figure["workload"], figure["routing"]): figure for figure in figures if figure["system"] == "multiseq-ray"}
     for (workload, routing), prefix in on_ray.items():
         default = on_ray.get((workload, "ray"))
-        if routing == "prefix" and default is not None and default.get("prompt_tokens_computed"):
-            found[f"{workload}: prompt tokens computed, multiseq-ray prefix / ray"] = \
+        if routing != "ray" and default is not None and default.get("prompt_tokens_computed"):
+            found[f"{workload}: prompt tokens computed, multiseq-ray {routing} / ray"] = \
                 prefix["prompt_tokens_computed"] / default["prompt_tokens_computed"]
     return found
 
@@ -604,8 +624,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--step-tokens", type=int, default=None, help="multiseq serve's --step-tokens (default: its own)")
     parser.add_argument("--replicas", type=int, default=2, help="multiseq-ray: servers on the local Ray, sharing "
                         "--threads (each gets threads / replicas)")
-    parser.add_argument("--routing", default="prefix", help="multiseq-ray: prefix, ray (Ray Serve's own router), or "
-                        "both: prefix,ray")
+    parser.add_argument("--routing", default="prefix", help="multiseq-ray: prefix, prefix-unshared (prefix routing "
+                        "without sharing prefixes' KV between replicas), ray (Ray Serve's own router), or several: "
+                        "prefix,ray")
     return parser.parse_args(argv)
 
 
@@ -627,8 +648,8 @@ def main(argv: list[str] | None = None) -> dict:
     if args.api != "chat" and "batch-run" in systems:
         raise SystemExit(f"--api {args.api} needs a server: batch-run reads a prompts file, through no API")
     routings = args.routing.split(",")
-    if set(routings) - {"prefix", "ray"}:
-        raise SystemExit(f"unknown routing in {args.routing!r}; choose from prefix, ray")
+    if set(routings) - set(BENCH_ROUTINGS):
+        raise SystemExit(f"unknown routing in {args.routing!r}; choose from {', '.join(BENCH_ROUTINGS)}")
     figures = []
     with tempfile.TemporaryDirectory(prefix="multiseq-load-") as tmp:
         for name in args.workloads.split(","):

@@ -371,7 +371,8 @@ def _check_ray_options(ray_address: str | None, replicas: int | None, routing: s
                        share_prefixes: bool | None, worker_gpus: float | None, dashboard: bool | None) -> None:
     if ray_address is None:
         given = [name for name, value in (("--replicas", replicas), ("--routing", routing),
-                                          ("--share-prefixes", share_prefixes), ("--worker-gpus", worker_gpus))
+                                          ("--share-prefixes" if share_prefixes else "--no-share-prefixes",
+                                           share_prefixes), ("--worker-gpus", worker_gpus))
                  if value is not None]
         if given:
             raise click.UsageError(f"{given[0]} needs --ray")

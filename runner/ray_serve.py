@@ -134,11 +134,12 @@ class HttpCall:
 @dataclass(frozen=True)
 class PrefixAsk:
     """One Engine replica asking another for the KV of the longest prefix of `tokens` it holds,
-    if longer than `more_than`; waiting up to `wait_s` for a prefill under way there."""
+    if longer than `more_than`; a prefill of it under way there is waited for while it goes
+    forward at least every `patience_s` (what computing the prefix itself would take)."""
 
     tokens: np.ndarray
     more_than: int
-    wait_s: float
+    patience_s: float
     replica: str  # the replica asked (the routers send the call there)
     key: RoutingKey = NO_KEY
 
@@ -314,8 +315,8 @@ class Engine:
     With `share_prefixes`, a request whose prompt starts with more than this replica holds
     brings that prefix's KV from a replica that holds it (`PrefixAsk`, answered by
     `share_prefix`), into host memory, before it is queued: it is restored, not prefilled
-    again. A prefill of it under way there is waited for, up to what computing it here would
-    take; a transfer that fails leaves the request to prefill as it would have."""
+    again. A prefill of it under way there is waited for while it goes forward; a transfer
+    that fails leaves the request to prefill as it would have."""
 
     def __init__(self, config: RunnerConfig, settings: ServerSettings, share_prefixes: bool = True) -> None:
         context = serve.get_replica_context()
@@ -353,15 +354,20 @@ class Engine:
 
     async def share_prefix(self, ask: PrefixAsk) -> SharedPrefix | None:
         """The KV of the longest prefix of ask.tokens held here, when it is longer than
-        ask.more_than; while a prefill under way here will hold more, it is waited for (up to
-        ask.wait_s). None when there is none."""
+        ask.more_than; None when there is none. A prefill here that will hold more is waited
+        for while it goes forward: it is already part of the way through what the asker would
+        compute from the start (a step of a long prefill on a CPU takes seconds, so the asker's
+        own cost, not a fixed time, is how long it may go without progress)."""
         runner = self.app.state.server.runner
         if runner is None:
             return None
-        deadline = time.monotonic() + ask.wait_s
+        num_held_before, progressed_at = -1, time.monotonic()
         while True:
             holding = await asyncio.to_thread(runner.prefix_holding, ask.tokens)
-            if not holding.is_growing or time.monotonic() >= deadline:
+            now = time.monotonic()
+            if holding.num_held > num_held_before:
+                num_held_before, progressed_at = holding.num_held, now
+            if not holding.is_growing or now - progressed_at >= ask.patience_s:
                 break
             await asyncio.sleep(SHARE_POLL_S)
         if not ask.holds_more(holding.num_held):

@@ -166,8 +166,13 @@ class Runner:
         """How much of `prompt` this runner's slots and host memory hold, and how much a prefill
         under way will hold; with share_more_than, also the KV of the longest prefix held when it
         is longer than that (for import_prefix on another runner of the same model and
-        settings). Waits for the step under way to end."""
-        return self.between_steps(lambda: self.engine.prefix_holding(prompt, share_more_than))
+        settings). Requests submitted before the call count as waiting ones. Waits for the step
+        under way to end."""
+        def holding() -> PrefixHolding:
+            self._stepper.apply_inbox()  # requests posted since the last step are in the queue first
+            return self.engine.prefix_holding(prompt, share_more_than)
+
+        return self.between_steps(holding)
 
     def prefill_seconds(self, num_tokens: int) -> float:
         """What prefilling num_tokens costs here, by the running estimate the host memory's

@@ -346,8 +346,11 @@ class Scheduler:
 
     def longest_held(self, prompt: np.ndarray) -> tuple[int, int, int]:
         """The slot whose KV holds the longest reusable prefix of `prompt`, that prefix's
-        length, and the most that a prompt still being prefilled will hold."""
+        length, and the most that a prompt still being prefilled, or waiting to be, will hold."""
         resident, in_flight = self._prefixes_for(prompt)
+        reusable = self.chunk_rules.reusable
+        for seq in self.waiting:
+            in_flight = max(in_flight, reusable(common_prefix_length(seq.prompt_array, prompt), len(prompt)))
         slot = max(range(self.num_slots), key=resident.__getitem__)
         return slot, resident[slot], in_flight
 

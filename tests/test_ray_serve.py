@@ -66,6 +66,7 @@ def test_serve_on_ray_answers_and_stops_on_sigterm(start_cli):
 
 def test_ray_options_without_ray_or_with_the_dashboard_are_usage_errors(run_cli):
     for args, words in ((["--replicas", "2"], "--replicas needs --ray"), (["--routing", "ray"], "--routing needs --ray"),
+                        (["--no-share-prefixes"], "--no-share-prefixes needs --ray"),
                         (["--ray", "--dashboard"], "--dashboard shows the slots of one server")):
         result = run_cli("serve", "--port", "0", *args)
         assert result.exit_code == 2 and words in result.output

@@ -99,3 +99,12 @@ def test_a_state_handed_over_as_a_read_only_view_is_kept_as_a_copy():
     assert cache.import_shared(SharedPrefix(np.arange(20, dtype=np.int32), view))
     entry, _ = cache.best_match(np.arange(20, dtype=np.int32))
     assert entry.state.flags.writeable and np.array_equal(entry.state, view)
+
+
+def test_a_request_queued_but_not_yet_in_a_slot_counts_as_a_prefill_to_come(make_runner):
+    """Asked right after a request with that prefix arrived (not yet stepped): the asker learns
+    that the prefix is coming, and waits for it rather than computing it too."""
+    donor = make_runner(FakeBackend(num_slots=1, window=1024), autostart=False)
+    donor.submit(chat("What is the sea?"))
+    holding = donor.prefix_holding(donor.prompt_tokens(chat("Tell me about cats.")))
+    assert holding.num_held == 0 and holding.is_growing and holding.num_in_flight > len(SYSTEM) / 2
