@@ -39,7 +39,7 @@ import time
 import weakref
 from collections.abc import AsyncIterator, Callable
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 try:
@@ -68,8 +68,8 @@ from multiseq.runner import Runner
 from multiseq.server.app import ServerSettings, create_app
 from multiseq.server.errors import SERVER_ERROR, error_body
 from multiseq.server.messages import stream_error_event
-from multiseq.server.routing import (NO_KEY, NO_MATCH, ROUTINGS, Candidate, LoadBook, PrefixIndex, RoutingKey,
-                                     StateHomes, rank_replicas, response_key, routing_key)
+from multiseq.server.routing import (NO_KEY, NO_MATCH, ROUTINGS, Candidate, LoadBook, PrefixIndex, PrefixMatch,
+                                     RoutingKey, StateHomes, rank_replicas, response_key, routing_key)
 from multiseq.server.serve import GRACEFUL_SHUTDOWN_SECONDS, prepare_to_serve
 from multiseq.server.sse import sse
 
@@ -92,6 +92,9 @@ MAX_SEND_ATTEMPTS = 3
 MAX_HOLDERS_NAMED = 3
 MIN_SHARED_TOKENS = 64
 SHARE_POLL_S = 0.05
+# How long a replica asked for a prefix it neither holds nor prefills waits for requests it is
+# still preparing (rendering, tokenizing): the one with that prefix may be among them.
+SHARE_GRACE_S = 0.5
 # How often Ray Serve checks a replica: a dead one is found, and replaced, this soon.
 HEALTH_CHECK_PERIOD_S = 2.0
 # How long /health and /metrics wait for a replica, and for the first replica to be known.
@@ -120,9 +123,10 @@ class HttpCall:
     key: RoutingKey = NO_KEY
     replica: str | None = None  # a call for this replica only (health, metrics)
     client: tuple[str, int] | None = None
-    # The replicas the prefix router saw hold most of the key, with how many of its characters:
-    # the replica that takes the call brings the prompt's prefix KV from one holding more.
-    holders: tuple[tuple[str, int], ...] = ()
+    # What the router notes as it picks the replica (Ray Serve sends the call's arguments once
+    # one is picked): "holders", the replicas sent most of the key, with how many of its
+    # characters; the replica that takes the call brings the prompt's prefix KV from one holding more.
+    hints: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def scope(self) -> dict[str, Any]:
         return {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
@@ -241,6 +245,12 @@ class LeastBusyRouter(_ReplicaDirectory, PowerOfTwoChoicesRequestRouter):
         self._note_routed(_call_of(pending_request), replica_id.unique_id)
 
 
+def _most_held(matches: dict[str, PrefixMatch]) -> tuple[tuple[str, int], ...]:
+    """The replicas holding most of a key, with how many of its characters, most first."""
+    ranked = sorted(matches.items(), key=lambda item: -item[1].num_held_chars)
+    return tuple((name, match.num_held_chars) for name, match in ranked[:MAX_HOLDERS_NAMED])
+
+
 class PrefixAffinityRouter(_ReplicaDirectory, RequestRouter):
     """Each request to the replica holding the conversation it continues, unless that replica
     has more than `max_imbalance` requests beyond the least busy one (`rank_replicas`). Its
@@ -269,18 +279,14 @@ class PrefixAffinityRouter(_ReplicaDirectory, RequestRouter):
             ranked = rank_replicas(candidates, self.max_imbalance)
             if pending_request is not None and ranked:
                 self.load.pick(pending_request.metadata.internal_request_id, ranked[0])
+            if call is not None and ranked and not key.is_empty and not key.is_pinned:
+                call.hints["holders"] = _most_held(matches)
+                # Noted now, not once the replica took it: requests that arrive together are
+                # routed before any is sent, and each must see where the others went.
+                self.index.record(key, ranked[0])
         if pending_request is not None:
             pending_request.routing_context.should_backoff = True  # every replica is offered: wait before again
         return [[by_name[name]] for name in ranked]
-
-    def holders(self, key: RoutingKey) -> tuple[tuple[str, int], ...]:
-        """The replicas that were sent most of `key`, with how many of its characters (most first)."""
-        if key.is_empty or key.is_pinned:
-            return ()
-        with self._lock:
-            matches = self.index.match(key)
-        ranked = sorted(matches.items(), key=lambda item: -item[1].num_held_chars)
-        return tuple((name, match.num_held_chars) for name, match in ranked[:MAX_HOLDERS_NAMED])
 
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result: Any) -> None:
         name = replica_id.unique_id
@@ -358,16 +364,22 @@ class Engine:
         for while it goes forward: it is already part of the way through what the asker would
         compute from the start (a step of a long prefill on a CPU takes seconds, so the asker's
         own cost, not a fixed time, is how long it may go without progress)."""
-        runner = self.app.state.server.runner
+        server = self.app.state.server
+        runner = server.runner
         if runner is None:
             return None
-        num_held_before, progressed_at = -1, time.monotonic()
+        num_held_before = -1
+        asked_at = progressed_at = time.monotonic()
         while True:
             holding = await asyncio.to_thread(runner.prefix_holding, ask.tokens)
             now = time.monotonic()
             if holding.num_held > num_held_before:
                 num_held_before, progressed_at = holding.num_held, now
-            if not holding.is_growing or now - progressed_at >= ask.patience_s:
+            if holding.is_growing:
+                if now - progressed_at >= ask.patience_s:
+                    break
+            # Requests that came together: the one routed here may still be being prepared.
+            elif not (server.num_preparing + runner.num_waiting and now - asked_at < SHARE_GRACE_S):
                 break
             await asyncio.sleep(SHARE_POLL_S)
         if not ask.holds_more(holding.num_held):
@@ -380,8 +392,9 @@ class Engine:
         call = _CALL.get()
         if call is None or item.request is None:
             return
-        held_here = dict(call.holders).get(self.name, 0)
-        donors = [name for name, num_chars in call.holders if name != self.name and num_chars > held_here]
+        holders = call.hints.get("holders", ())
+        held_here = dict(holders).get(self.name, 0)
+        donors = [name for name, num_chars in holders if name != self.name and num_chars > held_here]
         if not donors:
             return
         try:
@@ -503,13 +516,9 @@ class Gateway:
                                                       f"{self._max_body_bytes} bytes.", "request_too_large")(
                 scope, receive, send)
             return
-        key = routing_key(scope["method"], scope["path"], body)
-        router = _router_of(self._engine)
-        # (Told by its method, not its class: Ray Serve ships the router's module by value.)
-        holders = router.holders(key) if hasattr(router, "holders") else ()
         call = HttpCall(scope["method"], scope["path"], scope.get("query_string", b""),
                         tuple((bytes(name), bytes(value)) for name, value in scope.get("headers", [])), body,
-                        key, client=_client_of(scope), holders=holders)
+                        routing_key(scope["method"], scope["path"], body), client=_client_of(scope))
         relay = _Relay(send, scope["path"])
         for attempt in range(1, MAX_SEND_ATTEMPTS + 1):
             answer = self._engine.options(stream=True).handle_http.remote(call)

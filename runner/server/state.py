@@ -107,6 +107,12 @@ class ServerState:
         # of the prompt's prefix from another replica here); it must not raise for its own failures.
         self.before_submit: Callable[[Runner, PromptItem], Awaitable[None]] | None = None
 
+    @property
+    def num_preparing(self) -> int:
+        """Choices accepted and not yet handed to the runner (being prepared, or waiting for a
+        thread to prepare them)."""
+        return self._num_dispatching
+
     def _count_dispatching(self, change: int) -> None:
         with self._dispatch_lock:
             self._num_dispatching += change
