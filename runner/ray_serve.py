@@ -329,7 +329,7 @@ class Engine:
         self.name = context.replica_id.unique_id
         self._app_name = context.app_name
         self._engines = None  # a handle to this deployment, to ask the other replicas (made at first use)
-        self._bringing: weakref.WeakValueDictionary[tuple, asyncio.Lock] = weakref.WeakValueDictionary()
+        self._bringing: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         if settings.data_dir is not None:  # each replica its own files and batches (their calls are pinned)
             settings = dataclasses.replace(settings, data_dir=settings.data_dir / f"replica-{context.rank.rank}")
         self.app = create_app(None, settings)
@@ -390,25 +390,32 @@ class Engine:
         """Before a request is queued: when the router saw another replica hold more of its
         conversation than this one, import the KV of what that replica holds of the prompt."""
         call = _CALL.get()
-        if call is None or item.request is None:
+        if call is None or item.request is None or call.key.is_empty:
             return
+        start = call.key.segments[0]  # the conversation's first part: its tools, or its system prompt
         holders = call.hints.get("holders", ())
         held_here = dict(holders).get(self.name, 0)
         donors = [name for name, num_chars in holders if name != self.name and num_chars > held_here]
         if not donors:
+            # A request with the same start may be bringing it here (the router counts this
+            # replica as holding it from then on): wait, and find it in host memory.
+            under_way = self._bringing.get(start)
+            if under_way is not None:
+                async with under_way:
+                    pass
             return
+        # One transfer at a time per conversation start: the requests behind it find its
+        # prefix here, and ask for nothing.
+        lock = self._bringing.setdefault(start, asyncio.Lock())
         try:
-            tokens = np.asarray(await self.app.state.server.pools.prepare(runner.prompt_tokens, item.request),
-                                dtype=np.int32)
-            # One transfer at a time per donor and conversation start: the requests behind it
-            # find its prefix here, and ask for nothing.
-            lock = self._bringing.setdefault((donors[0], call.key.segments[0]), asyncio.Lock())
             async with lock:
+                tokens = np.asarray(await self.app.state.server.pools.prepare(runner.prompt_tokens, item.request),
+                                    dtype=np.int32)
                 await self._import_from(donors[0], runner, tokens)
         except asyncio.CancelledError:
             raise
         except Exception as error:  # noqa: BLE001 - a prefix not brought is prefilled here, as without sharing
-            logger.info("replica %s: no prefix from %s (%s)", self.name, donors[0],
+            logger.warning("replica %s: no prefix from %s (%s)", self.name, donors[0],
                         str(error).splitlines()[0] if str(error) else type(error).__name__)
 
     async def _import_from(self, donor: str, runner: Runner, tokens: np.ndarray) -> None:
