@@ -22,6 +22,14 @@ Two deployments make one Ray Serve application (`build_app`; `run()` runs it for
 
 Both routers also send a call to one named replica (the gateway's /health and /metrics ask each
 one), and keep a directory of the replicas in this process for that.
+
+Prefixes shared between replicas (`share_prefixes`, on with prefix routing): as the router picks
+a replica it notes in the call which replicas were sent most of its key. The replica that takes
+a call whose prompt another replica holds more of asks that one for the prefix's KV
+(`Engine.share_prefix`: a slot's state, or one in host memory, waiting for a prefill of it under
+way) and adds it to its own host memory before the request is queued; the request then restores
+it as it restores a state saved there. Sessions that spread over the replicas compute their
+shared system prompt once, and a turn sent away from its busy home brings its conversation.
 """
 
 from __future__ import annotations
@@ -145,7 +153,7 @@ class PrefixAsk:
     more_than: int
     patience_s: float
     replica: str  # the replica asked (the routers send the call there)
-    key: RoutingKey = NO_KEY
+    key: RoutingKey = NO_KEY  # none: the routers read a call's key and replica
 
     def holds_more(self, num_held: int) -> bool:
         return num_held > self.more_than
@@ -416,7 +424,7 @@ class Engine:
             raise
         except Exception as error:  # noqa: BLE001 - a prefix not brought is prefilled here, as without sharing
             logger.warning("replica %s: no prefix from %s (%s)", self.name, donors[0],
-                        str(error).splitlines()[0] if str(error) else type(error).__name__)
+                           str(error).splitlines()[0] if str(error) else type(error).__name__)
 
     async def _import_from(self, donor: str, runner: Runner, tokens: np.ndarray) -> None:
         holding = await asyncio.to_thread(runner.prefix_holding, tokens)
@@ -817,7 +825,8 @@ def build_app(config: RunnerConfig, settings: ServerSettings, replicas: int, rou
         request_router_config=router)
     gateway = serve.deployment(serve.ingress()(_GatewayDeployment), name=GATEWAY, num_replicas=1,
                                ray_actor_options={"num_cpus": 0}, max_ongoing_requests=GATEWAY_MAX_ONGOING)
-    return gateway.bind(engine.bind(config, settings, share_prefixes and routing == "prefix"), max(settings.max_body_bytes, settings.max_upload_bytes), replicas)
+    engines = engine.bind(config, settings, share_prefixes and routing == "prefix")
+    return gateway.bind(engines, max(settings.max_body_bytes, settings.max_upload_bytes), replicas)
 
 
 def run(config: RunnerConfig, settings: ServerSettings, replicas: int, address: str | None, host: str, port: int,
