@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .batch import SlotState
-from .prefix import MIN_WAIT_TOKENS, common_prefix_length, starts_with
+from .prefix import common_prefix_length, starts_with, worth_waiting_for
 
 # Saving costs a copy of the slot's KV (~23 kB a token on SmolLM2, 9 on Gemma 3): a slot whose
 # loss would cost fewer tokens than this is not worth the memory.
@@ -69,7 +69,7 @@ class PrefixHolding:
     @property
     def is_growing(self) -> bool:
         """Whether a prefill under way will hold enough more to be worth waiting for."""
-        return self.num_in_flight >= self.num_held + MIN_WAIT_TOKENS
+        return worth_waiting_for(self.num_in_flight, self.num_held)
 
 
 @dataclass
@@ -153,6 +153,13 @@ class HostCache:
     def add(self, tokens: np.ndarray, state: SlotState) -> bool:
         """Keep a slot's state under its tokens, evicting the least recently used entries to
         make room; False when the state alone is larger than the limit."""
+        if not self._keep(tokens, state):
+            return False
+        self.stats.num_saved += 1
+        return True
+
+    def _keep(self, tokens: np.ndarray, state: SlotState) -> bool:
+        """add(), counted by its caller (as saved here, or as imported)."""
         if len(state) > self.limit_bytes:
             return False
         for key, entry in list(self._entries.items()):  # entries the new one covers
@@ -163,16 +170,14 @@ class HostCache:
         self._entries[self._next_key] = HostEntry(np.asarray(tokens, dtype=np.int32), state)
         self._next_key += 1
         self.num_bytes += len(state)
-        self.stats.num_saved += 1
         return True
 
     def import_shared(self, shared: SharedPrefix) -> bool:
         """Keep a prefix's KV that another server of the same model and settings computed, as
         if this server had saved it; False when it is not kept (host memory is off or too small,
         or an entry already holds those tokens)."""
-        if not self.is_enabled or self.covers(shared.tokens) or not self.add(shared.tokens, _owned(shared.state)):
+        if not self.is_enabled or self.covers(shared.tokens) or not self._keep(shared.tokens, _owned(shared.state)):
             return False
-        self.stats.num_saved -= 1  # add() counted it as saved here
         self.stats.num_imported += 1
         return True
 

@@ -96,7 +96,7 @@ class KvPlacement:
         way will hold; with share_more_than, also the KV of the longest held prefix when it is
         longer than that (the host memory's state, or the slot's, saved now)."""
         slot, in_slot, in_flight = self.scheduler.longest_held(prompt)
-        entry, in_host = self.host_cache.best_match(prompt) if self.host_cache.is_enabled else (None, 0)
+        entry, in_host = self.host_cache.best_match(prompt)  # none held when host memory is off
         held = max(in_slot, in_host)
         if share_more_than is None or held <= share_more_than:
             return PrefixHolding(held, in_flight)

@@ -22,6 +22,12 @@ MIN_COPY_TOKENS = 16
 # prefilled than with anything resident waits for that prefill instead of computing them too.
 MIN_WAIT_TOKENS = 32
 
+
+def worth_waiting_for(num_in_flight: int, num_held: int) -> bool:
+    """Whether a prefill under way will hold enough more of a prompt than is held already to
+    wait for it rather than compute those tokens too."""
+    return num_in_flight >= num_held + MIN_WAIT_TOKENS
+
 _EMPTY = np.zeros(0, dtype=np.int32)
 
 

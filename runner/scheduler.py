@@ -15,7 +15,7 @@ import numpy as np
 from .batch import BatchEntry, ChunkRules
 from .config import OverflowPolicy
 from .hostcache import HostCache, HostEntry
-from .prefix import MIN_COPY_TOKENS, MIN_WAIT_TOKENS, PrefixIndex, common_prefix_length
+from .prefix import MIN_COPY_TOKENS, PrefixIndex, common_prefix_length, worth_waiting_for
 from .sequence import Sequence, SequenceStatus
 from .waiting import WaitingQueue
 
@@ -316,7 +316,7 @@ class Scheduler:
         prompt = seq.prompt_array
         resident, in_flight = self._prefixes_for(prompt)
         best = max(range(self.num_slots), key=resident.__getitem__)
-        if in_flight >= resident[best] + MIN_WAIT_TOKENS:
+        if worth_waiting_for(in_flight, resident[best]):
             return None
         own = max(free, key=lambda slot: (resident[slot], -self.prefixes.last_used(slot)))
         oldest = self.prefixes.least_recently_used(free)  # an empty slot, else the LRU prefix to evict
@@ -365,7 +365,7 @@ class Scheduler:
         if not self.prefix_cache or seq.parked is not None:
             return False
         resident, in_flight = self._prefixes_for(seq.prompt_array)
-        return in_flight >= max(resident) + MIN_WAIT_TOKENS
+        return worth_waiting_for(in_flight, max(resident))
 
     def _restored_instead(self, placement: Placement, prompt: np.ndarray, targets: list[int]) -> Placement:
         """A placement that restores a saved state from host memory, where one holds a longer
