@@ -1,6 +1,7 @@
 """`serve --ray` and multiseq.ray_serve: two replicas of the bundled model (one thread each) on a
-local Ray, behind Ray Serve's proxy on a free loopback port. Each session's turns stay on one
-replica (whose cache then holds them), sessions spread, every API and streams pass through,
+local Ray, behind Ray Serve's proxy on a free loopback port. The command, on Ray Serve's own
+router, spreads requests sent together over both replicas. Routed by prefix, each session's
+turns stay on one replica (whose cache then holds them), sessions spread, every API and streams pass through,
 /health and /metrics cover the replicas, and a replica killed mid-stream ends that stream with
 an error event while new requests go to the other and Ray Serve starts it again."""
 
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import re
 import signal
 import socket
@@ -21,6 +23,7 @@ serve = pytest.importorskip("ray.serve")
 
 import anthropic  # noqa: E402
 import openai  # noqa: E402
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from helpers import read_until, wait_until  # noqa: E402
 from multiseq import RunnerConfig  # noqa: E402
@@ -47,18 +50,60 @@ def free_port() -> int:
 # --- as a user runs it ---------------------------------------------------------------------------
 
 @model
-def test_serve_on_ray_answers_and_stops_on_sigterm(start_cli):
-    """The command with its own local Ray, on Ray Serve's own router (one replica: the test is
-    about the command; the module's cluster below routes by prefix)."""
-    process = start_cli("serve", "--ray", "--replicas", "1", "--routing", "ray", "-m", MODEL, "-np", "1", "-t", "1",
-                        "-c", "512", "--port", "0", "--no-dashboard", "--alias", "local")
+@pytest.mark.skipif((os.cpu_count() or 1) < NUM_REPLICAS,
+                    reason="two replicas of one thread need two cores (the command will not make them share one)")
+def test_serve_on_ray_spreads_requests_over_the_replicas_with_rays_routing_and_stops_on_sigterm(start_cli, tmp_path):
+    """The command with its own local Ray and two replicas on Ray Serve's own router (power of
+    two choices by queue length; the module's cluster below routes by prefix): requests sent
+    together are served by both replicas, as each replica's /metrics counts too, a stream passes
+    through, a file's calls still go to the replica that keeps it, and SIGTERM stops it all."""
+    process = start_cli("serve", "--ray", "--replicas", str(NUM_REPLICAS), "--routing", "ray", "-m", MODEL,
+                        "-np", "1", "-t", "1", "-c", "512", "--port", "0", "--no-dashboard", "--alias", "local",
+                        "--data-dir", str(tmp_path))
     lines = read_until(process, "ready:", timeout=120)
+    assert "routing ray" in lines[-1]
     base = next(match.group(1) for line in lines if (match := READY.search(line)))
     client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
-    reply = client.chat.completions.with_raw_response.create(model="local", max_tokens=4,
-                                                             messages=[{"role": "user", "content": "Hi"}])
-    assert reply.parse().choices[0].message.content
-    assert _health(base)["replicas"] == {reply.headers["x-multiseq-replica"]: {"status": "ok"}}
+
+    def ask(index: int):
+        return client.chat.completions.with_raw_response.create(
+            model="local", max_tokens=4, temperature=0, extra_body={"ignore_eos": True},
+            messages=[{"role": "user", "content": f"Hi number {index}"}])
+
+    served: dict[str, int] = {}  # replica: chat requests it answered
+    with ThreadPoolExecutor(4) as pool:
+        for attempt in range(5):  # sent together, they spread (each goes to the shorter of two queues)
+            for raw in pool.map(ask, range(4 * attempt, 4 * attempt + 4)):
+                completion = raw.parse()
+                assert completion.choices[0].finish_reason == "length" and completion.usage.completion_tokens == 4
+                assert completion.choices[0].message.content
+                served[raw.headers["x-multiseq-replica"]] = served.get(raw.headers["x-multiseq-replica"], 0) + 1
+            if len(served) == NUM_REPLICAS:
+                break
+    assert len(served) == NUM_REPLICAS, f"twenty requests sent four at a time all went to {served}"
+
+    raw = client.chat.completions.with_raw_response.create(
+        model="local", max_tokens=6, temperature=0, stream=True, stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True}, messages=[{"role": "user", "content": "Hi"}])
+    assert raw.headers["content-type"].startswith("text/event-stream") and raw.headers["x-multiseq-replica"] in served
+    served[raw.headers["x-multiseq-replica"]] += 1
+    chunks = list(raw.parse())
+    assert "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices)
+    assert [chunk.choices[0].finish_reason for chunk in chunks if chunk.choices][-1] == "length"
+    assert chunks[-1].usage.completion_tokens == 6
+
+    health = _health(base)
+    assert health["status"] == "ok" and set(health["replicas"]) == set(served), (health, served)
+    counted = {sample.labels["replica"]: int(sample.value)
+               for family in text_string_to_metric_families(_get(base, "/metrics")[1])
+               for sample in family.samples
+               if sample.name == "multiseq_api_requests_total" and sample.labels.get("api") == "chat"}
+    assert counted == served, "each replica's /metrics counts the requests its header named"
+
+    uploaded = client.files.create(file=("in.jsonl", b'{"custom_id": "a"}\n'), purpose="batch")
+    homes = {client.files.with_raw_response.retrieve(uploaded.id).headers["x-multiseq-replica"] for _ in range(4)}
+    assert len(homes) == 1, "a file's calls go to the replica that keeps it, not the shorter queue"
+
     process.send_signal(signal.SIGTERM)
     _, rest = process.communicate(timeout=60)
     assert process.returncode == 0, rest
