@@ -42,7 +42,8 @@ from .graph_sampling import RowSampling
 from .sampling import Sampled, SequenceSampler
 from .hostcache import HostCache, PrefixHolding, SharedPrefix
 from .placement import KvPlacement
-from .scheduler import Scheduler, StepPlan, fit_prompt
+from .planning import StepPlan
+from .scheduler import Scheduler, fit_prompt
 from .sequence import Sequence
 from .tools.support import ToolSupport
 from .stats import RunnerSnapshot, StatsRecorder, runner_snapshot

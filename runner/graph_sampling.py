@@ -25,8 +25,8 @@ import numpy as np
 from .batch import ChainSpec, GraphSampling
 from .config import SamplingMode
 from .errors import BackendError
+from .planning import StepPlan
 from .sampling import Sampled, sample_rows
-from .scheduler import StepPlan
 from .sequence import Sequence
 
 _NO_TOKEN = -1  # LLAMA_TOKEN_NULL: the chain sampled nothing for that row

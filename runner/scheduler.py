@@ -1,8 +1,8 @@
 """The scheduler: who waits, who holds which slot, and what goes into the next batch.
 
 Pure Python over Sequence objects; it never touches the model. It moves sequences between
-the waiting queue and the slots (their own state changes through Sequence's methods) and
-plans each step.
+the waiting queue and the slots (their own state changes through Sequence's methods), and
+hands the running ones to its StepPlanner (runner.planning) to plan each step.
 """
 
 from __future__ import annotations
@@ -12,9 +12,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .batch import BatchEntry, ChunkRules
+from .batch import ChunkRules
 from .config import OverflowPolicy
 from .hostcache import HostCache, HostEntry
+from .planning import StepPlan, StepPlanner
 from .prefix import MIN_COPY_TOKENS, PrefixIndex, common_prefix_length, worth_waiting_for
 from .sequence import Sequence, SequenceStatus
 from .waiting import WaitingQueue
@@ -77,68 +78,6 @@ def _check_prompt_fits(num_prompt: int, window: int) -> None:
             f"(overflow policy 'reject'): shorten the conversation, or serve with a larger --slot-ctx", num_prompt)
 
 
-@dataclass(frozen=True, slots=True)
-class Chunk:
-    """One sequence's part of a step: the batch entry, and whether it is prompt tokens
-    (rather than the sequence's newest generated token)."""
-
-    seq: Sequence
-    entry: BatchEntry
-    is_prefill: bool
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.entry.tokens)
-
-
-@dataclass(frozen=True)
-class StepPlan:
-    """One llama_decode call: chunks ordered by slot, at most one per slot.
-
-    Ordering by slot matters: with one KV stream per slot, llama.cpp groups sequences into a
-    micro-batch only while their ids are consecutive in batch order."""
-
-    chunks: list[Chunk]
-
-    @property
-    def entries(self) -> list[BatchEntry]:
-        return [chunk.entry for chunk in self.chunks]
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(chunk.num_tokens for chunk in self.chunks)
-
-    @property
-    def num_decode_tokens(self) -> int:
-        return sum(1 for chunk in self.chunks if not chunk.is_prefill)
-
-    @property
-    def num_prefill_tokens(self) -> int:
-        return sum(chunk.num_tokens for chunk in self.chunks if chunk.is_prefill)
-
-    @property
-    def output_seqs(self) -> list[Sequence]:
-        """Sequences that get a logits row, in row order."""
-        return [chunk.seq for chunk in self.chunks if chunk.entry.wants_output]
-
-    def __bool__(self) -> bool:
-        return bool(self.chunks)
-
-    def with_halved_prefill(self) -> StepPlan | None:
-        """The same step with every prompt chunk halved, for a retry when the KV had no room;
-        None when no chunk can shrink any more."""
-        if all(chunk.num_tokens <= 1 or not chunk.is_prefill for chunk in self.chunks):
-            return None
-        chunks = []
-        for chunk in self.chunks:
-            if chunk.is_prefill and chunk.num_tokens > 1:
-                entry = chunk.entry
-                half = BatchEntry(entry.slot, entry.tokens[: len(entry.tokens) // 2], entry.start_pos, False)
-                chunk = Chunk(chunk.seq, half, True)
-            chunks.append(chunk)
-        return StepPlan(chunks)
-
-
 @dataclass(frozen=True)
 class Placement:
     """Where an admitted prompt goes: its slot, and the prefix it starts from, found in
@@ -181,12 +120,8 @@ class Scheduler:
                  prefix_cache: bool = True, chunk_rules: ChunkRules = ChunkRules(),
                  isolate_prefill: bool = False, host_cache: HostCache | None = None,
                  step_tokens: int | None = None) -> None:
-        assert max_batch_tokens >= num_slots, "every slot must be able to decode each step"
         self.num_slots = num_slots
-        self.max_batch_tokens = max_batch_tokens
-        # The step's token budget: every decoding token, then prompt chunks up to it, so that a
-        # long prompt is prefilled over several steps while the others keep decoding.
-        self.step_tokens = min(step_tokens or max_batch_tokens, max_batch_tokens)
+        self.planner = StepPlanner(num_slots, max_batch_tokens, step_tokens, chunk_rules, isolate_prefill)
         self.window = window
         self.n_discard = n_discard  # 0: half of what follows n_keep, as llama.cpp does
         self.prefix_cache = prefix_cache
@@ -196,12 +131,6 @@ class Scheduler:
         # which rounds differently from the same tokens computed as a prompt.
         self.keeps_generated = not chunk_rules.exact_reuse
         self.host_cache = host_cache if host_cache is not None and host_cache.is_enabled and prefix_cache else None
-        # llama.cpp cuts a batch into micro-batches of equal tokens per sequence, so a prompt
-        # chunk beside decoding sequences has its first token computed as a lone row, which
-        # other kernels do with other rounding. Isolated, a step holds one prompt chunk or the
-        # decoding tokens, never both (they alternate, so neither starves).
-        self.isolate_prefill = isolate_prefill
-        self._last_step_prefilled = False
         self.prefixes = PrefixIndex(num_slots)
         self.waiting = WaitingQueue()
         self.slots: list[Sequence | None] = [None] * num_slots
@@ -406,63 +335,8 @@ class Scheduler:
     # --- the step ------------------------------------------------------------------------
 
     def plan(self) -> StepPlan:
-        """One token for every decoding sequence, then prompt chunks by priority, then age, up
-        to the step's token budget (isolated: one or the other). Prompt chunks always get room
-        for one chunk the backend's rules allow, so that prefill progresses beside any number
-        of decoding slots."""
-        prefilling = self._prefilling_in_order()
-        decoding = [seq for seq in self.running if seq.status is SequenceStatus.DECODING]
-        if prefilling and not self.isolate_prefill:
-            # A prompt is prefilled without lower-priority work beside it (their streams and
-            # prompts): on a CPU each token in a step costs, and a waiting person's first token
-            # comes before batch work's next.
-            top = prefilling[0].priority
-            decoding = [seq for seq in decoding if seq.priority >= top]
-            prefilling = [seq for seq in prefilling if seq.priority >= top]
-        if self.isolate_prefill:
-            self._last_step_prefilled = bool(prefilling) and not (decoding and self._last_step_prefilled)
-            if self._last_step_prefilled:
-                prefilling, decoding = prefilling[:1], []
-            else:
-                prefilling = []
-        chunks: dict[int, Chunk] = {}
-        for seq in decoding:
-            chunks[seq.slot] = Chunk(seq, BatchEntry(seq.slot, [seq.last_token], seq.n_past, True), False)
-        budget = self.step_tokens - len(chunks)
-        room = self.max_batch_tokens - len(chunks)
-        for seq in prefilling:
-            # The first prompt chunk of a step goes whatever the budget, so prompts progress.
-            floor = 0 if len(chunks) > len(decoding) else self._least_progress(seq)
-            start = seq.num_prefilled
-            length = self._chunk_length(start, seq.num_prompt_remaining, min(room, max(budget, floor)))
-            if length == 0:
-                continue
-            tokens = seq.prompt_tokens[start:start + length]
-            is_last = start + length == len(seq.prompt_tokens)
-            chunks[seq.slot] = Chunk(seq, BatchEntry(seq.slot, tokens, seq.n_past, is_last), True)
-            budget -= length
-            room -= length
-        return StepPlan([chunks[slot] for slot in sorted(chunks)])
-
-    def _chunk_length(self, start: int, remaining: int, budget: int) -> int:
-        """How much of a prompt's rest goes into this step, by the backend's chunk rules. When
-        the batch is too small to ever hold two chunks the rules allow, whatever fits goes, so
-        that every prompt makes progress."""
-        rules = self.chunk_rules
-        if self.max_batch_tokens < 2 * (rules.min_tokens + rules.alignment) + self.num_slots:
-            return min(remaining, budget)
-        return rules.chunk_length(start, remaining, budget)
-
-    def _least_progress(self, seq: Sequence) -> int:
-        """Room enough for one chunk of seq's prompt that the rules allow: the smallest chunk,
-        or its whole rest when no cut would leave a rest the rules allow."""
-        rules = self.chunk_rules
-        remaining = seq.num_prompt_remaining
-        return remaining if remaining <= 2 * rules.min_tokens + rules.alignment else rules.min_tokens + rules.alignment - 1
-
-    def _prefilling_in_order(self) -> list[Sequence]:
-        prefilling = [seq for seq in self.running if seq.status is SequenceStatus.PREFILLING]
-        return sorted(prefilling, key=lambda seq: (-seq.priority, seq.admitted_at))
+        """The next step's batch, from the running sequences (see StepPlanner.plan)."""
+        return self.planner.plan(self.running)
 
     def shifts_needed(self) -> tuple[list[Shift], list[Sequence]]:
         """Decoding sequences whose window is full: the shift each needs, and those that
