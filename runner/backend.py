@@ -563,6 +563,9 @@ class LlamaBackend:
             llama.llama_memory_seq_cp(self._memory, source_slot, slot, -1, -1)
         return self._cut_back(slot, length)
 
+    def undo_failed_decode(self, slot: int, start_pos: int) -> bool:
+        return self._cut_back(slot, start_pos)
+
     def save_slot(self, slot: int) -> SlotState | None:
         """The slot's KV state (llama_state_seq_get_data), to restore later; None on failure.
         The buffer is left unfilled until llama.cpp writes it, without the GIL: zero-filling

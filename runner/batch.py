@@ -129,6 +129,11 @@ class Backend(Protocol):
         KV when the slots differ; length 0 clears the slot). False when those positions are
         not all there (the slot is then cleared)."""
 
+    def undo_failed_decode(self, slot: int, start_pos: int) -> bool:
+        """After a failed decode (which may have kept the micro-batches before the one that
+        failed): make the slot hold positions [0, start_pos) again. False when they are not all
+        there any more (the slot is then cleared)."""
+
     def save_slot(self, slot: int) -> SlotState | None:
         """The slot's KV state, to restore into some slot later (None when it cannot be saved)."""
 

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 
 from .engine import Engine, StepOutput, TextPiece
-from .errors import BackendError
+from .errors import BackendError, RequestFault
 from .request import Result
 from .scheduler import PromptDoesNotFit
 from .stats import RunnerSnapshot
@@ -39,6 +39,7 @@ class RequestHandle:
         self._result: Result | None = None
         self._on_finish = on_finish
         self._on_piece = on_piece
+        self.is_faulty = False  # on_piece raised: nothing more is emitted, the result still comes
 
     def emit(self, piece: TextPiece) -> None:
         if self._pieces is not None and piece.text:
@@ -47,6 +48,8 @@ class RequestHandle:
             self._on_piece(piece)
 
     def finish(self, result: Result) -> None:
+        if self._done.is_set():
+            return  # ended already (the engine stopped while its result was on the way)
         self._result = result
         self._done.set()
         if self._pieces is not None:
@@ -83,19 +86,50 @@ class Deliveries:
         self._handles = handles
         self._listeners: list[Callable[[], None]] = []
 
-    def deliver(self, output: StepOutput) -> None:
+    def deliver(self, output: StepOutput) -> dict[str, str]:
         """Hand text pieces and results to their handles (under the engine lock, so that a
         cancel that returned is never followed by a piece of that request), then tell the
-        delivery listeners."""
+        delivery listeners. A callback that raises fails its own request alone: the requests
+        whose pieces could not be delivered, and why (the caller fails them in the engine;
+        nothing more is delivered to them until their result)."""
+        faults: dict[str, str] = {}
         if not output.pieces and not output.finished:
-            return
+            return faults
         with self._lock:
-            emit_to = [self._handles[piece.request_id] for piece in output.pieces]
-            finish = [self._handles.pop(result.id) for result in output.finished]
+            emit_to = [self._handles.get(piece.request_id) for piece in output.pieces]
+            finish = [self._handles.pop(result.id, None) for result in output.finished]
         for handle, piece in zip(emit_to, output.pieces):
-            handle.emit(piece)
+            if handle is not None and not handle.is_faulty:
+                try:
+                    handle.emit(piece)
+                except Exception as error:  # noqa: BLE001 - the callback's fault is its request's
+                    faults[handle.id] = self._fault(handle, error)
         for handle, result in zip(finish, output.finished):
+            if handle is not None:
+                fault = faults.get(handle.id)
+                self._finish(handle, result if fault is None else result.failed_with(fault))
+        self.tell_listeners()
+        return faults
+
+    @staticmethod
+    def _fault(handle: RequestHandle, error: Exception) -> str:
+        handle.is_faulty = True
+        fault = RequestFault("delivering its output", error)
+        logger.error("request %s failed: %s", handle.id, fault, exc_info=error)
+        return str(fault)
+
+    @staticmethod
+    def _finish(handle: RequestHandle, result: Result) -> None:
+        try:
             handle.finish(result)
+        except Exception:  # noqa: BLE001 - the result is set before on_finish runs: only the callback failed
+            logger.exception("request %s: on_finish failed", handle.id)
+
+    def fail_remaining(self, handles: list[RequestHandle], message: str) -> None:
+        """End these handles with an error result (the engine stopped: no step will), and tell
+        the listeners."""
+        for handle in handles:
+            self._finish(handle, Result.failed_before_start(handle.id, message))
         self.tell_listeners()
 
     def reject(self, handle: RequestHandle, error: str | Exception) -> None:

@@ -33,7 +33,7 @@ import numpy as np
 
 from .batch import Backend
 from .config import RunnerConfig
-from .errors import BackendError, NoKvSlot
+from .errors import BackendError, EngineFailure, NoKvSlot, RequestFault, request_fault
 from .grammar import TokenConstraint
 from .logprobs import TokenLogprob
 from .request import FinishReason, Request, Result
@@ -42,6 +42,7 @@ from .graph_sampling import RowSampling
 from .sampling import Sampled, SequenceSampler
 from .hostcache import HostCache, PrefixHolding, SharedPrefix
 from .placement import KvPlacement
+from .outcome import result_of
 from .planning import StepPlan
 from .scheduler import Scheduler, fit_prompt
 from .sequence import Sequence
@@ -82,12 +83,28 @@ class StepOutput:
 class Executed:
     """A decoded and sampled step, not yet applied to its sequences: plain data."""
 
-    plan: StepPlan  # the plan that ran (its prompt chunks may have been halved)
-    sampled: list[Sampled] | None  # one per output row; None when the decode failed
-    error: str | None
+    plan: StepPlan  # the chunks that ran (prompt chunks may have been halved)
+    sampled: list[Sampled | RequestFault]  # one per output row of the plan; a fault fails its request
+    failed: list[tuple[Sequence, str]]  # sequences whose decode failed, and why: they ran nothing
     decode_seconds: float  # llama_decode alone
     batch_seconds: float  # filling the batch and retries, outside llama_decode
     sample_seconds: float
+
+
+@dataclass(frozen=True)
+class _Ran:
+    """One plan decoded and sampled."""
+
+    plan: StepPlan
+    sampled: list[Sampled | RequestFault]
+    decode_seconds: float
+    sample_seconds: float
+
+
+# A decode that fails for one sequence fails that sequence; when it has failed for this many
+# sequences (in one step or over several) with none succeeding between them, the backend is at
+# fault, not they.
+MAX_FAILED_DECODES_IN_A_ROW = 3
 
 
 class Engine:
@@ -108,6 +125,7 @@ class Engine:
         self._outbox = StepOutput()
         self.tools = ToolSupport(backend.chat_template_source, config.tool_format)
         self.row_sampling = RowSampling(config.sampling, backend.graph_sampling)
+        self._num_failed_decodes = 0  # decodes failed since the last one that succeeded
 
     def _clamped_n_discard(self) -> int:
         n_discard = self.config.n_discard
@@ -240,8 +258,25 @@ class Engine:
 
     def execute(self, plan: StepPlan) -> Executed:
         """llama_decode the plan (on a full KV, halve the prompt chunks and retry), then sample
-        every output row."""
+        every output row. A decode that fails is tried again sequence by sequence, so that only
+        the sequences at fault fail; EngineFailure when the backend is at fault (decodes failed
+        for MAX_FAILED_DECODES_IN_A_ROW sequences, none succeeding). It changes no scheduling state."""
         started = time.perf_counter()
+        try:
+            ran = [self._run(plan)]
+            failed = []
+            self._num_failed_decodes = 0
+        except BackendError as error:
+            ran, failed = self._run_one_by_one(plan, error)
+        decode_seconds = sum(part.decode_seconds for part in ran)
+        sample_seconds = sum(part.sample_seconds for part in ran)
+        return Executed(StepPlan([chunk for part in ran for chunk in part.plan.chunks]),
+                        [sampled for part in ran for sampled in part.sampled], failed, decode_seconds,
+                        time.perf_counter() - started - decode_seconds - sample_seconds, sample_seconds)
+
+    def _run(self, plan: StepPlan) -> _Ran:
+        """Decode the plan, halving its prompt chunks while the KV has no room, and sample its
+        rows; BackendError when the decode fails."""
         while True:
             try:
                 in_graph = self.row_sampling.prepare(plan)
@@ -250,43 +285,57 @@ class Engine:
             except NoKvSlot:
                 smaller = plan.with_halved_prefill()
                 if smaller is None:
-                    return self._failed(plan, "llama_decode found no KV room even for one token per sequence", started)
+                    raise NoKvSlot("llama_decode found no KV room even for one token per sequence") from None
                 logger.warning("no KV room for %d tokens; retrying with %d", plan.num_tokens, smaller.num_tokens)
                 plan = smaller
-            except BackendError as error:
-                return self._failed(plan, str(error), started)
-        decoded = time.perf_counter()
-        try:
-            sampled = self.row_sampling.sample(logits, plan.output_seqs, in_graph)
-        except BackendError as error:
-            return self._failed(plan, str(error), started)
-        decode_seconds = self.backend.last_decode_seconds
-        return Executed(plan, sampled, None, decode_seconds, decoded - started - decode_seconds,
-                        time.perf_counter() - decoded)
+        sampling_started = time.perf_counter()
+        sampled = self.row_sampling.sample(logits, plan.output_seqs, in_graph)  # the logits die with the next decode
+        return _Ran(plan, sampled, self.backend.last_decode_seconds, time.perf_counter() - sampling_started)
 
-    def _failed(self, plan: StepPlan, error: str, started: float) -> Executed:
-        return Executed(plan, None, error, 0.0, time.perf_counter() - started, 0.0)
+    def _run_one_by_one(self, plan: StepPlan, error: BackendError) -> tuple[list[_Ran], list[tuple[Sequence, str]]]:
+        """After a failed decode: decode each sequence of the plan alone; the parts that ran,
+        and the sequences whose decode failed."""
+        ran, failed = [], []
+        if len(plan.chunks) == 1:
+            failed.append((plan.chunks[0].seq, str(error)))
+        else:
+            logger.warning("llama_decode failed for %d sequences together (%s): decoding them one by one",
+                           len(plan.chunks), error)
+        for chunk in plan.chunks if len(plan.chunks) > 1 else ():
+            try:
+                # A failed llama_decode may have kept the micro-batches before the one that
+                # failed: the slot goes back to where the step found it.
+                if not self.backend.undo_failed_decode(chunk.entry.slot, chunk.entry.start_pos):
+                    raise BackendError("its KV was lost with a failed llama_decode")
+                ran.append(self._run(StepPlan([chunk])))
+            except BackendError as chunk_error:
+                failed.append((chunk.seq, str(chunk_error)))
+        for seq, why in failed:
+            logger.error("request %s: %s", seq.id, why)
+        self._num_failed_decodes = 0 if ran else self._num_failed_decodes + len(failed)
+        if self._num_failed_decodes >= MAX_FAILED_DECODES_IN_A_ROW:
+            raise EngineFailure(f"llama_decode keeps failing, whatever it decodes: {error}")
+        return ran, failed
 
     def update(self, executed: Executed) -> None:
         """Apply a step's output: every sequence's KV accounting, then its new token; then
         retire the sequences that ended. A sequence cancelled while the step ran keeps the
-        KV the step wrote, but its token is dropped."""
+        KV the step wrote, but its token is dropped. A fault while one sequence's token is
+        taken fails that sequence alone."""
         started = time.perf_counter()
         plan = executed.plan
-        seqs = [chunk.seq for chunk in plan.chunks]
-        if executed.sampled is None:
-            for seq in seqs:
-                seq.fail(executed.error)
-            self._retire_ending(seqs)
-            return
+        for seq, error in executed.failed:
+            seq.fail(error, overriding=True)  # what its slot holds is in doubt, even if it was cancelled
         for chunk in plan.chunks:
             chunk.seq.record_decoded(chunk.num_tokens, chunk.is_prefill, started)
         for seq, sampled in zip(plan.output_seqs, executed.sampled):
-            if not seq.is_ending:
+            if isinstance(sampled, RequestFault):
+                self._fail_alone(seq, sampled)
+            elif not seq.is_ending:
                 self._accept_token(seq, sampled, started)
-        self._retire_ending(seqs)
+        self._retire_ending([chunk.seq for chunk in plan.chunks] + [seq for seq, _ in executed.failed])
         self._outbox.num_tokens_decoded += plan.num_tokens
-        if not plan.num_decode_tokens:  # what prefilling costs, for whether a restore pays
+        if plan.chunks and not plan.num_decode_tokens:  # what prefilling costs, for whether a restore pays
             self.host_cache.costs.note_prefill(plan.num_prefill_tokens, executed.decode_seconds)
         self.stats.record_step(executed.decode_seconds, plan.num_decode_tokens, plan.num_prefill_tokens,
                                len(executed.sampled))
@@ -301,16 +350,24 @@ class Engine:
             self._emit(seq, seq.append_token(sampled, self.backend.token_bytes(token),
                                              self.backend.is_end_of_generation(token), now), is_last=False)
         except Exception as error:  # noqa: BLE001 - one request's failure stays with that request
-            logger.exception("request %s failed", seq.id)
-            seq.fail(f"internal error: {error}")
+            self._fail_alone(seq, request_fault("taking its token", error))
+
+    def _fail_alone(self, seq: Sequence, fault: RequestFault) -> None:
+        """A bug met while handling one request's output: that request fails, no other."""
+        logger.error("request %s failed: %s", seq.id, fault, exc_info=fault)
+        seq.fail(str(fault), overriding=True)
 
     def _emit(self, seq: Sequence, text: str, is_last: bool) -> None:
         """Hand out a piece of text (and, with tools, what it parses into). The last piece of a
         request closes its parse, releasing held-back text; a cancelled request's does not
-        (nothing is emitted for a request after cancel() returned)."""
-        deltas = seq.parse_output(text, close=is_last and seq.ending.reason is not FinishReason.CANCELLED)
+        (nothing is emitted for a request after cancel() returned), and a failed one's parse
+        is not asked again (it may be what failed): nothing but the error comes after it."""
+        if is_last and seq.ending.reason is FinishReason.ERROR:
+            deltas = None if seq.pieces.tool_parser is None else ()
+        else:
+            deltas = seq.pieces.parse(text, close=is_last and seq.ending.reason is not FinishReason.CANCELLED)
         if text or deltas:
-            self._outbox.pieces.append(TextPiece(seq.id, text, seq.take_unstreamed_logprobs(), deltas))
+            self._outbox.pieces.append(TextPiece(seq.id, text, seq.pieces.take_unstreamed_logprobs(), deltas))
 
     def _retire_ending(self, seqs: list[Sequence]) -> None:
         for seq in seqs:
@@ -321,13 +378,38 @@ class Engine:
         """The one place a sequence ends: it moves to its final status (releasing its held
         text), leaves its slot or the queue, its KV stays as a prefix others may reuse (or is
         cleared: after a failure the KV is in doubt, and nothing of it is kept), and its
-        result goes into the outbox."""
+        result goes into the outbox. A fault while its output is finished or reported fails
+        it, and it still leaves its slot and gets its result."""
         slot = seq.slot if seq.is_running else None
         now = time.perf_counter()
-        self._emit(seq, seq.finish(now), is_last=True)
+        try:
+            self._emit(seq, seq.finish(now), is_last=True)
+        except Exception as error:  # noqa: BLE001 - one request's failure stays with that request
+            self._fail_while_finishing(seq, request_fault("finishing its output", error), now)
         self.placement.release(seq, slot, now)
+        try:
+            result = result_of(seq)
+        except Exception as error:  # noqa: BLE001 - one request's failure stays with that request
+            self._fail_while_finishing(seq, request_fault("reporting its result", error), now)
+            result = result_of(seq, parse=False)
         self.stats.note_finish(now, seq.ending.reason.value)
-        self._outbox.finished.append(seq.to_result())
+        self._outbox.finished.append(result)
+
+    def _fail_while_finishing(self, seq: Sequence, fault: RequestFault, now: float) -> None:
+        logger.error("request %s failed: %s", seq.id, fault, exc_info=fault)
+        seq.fail_while_finishing(str(fault), now)
+
+    def fail_request(self, request_id: str, message: str) -> bool:
+        """Fail one waiting or running request (its output could not be delivered, say): a
+        waiting one ends now, a running one at the next step boundary, its KV cleared. False
+        when it is not waiting or running."""
+        seq = self.scheduler.find(request_id)
+        if seq is None or seq.is_done:
+            return False
+        seq.fail(message, overriding=True)
+        if seq.is_waiting:
+            self._retire(seq)
+        return True
 
     # --- prefixes shared with other servers of the same model -------------------------------
 

@@ -17,6 +17,7 @@ every attached chain each step, on a dummy row when its slot has no output.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 
@@ -24,10 +25,12 @@ import numpy as np
 
 from .batch import ChainSpec, GraphSampling
 from .config import SamplingMode
-from .errors import BackendError
+from .errors import BackendError, RequestFault, first_line, request_fault
 from .planning import StepPlan
 from .sampling import Sampled, sample_rows
 from .sequence import Sequence
+
+logger = logging.getLogger("multiseq.runner")
 
 _NO_TOKEN = -1  # LLAMA_TOKEN_NULL: the chain sampled nothing for that row
 
@@ -84,10 +87,33 @@ class RowSampling:
         if self._held.pop(slot, None) is not None:
             self._graph.detach(slot)
 
-    def sample(self, logits: np.ndarray, seqs: Seq[Sequence], in_graph: list[bool]) -> list[Sampled]:
+    def sample(self, logits: np.ndarray, seqs: Seq[Sequence], in_graph: list[bool]) -> list[Sampled | RequestFault]:
         """One token per output row: the graph's where it sampled, the host's for the rest
         (whose logits rows llama.cpp copied). No sequence changes; a sampled chain takes its
-        token as accepted (its next draw moves on)."""
+        token as accepted (its next draw moves on).
+
+        When sampling the rows together raises, each row is sampled alone, to find the rows at
+        fault: theirs is a RequestFault, and every other row gets the token it would have got."""
+        try:
+            return self._sample_together(logits, seqs, in_graph, list(range(len(seqs))))
+        except Exception as error:  # noqa: BLE001 - one row's fault stays with its request
+            if len(seqs) == 1:
+                return [request_fault("sampling", error)]
+            logger.warning("sampling %d rows together failed (%s): sampling them one by one", len(seqs),
+                           first_line(error))
+        return [self._sample_alone(logits, row, seqs[row], in_graph[row]) for row in range(len(seqs))]
+
+    def _sample_alone(self, logits: np.ndarray, row: int, seq: Sequence, is_graph: bool) -> Sampled | RequestFault:
+        try:
+            [sampled] = self._sample_together(logits[row:row + 1], [seq], [is_graph], [row])
+            return sampled
+        except Exception as error:  # noqa: BLE001 - this row's fault is its request's
+            return request_fault("sampling", error)
+
+    def _sample_together(self, logits: np.ndarray, seqs: Seq[Sequence], in_graph: list[bool],
+                         batch_rows: list[int]) -> list[Sampled]:
+        """Sample `seqs`, whose logits are the rows of `logits` and whose rows in the decoded batch
+        are `batch_rows` (where the graph's tokens are read)."""
         samplers = [seq.sampler for seq in seqs]
         if not any(in_graph):
             return sample_rows(logits, samplers)
@@ -97,10 +123,12 @@ class RowSampling:
             for row, result in zip(host_rows, sample_rows(logits[host_rows], [samplers[row] for row in host_rows])):
                 sampled[row] = result
         graph_rows = [row for row, is_graph in enumerate(in_graph) if is_graph]
-        for row, token in zip(graph_rows, self._graph.sampled_tokens(graph_rows)):
-            slot = seqs[row].slot
+        tokens = self._graph.sampled_tokens([batch_rows[row] for row in graph_rows])
+        for row, token in zip(graph_rows, tokens):
             if token == _NO_TOKEN:
-                raise BackendError(f"llama.cpp's sampler chain on slot {slot} chose no token")
+                raise BackendError(f"llama.cpp's sampler chain on slot {seqs[row].slot} chose no token")
+        for row, token in zip(graph_rows, tokens):  # accepted only once every row has its token
+            slot = seqs[row].slot
             if not self._held[slot].spec.is_greedy:
                 self._graph.accept(slot, token)
             sampled[row] = Sampled(token)

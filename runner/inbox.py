@@ -55,6 +55,11 @@ class Command:
         self.value: Any = None
         self.error: BaseException | None = None
 
+    def fail(self, error: BaseException) -> None:
+        """The command will never run: its caller gets `error`."""
+        self.error = error
+        self.done.set()
+
     def run(self) -> None:
         try:
             self.value = self.work()
@@ -101,6 +106,7 @@ class Inbox:
         self._num_submitted = 0
         self._worker: threading.Thread | None = None
         self.is_closing = False
+        self._stopped: BaseException | None = None  # the engine stopped: why commands are refused
 
     # --- requests ----------------------------------------------------------------------------
 
@@ -221,9 +227,30 @@ class Inbox:
         with self.lock:
             if self.is_closing:
                 raise RuntimeError("the runner is closed")
+            if self._stopped is not None:
+                raise self._stopped
             self._commands.append(command)
             self.lock.notify_all()
             return self._worker is not None
+
+    def stop(self, error: BaseException) -> None:
+        """The engine stopped for good: the commands waiting, and any posted later, fail with
+        `error` (nothing will run them)."""
+        with self.lock:
+            self._stopped = error
+            commands, self._commands = self._commands, deque()
+        for command in commands:
+            command.fail(error)
+
+    def take_handles(self) -> list[RequestHandle]:
+        """Every handle not yet given its result, taken away (the engine stopped: they are
+        ended by the caller)."""
+        with self.lock:
+            handles = list(self.handles.values())
+            self.handles.clear()
+            self._tokenizing.clear()
+            self._messages.clear()
+            return handles
 
     def take_commands(self) -> deque[Command]:
         with self.lock:

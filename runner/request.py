@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 
 from .config import OverflowPolicy, SamplingParams
@@ -199,6 +199,10 @@ class Result:
         prompt_tokens is the prompt's size when that was the reason (it does not fit)."""
         return cls(id=request_id, text="", finish_reason=FinishReason.ERROR, prompt_tokens=prompt_tokens, completion_tokens=0,
                    timings=NO_TIMINGS, error=error, is_invalid_request=True)
+
+    def failed_with(self, error: str) -> Result:
+        """This result turned into a failure (what it computed is kept)."""
+        return replace(self, finish_reason=FinishReason.ERROR, error=error)
 
     @classmethod
     def failed_before_start(cls, request_id: str, error: str) -> Result:

@@ -42,6 +42,7 @@ from .batch import Backend
 from .config import RunnerConfig
 from .delivery import PUBLISH_INTERVAL_S, Deliveries, RequestHandle, SnapshotPublisher  # noqa: F401 - re-exported
 from .engine import Engine, TextPiece
+from .errors import EngineFailure, first_line
 from .hostcache import PrefixHolding, SharedPrefix
 from .inbox import Command, Inbox
 from .request import Request, Result
@@ -70,6 +71,7 @@ class Runner:
         self._stepper = Stepper(self.engine, self._lock, self._inbox, self._deliveries, self._publisher)
         self._autostart = autostart
         self._closed = False
+        self._failure: str | None = None  # why the engine stopped, once it has
 
     @classmethod
     def on_model(cls, model, config: RunnerConfig, autostart: bool = True) -> Runner:
@@ -120,6 +122,10 @@ class Runner:
         if admission.is_duplicate:
             self._reject(handle, f"request id {handle.id!r} is already waiting or running")
             return handle
+        if self._failure is not None:  # nothing steps the engine any more
+            self._inbox.forget(handle.id)
+            self._deliveries.fail_remaining([handle], self.failure_message)
+            return handle
         # Tokenizing, rendering a chat and compiling a constraint read only the model and the
         # config, and take a while: steps and other requests go on meanwhile. A cancel, a
         # cancel_all or a close that comes now is noted, and applied once the request is queued.
@@ -135,7 +141,20 @@ class Runner:
                 self._stepper.apply_inbox()
         if self._autostart:
             self._inbox.start_worker(self._loop)
+        if self._failure is not None:  # the engine stopped while the request was posted
+            self._deliveries.fail_remaining(self._inbox.take_handles(), self.failure_message)
         return handle
+
+    @property
+    def failure(self) -> str | None:
+        """Why the engine stopped (None while it runs): a failure that was no one request's.
+        Every request then ended with an error, and new ones end with one at once; a server
+        answers /health with 503, and a supervisor should start a new one."""
+        return self._failure
+
+    @property
+    def failure_message(self) -> str:
+        return f"the engine stopped: {self._failure}"
 
     def _reject(self, handle: RequestHandle, error: str | Exception) -> None:
         """End a request that could not even be queued. What the request asked for
@@ -302,7 +321,7 @@ class Runner:
         worker = self._inbox.close()
         if worker is not None:
             worker.join()
-        while self._has_work():  # without a worker (autostart off), finish the cancellations here
+        while self._failure is None and self._has_work():  # without a worker (autostart off), finish here
             self.step()
         self.backend.close()
         self._closed = True
@@ -326,18 +345,37 @@ class Runner:
 
     def _loop(self) -> None:
         while self._inbox.wait_for_work():
-            try:
-                if not self.step():
-                    time.sleep(_IDLE_STEP_SECONDS)  # work exists but none could be planned yet
-            except Exception as error:  # noqa: BLE001 - a bug must fail requests, not kill the loop
-                logger.exception("runner step failed")
-                self._stepper.fail_all(f"internal error: {error}")
+            if not self.step():
+                time.sleep(_IDLE_STEP_SECONDS)  # work exists but none could be planned yet
+            if self._failure is not None:
+                return
 
     def step(self) -> bool:
         """Apply the inbox and run the queued commands, then one step of the engine, and deliver
         what it produced; False when there was nothing to decode. The worker calls this;
-        without a worker, a caller may."""
-        return self._stepper.step()
+        without a worker, a caller may. A failure of a step that is no one request's (one
+        request's faults fail that request inside the step) stops the engine: see failure."""
+        if self._failure is not None:
+            return False
+        try:
+            return self._stepper.step()
+        except Exception as error:  # noqa: BLE001 - said to every request and to /health, never lost
+            self._stop(error)
+            return False
+
+    def _stop(self, error: Exception) -> None:
+        """The step loop cannot go on: every request ends with the reason, new ones are refused
+        with it, and the commands waiting for a step are told."""
+        reason = (first_line(error) if isinstance(error, EngineFailure)  # a bug's own words stay in the log
+                  else f"internal error ({type(error).__name__}; the log has its traceback)")
+        logger.error("the engine stopped: %s", reason, exc_info=error)
+        self._failure = reason
+        self._inbox.stop(RuntimeError(self.failure_message))
+        try:
+            self._stepper.fail_all(self.failure_message)
+        except Exception:  # noqa: BLE001 - the handles are ended below whatever the engine's state
+            logger.exception("failing the requests in the engine failed")
+        self._deliveries.fail_remaining(self._inbox.take_handles(), self.failure_message)
 
 
 def _llama_backend(model, config: RunnerConfig, owns_model: bool) -> Backend:

@@ -134,6 +134,19 @@ class SequenceSampler:
         does, or when there is no schema to check)."""
         return None if self.constraint is None else self.constraint.output_error(text)
 
+    @cached_property
+    def _fixed_adjusted_ids(self) -> np.ndarray | None:
+        parts = [ids for ids in (self.bias_ids, self.banned, self.banned_early) if ids is not None]
+        return np.concatenate(parts) if parts else None
+
+    def adjusted_ids(self) -> np.ndarray | None:
+        """The ids adjust() may change in a row (None: it changes none), so that a step whose
+        sampling failed can put them back before the rows are sampled again one by one."""
+        if not self.recent:
+            return self._fixed_adjusted_ids
+        recent = np.fromiter(self.recent, dtype=np.int64, count=len(self.recent))
+        return recent if self._fixed_adjusted_ids is None else np.concatenate([self._fixed_adjusted_ids, recent])
+
     def adjust(self, row: np.ndarray) -> None:
         """The chain's steps before top-k, in llama.cpp's order: logit bias, penalties, bans."""
         if self.bias_ids is not None:
@@ -151,9 +164,21 @@ def sample_rows(logits: np.ndarray, samplers: Sequence[SequenceSampler]) -> list
     probability where the sampler asks for it. No sampler changes.
 
     Rows with a bias, penalties or banned tokens are modified in place (the matrix is scratch
-    space owned by the caller until the next decode). Rows of constrained samplers draw only
+    space owned by the caller until the next decode), and put back as they were when sampling
+    raises, so that the rows can be sampled again. Rows of constrained samplers draw only
     allowed tokens, exactly as if the forbidden ones had been masked out first."""
     assert logits.shape[0] == len(samplers), "one sampler per logits row"
+    adjusted = [(row, ids, logits[row, ids]) for row, sampler in enumerate(samplers)
+                if (ids := sampler.adjusted_ids()) is not None]  # fancy indexing: copies
+    try:
+        return _sample_adjusted_rows(logits, samplers)
+    except Exception:
+        for row, ids, values in reversed(adjusted):
+            logits[row, ids] = values
+        raise
+
+
+def _sample_adjusted_rows(logits: np.ndarray, samplers: Sequence[SequenceSampler]) -> list[Sampled]:
     raw_rows = {row: logits[row].copy() for row, sampler in enumerate(samplers) if sampler.params.logprobs}
     for row, sampler in enumerate(samplers):
         sampler.adjust(logits[row])

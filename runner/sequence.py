@@ -30,10 +30,10 @@ import numpy as np
 
 from .config import OverflowPolicy, SamplingParams
 from .detok import TextAssembler
-from .logprobs import TokenLogprob
-from .request import FinishReason, Priority, Result, Timings
+from .pieces import OutputPieces
+from .errors import RequestFault
+from .request import FinishReason, Priority
 from .sampling import Sampled, SequenceSampler
-from .tools import Delta
 
 if TYPE_CHECKING:
     from .hostcache import HostEntry
@@ -98,8 +98,6 @@ class Sequence:
         self.ending: Ending | None = None  # set once the sequence must end; applied by finish()
         self.slot: int | None = None
         self.output_tokens: list[int] = []
-        self.logprobs: list[TokenLogprob] | None = [] if sampler.params.logprobs else None
-        self.num_logprobs_streamed = 0  # of self.logprobs, how many went out with text pieces
         self.text_parts: list[str] = []
         self.num_prefilled = 0  # prompt tokens in the slot's KV (reused or decoded)
         self.num_cached = 0  # prompt tokens reused from a prefix already computed (a slot's KV or host memory)
@@ -117,10 +115,8 @@ class Sequence:
         self.first_token_at: float | None = None
         self.finished_at: float | None = None
         self.parked: HostEntry | None = None  # preempted: its slot's KV, saved to resume from
-        # With tools (or a model that reasons): the output parsed into content, reasoning and
-        # calls as it streams; closed once, when the output is whole.
-        self.tool_parser = tool_parser
-        self._is_parse_closed = False
+        # The log probabilities behind its text, and what its output parses into (with tools).
+        self.pieces = OutputPieces(tool_parser, sampler.params.logprobs)
 
     # --- derived state -------------------------------------------------------------------
 
@@ -258,16 +254,22 @@ class Sequence:
         the sequence (end of generation, a stop string, a complete constrained document,
         max_tokens) sets its ending."""
         assert self.status is SequenceStatus.DECODING and self.ending is None
-        self.sampler.accept(sampled.token)
+        try:
+            self.sampler.accept(sampled.token)
+        except Exception as error:
+            raise RequestFault("constraining its output", error) from error
         self.output_tokens.append(sampled.token)
         if self.first_token_at is None:
             self.first_token_at = now
         if is_end_of_generation and not self.params.ignore_eos:
             self._end(FinishReason.STOP)
             return ""
-        if self.logprobs is not None and sampled.logprob is not None:
-            self.logprobs.append(sampled.logprob)
-        text, self.has_reached_stop_string = self.assembler.feed(piece)
+        if self.pieces.logprobs is not None and sampled.logprob is not None:
+            self.pieces.logprobs.append(sampled.logprob)
+        try:
+            text, self.has_reached_stop_string = self.assembler.feed(piece)
+        except Exception as error:
+            raise RequestFault("detokenizing its output", error) from error
         if text:
             self.text_parts.append(text)
         if self.has_reached_stop_string or self.sampler.is_constraint_complete:
@@ -275,25 +277,6 @@ class Sequence:
         elif len(self.output_tokens) >= self.max_tokens:
             self._end(FinishReason.LENGTH)
         return text
-
-    def parse_output(self, text: str, close: bool) -> tuple[Delta, ...] | None:
-        """What a new piece of text parses into (None without a parser: the text is all there
-        is); `close`: the output is whole, so held-back text is released."""
-        if self.tool_parser is None:
-            return None
-        deltas = self.tool_parser.feed(text) if text else []
-        if close and not self._is_parse_closed:
-            self._is_parse_closed = True
-            deltas += self.tool_parser.close()
-        return tuple(deltas)
-
-    def take_unstreamed_logprobs(self) -> tuple[TokenLogprob, ...]:
-        """The logprobs not yet handed out with a text piece (the ones a new piece carries)."""
-        if not self.logprobs:
-            return ()
-        new = tuple(self.logprobs[self.num_logprobs_streamed:])
-        self.num_logprobs_streamed = len(self.logprobs)
-        return new
 
     def request_cancel(self) -> None:
         """A waiting sequence ends without running; a running one at the next step boundary,
@@ -325,68 +308,21 @@ class Sequence:
         reason = self.ending.reason
         releases_held_text = ((self.is_running or self.parked is not None) and reason is not FinishReason.CANCELLED
                               and not self.has_reached_stop_string)
-        text = self.assembler.flush() if releases_held_text else ""
-        if text:
-            self.text_parts.append(text)
+        try:
+            text = self.assembler.flush() if releases_held_text else ""
+            if text:
+                self.text_parts.append(text)
+            if reason is FinishReason.STOP:
+                self.schema_error = self.sampler.output_error(self.text)
+        except Exception as error:
+            raise RequestFault("finishing its output", error) from error
         self._move_to(_FINAL_STATUS[reason])
         self.finished_at = now
-        if reason is FinishReason.STOP:
-            self.schema_error = self.sampler.output_error(self.text)
         return text
 
-    # --- reporting -------------------------------------------------------------------------
-
-    @property
-    def finish_reason(self) -> FinishReason | None:
-        return self.ending.reason if self.is_done else None
-
-    def timings(self) -> Timings:
-        end = self.finished_at if self.finished_at is not None else time.perf_counter()
-        return Timings(
-            queue_wait_s=_elapsed(self.submitted_at, self.admitted_at),
-            ttft_s=_elapsed(self.submitted_at, self.first_token_at),
-            prefill_tokens_per_s=_rate(self.num_prefilled - self.num_cached, self.admitted_at, self.prefilled_at),
-            decode_tokens_per_s=_rate(len(self.output_tokens) - 1, self.first_token_at, self.finished_at),
-            total_s=end - self.submitted_at,
-        )
-
-    def to_result(self) -> Result:
-        assert self.is_done, "only a finished sequence has a result"
-        text, reason, tools = self.text, self.ending.reason, {}
-        if self.tool_parser is not None:
-            self.parse_output("", close=True)  # a cancelled output was not closed when it ended
-            parsed = self.tool_parser.result()
-            text = parsed.content or ""
-            tools = {"tool_calls": parsed.tool_calls, "reasoning": parsed.reasoning,
-                     "tool_call_error": parsed.error}
-            if parsed.tool_calls and reason is FinishReason.STOP:
-                reason = FinishReason.TOOL_CALLS
-        return Result(
-            id=self.id,
-            text=text,
-            finish_reason=reason,
-            prompt_tokens=len(self.prompt_tokens) + self.prompt_tokens_dropped,
-            prompt_tokens_cached=self.num_cached,
-            prompt_tokens_from_ram=self.num_restored,
-            completion_tokens=len(self.output_tokens),
-            timings=self.timings(),
-            error=self.ending.error,
-            truncated=self.is_truncated,
-            prompt_tokens_dropped=self.prompt_tokens_dropped,
-            tokens_shifted_out=self.tokens_shifted_out,
-            logprobs=None if self.logprobs is None else tuple(self.logprobs),
-            schema_error=self.schema_error,
-            approximated=self.sampler.approximated,
-            stop_string=self.assembler.matched_stop,
-            **tools,
-        )
-
-
-def _elapsed(start: float | None, end: float | None) -> float | None:
-    return None if start is None or end is None else end - start
-
-
-def _rate(count: int, start: float | None, end: float | None) -> float | None:
-    if start is None or end is None or count <= 0 or end <= start:
-        return None
-    return count / (end - start)
+    def fail_while_finishing(self, error: str, now: float) -> None:
+        """A fault while its ending was applied or reported (a parser's close(), say): it ends
+        failed, whatever ending it had and however far finish() got."""
+        self.ending = Ending(FinishReason.ERROR, error)
+        self.status = SequenceStatus.FAILED
+        self.finished_at = self.finished_at or now

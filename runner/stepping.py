@@ -35,7 +35,7 @@ class Stepper:
                 self.apply_inbox()
                 plan = self.engine.schedule()
                 self._inbox.note_engine_state(self.engine)
-                self._deliveries.deliver(self.engine.take_output())
+                self._deliver()
                 if not plan:
                     self._publisher.publish(time.perf_counter())
                     return False
@@ -45,7 +45,7 @@ class Stepper:
                 self.engine.update(executed)
                 self._inbox.note_engine_state(self.engine)
                 self._publisher.publish(time.perf_counter())  # before the results: readers see them counted
-                self._deliveries.deliver(self.engine.take_output())
+                self._deliver()
             return True
 
     def run_commands(self) -> None:
@@ -58,18 +58,25 @@ class Stepper:
         with self.lock:
             for command in self._inbox.take_commands():
                 command.run()
-            self._deliveries.deliver(self.engine.take_output())
+            self._deliver()
 
     def apply_inbox(self) -> None:
         """Apply what was posted, in order (under the engine lock), and deliver what that ended."""
         if self._inbox.apply_to(self.engine):
-            self._deliveries.deliver(self.engine.take_output())
+            self._deliver()
+
+    def _deliver(self) -> None:
+        """Deliver what the engine produced (under the engine lock); a request whose callback
+        raised fails in the engine, alone, and its result follows when it is retired."""
+        faults = self._deliveries.deliver(self.engine.take_output())
+        for request_id, message in faults.items():
+            self.engine.fail_request(request_id, message)
 
     def settle(self, force_publish: bool = False) -> None:
         """After a change outside a step (a cancel, a failure; under the engine lock): the inbox
         learns the engine's state, what ended is delivered, and a snapshot published."""
         self._inbox.note_engine_state(self.engine)
-        self._deliveries.deliver(self.engine.take_output())
+        self._deliver()
         self._publisher.publish(time.perf_counter(), force=force_publish)
 
     def fail_all(self, reason: str) -> None:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from multiseq.batch import ChainSpec, ChunkRules
-from multiseq.errors import NoKvSlot
+from multiseq.errors import BackendError, NoKvSlot
 from multiseq.grammar import tokenizer_from_pieces
 
 BOS = 256
@@ -112,6 +112,13 @@ class FakeBackend:
         self.noisy = noisy
         self.decode_delay = decode_delay
         self.no_kv_slot_above = no_kv_slot_above  # simulate llama_decode returning 1 above this size
+        # Fault injection: a decode whose batch holds this token fails (as llama_decode
+        # returning an error, or finding no KV slot, for that sequence's tokens), before it
+        # changes anything; fail_every_decode: the backend itself is broken.
+        self.poison_token: int | None = None
+        self.poison_error: type[BackendError] = BackendError
+        self.fail_every_decode = False
+        self.fail_decodes_after: int | None = None  # the backend breaks after this many decodes
         self.kv: list[list[int]] = [[] for _ in range(num_slots)]
         # What the slot's sequence is, whatever shifting did to its KV: its prompt, and how
         # many generated tokens were fed back.
@@ -209,6 +216,11 @@ class FakeBackend:
         assert slots == sorted(set(slots)), f"entries must be one per slot, in slot order: {slots}"
         if self.no_kv_slot_above is not None and num_tokens > self.no_kv_slot_above:
             raise NoKvSlot("fake: no KV slot")
+        if self.fail_every_decode or (self.fail_decodes_after is not None and len(self.calls) >= self.fail_decodes_after):
+            raise BackendError("llama_decode failed with code -3")
+        if self.poison_token is not None and any(self.poison_token in entry.tokens for entry in entries):
+            raise self.poison_error("llama_decode failed with code -1" if self.poison_error is BackendError
+                                    else "llama_decode found no KV slot for the batch")
         # A slot with a sampled token not yet fed back is decoding: its entry is that token.
         # Any other slot's entry is prompt tokens.
         is_decode = [self.has_pending_token[entry.slot] for entry in entries]
@@ -268,6 +280,10 @@ class FakeBackend:
         self.clear_slot(slot)
         self.kv[slot] = list(tokens)
         self.prompts[slot] = list(tokens)
+
+    def undo_failed_decode(self, slot: int, start_pos: int) -> bool:
+        assert len(self.kv[slot]) == start_pos, "the fake's failed decodes write nothing"
+        return True
 
     def save_slot(self, slot: int) -> bytearray | None:
         """A saved state: the slot's KV as bytes (a sliding window's forgotten start is lost,

@@ -13,6 +13,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from fakes import EOS, FakeBackend
 from multiseq import CANCELLED_BEFORE_START, Engine, FinishReason, Request, Runner, RunnerConfig, SamplingParams
+from multiseq.outcome import result_of
 from multiseq.sampling import Sampled, SequenceSampler, sample_rows
 from multiseq.sequence import InvalidTransition, SequenceStatus
 
@@ -52,7 +53,7 @@ def test_a_sequence_moves_along_its_life_and_nowhere_else():
     assert seq.status is SequenceStatus.FINISHED and seq.is_done
     with pytest.raises(InvalidTransition):
         seq.finish(0.0)
-    assert seq.to_result().text == "wxyz"
+    assert result_of(seq).text == "wxyz"
 
 
 def test_finish_needs_an_ending_and_the_first_ending_counts():
@@ -64,7 +65,7 @@ def test_finish_needs_an_ending_and_the_first_ending_counts():
     seq.request_cancel()
     seq.fail("later")
     seq.finish(0.0)
-    assert seq.status is SequenceStatus.CANCELLED and seq.to_result().error is None
+    assert seq.status is SequenceStatus.CANCELLED and result_of(seq).error is None
 
 
 @pytest.mark.parametrize("how, status, reason, error", [
@@ -98,7 +99,7 @@ def test_each_way_of_ending_gives_its_final_status_and_result(how, status, reaso
         else:
             seq.fail("boom")
     seq.finish(0.0)
-    result = seq.to_result()
+    result = result_of(seq)
     assert (seq.status, result.finish_reason, result.error) == (status, reason, error)
     assert result.truncated == (how == "full window")
 
@@ -108,7 +109,8 @@ def test_each_way_of_ending_gives_its_final_status_and_result(how, status, reaso
 def sequence_state(seq) -> dict:
     """Everything a sequence and its sampler hold, as comparable values."""
     state = {name: copy.deepcopy(value) for name, value in vars(seq).items()
-             if name not in ("sampler", "assembler", "_prompt_array")}
+             if name not in ("sampler", "assembler", "_prompt_array", "pieces")}
+    state["pieces"] = {name: copy.deepcopy(value) for name, value in vars(seq.pieces).items()}
     state["sampler"] = {name: copy.deepcopy(value) for name, value in vars(seq.sampler).items()
                         if name not in ("token_bytes", "constraint", "banned", "bias_ids", "bias_values")}
     state["assembler"] = (seq.assembler._stops.held,)
@@ -134,7 +136,7 @@ def test_execute_computes_and_changes_no_sequence_update_applies_it():
     assert all(isinstance(sampled, Sampled) for sampled in executed.sampled)
     engine.update(executed)
     assert [seq.output_tokens[-1] for seq in seqs] == [sampled.token for sampled in executed.sampled]
-    assert seqs[0].logprobs[-1] == executed.sampled[0].logprob
+    assert seqs[0].pieces.logprobs[-1] == executed.sampled[0].logprob
 
 
 def test_a_draw_depends_only_on_the_seed_and_the_tokens_index():
