@@ -184,6 +184,12 @@ class BatchJob:
                 self.stats_json.write_text(json.dumps(summary, indent=2) + "\n")
             except OSError as error:
                 raise OutputFailed(f"cannot write --stats-json {self.stats_json}: {error.strerror or error}") from None
+        if outcome.engine_failure is not None:
+            not_started = summary["not_started"]
+            later = f"; {not_started} not started" if not_started else ""
+            stderr.print(f"[red]the engine stopped: {outcome.engine_failure}[/]: the results that ended were "
+                         f"written{later} (--resume runs them and the failed ones)", soft_wrap=True)
+            return EXIT_SOME_FAILED
         if outcome.interrupted:
             not_started = summary["not_started"]
             later = f"; {not_started} not started (--resume runs them)" if not_started else ""

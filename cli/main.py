@@ -363,7 +363,7 @@ def serve(ctx_size: int | None, host: str, port: int, api_key: str | None, metri
         if view is not None:
             view.stop()
     if failure is not None:
-        raise click.ClickException(f"the model could not load: {failure}")
+        raise click.ClickException(failure)
     stderr.print("multiseq serve stopped")
 
 

@@ -184,6 +184,12 @@ class RayRunnerPool:
         self._collector.start()
 
     @property
+    def failure(self) -> str | None:
+        """Why the pool stopped (as Runner.failure); a worker's failure reaches its requests as
+        their errors, and the pool goes on with the other workers."""
+        return None
+
+    @property
     def model_name(self) -> str:
         return self.info["model_name"]
 

@@ -1,6 +1,7 @@
 """Stopping the server with a real signal, in a process of its own (tests/fake_serve.py: serve()
 over the fake backend): open streams end with a last event and [DONE], a request that comes
-while it drains gets a 503, and a model still loading never holds the exit."""
+while it drains gets a 503, and a model still loading never holds the exit. An engine that
+stopped after a failure stops the server too, with a non-zero exit, for a supervisor to see."""
 
 from __future__ import annotations
 
@@ -94,3 +95,17 @@ def test_sigterm_while_the_model_loads_exits_at_once(start_fake_server):
     process.send_signal(signal.SIGTERM)
     _, stderr = process.communicate(timeout=SHUTDOWN_LIMIT)
     assert process.returncode == 0 and "stopped" in stderr and "Traceback" not in stderr, stderr
+
+
+def test_an_engine_that_stops_ends_the_streams_and_the_server_exits_non_zero(start_fake_server):
+    process, port = start_fake_server("--fail-decodes-after", "40")  # both slots decode by then
+    read_until(process, "ready")
+    streams = [open_stream(port, max_tokens=3000) for _ in range(3)]  # the third fails once a slot is free
+    assert all(stream.status == 200 for stream in streams)
+    for stream in streams:
+        events = data_lines(stream)
+        assert json.loads(events[-2].removeprefix(b"data: "))["error"]["type"] == "server_error"
+        assert events[-1] == b"data: [DONE]"
+    _, stderr = process.communicate(timeout=SHUTDOWN_LIMIT + 5)
+    assert process.returncode == 1, stderr
+    assert "failed: the engine stopped: llama_decode keeps failing" in stderr, stderr

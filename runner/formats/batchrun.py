@@ -68,6 +68,7 @@ class RunOutcome:
     tally: RunTally
     interrupted: bool
     wall_s: float
+    engine_failure: str | None = None  # the runner stopped after a failure: what is left did not run
 
 
 class BatchRun:
@@ -110,14 +111,16 @@ class BatchRun:
                 self._cancel_open()  # stop the work at once; the runner's close drains it
             else:
                 self.writer.flush_pending()
-        if self.interrupted:
+        failure = self.runner.failure
+        if self.interrupted or failure is not None:
             self.tally.add_not_started(max(0, self._num_items - self._num_read))
-        return RunOutcome(self.tally, self.interrupted, time.perf_counter() - started)
+        return RunOutcome(self.tally, self.interrupted, time.perf_counter() - started, failure)
 
     def _loop(self, display) -> None:
         while True:
             self._fill(display)
-            if not self._num_open_items and (self._is_exhausted or self.interrupted):
+            if not self._num_open_items and (self._is_exhausted or self.interrupted
+                                             or self.runner.failure is not None):
                 return
             try:
                 message = self._finished.get(timeout=TICK_SECONDS)
@@ -158,6 +161,8 @@ class BatchRun:
         takes no window room), so results, the display and Ctrl-C are seen in between."""
         for _ in range(self._window):
             if self._is_exhausted or self.interrupted or self._num_open() >= self._window:
+                return
+            if self.runner.failure is not None:  # nothing would run: the rest is left for --resume
                 return
             item = next(self._items, None)
             if item is None:

@@ -44,6 +44,8 @@ async def health(request: HttpRequest) -> Response:
         return JSONResponse({"status": "shutting down"}, status_code=503)
     if state.runner is None:
         return JSONResponse({"status": "loading"}, status_code=503, headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
+    if state.runner.failure is not None:  # `multiseq serve` exits once its streams have ended
+        return JSONResponse({"status": "failed", "reason": state.runner.failure}, status_code=503)
     return JSONResponse({"status": "ok"})
 
 

@@ -102,6 +102,8 @@ class _EngineCollector:
         runner = self._runner_of()
         if runner is None:  # still loading
             return
+        yield _gauge("multiseq_engine_failed", "1 once the engine stopped after a failure that was no one "
+                     "request's (/health says why), else 0", runner.failure is not None)
         snapshot = runner.latest_snapshot
         stats = snapshot.stats
         num_slots = len(snapshot.slots)

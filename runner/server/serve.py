@@ -27,6 +27,7 @@ logger = logging.getLogger("multiseq.server")
 
 # Long enough for streams to send their last event once their requests are cancelled.
 GRACEFUL_SHUTDOWN_SECONDS = 5
+ENGINE_WATCH_INTERVAL_SECONDS = 0.25  # how often serve() looks whether the engine stopped
 # How long the event loop may keep the GIL from the engine's thread once that thread wants it
 # back (Python's default is 5 ms). The engine lets go of the GIL in every llama_decode and in
 # numpy's sampling; when it returns, a loop busy writing streams held it up to 5 ms more, each
@@ -131,7 +132,8 @@ def serve(config: RunnerConfig, settings: ServerSettings, host: str, port: int, 
           on_listening: Callable[[Server], None] | None = None, on_ready: Callable[[Runner], None] | None = None,
           open_runner: Callable[[RunnerConfig], Runner] = Runner) -> str | None:
     """Serve until a signal stops the server. The model loads after the socket is open. Returns
-    None, or why the model could not load (the server then stops)."""
+    None, or why the server stopped by itself: the model could not load, or the engine stopped
+    after a failure that was no one request's."""
     app = create_app(None, settings)  # StoreError: the data directory cannot be used
     try:
         listener = open_socket(host, port)  # OSError (a taken port, say) before anything else starts
@@ -145,7 +147,7 @@ def serve(config: RunnerConfig, settings: ServerSettings, host: str, port: int, 
         try:
             runner = open_runner(config)
         except Exception as error:  # noqa: BLE001 - reported in one line by the caller
-            failure.append(str(error))
+            failure.append(f"the model could not load: {error}")
             server.should_exit = True
             return
         if server.should_exit:  # stopped while loading
@@ -158,13 +160,26 @@ def serve(config: RunnerConfig, settings: ServerSettings, host: str, port: int, 
 
     loader = threading.Thread(target=load, name="multiseq-load", daemon=True)
 
+    async def stop_when_the_engine_fails() -> None:
+        """An engine that stopped fails every request: the server stops too (its streams get
+        their error first), and serve() says why, so that a supervisor starts a new one."""
+        while not server.should_exit:
+            runner = app.state.server.runner
+            if runner is not None and runner.failure is not None:
+                failure.append(f"{runner.failure_message}; the server stopped so that it can be started again")
+                server.stop()
+                return
+            await asyncio.sleep(ENGINE_WATCH_INTERVAL_SECONDS)
+
     async def run() -> None:
         serving = asyncio.ensure_future(server.serve(sockets=[listener]))
         await asyncio.to_thread(server.listening.wait)
         if on_listening is not None:
             on_listening(server)
         loader.start()
+        watcher = asyncio.ensure_future(stop_when_the_engine_fails())
         await serving
+        watcher.cancel()
 
     try:
         asyncio.run(run())

@@ -162,6 +162,9 @@ class ServerState:
         if self.runner is None:
             raise ApiError(503, "The model is loading; try again shortly.", OVERLOADED, code="model_loading",
                            headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
+        if self.runner.failure is not None:
+            raise ApiError(503, "The engine stopped after a failure; the server is shutting down.", OVERLOADED,
+                           code="engine_failed")
         return self.runner
 
     def check_model(self, name: Any) -> None:
