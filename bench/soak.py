@@ -15,7 +15,8 @@ random, and a share of them is abandoned: a stream closed after its first chunk
 (--disconnect-share), a non-streamed request given up after a short time (--cancel-share).
 
 Counted: requests sent, ended well, faulted (the injected ones, each must fail), collateral
-failures (any other request that failed: must be 0), disconnects and cancels; the process's RSS
+failures (any other request that failed: must be 0), disconnects and cancels, and requests the
+client gave up on after CLIENT_TIMEOUT_SECONDS (a machine too busy to answer in time); the process's RSS
 after the warm-up (--warmup-minutes) and at the end (flat: within 10%), with and without the RAM
 tier's saved states, which grow by design until --cache-ram is full; and, once the load stops, whether
 the engine is idle (no request running or waiting) and every slot holds only the prefix it keeps
@@ -44,6 +45,8 @@ from multiseq.server import ServerSettings, create_app
 from multiseq.server.serve import open_socket
 
 FAULT_MARKER = "FAULT-"  # a user turn holding this (and a number) gets a fault injected
+CLIENT_TIMEOUT_SECONDS = 120
+TIMED_OUT = "timed out"
 FAULT_KINDS = ("sampler row", "detokenizer", "constraint accept", "decode")
 SYSTEM_PROMPT = ("You are a coding agent working in a repository. Use short answers. Tools: read_file(path), "
                  "write_file(path, text), run(command), search(pattern). ") * 6
@@ -68,6 +71,7 @@ class Counts:
     fault_not_reported: int = 0  # injected, but the request did not fail
     collateral: int = 0  # failed without a fault of their own
     disconnects: int = 0
+    timeouts: int = 0  # no answer within CLIENT_TIMEOUT_SECONDS (the client gave up: a cancel)
     cancels: int = 0
     errors: list[str] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -166,7 +170,8 @@ class Session:
         self.messages = [{"role": "system", "content": SYSTEM_PROMPT}]
 
     def run(self) -> None:
-        client = openai.OpenAI(base_url=f"{self.base}/v1", api_key="unused", max_retries=0, timeout=120)
+        client = openai.OpenAI(base_url=f"{self.base}/v1", api_key="unused", max_retries=0,
+                               timeout=CLIENT_TIMEOUT_SECONDS)
         for _ in itertools.repeat(None, self.options.requests_per_session or 10**9):
             if time.monotonic() >= self.deadline:
                 return
@@ -196,7 +201,9 @@ class Session:
             self.counts.add("cancels")
             return
         reply, error = self._complete(client, body, stream=self.random.random() < 0.5)
-        if fault is not None:
+        if error == TIMED_OUT:  # no answer within the client's timeout: a slow machine, not a failure
+            self.counts.add("timeouts")
+        elif fault is not None:
             self.counts.add("faulted" if error else "fault_not_reported", None if error else f"fault {fault} ok")
         elif error:
             self.counts.add("collateral", error)
@@ -213,6 +220,8 @@ class Session:
                 return client.chat.completions.create(**body).choices[0].message.content or "", None
             return "".join(chunk.choices[0].delta.content or "" for chunk in
                            client.chat.completions.create(**body, stream=True) if chunk.choices), None
+        except openai.APITimeoutError:
+            return "", TIMED_OUT
         except openai.APIError as error:
             return "", f"{type(error).__name__}: {str(error)[:200]}"
 
@@ -269,6 +278,7 @@ def soak(runner: Runner, options: SoakOptions) -> dict:
             "ok": counts.ok, "faults_injected": counts.faulted + counts.fault_not_reported,
             "faults_failed_alone": counts.faulted, "faults_not_reported": counts.fault_not_reported,
             "collateral_failures": counts.collateral, "disconnects": counts.disconnects, "cancels": counts.cancels,
+            "client_timeouts": counts.timeouts,
             "rss_mib_start": round(rss_start, 1), "rss_mib_after_warmup": round(rss_warm, 1),
             "rss_mib_end": round(rss_end, 1), "rss_growth_after_warmup": round(rss_end / rss_warm - 1, 3),
             "ram_cache_mib_after_warmup": round(cache_warm, 1), "ram_cache_mib_end": round(cache_end, 1),

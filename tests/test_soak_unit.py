@@ -24,6 +24,7 @@ def test_sessions_with_disconnects_cancels_and_faults_leave_nothing_behind(make_
     assert report["collateral_failures"] == 0, report["first_errors"]
     assert report["disconnects"] and report["cancels"], "the premise: some clients went away"
     assert report["ok"] + report["faults_injected"] + report["disconnects"] + report["cancels"] == 100
+    assert report["client_timeouts"] == 0
     assert report["metrics_after"] == ["multiseq_requests_running 0.0", "multiseq_requests_waiting 0.0"]
     assert report["leaked_slots"] == [] and report["engine_failure"] is None
     backend.assert_free_slots_hold_only_kept_prompts(runner.engine.scheduler)
