@@ -19,13 +19,12 @@ from ..errors import BackendError
 from ..runner import Runner
 from . import info
 from .interrupts import EXIT_INTERRUPTED, Interrupts
-from ..server.app import (DEFAULT_MAX_BATCH_LINES, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_QUEUE,
-                          DEFAULT_MAX_UPLOAD_BYTES, ServerSettings)
-from ..server.state import (DEFAULT_KEEP_ALIVE_SECONDS, DEFAULT_PREPARE_TIMEOUT_SECONDS, DEFAULT_SEND_TIMEOUT_SECONDS,
-                            MAX_STREAM_INTERVAL_SECONDS)
-from ..server.door import WILDCARD_ADDRESSES, allowed_hosts_for, parse_list
+# Only the server's defaults at import: the app itself (Starlette, uvicorn, the Batch API's
+# store) is imported by `serve`, so that batch-run starts without it.
+from ..server.limits import (DEFAULT_KEEP_ALIVE_SECONDS, DEFAULT_MAX_BATCH_LINES, DEFAULT_MAX_BODY_BYTES,
+                             DEFAULT_MAX_QUEUE, DEFAULT_MAX_UPLOAD_BYTES, DEFAULT_PREPARE_TIMEOUT_SECONDS,
+                             DEFAULT_SEND_TIMEOUT_SECONDS, MAX_STREAM_INTERVAL_SECONDS)
 from ..server.routing import ROUTINGS
-from ..server.store import StoreError
 from ..models.folders import DATA_DIR_VARIABLE
 from .dashboard import ServerDashboard
 from .job import BatchJob, OpenedRunner, check_chat_template
@@ -301,7 +300,10 @@ def serve(ctx_size: int | None, host: str, port: int, api_key: str | None, metri
     event and [DONE], requests that come meanwhile get 503, and an idle server (or one still
     loading its model) exits at once. With --ray, --replicas such servers run on Ray Serve behind
     one endpoint, each conversation sent to the replica that holds it."""
+    from ..server.door import WILDCARD_ADDRESSES, allowed_hosts_for, parse_list
     from ..server.serve import serve as serve_app
+    from ..server.state import ServerSettings
+    from ..server.store import StoreError
 
     _check_ray_options(ray_address, replicas, routing, share_prefixes, worker_gpus, dashboard)
     options["slot_ctx"] = _slot_ctx(ctx_size, options["slot_ctx"], options["parallel"])

@@ -10,6 +10,14 @@ key), jobs (an HTTP request's engine requests, bridged to the event loop), metri
 serve (uvicorn, the model loading behind /health, signals).
 """
 
-from .app import ServerSettings, create_app
-
 __all__ = ["ServerSettings", "create_app"]
+
+
+def __getattr__(name: str):
+    """The app is imported on first use: `multiseq batch-run` reads the server's defaults
+    (multiseq.server.limits) without loading Starlette, uvicorn and the Batch API's store."""
+    if name in __all__:
+        from . import app
+
+        return getattr(app, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
