@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from fakes import FakeBackend
-from helpers import serving
+from helpers import TEST_SEED, TEST_THREADS, serving
 from multiseq import Runner, RunnerConfig, SamplingParams
 from multiseq.cli.interrupts import Interrupts
 from multiseq.cli.job import BatchJob, OpenedRunner
@@ -25,8 +25,15 @@ from multiseq.loading import open_model
 
 pytest_plugins = ["pytester"]
 
-THREADS = os.cpu_count() or 1
+THREADS = TEST_THREADS  # MULTISEQ_TEST_THREADS, or every core
+SEED = TEST_SEED  # MULTISEQ_TEST_SEED, or 0
 RUNNER_THREAD = "multiseq-runner"  # the name of a Runner's worker thread
+
+
+def pytest_report_header(config):
+    """The seed and thread count of this run, to run a failure again as it was."""
+    return (f"multiseq: MULTISEQ_TEST_SEED={SEED} MULTISEQ_TEST_THREADS={THREADS} "
+            f"(the runners' seed and threads; set both to reproduce this run)")
 
 
 @pytest.fixture(autouse=True)
@@ -69,8 +76,8 @@ def make_runner():
     before = set(threading.enumerate())
     with ExitStack() as runners:
         def make(backend: FakeBackend, autostart: bool = True, **config) -> Runner:
-            settings = dict(parallel=backend.num_slots, slot_ctx=backend.window, n_batch=backend.n_batch, threads=1,
-                            seed=0)
+            settings = dict(parallel=backend.num_slots, slot_ctx=backend.window, n_batch=backend.n_batch,
+                            threads=THREADS, seed=SEED)
             settings.update(config)
             runner = Runner(RunnerConfig(**settings), backend=backend, autostart=autostart)
             runners.callback(runner.close)
@@ -127,7 +134,7 @@ def real_runner():
     def make(model, parallel: int, slot_ctx: int = 512, n_batch: int = 512, autostart: bool = True,
              **config) -> Runner:
         settings = dict(model=model.path, parallel=parallel, slot_ctx=slot_ctx, n_batch=n_batch, threads=THREADS,
-                        seed=0)
+                        seed=SEED)
         settings.update(config)
         runner = Runner.on_model(model, RunnerConfig(**settings), autostart=autostart)
         runners.append(runner)

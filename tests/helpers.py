@@ -110,3 +110,123 @@ def run_until_done(engine, max_steps: int = 2000) -> dict:
         for result in engine.step().finished:
             results[result.id] = result
     raise AssertionError(f"still working after {max_steps} steps")
+
+
+# --- the seed and thread count of a run --------------------------------------------------------
+
+def _env_int(name: str, default: int, minimum: int) -> int:
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return default
+    try:
+        number = int(value)
+    except ValueError:
+        raise ValueError(f"{name} must be an integer, got {value!r}") from None
+    if number < minimum:
+        raise ValueError(f"{name} must be at least {minimum}, got {number}")
+    return number
+
+
+# MULTISEQ_TEST_SEED: the runners' seed, and the offset of every sampling seed that only has to
+# give some draw (sampling_seed); MULTISEQ_TEST_THREADS: the real runners' threads. pytest's
+# header prints both, so that a failure can be run again as it was.
+TEST_SEED = _env_int("MULTISEQ_TEST_SEED", 0, 0)
+TEST_THREADS = _env_int("MULTISEQ_TEST_THREADS", os.cpu_count() or 1, 1)
+
+
+def sampling_seed(base: int) -> int:
+    """A request's sampling seed where any draw will do (the test forces what it needs of the
+    output, or checks it): `base` under MULTISEQ_TEST_SEED=0, another draw under each other
+    value. Distinct bases stay distinct."""
+    return base + 1000 * TEST_SEED
+
+
+# --- whether a build's numbers depend on the shape of a batch ----------------------------------
+
+_PROBE_PROMPTS = ["The capital of France is", "Once upon a time, in a small village,", "def fibonacci(n):",
+                  "The three primary colors are", "Water boils at", "A haiku about the sea:", "1, 1, 2, 3, 5, 8,",
+                  "Dear Sir or Madam,"]
+_batch_dependence: dict[tuple, str | None] = {}
+
+
+def batch_dependence(model, threads: int = TEST_THREADS, **backend_options) -> str | None:
+    """None when this build of llama.cpp, on this machine, gives a sequence the same logits bit
+    for bit whatever shares its batch and however its prompt is cut: its prompt decoded alone,
+    beside seven other prompts, in two chunks or token by token; its next token decoded alone,
+    beside two or seven other slots, or beside another slot's prompt chunk; the same prompt in
+    every slot of a batch. Otherwise a sentence saying what changed the logits, and by how
+    much. Tests that compare default-mode greedy texts of runs shaped differently (another
+    --parallel, a cancelled neighbour, a reused prefix) rest on this: the runner does not
+    promise it (docs/how-it-works.md, batch invariance), and a GPU, or a CPU whose kernels
+    take tokens in groups, breaks it. Probed once per model, thread count and options."""
+    import numpy as np
+
+    from multiseq.backend import LlamaBackend
+    from multiseq.batch import BatchEntry
+
+    key = (str(model.path), model.repack_weights, threads, tuple(sorted(backend_options.items())))
+    if key in _batch_dependence:
+        return _batch_dependence[key]
+    prompts = [model.tokenize(prompt) for prompt in _PROBE_PROMPTS]
+    prompt, token = prompts[0], prompts[1][-1]
+    backend = LlamaBackend(model, len(prompts), 256, 512, threads, **backend_options)
+
+    def rows(*steps: list) -> list:
+        """The logits rows of each step's decode, from empty slots."""
+        for slot in range(len(prompts)):
+            backend.clear_slot(slot)
+        return [np.array(backend.decode(entries)) for entries in steps]
+
+    def prefilled(slots) -> list:
+        """Each slot's prompt decoded alone, a step each."""
+        return [[BatchEntry(slot, prompts[slot], 0, False)] for slot in slots]
+
+    def next_token(slots) -> list:
+        return [BatchEntry(slot, [token], len(prompts[slot]), True) for slot in slots]
+
+    try:
+        [prompt_alone], [next_alone] = rows([BatchEntry(0, prompt, 0, True)], next_token([0]))
+        cut = len(prompt) // 2
+        beside = [BatchEntry(0, prompt, 0, True)] + [BatchEntry(slot, prompts[slot], 0, False) for slot in range(1, 8)]
+        shapes = {
+            "the prompt beside seven others": (rows(beside)[0][0], prompt_alone),
+            "the prompt in two chunks": (rows([BatchEntry(0, prompt[:cut], 0, False)],
+                                              [BatchEntry(0, prompt[cut:], cut, True)])[1][0], prompt_alone),
+            "the prompt token by token": (rows(*([BatchEntry(0, [piece], position, position == len(prompt) - 1)]
+                                                 for position, piece in enumerate(prompt)))[-1][0], prompt_alone),
+            "a decoded token beside another slot's prompt chunk": (rows(*prefilled([0]), [
+                *next_token([0]), BatchEntry(1, prompts[1], 0, False)])[1][0], next_alone),
+        }
+        for others in (2, 7):
+            steps = rows(*prefilled(range(others + 1)), next_token(range(others + 1)))
+            shapes[f"a decoded token beside {others} other slots"] = (steps[-1][0], next_alone)
+        same = rows([BatchEntry(slot, prompt, 0, True) for slot in range(len(prompts))])[0]
+        for slot in range(1, len(prompts)):
+            shapes[f"the same prompt in slot {slot} of a full batch"] = (same[slot], same[0])
+    finally:
+        backend.close()
+    changed = [f"{name} (logits differ by up to {np.abs(row - reference).max():.3g})"
+               for name, (row, reference) in shapes.items() if not np.array_equal(row, reference)]
+    _batch_dependence[key] = f"a sequence's logits change with {'; '.join(changed)}" if changed else None
+    return _batch_dependence[key]
+
+
+def assert_same_greedy_texts(got: list[str], expected: list[str], model, what: str, **backend_options) -> None:
+    """got == expected: greedy texts of runs whose batches were shaped differently, on a
+    default-mode runner over `model`. Where they differ and this build's numbers depend on the
+    batch's shape (batch_dependence), equal texts were never promised (a near tie may go either
+    way): the test is skipped, saying that its premise did not hold and where the texts part.
+    Where the numbers do not depend on it, a difference fails the test."""
+    if got == expected:
+        return
+    dependence = batch_dependence(model, **backend_options)
+    parted = next(index for index, (one, other) in enumerate(zip(got, expected)) if one != other) \
+        if len(got) == len(expected) else None
+    where = "" if parted is None else f" (text {parted}: {got[parted]!r} against {expected[parted]!r})"
+    if dependence is not None:
+        import pytest
+
+        pytest.skip(f"premise did not hold: {what} needs a sequence's numbers not to depend on the batch's shape, "
+                    f"but on this machine {dependence}; the greedy texts part{where}")
+    assert got == expected, f"{what}: the greedy texts part{where}, though this build's logits do not depend on " \
+                            f"the batch's shape"

@@ -5,27 +5,32 @@ tool's schema, streamed or not, and a streamed answer is the non-streamed one.""
 from __future__ import annotations
 
 import json
-import os
 
 import anthropic
 import jsonschema
 import openai
 import pytest
 
-from helpers import serving
+from helpers import TEST_SEED, TEST_THREADS, serving
 from multiseq.server import ServerSettings, create_app
 
 pytestmark = pytest.mark.model
 
 MODEL = "smollm2-135m"
 MAX_TOKENS = 64
+# Strings of bounded length, so that a forced call surely ends within CALL_MAX_TOKENS, whatever
+# the model writes: a call is its compact JSON (runner/tools/grammars.py: fixed separators,
+# numbers of bounded length) of under 250 bytes, and every token the grammar lets through holds
+# at least one.
 SCHEMAS = {
-    "get_weather": {"type": "object", "properties": {"city": {"type": "string"},
+    "get_weather": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 24},
                                                      "unit": {"enum": ["celsius", "fahrenheit"]}},
                     "required": ["city"]},
-    "read_file": {"type": "object", "properties": {"path": {"type": "string"}, "max_lines": {"type": "integer"}},
+    "read_file": {"type": "object", "properties": {"path": {"type": "string", "maxLength": 24},
+                                                   "max_lines": {"type": "integer"}},
                   "required": ["path"]},
 }
+CALL_MAX_TOKENS = 256
 DESCRIPTIONS = {"get_weather": "The current weather in a city", "read_file": "Read a file of the repository"}
 QUESTION = "What is the weather like in Paris?"
 TEXT_QUESTION = "What is the capital of France?"
@@ -35,6 +40,9 @@ RESPONSES_CHOICES = {"required": "required", "named": {"type": "function", "name
 ANTHROPIC_CHOICES = {"required": {"type": "any", "disable_parallel_tool_use": True},
                      "named": {"type": "tool", "name": "read_file", "disable_parallel_tool_use": True}}
 GREEDY = {"temperature": 0}  # this anthropic SDK's create() has no sampling parameters; the API takes them
+# The text answers run to max tokens (llama.cpp's ignore_eos, an extension of both APIs): there is
+# a text to compare whatever this machine's greedy choice of first token.
+EVERY_TOKEN = {"ignore_eos": True}
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +53,7 @@ def base(unpacked_model):
 
     model = unpacked_model(MODEL)
     runner = Runner.on_model(model, RunnerConfig(model=model.path, parallel=2, slot_ctx=1024, n_batch=512,
-                                                 threads=os.cpu_count() or 1, seed=0, batch_invariant=True))
+                                                 threads=TEST_THREADS, seed=TEST_SEED, batch_invariant=True))
     with serving(create_app(runner, ServerSettings(model_name=MODEL))) as url:
         yield url
     runner.close()
@@ -77,7 +85,7 @@ def responses_arguments(client: openai.OpenAI, choice: str, is_stream: bool):
     tools = [{"type": "function", "name": name, "description": DESCRIPTIONS[name], "parameters": schema,
               "strict": False} for name, schema in SCHEMAS.items()]
     fields = dict(model=MODEL, input=QUESTION, tools=tools, tool_choice=RESPONSES_CHOICES[choice],
-                  parallel_tool_calls=False, max_output_tokens=MAX_TOKENS, temperature=0, store=False)
+                  parallel_tool_calls=False, max_output_tokens=CALL_MAX_TOKENS, temperature=0, store=False)
     if not is_stream:
         return client.responses.create(**fields), None
     with client.responses.stream(**fields) as stream:
@@ -98,11 +106,16 @@ def test_responses_forced_call_validates(openai_client, choice, is_stream):
 
 
 def test_responses_streamed_answer_is_the_whole_one(openai_client):
-    fields = dict(model=MODEL, input=TEXT_QUESTION, max_output_tokens=MAX_TOKENS, temperature=0, store=False)
+    fields = dict(model=MODEL, input=TEXT_QUESTION, max_output_tokens=MAX_TOKENS, temperature=0, store=False,
+                  extra_body=EVERY_TOKEN)
     whole = openai_client.responses.create(**fields)
     with openai_client.responses.stream(**fields) as stream:
-        deltas = "".join(event.delta for event in stream if event.type == "response.output_text.delta")
-        streamed = stream.get_final_response()
+        events = list(stream)
+    deltas = "".join(event.delta for event in events if event.type == "response.output_text.delta")
+    # Cut at max_output_tokens, both end incomplete (the SDK's get_final_response() takes only
+    # response.completed): the stream's last event carries its Response.
+    assert events[-1].type == "response.incomplete" and whole.status == "incomplete"
+    streamed = events[-1].response
     assert whole.output_text, "the model answered something"
     assert streamed.output_text == deltas == whole.output_text
     assert streamed.usage.input_tokens == whole.usage.input_tokens
@@ -116,7 +129,7 @@ def anthropic_message(client: anthropic.Anthropic, choice: str, is_stream: bool)
     as the input_json_delta events spelt it, too)."""
     tools = [{"name": name, "description": DESCRIPTIONS[name], "input_schema": schema}
              for name, schema in SCHEMAS.items()]
-    fields = dict(model=MODEL, max_tokens=MAX_TOKENS, tools=tools, tool_choice=ANTHROPIC_CHOICES[choice],
+    fields = dict(model=MODEL, max_tokens=CALL_MAX_TOKENS, tools=tools, tool_choice=ANTHROPIC_CHOICES[choice],
                   messages=[{"role": "user", "content": QUESTION}], extra_body=GREEDY)
     if not is_stream:
         return client.messages.create(**fields), None
@@ -140,7 +153,7 @@ def test_messages_forced_tool_use_validates(anthropic_client, choice, is_stream)
 
 def test_messages_streamed_answer_is_the_whole_one(anthropic_client):
     fields = dict(model=MODEL, max_tokens=MAX_TOKENS, messages=[{"role": "user", "content": TEXT_QUESTION}],
-                  extra_body=GREEDY)
+                  extra_body=GREEDY | EVERY_TOKEN)
     whole = anthropic_client.messages.create(**fields)
     with anthropic_client.messages.stream(**fields) as stream:
         deltas = "".join(stream.text_stream)

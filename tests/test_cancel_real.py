@@ -6,6 +6,7 @@ import threading
 
 import pytest
 
+from helpers import assert_same_greedy_texts
 from multiseq import CANCELLED_BEFORE_START, FinishReason, Request, SamplingParams
 
 pytestmark = pytest.mark.model
@@ -89,7 +90,9 @@ def test_cancelling_one_in_flight_request_leaves_the_others_exact(smollm, real_r
     cancelled, untouched = run(cancel_middle=True), run(cancel_middle=False)
     assert cancelled[1].finish_reason is FinishReason.CANCELLED and cancelled[1].completion_tokens < 40
     assert untouched[1].text.startswith(cancelled[1].text)
-    assert [cancelled[0].text, cancelled[2].text] == [untouched[0].text, untouched[2].text]
+    # After the cancel the other two decode two to a step instead of three.
+    assert_same_greedy_texts([cancelled[0].text, cancelled[2].text], [untouched[0].text, untouched[2].text], smollm,
+                             "the requests beside a cancelled one write what they write without the cancel")
 
 
 def test_requests_from_four_threads_join_a_running_batch(smollm, real_runner, assert_slots_hold_only_kept_prefixes):
@@ -133,4 +136,6 @@ def test_a_request_failing_at_admission_does_not_disturb_the_others(smollm, real
             del results[1]
         return [result.text for result in results]
 
-    assert texts(with_bad=True) == texts(with_bad=False)
+    # The failed request changes when the second good one gets a slot, so what shares their steps.
+    assert_same_greedy_texts(texts(with_bad=True), texts(with_bad=False), smollm,
+                             "the requests beside one failing at admission write what they write without it")

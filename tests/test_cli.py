@@ -20,8 +20,9 @@ def test_batch_run_writes_one_result_per_prompt_and_a_summary(tmp_path, run_cli,
         json.dumps({"id": "chat", "messages": [{"role": "user", "content": "Say hi."}]}),
     ]) + "\n")
     out = tmp_path / "out.jsonl"
+    # --ignore-eos: every line has a text and the short one its 3 tokens, wherever the model would end.
     result = run_cli("batch-run", str(prompts), "-o", str(out), "-np", "2", "-n", "8", "--temperature", "0",
-                     "--slot-ctx", "256")
+                     "--slot-ctx", "256", "--ignore-eos")
     assert result.exit_code == 0, result.output
     records = {record["id"]: record for record in read_jsonl(out)}
     assert set(records) == {"a", "2", "chat"}

@@ -9,6 +9,8 @@ from pathlib import Path
 import jsonschema
 import pytest
 
+from helpers import sampling_seed
+
 pytestmark = pytest.mark.model
 
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
@@ -38,12 +40,14 @@ BATCH = [
     line("object", {"messages": user("Give a JSON object with a key 'fruit'."), "max_tokens": 64, "temperature": 0,
                     "response_format": {"type": "json_object"}}),  # ends in 10 tokens
     line("logprobs", {"messages": user("Say yes."), "max_tokens": 3, "temperature": 0, "logprobs": True,
-                      "top_logprobs": 5}),
+                      "top_logprobs": 5, "min_tokens": 1}),  # a token to report, whatever the model
     line("penalties", {"messages": user("List colors."), "max_tokens": 8, "presence_penalty": 0.6,
-                       "frequency_penalty": 0.4, "logit_bias": {"0": -100}, "seed": 3}),
-    line("two", {"messages": user("Write a word."), "max_tokens": 4, "n": 2, "temperature": 0.9, "seed": 11}),
-    line("complete", {"prompt": "One, two, three,", "max_tokens": 12, "temperature": 0, "stop": [" six", "\n"]},
-         COMPLETIONS),
+                       "frequency_penalty": 0.4, "logit_bias": {"0": -100}, "seed": sampling_seed(3)}),
+    line("two", {"messages": user("Write a word."), "max_tokens": 4, "n": 2, "temperature": 0.9,
+                 "seed": sampling_seed(11)}),
+    # The grammar writes the stop string (llama.cpp's extension): it must be cut, whatever the model.
+    line("complete", {"prompt": "One, two, three,", "max_tokens": 24, "temperature": 0, "stop": [" six", "\n"],
+                      "grammar": 'root ::= " four, five, six, seven."'}, COMPLETIONS),
     line("tools", {"messages": user("What is the weather in Paris?"), "tools": [{"type": "web_search"}],
         "tool_choice": "auto"}),  # a hosted tool this server cannot run
     line("embed", {"input": "some text", "model": "text-embedding-3-small"}, "/v1/embeddings"),
@@ -72,10 +76,12 @@ def test_a_realistic_openai_batch_runs_every_line_it_can_and_names_the_rest(tmp_
     assert all(record["response"]["status_code"] == 200 for record in done.values())
     assert all(c["finish_reason"] in ("stop", "length") for body in bodies.values() for c in body["choices"])
     schema_choice = bodies["schema"]["choices"][0]
-    assert schema_choice["finish_reason"] == "stop"
+    assert schema_choice["finish_reason"] == "stop", f"premise: the model closes its object within 40 tokens: " \
+                                                     f"{schema_choice}"
     jsonschema.validate(json.loads(schema_choice["message"]["content"]), SENTIMENT)
     object_choice = bodies["object"]["choices"][0]
-    assert object_choice["finish_reason"] == "stop", object_choice
+    assert object_choice["finish_reason"] == "stop", f"premise: the model closes its object within 64 tokens: " \
+                                                     f"{object_choice}"
     assert isinstance(json.loads(object_choice["message"]["content"]), dict)
     content = bodies["logprobs"]["choices"][0]["logprobs"]["content"]
     assert len(content) >= 1 and all(len(entry["top_logprobs"]) == 5 for entry in content)
@@ -86,6 +92,7 @@ def test_a_realistic_openai_batch_runs_every_line_it_can_and_names_the_rest(tmp_
         "completion_tokens"], "the prompt counted once, both choices' tokens"
     completion = bodies["complete"]["choices"][0]
     assert bodies["complete"]["object"] == "text_completion" and "six" not in completion["text"]
+    assert completion["text"] == " four, five," and completion["finish_reason"] == "stop", "cut at the stop string"
 
     rerun = run_cli(*args, "--resume")
     assert rerun.exit_code == 1
@@ -97,13 +104,17 @@ def test_jsonl_lines_with_a_schema_and_n_choices(tmp_path, run_cli, read_jsonl):
     prompts = write(tmp_path / "prompts.jsonl", [
         {"id": "label", "messages": user("Classify 'great value' as JSON."), "json_schema": SENTIMENT,
          "max_tokens": 40, "temperature": 0},
-        {"id": "pair", "prompt": "A short poem:", "n": 2, "max_tokens": 5, "seed": 4, "logprobs": True},
+        # ignore_eos: both choices run their 5 tokens, whatever this machine draws.
+        {"id": "pair", "prompt": "A short poem:", "n": 2, "max_tokens": 5, "seed": sampling_seed(4), "logprobs": True,
+         "ignore_eos": True},
         {"id": "broken", "prompt": "x", "grammar": "root ::= (", "max_tokens": 5},
     ])
     out = tmp_path / "out.jsonl"
     result = run_cli("batch-run", str(prompts), "-o", str(out), "-np", "3", "--slot-ctx", "256", "--no-dashboard")
     assert result.exit_code == 1
     records = {record["id"]: record for record in read_jsonl(out)}
+    assert records["label"]["finish_reason"] == "stop", f"premise: the model closes its object within 40 tokens: " \
+                                                        f"{records['label']}"
     jsonschema.validate(json.loads(records["label"]["text"]), SENTIMENT)
     pair = records["pair"]
     assert pair["n"] == 2 and [choice["index"] for choice in pair["choices"]] == [0, 1]

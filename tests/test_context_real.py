@@ -6,6 +6,7 @@ from collections import Counter
 
 import pytest
 
+from helpers import assert_same_greedy_texts
 from multiseq import FinishReason, Request, SamplingParams
 
 pytestmark = pytest.mark.model
@@ -54,11 +55,10 @@ def prompt_of_at_least(model, num_tokens: int) -> str:
     return " ".join(notes)
 
 
-def assert_readable(text: str) -> None:
-    """Not one token repeated for most of it: the failure of a broken shift."""
+def is_readable(text: str) -> bool:
+    """At least 20 words, and not one repeated for most of them: the failure of a broken shift."""
     words = text.split()
-    assert len(words) >= 20, text
-    assert Counter(words).most_common(1)[0][1] < len(words) / 2, text
+    return len(words) >= 20 and Counter(words).most_common(1)[0][1] < len(words) / 2
 
 
 @pytest.mark.parametrize("model_name", BOTH_MODELS)
@@ -73,9 +73,19 @@ def test_generation_of_three_windows_shifts_together_and_stays_readable(request,
     for result in results:
         assert result.finish_reason is FinishReason.LENGTH and result.completion_tokens == 3 * WINDOW
         assert result.truncated and result.tokens_shifted_out >= WINDOW
-        assert_readable(result.text[len(result.text) // 2:])
-    if model_name == "smollm":  # batched greedy is bit-exact on SmolLM2: shifted slots agree too
-        assert len({result.text for result in results}) == 1
+    unreadable = [result.text for result in results if not is_readable(result.text[len(result.text) // 2:])]
+    if unreadable:
+        # The premise: the model's own greedy text is readable that far; a small model may loop
+        # on one word by itself. Its text in a window that holds it all, never shifted, says.
+        [unshifted] = real_runner(model, 1, slot_ctx=4 * WINDOW).run_batch(requests[:1])
+        assert not unshifted.truncated and unshifted.completion_tokens == 3 * WINDOW
+        if not is_readable(unshifted.text[len(unshifted.text) // 2:]):
+            pytest.skip("premise did not hold: the model's greedy text is not readable that far even unshifted, so "
+                        f"the shifted texts tell nothing: {unshifted.text[-200:]!r}")
+    assert not unreadable, f"the second half of a shifted text repeats one word for most of it: {unreadable[0]!r}"
+    if model_name == "smollm":  # the same prompt in each slot: shifted slots agree too
+        assert_same_greedy_texts([result.text for result in results], [results[0].text] * 3, model,
+                                 "three slots decoding the same prompt in the same steps write the same text")
 
 
 def test_after_finished_failed_and_shifted_sequences_every_slot_keeps_only_its_prompt(smollm, real_runner,
@@ -114,4 +124,6 @@ def test_sequences_that_do_not_shift_are_unaffected(request, model_name, real_ru
 
     # In the first run the third sequence shifts while the two short ones decode beside it; in
     # the second it stops just before its window is full. The short ones must not notice.
-    assert short_texts(third_budget=80) == short_texts(third_budget=WINDOW - prompt_length - 1)
+    # (The third one also ends at another step in each run: from there the two share their steps alone.)
+    assert_same_greedy_texts(short_texts(third_budget=80), short_texts(third_budget=WINDOW - prompt_length - 1), model,
+                             "sequences beside one that shifts write what they write beside one that does not")

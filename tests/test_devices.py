@@ -160,7 +160,9 @@ def test_flash_attention_reaches_the_context(placed_model, real_runner, flash_at
     runner = real_runner(placed_model, parallel=2, slot_ctx=64, flash_attn=flash_attn)
     assert runner.backend.context_params.flash_attn_type == asked
     assert runner.backend.flash_attention in used
-    [result] = runner.run_batch([Request(prompt="The sea is", sampling=SamplingParams(max_tokens=2, temperature=0))])
+    # ignore_eos: both tokens, wherever the model would end.
+    [result] = runner.run_batch([Request(prompt="The sea is", sampling=SamplingParams(max_tokens=2, temperature=0,
+                                                                                      ignore_eos=True))])
     assert result.ok and result.completion_tokens == 2
 
 

@@ -42,6 +42,7 @@ from pathlib import Path
 import click
 import pytest
 
+from helpers import TEST_SEED, TEST_THREADS
 from multiseq.formats.reader import PromptFormat, detect_format, read_prompts
 from multiseq import SamplingParams
 
@@ -514,11 +515,16 @@ def _option_value(argv: list[str], option: str) -> str:
 @pytest.mark.model
 @pytest.mark.parametrize("block", SERVE_BLOCKS, ids=ids(SERVE_BLOCKS))
 def test_server_examples_answer_their_clients(block, example_folder):
-    """The serve command as written, but on a free port; each client block after it, as
-    written, but pointed at that port; each must succeed and print something."""
+    """The serve command as written, but on a free port, and with this run's seed and threads
+    where it names none (a sampled answer is then the same in each run of a seed); each client
+    block after it, as written, but pointed at that port; each must succeed and print something."""
     [argv] = [simple for line in command_lines(block) for simple in simple_commands(line)]
     written = f"http://{_option_value(argv, '--host')}:{_option_value(argv, '--port')}"
     argv[argv.index("--port") + 1] = "0"
+    if "--seed" not in argv:
+        argv += ["--seed", str(TEST_SEED)]
+    if "-t" not in argv and "--threads" not in argv:
+        argv += ["-t", str(TEST_THREADS)]
     clients = client_blocks_of(block)
     assert clients, f"{block.name}: a serve example with no client after it"
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")

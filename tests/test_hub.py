@@ -190,7 +190,7 @@ def test_a_run_on_a_hub_model_from_the_cache(tmp_path, hub_cache, read_jsonl):
     real = models.resolve("smollm2-135m").path
     add_repo(hub_cache, "someone/SmolLM2-135M-Instruct-GGUF",
              {"SmolLM2-135M-Instruct.Q4_1.gguf": real, "SmolLM2-135M-Instruct.Q8_0.gguf": FAKE_GGUF})
-    result = run_batch(tmp_path, "-hf", "someone/SmolLM2-135M-Instruct-GGUF:Q4_1")
+    result = run_batch(tmp_path, "-hf", "someone/SmolLM2-135M-Instruct-GGUF:Q4_1", "--ignore-eos")  # both tokens
     assert result.exit_code == 0, result.output
     [record] = read_jsonl(tmp_path / "out.jsonl")
     assert record["id"] == "a" and record["error"] is None and record["completion_tokens"] == 2

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from helpers import TEST_SEED, TEST_THREADS, assert_same_greedy_texts
 from multiseq import BackendError, Request, Runner, RunnerConfig, SamplingParams
 from multiseq.backend import LlamaBackend
 from multiseq.batch import BatchEntry
@@ -94,18 +95,22 @@ def test_gemma_reuses_a_prefix_from_a_slot_that_ran_past_its_sliding_window(gemm
     assert long.prompt_tokens + long.completion_tokens > 512 + 20
     assert late.prompt_tokens_cached > 100
     [alone] = real_runner(gemma, 2, slot_ctx=1024, prefix_cache=False).run_batch([chat(TICKETS[1])])
-    assert late.text == alone.text
+    # Beside the long request and from a reused prefix, against alone and prefilled in full.
+    assert_same_greedy_texts([late.text], [alone.text], gemma, "a reused prefix continues as a full prefill does")
 
 
 def test_gemma_prefix_dropped_by_a_small_sliding_window_cache_is_prefilled_instead(gemma, real_runner):
-    config = RunnerConfig(model=gemma.path, parallel=2, slot_ctx=1024, n_batch=64, threads=2, seed=0)
-    backend = LlamaBackend(gemma, 2, 1024, 64, 2, swa_full=False)  # its SWA cache holds 768 cells a slot
+    config = RunnerConfig(model=gemma.path, parallel=2, slot_ctx=1024, n_batch=64, threads=TEST_THREADS,
+                          seed=TEST_SEED)
+    backend = LlamaBackend(gemma, 2, 1024, 64, TEST_THREADS, swa_full=False)  # its SWA cache holds 768 cells a slot
     with Runner(config, backend=backend) as runner:
         long, late = far_past_the_prefix_then_reuse(runner, 700)
         assert long.prompt_tokens + long.completion_tokens > 768 + 20
         assert late.prompt_tokens_cached == 0, "the prefix was not intact in the source slot: prefilled in full"
     [alone] = real_runner(gemma, 2, slot_ctx=1024, prefix_cache=False).run_batch([chat(TICKETS[1])])
-    assert late.text == alone.text
+    # Prefilled beside the long request, against alone.
+    assert_same_greedy_texts([late.text], [alone.text], gemma, "a prompt prefilled in full beside a long request "
+                             "writes what it writes alone", swa_full=False)
 
 
 @pytest.mark.parametrize("model_name", BOTH_MODELS)
@@ -113,7 +118,7 @@ def test_a_copied_prefix_gives_the_logits_of_its_source_bit_for_bit(request, mod
     """Slot 1 held another prompt before: after the copy it holds the prefix and nothing else."""
     model = request.getfixturevalue(model_name)
     tokens = model.tokenize(SYSTEM)
-    backend = LlamaBackend(model, 2, 512, 512, 2)
+    backend = LlamaBackend(model, 2, 512, 512, TEST_THREADS)
     try:
         backend.decode([BatchEntry(0, tokens[:-1], 0, False),
                         BatchEntry(1, model.tokenize("Translate into French: the cat sleeps. " * 4), 0, False)])

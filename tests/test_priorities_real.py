@@ -7,12 +7,16 @@ from __future__ import annotations
 
 import pytest
 
+from helpers import sampling_seed
 from multiseq import Priority, Request, SamplingParams
 
 pytestmark = pytest.mark.model
 
+WARM_UP_STEPS = 15
+# ignore_eos: the batch request must still be running when the interactive one comes (a seeded
+# draw may reach EOS within the warm-up steps on one CPU and not on another), and any draw will do.
 BATCH_JOB = Request(prompt="Write a long story about a lighthouse keeper and a storm.", id="batch",
-                    sampling=SamplingParams(max_tokens=40, temperature=0.8, seed=21))
+                    sampling=SamplingParams(max_tokens=40, temperature=0.8, seed=sampling_seed(21), ignore_eos=True))
 CHAT = Request(messages=[{"role": "user", "content": "Say hello."}], id="chat",
                sampling=SamplingParams(max_tokens=8, temperature=0), priority=Priority.INTERACTIVE)
 
@@ -33,8 +37,9 @@ def test_a_preempted_batch_request_resumes_exactly(request, model_name, real_run
     step_until_done(alone, [plain])
     runner = real_runner(model, 1, autostart=False)
     batch = runner.submit(BATCH_JOB)
-    for _ in range(15):
+    for _ in range(WARM_UP_STEPS):
         runner.step()
+    assert not batch.done, f"premise: the batch request still runs after {WARM_UP_STEPS} steps"
     chat = runner.submit(CHAT)
     step_until_done(runner, [chat])
     assert not batch.done, "the interactive request went first"

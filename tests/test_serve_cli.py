@@ -27,7 +27,9 @@ def test_serve_answers_the_openai_client_and_stops_on_sigterm(start_cli):
     base = next(match.group(1) for line in lines if (match := LISTENING.search(line)))
     assert "2 slots x 512 tokens" in "".join(lines), "-c is the total, divided among the slots"
     client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
-    reply = client.chat.completions.create(model="local", messages=[{"role": "user", "content": "Hi"}], max_tokens=4)
+    # min_tokens: a sampled reply with a text, whatever this run draws.
+    reply = client.chat.completions.create(model="local", messages=[{"role": "user", "content": "Hi"}], max_tokens=4,
+                                           extra_body={"min_tokens": 1})
     assert reply.choices[0].message.content and reply.model == "local"
     assert [status_of(base, host) for host in ("my.lan:8080", "evil.example")] == [200, 421], "--allowed-hosts"
     with pytest.raises(openai.BadRequestError, match="unknown field 'mirostat'"):  # --strict-fields

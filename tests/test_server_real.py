@@ -6,13 +6,12 @@ from __future__ import annotations
 import asyncio
 import http.client
 import json
-import os
 
 import jsonschema
 import openai
 import pytest
 
-from helpers import serving, wait_until
+from helpers import TEST_SEED, TEST_THREADS, sampling_seed, serving, wait_until
 from multiseq import Request, SamplingParams
 from multiseq.server import ServerSettings, create_app
 
@@ -20,8 +19,15 @@ pytestmark = pytest.mark.model
 
 MODEL = "smollm2-135m"
 PARALLEL = 4
-SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}, "country": {"type": "string"}},
+# Bounded, so that the answer surely ends within SCHEMA_MAX_TOKENS whatever the model writes:
+# two strings of at most 16 characters (6 bytes each at most, escaped), the keys and punctuation
+# (20 bytes), whitespace in at most 10 places (22 bytes each at most: runner/schema.py): 436
+# bytes, and every token the grammar lets through holds at least one (with the question's 24
+# tokens, within the slot's 512).
+SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 16},
+                                           "country": {"type": "string", "maxLength": 16}},
           "required": ["city", "country"], "additionalProperties": False}
+SCHEMA_MAX_TOKENS = 440
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +38,7 @@ def served(unpacked_model):
 
     model = unpacked_model(MODEL)
     runner = Runner.on_model(model, RunnerConfig(model=model.path, parallel=PARALLEL, slot_ctx=512, n_batch=512,
-                                                 threads=os.cpu_count() or 1, seed=0, batch_invariant=True))
+                                                 threads=TEST_THREADS, seed=TEST_SEED, batch_invariant=True))
     with serving(create_app(runner, ServerSettings(model_name=MODEL))) as base:
         yield base, runner
     runner.close()
@@ -60,8 +66,11 @@ def test_chat_answers_what_the_runner_answers_streamed_or_not(client, served):
 
 def test_completions_and_the_prefix_cache_count_cached_tokens(client):
     prompt = "Once upon a time, in a small village by the sea, there lived an old fisherman who " * 2
-    first = client.completions.create(model=MODEL, prompt=prompt, max_tokens=6, temperature=0)
-    again = client.completions.create(model=MODEL, prompt=prompt + "every", max_tokens=6, temperature=0)
+    # min_tokens: a text to compare, whatever this machine's greedy choice of first token.
+    first = client.completions.create(model=MODEL, prompt=prompt, max_tokens=6, temperature=0,
+                                      extra_body={"min_tokens": 1})
+    again = client.completions.create(model=MODEL, prompt=prompt + "every", max_tokens=6, temperature=0,
+                                      extra_body={"min_tokens": 1})
     assert first.choices[0].text and again.choices[0].text
     assert again.usage.prompt_tokens_details.cached_tokens > 0, "the shared start came from a slot's KV"
 
@@ -69,22 +78,23 @@ def test_completions_and_the_prefix_cache_count_cached_tokens(client):
 def test_json_schema_output_validates(client):
     chat = client.chat.completions.create(
         model=MODEL, messages=ask("Where is the Eiffel Tower? Answer in JSON with city and country."),
-        max_tokens=60, temperature=0,
+        max_tokens=SCHEMA_MAX_TOKENS, temperature=0,
         response_format={"type": "json_schema", "json_schema": {"name": "place", "schema": SCHEMA}})
     assert chat.choices[0].finish_reason == "stop"
     jsonschema.validate(json.loads(chat.choices[0].message.content), SCHEMA)
 
 
 def test_logprobs_and_n_choices(client):
+    # min_tokens: tokens to report on, and both choices' text, whatever this machine draws.
     chat = client.chat.completions.create(model=MODEL, messages=ask("Name a colour."), max_tokens=5, temperature=0,
-                                          logprobs=True, top_logprobs=3)
+                                          logprobs=True, top_logprobs=3, extra_body={"min_tokens": 1})
     content = chat.choices[0].logprobs.content
     assert len(content) >= 1 and all(len(entry.top_logprobs) == 3 for entry in content)
     assert all(entry.token == entry.top_logprobs[0].token and entry.logprob <= 0 for entry in content)
     two = client.chat.completions.create(model=MODEL, messages=ask("Say a word."), max_tokens=6, temperature=1.0,
-                                         seed=5, n=2)
+                                         seed=sampling_seed(5), n=2, extra_body={"min_tokens": 6})
     assert [choice.index for choice in two.choices] == [0, 1] and all(choice.message.content for choice in two.choices)
-    assert 2 <= two.usage.completion_tokens <= 12, "both choices' tokens, at most max_tokens each"
+    assert two.usage.completion_tokens == 12, "both choices' tokens, 6 each"
     assert two.usage.total_tokens == two.usage.prompt_tokens + two.usage.completion_tokens
 
 
@@ -94,7 +104,8 @@ def test_sixteen_streaming_clients_share_decode_steps(served):
 
     async def one(client: openai.AsyncOpenAI, index: int) -> str:
         stream = await client.chat.completions.create(model=MODEL, messages=ask(f"Tell me fact number {index}."),
-                                                      max_tokens=8, temperature=0, stream=True)
+                                                      max_tokens=8, temperature=0, stream=True,
+                                                      extra_body={"min_tokens": 1})  # a text, whatever the model
         return "".join([chunk.choices[0].delta.content or "" async for chunk in stream if chunk.choices])
 
     async def main() -> list[str]:
@@ -110,7 +121,9 @@ def test_a_disconnected_stream_frees_its_slot(served):
     base, runner = served
     connection = http.client.HTTPConnection(base.removeprefix("http://"), timeout=30)
     connection.request("POST", "/v1/completions", body=json.dumps(
-        {"prompt": "Write a very long story:", "max_tokens": 400, "stream": True, "temperature": 0}),
+        # ignore_eos: still generating when the client goes, wherever the model would end.
+        {"prompt": "Write a very long story:", "max_tokens": 400, "stream": True, "temperature": 0,
+         "ignore_eos": True}),
         headers={"Content-Type": "application/json"})
     response = connection.getresponse()
     assert response.readline().startswith(b"data: ")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from helpers import assert_same_greedy_texts
 from multiseq import Request, SamplingParams
 
 pytestmark = pytest.mark.model
@@ -22,22 +23,37 @@ def next_turn(messages: list[dict], reply: str, question: str) -> list[dict]:
     return [*messages, {"role": "assistant", "content": reply}, {"role": "user", "content": question}]
 
 
-def ask(runner, messages: list[dict]):
-    return runner.submit(Request(messages=messages, sampling=GREEDY)).result(timeout=120)
+def ask(runner, messages: list[dict], sampling: SamplingParams = GREEDY):
+    return runner.submit(Request(messages=messages, sampling=sampling)).result(timeout=120)
+
+
+def rerendered_tokens(runner, first, messages: list[dict], history: list[dict]) -> int:
+    """How many tokens of the first turn (`messages` and the reply `first`, asked with
+    logprobs) the next turn's prompt (`history`) starts with: all of them where the chat
+    template writes the reply back into the very tokens the model generated."""
+    generated = [*runner.prompt_tokens(Request(messages=messages)), *(entry.token_id for entry in first.logprobs)]
+    rendered = runner.prompt_tokens(Request(messages=history))
+    return next((index for index, (one, other) in enumerate(zip(generated, rendered)) if one != other),
+                min(len(generated), len(rendered)))
 
 
 @pytest.mark.parametrize("model_name", BOTH_MODELS)
 def test_the_next_turn_reusing_its_reply_continues_as_a_fresh_prefill(request, model_name, real_runner):
     model = request.getfixturevalue(model_name)
     runner = real_runner(model, 1)
-    first = ask(runner, FIRST)
+    first = ask(runner, FIRST, SamplingParams(max_tokens=24, temperature=0, logprobs=True))  # (its token ids)
     second_messages = next_turn(FIRST, first.text, "And why are sunsets red?")
     second = ask(runner, second_messages)
-    assert second.prompt_tokens_cached >= first.prompt_tokens + first.completion_tokens - 2, \
-        "the last prompt and the reply came from the slot"
+    held = first.prompt_tokens + first.completion_tokens - 2
+    if second.prompt_tokens_cached < held and rerendered_tokens(runner, first, FIRST, second_messages) < held:
+        pytest.skip("premise did not hold: the chat template writes this machine's greedy reply back into other "
+                    f"tokens than the model generated ({first.text!r}), so only part of it can be reused")
+    assert second.prompt_tokens_cached >= held, "the last prompt and the reply came from the slot"
     fresh = ask(real_runner(model, 1), second_messages)
     assert fresh.prompt_tokens_cached == 0
-    assert second.text == fresh.text
+    # The reply's KV was computed a token at a time, the fresh prefill computes it in one chunk.
+    assert_same_greedy_texts([second.text], [fresh.text], model, "the next turn over its reused reply continues as "
+                             "a fresh prefill of the same history does")
 
 
 @pytest.mark.parametrize("model_name", BOTH_MODELS)

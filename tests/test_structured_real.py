@@ -9,6 +9,7 @@ import jsonschema
 import numpy as np
 import pytest
 
+from helpers import assert_same_greedy_texts, sampling_seed
 from multiseq import FinishReason, Request, SamplingParams
 from multiseq.backend import LlamaBackend
 from multiseq.batch import BatchEntry
@@ -43,11 +44,15 @@ def test_schema_constrained_outputs_that_end_by_themselves_validate(request, rea
     model = request.getfixturevalue(model_name)
     runner = real_runner(model, parallel=8, slot_ctx=256)
     requests = [Request(messages=ask(f"Describe this review as {name} JSON: {TEXT}"), id=f"{name}-{temperature}",
-                        sampling=SamplingParams(max_tokens=48, temperature=temperature, seed=index, json_schema=schema))
+                        sampling=SamplingParams(max_tokens=48, temperature=temperature, seed=sampling_seed(index),
+                                                json_schema=schema))
                 for index, (name, schema) in enumerate(SCHEMAS.items()) for temperature in (0.0, 0.8)]
     results = runner.run_batch(requests)
     ended = [result for result in results if result.finish_reason is FinishReason.STOP]
-    assert len(ended) >= len(results) // 2, [(r.id, r.text) for r in results]
+    # The premise of the validation below (nothing in these schemas bounds an answer to 48
+    # tokens): 7 or 8 of the 8 end on both models here, at every seed tried.
+    assert len(ended) >= len(results) // 2, ("premise: most answers end within 48 tokens",
+                                             [(r.id, r.text) for r in results])
     for result in ended:
         jsonschema.validate(json.loads(result.text), SCHEMAS[result.id.split("-")[0]])
     for result in results:
@@ -62,8 +67,8 @@ def test_gbnf_grammars_and_json_object_mode_constrain(request, real_runner, mode
     [answer, sampled, listed, obj] = runner.run_batch([
         Request(prompt="Is the sky blue? Answer:", sampling=SamplingParams(temperature=0, max_tokens=32,
                                                                             grammar=grammar)),
-        Request(messages=ask("Is water wet?"), sampling=SamplingParams(temperature=1.0, seed=3, max_tokens=32,
-                                                                       grammar=grammar)),
+        Request(messages=ask("Is water wet?"), sampling=SamplingParams(temperature=1.0, seed=sampling_seed(3),
+                                                                       max_tokens=32, grammar=grammar)),
         Request(prompt="Three colors:", sampling=SamplingParams(temperature=0, max_tokens=24, grammar=(
             'root ::= item ", " item ", " item\nitem ::= "red" | "green" | "blue" | "black"'))),
         Request(messages=ask(f"Give a JSON object about: {TEXT}"), sampling=SamplingParams(
@@ -134,7 +139,8 @@ def test_constrained_greedy_batched_equals_one_at_a_time(smollm, real_runner):
 
     batched = real_runner(smollm, parallel=4, slot_ctx=256).run_batch(requests())
     alone = real_runner(smollm, parallel=1, slot_ctx=256).run_batch(requests())
-    assert [r.text for r in batched] == [r.text for r in alone]
+    assert_same_greedy_texts([r.text for r in batched], [r.text for r in alone], smollm,
+                             "constrained greedy text at 4 slots equals the text at 1")
 
 
 APPROXIMATED_SCHEMAS = {
