@@ -297,6 +297,7 @@ def main() -> None:
     parser.add_argument("--parallel", type=int, default=4)
     parser.add_argument("--slot-ctx", type=int, default=2048)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--cache-ram", type=int, default=None, help="MiB of the RAM tier (default: the runner's)")
     parser.add_argument("--turns", type=int, default=6, help="turns before a session starts a new conversation")
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--fault-every", type=int, default=100)
@@ -306,7 +307,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     config = RunnerConfig(model=args.model, parallel=args.parallel, slot_ctx=args.slot_ctx, seed=args.seed,
-                          **({"threads": args.threads} if args.threads else {}))
+                          **({"threads": args.threads} if args.threads else {}),
+                          **({"cache_ram_mib": args.cache_ram} if args.cache_ram is not None else {}))
     options = SoakOptions(sessions=args.sessions, minutes=args.minutes, warmup_minutes=args.warmup_minutes,
                           turns=args.turns, max_tokens=args.max_tokens, fault_every=args.fault_every,
                           disconnect_share=args.disconnect_share, cancel_share=args.cancel_share, seed=args.seed)
