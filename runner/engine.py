@@ -270,8 +270,12 @@ class Engine:
             ran, failed = self._run_one_by_one(plan, error)
         decode_seconds = sum(part.decode_seconds for part in ran)
         sample_seconds = sum(part.sample_seconds for part in ran)
-        return Executed(StepPlan([chunk for part in ran for chunk in part.plan.chunks]),
-                        [sampled for part in ran for sampled in part.sampled], failed, decode_seconds,
+        if len(ran) == 1:  # every step but one that failed: its plan and rows as they are
+            plan_run, sampled = ran[0].plan, ran[0].sampled
+        else:
+            plan_run = StepPlan([chunk for part in ran for chunk in part.plan.chunks])
+            sampled = [row for part in ran for row in part.sampled]
+        return Executed(plan_run, sampled, failed, decode_seconds,
                         time.perf_counter() - started - decode_seconds - sample_seconds, sample_seconds)
 
     def _run(self, plan: StepPlan) -> _Ran:
@@ -296,12 +300,14 @@ class Engine:
         """After a failed decode: decode each sequence of the plan alone; the parts that ran,
         and the sequences whose decode failed."""
         ran, failed = [], []
-        if len(plan.chunks) == 1:
+        if len(plan.chunks) == 1:  # nothing to tell apart: that sequence's decode failed
             failed.append((plan.chunks[0].seq, str(error)))
+            chunks_alone = []
         else:
             logger.warning("llama_decode failed for %d sequences together (%s): decoding them one by one",
                            len(plan.chunks), error)
-        for chunk in plan.chunks if len(plan.chunks) > 1 else ():
+            chunks_alone = plan.chunks
+        for chunk in chunks_alone:
             try:
                 # A failed llama_decode may have kept the micro-batches before the one that
                 # failed: the slot goes back to where the step found it.
