@@ -11,6 +11,7 @@ import pytest
 from multiseq.config import SamplingParams
 from reference import reference_distribution
 from multiseq.sampling import SequenceSampler, apply_penalties, sample_rows
+from multiseq import topk
 from multiseq.topk import top_k_sorted
 
 
@@ -24,6 +25,20 @@ def test_top_k_matches_a_full_sort(vocab_size, top_k):
     np.testing.assert_array_equal(values, expected_values)
     np.testing.assert_array_equal(np.take_along_axis(matrix, ids, axis=1), values)
     assert all(len(set(row)) == top_k for row in ids.tolist())
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_top_k_of_many_rows_is_the_same_on_several_threads(monkeypatch, threads):
+    """Rows split over threads (as when 16 rows of a 262k vocabulary are sampled) give every
+    row exactly its own top-k, in row order."""
+    monkeypatch.setattr(topk, "_thread_count", lambda: threads)
+    rng = np.random.default_rng(threads)
+    matrix = rng.normal(0, 3, (16, 262144)).astype(np.float32)
+    matrix[5, :] = np.round(matrix[5, :])  # many ties
+    ids, values = top_k_sorted(matrix, 40)
+    np.testing.assert_array_equal(values, -np.sort(-matrix, axis=1)[:, :40])
+    np.testing.assert_array_equal(np.take_along_axis(matrix, ids, axis=1), values)
+    assert [len(set(row)) for row in ids.tolist()] == [40] * 16
 
 
 @pytest.mark.parametrize("params", [
