@@ -5,9 +5,12 @@ a request's tools into its prompt, constrains its calls with a grammar, and pars
 model wrote into calls; the three APIs only translate at their doors.
 """
 
+from .family import Family, ParseContext
 from .parsers import ToolCallParser, parse_output
+from .reading import output_parser, read_output
 from .types import (ArgumentsDelta, ChoiceMode, Delta, ParsedOutput, ReasoningDelta, TextDelta, Tool, ToolCall,
                     ToolCallStart, ToolChoice, ToolFormat)
 
-__all__ = ["ArgumentsDelta", "ChoiceMode", "Delta", "ParsedOutput", "ReasoningDelta", "TextDelta", "Tool", "ToolCall",
-           "ToolCallParser", "ToolCallStart", "ToolChoice", "ToolFormat", "parse_output"]
+__all__ = ["ArgumentsDelta", "ChoiceMode", "Delta", "Family", "ParseContext", "ParsedOutput", "ReasoningDelta",
+           "TextDelta", "Tool", "ToolCall", "ToolCallParser", "ToolCallStart", "ToolChoice", "ToolFormat",
+           "output_parser", "parse_output", "read_output"]
