@@ -117,4 +117,22 @@ def render_report(report: dict[str, Any]) -> Group:
         devices.add_row(device["name"], device["kind"], device["description"],
                         f"{device['memory_free_bytes'] / 2**30:.1f} / {device['memory_total_bytes'] / 2**30:.1f} GiB")
     entries = [ModelEntry(**entry) for entry in report["models"]]
-    return Group(head, Text(""), devices, Text(""), folders_lines(report), models_table(entries))
+    parts = [head, Text(""), devices, Text(""), folders_lines(report), models_table(entries)]
+    if "model_format" in report:
+        parts += [Text(""), model_format_lines(report["model_format"])]
+    return Group(*parts)
+
+
+def model_format_lines(model_format: dict[str, Any]) -> Table:
+    """How a model's output is read: its chat template and the tool-call family detected."""
+    grid = Table.grid(padding=(0, 2))
+    reasoning = model_format["reasoning"]
+    for label, value in (
+            ("model", model_format["model"]),
+            ("chat template", model_format["chat_template"] or "(none: llama.cpp's default)"),
+            ("tool-call format", f"{model_format['tool_format']}: {model_format['description']}"),
+            ("reasoning", " ... ".join(reasoning) if reasoning else "(none)"),
+            ("markers kept", " ".join(model_format["marker_tokens"]) or "(none are control tokens)"),
+    ):
+        grid.add_row(Text(label, style="bold"), Text(value))
+    return grid

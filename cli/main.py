@@ -130,6 +130,17 @@ def _fetch_with_progress(name: str, force: bool = False) -> Path:
     return _with_fetch_progress(lambda report: models.fetch(name, force=force, progress=report))
 
 
+def _tool_family_report(name: str) -> dict:
+    from ..loading import tool_family_report
+    from ..errors import BackendError
+
+    _resolve_model(name)  # fetched with a progress bar where it is not cached yet
+    try:
+        return tool_family_report(name)
+    except (models.ModelError, BackendError) as error:
+        raise click.ClickException(str(error)) from None
+
+
 def _resolve_model(name: str) -> models.ResolvedModel:
     return _with_fetch_progress(lambda report: models.resolve(name, progress=report))
 
@@ -137,11 +148,16 @@ def _resolve_model(name: str) -> models.ResolvedModel:
 # --- info ------------------------------------------------------------------------------------
 
 @cli.command("info")
+@click.argument("model", required=False)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object instead of tables.")
-def info_command(as_json: bool) -> None:
+def info_command(model: str | None, as_json: bool) -> None:
     """What multiseq runs on: its version, llama.cpp's build (backends, GPU offload, CPU
-    features), the devices llama.cpp sees, and the model folders with what they hold."""
+    features), the devices llama.cpp sees, and the model folders with what they hold. Given a
+    MODEL (a name, hf:OWNER/REPO or a .gguf path), also how its output is read: the tool-call
+    and reasoning format detected from its chat template (its vocabulary alone is loaded)."""
     report = info.system_report()
+    if model is not None:
+        report["model_format"] = _tool_family_report(model)
     if as_json:
         click.echo(json.dumps(report, indent=2))
         return

@@ -13,11 +13,11 @@ from typing import Any
 import click
 
 from .. import models
-from ..config import (TOOL_FORMATS, FlashAttention, OverflowPolicy, RunnerConfig, SamplingMode, SamplingParams,
+from ..config import (REASONING_FORMATS, TOOL_FORMATS, FlashAttention, OverflowPolicy, RunnerConfig, SamplingMode, SamplingParams,
                       SplitMode, default_of)
 
 ENGINE_FIELDS = ("model", "parallel", "slot_ctx", "threads", "n_keep", "n_discard", "seed", "chat_template",
-                 "tool_format", "prefix_cache", "cache_ram_mib", "step_tokens", "batch_invariant", "overflow", "n_gpu_layers", "main_gpu", "split_mode", "tensor_split",
+                 "tool_format", "reasoning_format", "prefix_cache", "cache_ram_mib", "step_tokens", "batch_invariant", "overflow", "n_gpu_layers", "main_gpu", "split_mode", "tensor_split",
                  "flash_attn", "sampling")
 SAMPLING_FIELDS = ("max_tokens", "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "stop", "ignore_eos",
                    "strict_schema")
@@ -132,9 +132,13 @@ def engine_options(slot_ctx_help: str = "Context tokens per slot (prompt + gener
                      help="Chat template for messages: a llama.cpp built-in name (chatml, gemma, llama3, ...) or a "
                           "Jinja template file. Default: the model's own."),
         click.option("--tool-format", type=click.Choice(list(TOOL_FORMATS)),
-                     help="How the model writes tool calls: hermes (<tool_call>, Qwen), llama3, mistral "
-                          "([TOOL_CALLS]), or generic (a JSON object; for templates that know no tools). "
-                          "[default: told by the chat template]"),
+                     help="The family the model writes tool calls and reasoning in (hermes, qwen3-xml, "
+                          "gpt-oss, deepseek, glm, kimi, mistral, llama3, ...; `multiseq info` names the one "
+                          "detected), or generic (a JSON object; for templates that know no tools). "
+                          "[default: detected from the chat template]"),
+        click.option("--reasoning-format", type=click.Choice(list(REASONING_FORMATS)), default="auto", show_default=True,
+                     help="auto: a reasoning model's thinking comes apart from its answer (reasoning_content); "
+                          "none: the raw text is the answer, thinking included."),
         click.option("-ngl", "--n-gpu-layers", type=GpuLayers(),
                      help="Layers stored on the GPU: a number, or all (-1). A build without a GPU backend says so "
                           "and runs on the CPU. [default: llama.cpp's, every layer on a GPU build]"),

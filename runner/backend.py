@@ -247,11 +247,12 @@ class LlamaModel:
     def __init__(self, model_path: str, chat_template: str | None = None,
                  chat_template_fallback: str | None = None, repack_weights: bool = True,
                  n_gpu_layers: int | None = None, main_gpu: int = 0, split_mode: str = "layer",
-                 tensor_split: Sequence[float] | None = None) -> None:
+                 tensor_split: Sequence[float] | None = None, vocab_only: bool = False) -> None:
         _init_llama_once()
         # A template the user gave is checked before the (slower) load.
         chosen = _load_user_template(chat_template) if chat_template else None
         self.params = self._model_params(repack_weights, n_gpu_layers, main_gpu, split_mode, tensor_split)
+        self.params.vocab_only = vocab_only  # the vocabulary and metadata alone: no weights, no context
         self.repack_weights = repack_weights
         if n_gpu_layers and not gpu_offload_supported():
             _note_no_gpu(n_gpu_layers)
@@ -378,17 +379,20 @@ class LlamaModel:
         which tool-call format the model writes."""
         return self.chat_template.jinja_source if self.chat_template is not None else None
 
-    def render_chat(self, messages: tuple[dict, ...], tools: list[dict] | None = None) -> str:
+    def render_chat(self, messages: tuple[dict, ...], tools: list[dict] | None = None,
+                    options: dict | None = None) -> str:
         """Chat messages -> prompt text in the model's template, ending where the model speaks.
         With `tools` (OpenAI function specs), the Jinja template renders them itself: only a
-        template that knows tools is given them (runner.tools.prompts decides)."""
+        template that knows tools is given them (runner.tools.prompts decides). `options` are
+        more names the Jinja template reads (enable_thinking, reasoning_effort); llama.cpp's
+        built-in templates know none."""
         template = self.chat_template
         if template is None:
             raise BackendError("this model has no chat template; give a prompt instead of messages, or a chat "
                                "template (RunnerConfig.chat_template, batch-run --chat-template)")
         if tools is not None and template.jinja_source is not None:
             try:
-                return self._jinja_renderer(template).render(messages, tools)
+                return self._jinja_renderer(template).render(messages, tools, options)
             except ValueError as error:
                 raise BackendError(str(error)) from None
         if template.llama_name is not None:
@@ -398,7 +402,7 @@ class LlamaModel:
         if template.jinja_source is None:
             raise BackendError(f"llama.cpp does not support the chat template {template.llama_name[:40]!r}")
         try:
-            return self._jinja_renderer(template).render(messages)
+            return self._jinja_renderer(template).render(messages, options=options)
         except ValueError as error:
             raise BackendError(str(error)) from None
 

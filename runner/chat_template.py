@@ -122,9 +122,9 @@ class JinjaRenderer:
         self._eos_token = eos_token
         self._add_bos = add_bos
 
-    def render(self, messages: tuple[dict, ...], tools: list[dict] | None = None) -> str:
+    def render(self, messages: tuple[dict, ...], tools: list[dict] | None = None, options: dict | None = None) -> str:
         """The prompt text; ValueError when the template fails or refuses the messages."""
-        extra = {} if tools is None else {"tools": tools}
+        extra = dict(options or {}) | ({} if tools is None else {"tools": tools})
         try:
             text = self._template.render(messages=[dict(message) for message in messages], add_generation_prompt=True,
                                          bos_token=self._bos_token, eos_token=self._eos_token, **extra)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from .tools.types import ToolFormat
+from .tools.families import family_names
 
 # llama.cpp's defaults, so that a request without settings samples as llama-server would.
 DEFAULT_TEMPERATURE = 0.8
@@ -26,7 +26,8 @@ DEFAULT_REPEAT_LAST_N = 64
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit
 MAX_LOGIT_BIAS = 100.0  # OpenAI's range for one token's bias: [-100, 100]
 MAX_OPENAI_PENALTY = 2.0  # OpenAI's range for presence and frequency penalties: [-2, 2]
-TOOL_FORMATS = tuple(tool_format.value for tool_format in ToolFormat)
+REASONING_FORMATS = ("auto", "none")
+TOOL_FORMATS = family_names()  # runner/tools/families/: one module per family
 
 
 class OverflowPolicy(str, Enum):
@@ -239,9 +240,14 @@ class RunnerConfig:
     # Overrides the model's template: a llama.cpp built-in template name, Jinja template text,
     # or the path of a Jinja template file (rendered with jinja2; see chat_template.py).
     chat_template: str | None = None
-    # How the model writes tool calls: hermes, llama3, mistral or generic; None: told by the
-    # chat template (generic where it knows no tools).
+    # The family the model writes tool calls and reasoning in (a name of runner/tools/families/,
+    # e.g. hermes, qwen3-xml, gpt-oss); None: detected from the chat template (generic where
+    # it knows no tools).
     tool_format: str | None = None
+    # "auto": a reasoning model's thinking is split from its answer (reasoning_content); "none":
+    # the raw text is the answer, thinking and its markers included (llama-server's
+    # --reasoning-format none).
+    reasoning_format: str = "auto"
     prefix_cache: bool = True  # reuse prompt prefixes already in some slot's KV instead of prefilling them
     # Host memory (MiB) for slots' KV saved before it is overwritten, restored when a prompt
     # comes back to it (llama-server's --cache-ram); 0 turns it off.
@@ -271,6 +277,8 @@ class RunnerConfig:
                  f"chat_template must be a string, got {self.chat_template!r}")
         _require(self.seed is None or (is_int(self.seed) and 0 <= self.seed < 2**64),
                  f"seed must be an integer in [0, 2**64), got {self.seed!r}")
+        _require(self.reasoning_format in REASONING_FORMATS,
+                 f"reasoning_format must be one of {', '.join(REASONING_FORMATS)}, got {self.reasoning_format!r}")
         _require(self.tool_format is None or self.tool_format in TOOL_FORMATS,
                  f"tool_format must be one of {', '.join(TOOL_FORMATS)} (or None: told by the chat template), "
                  f"got {self.tool_format!r}")

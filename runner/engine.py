@@ -123,7 +123,11 @@ class Engine:
         self.placement = KvPlacement(backend, self.scheduler, self.host_cache, self.stats)
         self._base_seed = config.seed if config.seed is not None else int.from_bytes(os.urandom(8), "little")
         self._outbox = StepOutput()
-        self.tools = ToolSupport(backend.chat_template_source, config.tool_format)
+        self.tools = ToolSupport(backend.chat_template_source, config.tool_format,
+                                 split_reasoning=config.reasoning_format != "none")
+        # Control tokens the tool family reads as markers: rendered as text for outputs that
+        # go through its parser (and as nothing, llama.cpp's way, everywhere else).
+        self._marker_bytes = self.tools.marker_tokens(backend)
         self.row_sampling = RowSampling(config.sampling, backend.graph_sampling)
         self._num_failed_decodes = 0  # decodes failed since the last one that succeeded
 
@@ -142,7 +146,8 @@ class Engine:
         """Tokenize and fit a request. Reads only the model and the config, so it may run on
         any thread; raises ValueError or BackendError when this request cannot run."""
         params = request.sampling
-        tokens = self.prompt_tokens(request)
+        text = self.prompt_text(request)
+        tokens = self.backend.tokenize(text)
         if not tokens:
             raise ValueError("the prompt tokenizes to no tokens")
         bos_kept = 1 if self.backend.add_bos else 0
@@ -152,19 +157,22 @@ class Engine:
         seed = params.seed if params.seed is not None else self._derive_seed(request_id)
         banned = self.backend.end_of_generation_tokens() if params.ignore_eos else ()
         banned_early = self.backend.end_of_generation_tokens() if params.min_tokens and not banned else ()
-        sampler = SequenceSampler(params, seed, fit.tokens, banned, self._constraint(request),
+        sampler = SequenceSampler(params, seed, fit.tokens, banned, self._constraint(request, text),
                                   self.backend.token_bytes, banned_early)
         return Sequence(request_id, fit.tokens, sampler, n_keep, overflow, fit.max_tokens,
                         prompt_tokens_dropped=fit.num_dropped, priority=request.priority,
-                        tool_parser=self.tools.parser(request))
+                        tool_parser=self.tools.parser(request, text))
+
+    def prompt_text(self, request: Request) -> str:
+        """A request's prompt as text (its chat rendered with its tools)."""
+        return request.prompt if request.prompt is not None else self.tools.render(self.backend, request)
 
     def prompt_tokens(self, request: Request) -> list[int]:
         """The tokens a request's prompt comes to (its chat rendered with its tools). Reads only
         the model, so it may run on any thread."""
-        text = request.prompt if request.prompt is not None else self.tools.render(self.backend, request)
-        return self.backend.tokenize(text)
+        return self.backend.tokenize(self.prompt_text(request))
 
-    def _constraint(self, request: Request) -> TokenConstraint | None:
+    def _constraint(self, request: Request, prompt: str = "") -> TokenConstraint | None:
         """The request's compiled constraint (its schema or grammar, or the grammar of its tool
         calls); raises ValueError when it cannot be compiled (a constrained request never runs
         without its constraint). Token ids of the logit bias are checked here too, where the
@@ -174,7 +182,7 @@ class Engine:
         if too_large:
             raise ValueError(f"logit_bias names token {too_large[0]}, but the vocabulary has "
                              f"{self.backend.n_vocab} tokens")
-        tool_grammar = self.tools.grammar(request)
+        tool_grammar = self.tools.grammar(request, prompt)
         if tool_grammar is not None and params.is_constrained:
             raise ValueError("a JSON schema or grammar cannot constrain an output that may call tools: give "
                              "tool_choice 'none', or leave out the schema")
@@ -353,10 +361,15 @@ class Engine:
     def _accept_token(self, seq: Sequence, sampled: Sampled, now: float) -> None:
         try:
             token = sampled.token
-            self._emit(seq, seq.append_token(sampled, self.backend.token_bytes(token),
+            self._emit(seq, seq.append_token(sampled, self._token_bytes(seq, token),
                                              self.backend.is_end_of_generation(token), now), is_last=False)
         except Exception as error:  # noqa: BLE001 - one request's failure stays with that request
             self._fail_alone(seq, request_fault("taking its token", error))
+
+    def _token_bytes(self, seq: Sequence, token: int) -> bytes:
+        if seq.pieces.tool_parser is not None and token in self._marker_bytes:
+            return self._marker_bytes[token]
+        return self.backend.token_bytes(token)
 
     def _fail_alone(self, seq: Sequence, fault: RequestFault) -> None:
         """A bug met while handling one request's output: that request fails, no other."""

@@ -19,3 +19,24 @@ def open_model(name_or_path: str | os.PathLike | None = None, chat_template: str
     resolved = models.resolve(name_or_path)
     return LlamaModel(str(resolved.path), chat_template, resolved.chat_template_fallback,
                       repack_weights=repack_weights, **placement)
+
+
+def tool_family_report(name_or_path: str | os.PathLike | None = None, chat_template: str | None = None,
+                       tool_format: str | None = None) -> dict:
+    """How a model's output is read, from its vocabulary and chat template alone (no weights
+    loaded): the tool-call and reasoning family detected from its template, and which of the
+    family's markers are control tokens of its vocabulary (kept as text for the parser)."""
+    from .tools.support import ToolSupport
+
+    resolved = models.resolve(name_or_path)
+    model = LlamaModel(str(resolved.path), chat_template, resolved.chat_template_fallback, vocab_only=True)
+    try:
+        support = ToolSupport(model.chat_template_source, tool_format)
+        family = support.family
+        return {"model": str(resolved.path),
+                "chat_template": model.chat_template.description if model.chat_template else None,
+                "tool_format": family.name, "detected": support.detected.name, "description": family.description,
+                "reasoning": list(family.reasoning) if family.reasoning else None,
+                "marker_tokens": sorted(marker.decode() for marker in support.marker_tokens(model).values())}
+    finally:
+        model.close()

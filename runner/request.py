@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from enum import Enum
+from typing import Any
 
 from .config import OverflowPolicy, SamplingParams
 from .logprobs import TokenLogprob
@@ -11,7 +13,7 @@ from .tools import ChoiceMode, Tool, ToolCall, ToolChoice
 
 CHAT_ROLES = ("system", "user", "assistant", "tool")
 # What a message may hold besides role and content: an assistant's calls, a tool result's call id.
-_MESSAGE_FIELDS = {"role", "content", "tool_calls", "tool_call_id", "name"}
+_MESSAGE_FIELDS = {"role", "content", "tool_calls", "tool_call_id", "name", "reasoning_content"}
 
 
 class Priority:
@@ -45,6 +47,9 @@ class Request:
     tools: tuple[Tool, ...] | None = None
     tool_choice: ToolChoice | None = None  # None: auto when there are tools
     parallel_tool_calls: bool = True
+    # Values the chat template is rendered with besides messages and tools (enable_thinking,
+    # reasoning_effort, ...): a chat's switches that the template reads.
+    template_options: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if (self.prompt is None) == (self.messages is None):
@@ -85,6 +90,12 @@ class Request:
             raise ValueError(f"parallel_tool_calls must be true or false, got {self.parallel_tool_calls!r}")
         if self.tools and self.prompt is not None:
             raise ValueError("tools need chat messages (the prompt is rendered by the chat template), not a prompt")
+        if self.template_options is not None:
+            if not isinstance(self.template_options, Mapping) or not all(
+                    isinstance(key, str) for key in self.template_options):
+                raise ValueError("template_options must map names to values")
+            if self.prompt is not None:
+                raise ValueError("template_options need chat messages (the prompt is not rendered by a template)")
 
     @property
     def effective_tool_choice(self) -> ToolChoice:

@@ -146,6 +146,15 @@ class Runner:
         return handle
 
     @property
+    def tool_family(self) -> dict[str, Any]:
+        """The family the model writes tool calls and reasoning in (detected from its chat
+        template, or --tool-format): its name, what it writes, its reasoning markers."""
+        family = self.engine.tools.family
+        return {"name": family.name, "description": family.description,
+                "reasoning": list(family.reasoning) if family.reasoning else None,
+                "detected": self.engine.tools.detected.name}
+
+    @property
     def failure(self) -> str | None:
         """Why the engine stopped (None while it runs): a failure that was no one request's.
         Every request then ended with an error, and new ones end with one at once; a server

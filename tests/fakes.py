@@ -152,7 +152,8 @@ class FakeBackend:
 
     chat_template_source = None  # no Jinja template: tools take the generic format
 
-    def render_chat(self, messages: tuple[dict, ...], tools: list[dict] | None = None) -> str:
+    def render_chat(self, messages: tuple[dict, ...], tools: list[dict] | None = None,
+                    options: dict | None = None) -> str:
         assert tools is None, "a template that knows no tools is never given them"
         return "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>"
 

@@ -84,7 +84,7 @@ COMMON_FIELDS = {"n", "response_format", "max_completion_tokens", "repetition_pe
 # OpenAI body fields that change nothing here but appear in real files.
 IGNORED_OPENAI_FIELDS = {
     "model", "user", "metadata", "store", "service_tier", "stream", "stream_options",
-    "prompt_cache_key", "safety_identifier", "reasoning_effort", "verbosity",
+    "prompt_cache_key", "safety_identifier", "verbosity",
     "cache_prompt",  # llama-server's: the prefix cache is always on here
 }
 # OpenAI body fields this runner cannot honour, and why.
@@ -239,11 +239,19 @@ def _chat_message(message: Any, where: str) -> dict[str, Any]:
     calls = _assistant_calls(message, where) if role == "assistant" else None
     content = message.get("content")
     if content is None and calls:
-        return {"role": "assistant", "content": None, "tool_calls": calls}
+        converted_calls: dict[str, Any] = {"role": "assistant", "content": None, "tool_calls": calls}
+        if isinstance(message.get("reasoning_content"), str) and message["reasoning_content"]:
+            converted_calls["reasoning_content"] = message["reasoning_content"]
+        return converted_calls
     converted: dict[str, Any] = {"role": ROLE_ALIASES.get(role, role),
                                  "content": _content_text(content, f"{where}.content")}
     if calls:
         converted["tool_calls"] = calls
+    reasoning = message.get("reasoning_content")
+    if role == "assistant" and isinstance(reasoning, str) and reasoning:
+        # A thinking model's template renders it back where it keeps reasoning (Qwen3: the
+        # turns of the current tool loop), so the next prompt starts with the tokens it wrote.
+        converted["reasoning_content"] = reasoning
     return converted
 
 

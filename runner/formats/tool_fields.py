@@ -14,7 +14,11 @@ from typing import Any
 from ..tools import ChoiceMode, Tool, ToolChoice
 from .fields import ItemError
 
-TOOL_FIELDS = frozenset({"tools", "tool_choice", "parallel_tool_calls", "functions", "function_call"})
+TOOL_FIELDS = frozenset({"tools", "tool_choice", "parallel_tool_calls", "functions", "function_call",
+                         "reasoning_effort", "chat_template_kwargs"})
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high")
+# Names the chat template is rendered with already: options may not replace them.
+RESERVED_TEMPLATE_NAMES = frozenset({"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"})
 MAX_TOOLS = 1024  # more than any agent sends (Claude Code: ~100); bounds the grammar's size
 MAX_TOOL_NAME = 256
 
@@ -40,7 +44,37 @@ def tool_overrides(body: dict[str, Any]) -> dict[str, Any]:
         overrides["tool_choice"] = choice
     if parallel is not None:
         overrides["parallel_tool_calls"] = parallel
+    options = template_options(body)
+    if options:
+        overrides["template_options"] = options
     return overrides
+
+
+def template_options(body: dict[str, Any]) -> dict[str, Any]:
+    """What the chat template is rendered with besides the messages and tools: from
+    `reasoning_effort` (OpenAI's), the switches templates read (Qwen3's and DeepSeek's
+    enable_thinking and thinking, gpt-oss's reasoning_effort); then `chat_template_kwargs`
+    (llama-server's and vLLM's), which wins."""
+    options: dict[str, Any] = {}
+    effort = body.get("reasoning_effort")
+    if effort is not None:
+        if effort not in REASONING_EFFORTS:
+            raise ItemError(f"'reasoning_effort' must be one of {', '.join(REASONING_EFFORTS)}, got {json.dumps(effort)}",
+                            "reasoning_effort")
+        thinks = effort != "none"
+        # gpt-oss knows low, medium and high; the least of them stands for none and minimal.
+        options = {"enable_thinking": thinks, "thinking": thinks,
+                   "reasoning_effort": effort if effort in ("low", "medium", "high") else "low"}
+    extra = body.get("chat_template_kwargs")
+    if extra is not None:
+        if not isinstance(extra, dict) or not all(isinstance(key, str) for key in extra):
+            raise ItemError("'chat_template_kwargs' must be an object of named values", "chat_template_kwargs")
+        reserved = sorted(RESERVED_TEMPLATE_NAMES & set(extra))
+        if reserved:
+            raise ItemError(f"'chat_template_kwargs' may not set {reserved[0]!r}: the server renders it",
+                            "chat_template_kwargs")
+        options.update(extra)
+    return options
 
 
 def _list(value: Any, field: str) -> list[Any]:

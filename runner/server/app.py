@@ -25,7 +25,7 @@ from ..runner import Runner
 from . import batch_api, messages, responses, tokens
 from .chat import chat_completions, completions
 from .door import ApiKeyGuard, SiteGuard, cors_options
-from .errors import INVALID_REQUEST, NOT_FOUND, ApiError, internal_error
+from .errors import INVALID_REQUEST, NOT_FOUND, SERVER_ERROR, ApiError, internal_error
 from .state import (CHAT_ENDPOINT, COMPLETIONS_ENDPOINT, DEFAULT_MAX_BATCH_LINES, DEFAULT_MAX_BODY_BYTES,  # noqa: F401
                     DEFAULT_MAX_QUEUE,
                     DEFAULT_MAX_UPLOAD_BYTES, RETRY_AFTER_SECONDS, ServerSettings, ServerState)
@@ -56,6 +56,16 @@ async def metrics(request: HttpRequest) -> Response:
 
 def _model_card(state: ServerState) -> dict[str, Any]:
     return {"id": state.settings.model_name, "object": "model", "created": 0, "owned_by": "multiseq"}
+
+
+async def props(request: HttpRequest) -> Response:
+    """What the served model is read as (llama-server's /props, in part): its tool-call and
+    reasoning family, and the slots."""
+    state = state_of(request)
+    if state.runner is None:
+        raise ApiError(503, "The model is still loading.", SERVER_ERROR)
+    return JSONResponse({"model": state.settings.model_name, "tool_format": state.runner.tool_family,
+                         "total_slots": state.runner.config.parallel, "slot_ctx": state.runner.window})
 
 
 async def list_models(request: HttpRequest) -> Response:
@@ -100,6 +110,7 @@ def create_app(runner: Runner | None = None, settings: ServerSettings | None = N
     routes = [
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
+        Route("/props", props, methods=["GET"]),
         Route("/v1/models", list_models, methods=["GET"]),
         Route("/v1/models/{model:path}", get_model, methods=["GET"]),
         Route(CHAT_ENDPOINT, chat_completions, methods=["POST"]),

@@ -111,6 +111,7 @@ def translate_request(body: dict[str, Any], for_counting: bool = False) -> Messa
     for name in ("temperature", "top_p", "top_k", "ignore_eos"):
         if body.get(name) is not None:
             chat_body[name] = body[name]
+    chat_body.update(_thinking(body.get("thinking")))
     stop_sequences = _stop_sequences(body.get("stop_sequences"))
     if stop_sequences:
         chat_body["stop"] = list(stop_sequences)
@@ -123,6 +124,18 @@ def translate_request(body: dict[str, Any], for_counting: bool = False) -> Messa
         chat_body["stream"] = True
         chat_body["stream_options"] = {"include_usage": True}
     return MessagesRequest(chat_body, model, is_stream, stop_sequences, ignored)
+
+
+def _thinking(value: Any) -> dict[str, Any]:
+    """Anthropic's extended thinking ({"type": "enabled", "budget_tokens": N} or {"type":
+    "disabled"}) as the switch thinking templates read (enable_thinking). The budget is not a
+    limit here: max_tokens bounds the whole reply."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or value.get("type") not in ("enabled", "disabled", "adaptive"):
+        raise invalid("thinking", "must be {\"type\": \"enabled\", \"budget_tokens\": N} or {\"type\": \"disabled\"}")
+    thinks = value["type"] != "disabled"
+    return {"chat_template_kwargs": {"enable_thinking": thinks, "thinking": thinks}}
 
 
 def _max_tokens(value: Any) -> int:

@@ -171,6 +171,9 @@ def _sampling_fields(body: dict[str, Any]) -> dict[str, Any]:
             raise bad_request("max_output_tokens", f"'max_output_tokens' must be a whole number of at least 1, "
                                                    f"got {json.dumps(max_output_tokens)}.")
         fields["max_tokens"] = max_output_tokens
+    reasoning = body.get("reasoning")
+    if isinstance(reasoning, dict) and reasoning.get("effort") is not None:
+        fields["reasoning_effort"] = reasoning["effort"]  # the chat path checks the value
     return fields
 
 

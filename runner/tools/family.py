@@ -80,6 +80,21 @@ ParseFunction = Callable[[str, ParseContext], FamilyParse]
 
 
 @dataclass(frozen=True)
+class CallSyntax:
+    """How a family writes calls whose arguments are one JSON object: the text around them, for
+    the grammar that constrains calls (runner/tools/grammars.py's family_grammar). `call_open`
+    holds {name}, the function's name, and may hold {index}, a number the model writes (Kimi's
+    call ids). Markers that are control tokens of the model's vocabulary are required as those
+    tokens; other text as text."""
+
+    call_open: str
+    call_close: str
+    block_open: str = ""  # before the first call
+    block_close: str = ""  # after the last call
+    separator: str = ""  # between two calls
+
+
+@dataclass(frozen=True)
 class Family:
     """One model family's format: recognition, markers, reasoning, and its parse."""
 
@@ -96,6 +111,7 @@ class Family:
     # The formats multiseq's first streaming parser reads (hermes, llama3, mistral, generic): it
     # streams a call's arguments piece by piece, and they have grammars and prompt renderings.
     legacy_format: str | None = None
+    call_syntax: CallSyntax | None = None  # where calls carry JSON arguments: their grammar
 
     def matches(self, template: str) -> bool:
         return any(all(part in template for part in fingerprint) for fingerprint in self.fingerprints)

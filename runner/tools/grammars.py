@@ -16,9 +16,11 @@ every turn pays for the compile once.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+import re
+from collections.abc import Mapping, Sequence
 
 from ..schema import grammar_schema, json_options
+from .family import CallSyntax
 from .types import ChoiceMode, Tool, ToolChoice, ToolFormat
 
 # A call's arguments are JSON with no free whitespace and json.dumps' separators (see the module
@@ -131,3 +133,90 @@ def _mistral(tools: Sequence[Tool], tool_format: ToolFormat, forced: bool, many:
         return f'body: "{MISTRAL_OPEN}" calls\n' + rules
     return (f"body: TEXT | head calls\n"
             f'head[lazy]: TEXT "{MISTRAL_OPEN}"\n' + rules + _free_text_without("\\[TOOL_CALLS\\]"))
+
+
+# --- a family's own syntax (runner/tools/family.py's CallSyntax) ------------------------------------
+
+def family_grammar(tools: Sequence[Tool], choice: ToolChoice, parallel: bool, syntax: CallSyntax,
+                   special_tokens: Mapping[str, int], reasoning: tuple[str, str] | None = None,
+                   reasoning_open: bool = False) -> str | None:
+    """The Lark grammar of calls written in a family's syntax. `special_tokens`: the markers
+    that are control tokens of the vocabulary (by text), required as those tokens (llguidance's
+    <[id]>); `reasoning`: the family's reasoning markers, a block the model may write first (or,
+    with `reasoning_open`, is already inside: the prompt opened it)."""
+    if choice.mode is ChoiceMode.NONE or not tools:
+        return None
+    offered = _offered(tools, choice)
+    many = parallel and choice.mode is not ChoiceMode.FUNCTION
+
+    def literal(text: str) -> str:
+        return _marked_literal(text, special_tokens)
+
+    # The trigger starts the calls in free text: the block's opening, or each call's opening up
+    # to the function's name. A call is its trigger (where the block has none) and its tail.
+    trigger = syntax.block_open or syntax.call_open.split("{", 1)[0]
+    call_trigger = "" if syntax.block_open else trigger
+    rules = [f"call: {literal(call_trigger)} tail".strip(),
+             f"tail: {' | '.join(f'tail_{index}' for index in range(len(offered)))}"]
+    for index, tool in enumerate(offered):
+        opening = syntax.call_open.replace("{name}", tool.name)[len(call_trigger):]
+        head, has_index, rest = opening.partition("{index}")
+        items = [literal(head), "INDEX" if has_index else "", literal(rest), f"args_{index}", literal(syntax.call_close)]
+        rules.append(f"tail_{index}: " + " ".join(item for item in items if item))
+        rules.append(f"args_{index}: {arguments_json(tool)}")
+    more = " (" + " ".join(item for item in (literal(syntax.separator), "call") if item) + ")*" if many else ""
+    ending = f" {literal(syntax.block_close)}" if syntax.block_close else ""
+    if choice.forces_call:
+        body = f"body: {literal(syntax.block_open)} call{more}{ending}\n".replace("body:  ", "body: ")
+    elif trigger in special_tokens:
+        # Free text never holds a control token: writing the token starts the calls.
+        opening = literal(syntax.block_open) + " call" if syntax.block_open else "call"
+        body = f"body: TEXT | TEXT? {opening}{more}{ending}\nTEXT: {_ANY_TEXT}\n"
+    else:
+        # Free text ends lazily at the trigger (it never holds one), then the calls.
+        rest = "call" if syntax.block_open else "tail"
+        body = (f"body: TEXT | head {rest}{more}{ending}\n" f"head[lazy]: TEXT {literal(trigger)}\n"
+                + _free_text_without(_regex_escape(trigger)))
+    start, thought = _reasoning_rules(reasoning, reasoning_open, special_tokens, literal)
+    index = "INDEX: /[0-9]+/\n" if "{index}" in syntax.call_open else ""
+    return "%llguidance {}\n" + start + body + "\n".join(rules) + "\n" + thought + index
+
+
+def _reasoning_rules(reasoning: tuple[str, str] | None, reasoning_open: bool, special_tokens: Mapping[str, int],
+                     literal) -> tuple[str, str]:
+    """The start rule, and the rules of a reasoning block before the body."""
+    if reasoning is None:
+        return "start: body\n", ""
+    opener, closer = reasoning
+    start = "start: thought body\n" if reasoning_open else "start: thought? body\n"
+    opening = "" if reasoning_open else literal(opener) + " "
+    if closer in special_tokens:  # a control token never occurs in text
+        return start, f"thought: {opening}THOUGHT? {literal(closer)} SPACE?\nTHOUGHT: {_ANY_TEXT}\nSPACE: /\\s+/\n"
+    # One lexeme from the opening to the closing marker: text that never holds the closer.
+    opener_text = "" if reasoning_open else _lark_string(opener) + " "
+    return start, (f"thought: THOUGHT\nTHOUGHT: {opener_text}({_ANY_TEXT} & ~/(?s:.*){_regex_escape(closer)}(?s:.*)/) "
+                   f"{_lark_string(closer)} /\\s*/\n")
+
+
+def _regex_escape(text: str) -> str:
+    """`text` as a Lark /regex/ that matches it (its slashes escaped too)."""
+    return re.escape(text).replace("/", "\\/")
+
+
+def _marked_literal(text: str, special_tokens: Mapping[str, int]) -> str:
+    """`text` as Lark items: its control-token markers as <[id]>, the rest as strings."""
+    if not text:
+        return ""
+    items, position = [], 0
+    markers = sorted((marker for marker in special_tokens if marker), key=len, reverse=True)
+    while position < len(text):
+        found = min(((text.find(marker, position), -len(marker), marker) for marker in markers
+                     if text.find(marker, position) >= 0), default=None)
+        end = found[0] if found else len(text)
+        if end > position:
+            items.append(_lark_string(text[position:end]))
+        if found is None:
+            break
+        items.append(f"<[{special_tokens[found[2]]}]>")
+        position = end + len(found[2])
+    return " ".join(items)

@@ -1,62 +1,92 @@
 """What the engine does with a request's tools: render them, constrain the calls, parse them.
 
-One ToolSupport per engine, fixed by the model's chat template (or --tool-format): which format
-the model writes calls in, whether its template renders tools itself, and whether it reasons
-in <think>...</think> first.
+One ToolSupport per engine, fixed by the model's chat template (or --tool-format): the family the
+model writes calls and reasoning in (runner/tools/families/), whether its template renders tools
+itself, and the control tokens its parser must see as text.
 """
 
 from __future__ import annotations
 
-import secrets
 from typing import TYPE_CHECKING
 
-from .grammars import tool_grammar
+from .families import detect, family_named
+from .family import Family
+from .grammars import family_grammar, tool_grammar
 from .parsers import ToolCallParser
-from .prompts import detect_format, generic_messages, native_messages, thinks
+from .prompts import generic_messages, native_messages, thinks
+from .reading import new_call_id, output_parser
 from .types import ToolFormat
 
 if TYPE_CHECKING:
     from ..batch import Backend
     from ..request import Request
 
-
-def new_call_id(index: int) -> str:
-    """A call's id, as OpenAI writes them; the parser asks once per call and keeps it."""
-    return f"call_{secrets.token_hex(12)}"
+__all__ = ["ToolSupport", "new_call_id"]
 
 
 class ToolSupport:
-    """The tool-call format of one model, and the rendering, grammar and parser it implies."""
+    """The tool-call and reasoning family of one model, and the rendering, grammar and parser
+    it implies."""
 
-    def __init__(self, template_source: str | None, tool_format: ToolFormat | str | None = None) -> None:
-        detected = detect_format(template_source)
-        self.format = ToolFormat(tool_format) if tool_format is not None else detected
-        # The template renders tools itself only in the format it was written for.
-        self.is_native = self.format is not ToolFormat.GENERIC and detected is self.format
-        self.reasons = thinks(template_source)
+    def __init__(self, template_source: str | None, tool_format: str | None = None,
+                 split_reasoning: bool = True) -> None:
+        self.detected = detect(template_source)
+        self.family: Family = family_named(tool_format) if tool_format is not None else self.detected
+        # The formats of the first parser have grammars and renderings of their own; every
+        # other family is known from its template, which renders its tools.
+        self.format = ToolFormat(self.family.legacy_format) if self.family.legacy_format else None
+        self.is_native = self.format is None or (self.format is not ToolFormat.GENERIC and self.detected is self.family)
+        # A family over the first parser reasons only where the template says so (Qwen3 does,
+        # Qwen 2.5 does not: holding text back for a </think> that never comes would delay it).
+        self.reasons = split_reasoning and (thinks(template_source) if self.format is not None
+                                            else self.family.reasoning is not None)
+        self.variant = self.family.variant_of(template_source)
+        self.special_markers: dict[str, int] = {}  # the family's markers that are control tokens (marker_tokens)
 
     def render(self, backend: Backend, request: Request) -> str:
         """The prompt of a chat request: the template's own rendering where the request has
         neither tools nor tool messages, else with tools in this model's way (prompts.py)."""
-        messages = request.messages
+        messages, options = request.messages, dict(request.template_options or {})
         if not request.tools and not any(message["role"] == "tool" or message.get("tool_calls")
                                          for message in messages):
-            return backend.render_chat(messages)
+            return backend.render_chat(messages, options=options) if options else backend.render_chat(messages)
         if self.is_native:
             tools = [tool.openai() for tool in request.tools or ()]
-            return backend.render_chat(tuple(native_messages(messages)), tools=tools)
-        return backend.render_chat(tuple(generic_messages(messages, request.tools, self.format)))
+            return backend.render_chat(tuple(native_messages(messages)), tools=tools, options=options)
+        return backend.render_chat(tuple(generic_messages(messages, request.tools, self.format)), options=options)
 
-    def grammar(self, request: Request) -> str | None:
-        """The grammar of the request's calls (None when it may make none)."""
+    def grammar(self, request: Request, prompt: str = "") -> str | None:
+        """The grammar of the request's calls (None when it may make none, or when the family
+        has no grammar: its calls are then read as the model writes them)."""
         if not request.uses_tools:
             return None
-        return tool_grammar(request.tools, request.effective_tool_choice, request.parallel_tool_calls, self.format,
-                            reasoning=self.reasons)
-
-    def parser(self, request: Request) -> ToolCallParser | None:
-        """A parser of the output into content, reasoning and calls, for a request that may call
-        tools (None: the output is plain text). Reasoning is parsed where the model reasons."""
-        if not request.uses_tools:
+        choice, parallel = request.effective_tool_choice, request.parallel_tool_calls
+        if self.format is not None:
+            return tool_grammar(request.tools, choice, parallel, self.format, reasoning=self.reasons)
+        if self.family.call_syntax is None:
             return None
-        return ToolCallParser(self.format, new_call_id, parse_reasoning=self.reasons)
+        reasoning = self.family.reasoning if self.reasons else None
+        return family_grammar(request.tools, choice, parallel, self.family.call_syntax, self.special_markers,
+                              reasoning, reasoning_open=reasoning is not None and self.family.opens_reasoning(prompt))
+
+    def parser(self, request: Request, prompt: str = ""):
+        """A parser of the output into content, reasoning and calls (None: the output is plain
+        text): for a request that may call tools, and for any chat with a model that reasons."""
+        reads_reasoning = self.reasons and request.messages is not None and request.prompt is None
+        if not request.uses_tools and not reads_reasoning:
+            return None
+        if self.format is not None:
+            return ToolCallParser(self.format, new_call_id, parse_reasoning=self.reasons)
+        return output_parser(self.family, tools=request.tools or (), prompt=prompt, variant=self.variant)
+
+    def marker_tokens(self, backend: Backend) -> dict[int, bytes]:
+        """The control tokens that are the family's markers, with their text: llama.cpp renders
+        control tokens as nothing, but the parser must see these (gpt-oss's <|channel|>, Kimi's
+        sections, DeepSeek's call markers where they are special tokens)."""
+        found: dict[int, bytes] = {}
+        for marker in self.family.markers:
+            tokens = backend.tokenize(marker, add_special=False)
+            if len(tokens) == 1 and not backend.token_bytes(tokens[0]):
+                found[tokens[0]] = marker.encode("utf-8")
+        self.special_markers = {text.decode("utf-8"): token for token, text in found.items()}
+        return found

@@ -1,0 +1,238 @@
+"""OpenAI gpt-oss: the Harmony response format, a sequence of messages on channels.
+
+Every message is a header, `<|message|>`, a body and an end marker. The generation prompt is
+`<|start|>assistant`, so the output begins inside the first message's header:
+
+    <|channel|>analysis<|message|>The user wants the weather.<|end|>
+    <|start|>assistant<|channel|>commentary<|message|>Let me check.<|end|>
+    <|start|>assistant to=functions.get_weather<|channel|>commentary <|constrain|>json
+    <|message|>{"city": "Paris"}<|call|>
+
+(one string, without the line breaks). The channel says what a message is: `analysis` is
+reasoning, `final` is the answer, `commentary` without a recipient is a preamble the user sees
+(content). A recipient `to=functions.NAME` makes the message a call of NAME whose body is the
+JSON object of its arguments, on any channel; the recipient may be in the role part of the
+header (before `<|channel|>`) or after the channel name; a content type (` json` or
+`<|constrain|>json`) may follow. Bodies end with `<|end|>`; the answer with `<|return|>` and a
+call with `<|call|>` (both stop tokens, so an output usually just ends there). A recipient that
+is not a function (`python`, `browser.search`: Harmony's built-in tools) is a call the server
+was not asked for: it is dropped, as llama.cpp does.
+
+Marker strings inside a call's JSON strings are text (the model's tokenizer writes them as plain
+tokens there), so a call's body is read as JSON first and ends where its object closes.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ..family import (CUT_OFF, Call, Family, FamilyParse, ParseContext, Segment, Text, Thought, json_object_text,
+                      settled_text)
+
+START, END, MESSAGE, CHANNEL = "<|start|>", "<|end|>", "<|message|>", "<|channel|>"
+CONSTRAIN, CALL, RETURN = "<|constrain|>", "<|call|>", "<|return|>"
+MARKERS = (START, END, MESSAGE, CHANNEL, CONSTRAIN, CALL, RETURN)
+
+FUNCTIONS = "functions."
+REASONING_CHANNEL = "analysis"
+MESSAGE_ENDS = (END, RETURN)  # what ends a text message (a <|call|> in reasoning is text)
+CALL_ENDS = (CALL, END, RETURN)
+# What a message's text may begin with when it is a header: the role part's recipient (` to=`
+# right after the prompt's `<|start|>assistant`) or one of the header's markers.
+HEADER_STARTS = (START, CHANNEL, MESSAGE, CONSTRAIN, "to=")
+# Text with no header (a model that skipped it) runs until the next message begins.
+BARE_TEXT_ENDS = (END, RETURN, START, CHANNEL)
+
+# A header ends at <|message|>; before it, an end marker or a new message's start makes it one
+# the model never finished (garbled: dropped).
+HEADER_END = re.compile("|".join(re.escape(marker) for marker in (MESSAGE, END, RETURN, CALL, START)))
+RECIPIENT = re.compile(r"to=([^\s<]+)")
+CHANNEL_NAME = re.compile(r"\s*([^\s<]*)")
+# The pieces of JSON text that decide where an object ends: whole strings (possessive, so a
+# long string is one step), brackets, and a string's opening quote that never closed.
+JSON_PIECE = re.compile(r'"(?:[^"\\]++|\\.)*+"|[{}\[\]]|"')
+
+
+@dataclass(frozen=True)
+class Header:
+    channel: str
+    recipient: str | None
+
+    @property
+    def function(self) -> str | None:
+        """The function a call message names (None when the message is no call of a function)."""
+        if self.recipient and self.recipient.startswith(FUNCTIONS):
+            return self.recipient[len(FUNCTIONS):]
+        return None
+
+    @property
+    def is_builtin_call(self) -> bool:
+        """A call of one of Harmony's built-in tools (python, browser.*), not of a function."""
+        return self.recipient is not None and self.function is None and self.recipient != "assistant"
+
+
+@dataclass
+class Step:
+    """One message read: its segments and where the next begins (None: nothing more to read
+    now: the output ended, or what follows waits for more text)."""
+
+    segments: list[Segment]
+    next: int | None
+    error: str | None = None
+
+
+def parse(text: str, context: ParseContext) -> FamilyParse:
+    segments: list[Segment] = []
+    error = None
+    position: int | None = 0
+    if context.reasoning_open:  # the prompt wrote `<|channel|>analysis<|message|>` for the model
+        position = _take(_read_text_body(text, 0, Thought, MESSAGE_ENDS, context), segments)
+    while position is not None and position < len(text):
+        step = _read_message(text, position, context)
+        position = _take(step, segments)
+        error = step.error or error
+    return FamilyParse(tuple(segments), error)
+
+
+def _take(step: Step, segments: list[Segment]) -> int | None:
+    segments.extend(segment for segment in step.segments if not isinstance(segment, (Text, Thought)) or segment.text)
+    return step.next
+
+
+def _read_message(text: str, start: int, context: ParseContext) -> Step:
+    rest = text[start:].lstrip()
+    begins = len(text) - len(rest)
+    if not rest:
+        return Step([], None)  # whitespace between messages, or after the last
+    if not context.final and any(opener.startswith(rest) for opener in HEADER_STARTS):
+        return Step([], None)  # text that may begin a header: wait
+    if not rest.startswith(HEADER_STARTS):
+        return _read_text_body(text, start, Text, BARE_TEXT_ENDS, context, keep_end=(START, CHANNEL))
+    header, body = _read_header(text, begins)
+    if header is None:
+        return Step([], body)  # unfinished (dropped at the end: no call was made) or garbled
+    if header.function is not None:
+        return _read_call(text, body, header.function, context)
+    if header.is_builtin_call:
+        return _skip_builtin_call(text, body)
+    kind = Thought if header.channel == REASONING_CHANNEL else Text
+    return _read_text_body(text, body, kind, MESSAGE_ENDS, context)
+
+
+def _read_header(text: str, start: int) -> tuple[Header | None, int | None]:
+    """The header that begins at `start` and where its body begins; (None, where reading goes
+    on) for a header that is not finished or never will be."""
+    opening = len(START) if text.startswith(START, start) else 0
+    found = HEADER_END.search(text, start + opening)
+    if found is None:
+        return None, None  # not finished: more text, or (at the end) a header the model never ended
+    if found.group() == START:
+        return None, found.start()  # garbled: a new message begins before this one's <|message|>
+    if found.group() != MESSAGE:
+        return None, found.end()  # garbled: ended without a body (`<|channel|>??<|end|>`)
+    return _header_of(text[start + opening:found.start()]), found.end()
+
+
+def _header_of(header: str) -> Header:
+    """`assistant to=functions.f<|channel|>commentary <|constrain|>json` as channel and recipient.
+    A stray channel before the real one (`<|channel|>commentary to=assistant<|channel|>analysis`,
+    which gpt-oss-20b writes at times) is left out: the last channel counts."""
+    role, _, channel_part = header.rpartition(CHANNEL) if CHANNEL in header else (header, "", "")
+    role = role.split(CHANNEL, 1)[0]
+    name = CHANNEL_NAME.match(channel_part).group(1).split("to=", 1)[0]
+    recipient = RECIPIENT.search(channel_part) or RECIPIENT.search(role)
+    return Header(name, recipient.group(1) if recipient else None)
+
+
+def _read_text_body(text: str, start: int, kind: type[Text] | type[Thought], ends: tuple[str, ...],
+                    context: ParseContext, keep_end: tuple[str, ...] = ()) -> Step:
+    """A body of text up to its end marker; `keep_end`: end markers that begin the next message."""
+    end, marker = _first_of(text, start, ends)
+    if end < 0:  # not ended: all of it so far, less what may begin its end
+        return Step([kind(settled_text(text[start:], context, ends))], None)
+    return Step([kind(text[start:end])], end if marker in keep_end else end + len(marker))
+
+
+def _read_call(text: str, start: int, name: str, context: ParseContext) -> Step:
+    """A call's body: the JSON object of its arguments, then its end (<|call|>, <|end|>) or the
+    output's. One that never ended, or is no JSON object, is given back as content (its body as
+    written; the header's markers are left out) with `error` saying why."""
+    body = len(text) - len(text[start:].lstrip())
+    if text.startswith("{", body):
+        step = _read_json_call(text, start, body, name, context)
+        if step is not None:
+            return step
+    end, marker = _first_of(text, start, CALL_ENDS)
+    if end < 0:
+        if not context.final:
+            return Step([], None)
+        return Step([Text(text[start:])], len(text), CUT_OFF)
+    arguments = json_object_text(text[start:end])
+    if arguments is None:
+        why = f"the model's call of {name} has arguments that are not a JSON object"
+        return Step([Text(text[start:end])], end + len(marker), why)
+    return Step([Call(name, arguments)], end + len(marker))
+
+
+def _read_json_call(text: str, start: int, body: int, name: str, context: ParseContext) -> Step | None:
+    """The call when its body is a JSON object followed by its end; None when it is not (the
+    body is then read up to the first end marker)."""
+    closed = _json_object_end(text, body)
+    if closed is None:  # the object has not closed: more text, or a call cut off
+        return Step([Text(text[start:])], len(text), CUT_OFF) if context.final else Step([], None)
+    arguments = json_object_text(text[body:closed])
+    if arguments is None:
+        return None
+    after = len(text) - len(text[closed:].lstrip())
+    if after == len(text):  # the output ended after the object (its stop token, <|call|>, cut)
+        return Step([Call(name, arguments)], len(text)) if context.final else Step([], None)
+    end_marker = next((marker for marker in CALL_ENDS if text.startswith(marker, after)), None)
+    if end_marker is not None:
+        return Step([Call(name, arguments)], after + len(end_marker))
+    if text.startswith(START, after):  # the next message begins without this one's end
+        return Step([Call(name, arguments)], after)
+    if not context.final and any(marker.startswith(text[after:]) for marker in (*CALL_ENDS, START)):
+        return Step([], None)
+    return None
+
+
+def _json_object_end(text: str, start: int) -> int | None:
+    """Where the JSON object that opens at `start` closes (just after its `}`), or None when it
+    has not closed yet. Marker strings inside its strings are text."""
+    depth = 0
+    for piece in JSON_PIECE.finditer(text, start):
+        token = piece.group()
+        if token == '"':
+            return None  # a string that has not closed
+        if token in "{[":
+            depth += 1
+        elif token in "}]":
+            depth -= 1
+            if depth == 0:
+                return piece.end()
+    return None
+
+
+def _skip_builtin_call(text: str, start: int) -> Step:
+    """A call of a built-in tool that was not offered: nothing to show (llama.cpp drops it too)."""
+    end, marker = _first_of(text, start, CALL_ENDS)
+    return Step([], None if end < 0 else end + len(marker))
+
+
+def _first_of(text: str, start: int, markers: tuple[str, ...]) -> tuple[int, str]:
+    """The first of `markers` at or after `start`: (its index, the marker); (-1, "") when none."""
+    found = [(index, marker) for marker in markers if (index := text.find(marker, start)) >= 0]
+    return min(found) if found else (-1, "")
+
+
+FAMILY = Family(
+    name="gpt-oss",
+    description="Harmony channels: <|channel|>analysis (reasoning), final (content), "
+                "to=functions.NAME ...<|message|>{json} (calls) (OpenAI gpt-oss)",
+    parse=parse,
+    fingerprints=((START + "assistant", CHANNEL, MESSAGE), (CHANNEL + "analysis", MESSAGE)),
+    markers=MARKERS,
+    reasoning=(CHANNEL + "analysis" + MESSAGE, END),
+    priority=40,  # before hermes and the generic format; no other template writes <|channel|>
+)
