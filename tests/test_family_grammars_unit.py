@@ -109,3 +109,34 @@ def test_reasoning_may_come_first(special):
                    reasoning=("<think>", "</think>"), reasoning_open=True)
     assert not accepts(tokens(call, special), syntax, "required", special, reasoning=("<think>", "</think>"),
                        reasoning_open=True)
+
+
+XML_LIKE = CallSyntax(call_open="<tool_call>\n<function={name}>\n", call_close="</function>\n</tool_call>",
+                      separator="\n", parameter_open="<parameter={key}>\n", parameter_close="\n</parameter>\n")
+ALARM = Tool("set_alarm", None, {"type": "object", "properties": {
+    "label": {"type": "string"}, "hour": {"type": "integer"}, "days": {"type": "array", "items": {"type": "string"}}},
+    "required": ["hour"]})
+
+
+def accepts_xml(text: str, mode: str = "required", tools=(ALARM, CLOCK)) -> bool:
+    grammar = family_grammar(list(tools), ToolChoice(ChoiceMode(mode)), True, XML_LIKE, {})
+    matcher = llguidance.LLMatcher(TOKENIZER, grammar, log_level=0)
+    assert not matcher.is_error(), matcher.get_error()
+    return all(matcher.consume_token(token) for token in text.encode()) and matcher.is_accepting()
+
+
+def test_parameters_one_block_each_strings_raw_the_rest_json():
+    call = ("<tool_call>\n<function=set_alarm>\n<parameter=label>\nWake <up> now\n</parameter>\n"
+            "<parameter=hour>\n7\n</parameter>\n</function>\n</tool_call>")
+    assert accepts_xml(call)
+    assert accepts_xml("<tool_call>\n<function=set_alarm>\n<parameter=hour>\n7\n</parameter>\n"
+                       '<parameter=days>\n["mon", "tue"]\n</parameter>\n</function>\n</tool_call>')
+    assert accepts_xml("<tool_call>\n<function=now>\n</function>\n</tool_call>")
+    assert accepts_xml("Setting it. " + call, "auto")
+    # The required parameter missing, a value of the wrong type, an unknown parameter: refused.
+    assert not accepts_xml("<tool_call>\n<function=set_alarm>\n<parameter=label>\nx\n</parameter>\n"
+                           "</function>\n</tool_call>")
+    assert not accepts_xml("<tool_call>\n<function=set_alarm>\n<parameter=hour>\nseven\n</parameter>\n"
+                           "</function>\n</tool_call>")
+    assert not accepts_xml("<tool_call>\n<function=set_alarm>\n<parameter=hour>\n7\n</parameter>\n"
+                           "<parameter=minute>\n5\n</parameter>\n</function>\n</tool_call>")

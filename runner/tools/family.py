@@ -92,6 +92,19 @@ class CallSyntax:
     block_open: str = ""  # before the first call
     block_close: str = ""  # after the last call
     separator: str = ""  # between two calls
+    # The reasoning block as the grammar writes it, where it differs from the family's
+    # `reasoning` (gpt-oss: a new message's start follows the analysis channel's end).
+    reasoning: tuple[str, str] | None = None
+    # Whether `auto` is constrained (free text until the trigger, then calls). False where the
+    # family's text is framed by control tokens of its own (gpt-oss's channels), which free text
+    # in a grammar cannot hold: `auto` then leaves the output free.
+    constrains_auto: bool = True
+    # Arguments as one block per parameter instead of one JSON object (Qwen3-Coder's
+    # <parameter=KEY>\nVALUE\n</parameter>, GLM's <arg_key>KEY</arg_key><arg_value>...):
+    # `parameter_open` holds {key}, and may hold {string} ("true" for a value written as raw
+    # text, "false" for JSON: DeepSeek's DSML); string values are raw text, others JSON.
+    parameter_open: str | None = None
+    parameter_close: str = ""
 
 
 @dataclass(frozen=True)

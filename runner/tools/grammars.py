@@ -144,7 +144,7 @@ def family_grammar(tools: Sequence[Tool], choice: ToolChoice, parallel: bool, sy
     that are control tokens of the vocabulary (by text), required as those tokens (llguidance's
     <[id]>); `reasoning`: the family's reasoning markers, a block the model may write first (or,
     with `reasoning_open`, is already inside: the prompt opened it)."""
-    if choice.mode is ChoiceMode.NONE or not tools:
+    if choice.mode is ChoiceMode.NONE or not tools or (not choice.forces_call and not syntax.constrains_auto):
         return None
     offered = _offered(tools, choice)
     many = parallel and choice.mode is not ChoiceMode.FUNCTION
@@ -163,12 +163,15 @@ def family_grammar(tools: Sequence[Tool], choice: ToolChoice, parallel: bool, sy
         head, has_index, rest = opening.partition("{index}")
         items = [literal(head), "INDEX" if has_index else "", literal(rest), f"args_{index}", literal(syntax.call_close)]
         rules.append(f"tail_{index}: " + " ".join(item for item in items if item))
-        rules.append(f"args_{index}: {arguments_json(tool)}")
+        if syntax.parameter_open is None:
+            rules.append(f"args_{index}: {arguments_json(tool)}")
+        else:
+            rules += _parameter_rules(f"args_{index}", tool, syntax, literal, special_tokens)
     more = " (" + " ".join(item for item in (literal(syntax.separator), "call") if item) + ")*" if many else ""
     ending = f" {literal(syntax.block_close)}" if syntax.block_close else ""
     if choice.forces_call:
         body = f"body: {literal(syntax.block_open)} call{more}{ending}\n".replace("body:  ", "body: ")
-    elif trigger in special_tokens:
+    elif any(trigger.startswith(marker) for marker in special_tokens):
         # Free text never holds a control token: writing the token starts the calls.
         opening = literal(syntax.block_open) + " call" if syntax.block_open else "call"
         body = f"body: TEXT | TEXT? {opening}{more}{ending}\nTEXT: {_ANY_TEXT}\n"
@@ -177,9 +180,53 @@ def family_grammar(tools: Sequence[Tool], choice: ToolChoice, parallel: bool, sy
         rest = "call" if syntax.block_open else "tail"
         body = (f"body: TEXT | head {rest}{more}{ending}\n" f"head[lazy]: TEXT {literal(trigger)}\n"
                 + _free_text_without(_regex_escape(trigger)))
+    if reasoning is not None and syntax.reasoning is not None:
+        reasoning = syntax.reasoning
     start, thought = _reasoning_rules(reasoning, reasoning_open, special_tokens, literal)
     index = "INDEX: /[0-9]+/\n" if "{index}" in syntax.call_open else ""
     return "%llguidance {}\n" + start + body + "\n".join(rules) + "\n" + thought + index
+
+
+def _parameter_rules(name: str, tool: Tool, syntax: CallSyntax, literal, special_tokens: Mapping[str, int]) -> list[str]:
+    """A call's arguments as one block per parameter, in the order the schema declares them,
+    the required ones present: a string's value is raw text up to the block's end (never
+    holding it), any other value the JSON its schema allows."""
+    schema = grammar_schema(tool.schema)
+    properties = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
+    required = set(schema.get("required") or ())
+    if not properties:
+        return [f"{name}: \"\"" if not syntax.parameter_open else f"{name}: \"\""]
+    items, rules = [], []
+    closing = literal(syntax.parameter_close)
+    for position, (key, sub_schema) in enumerate(properties.items()):
+        rule = f"{name}_{position}"
+        is_text = _is_plain_string(sub_schema)
+        opening = literal(syntax.parameter_open.replace("{key}", key).replace("{string}", "true" if is_text else "false"))
+        if is_text:
+            # One lexeme up to the closing text (lazy: it ends at the first one); a control
+            # token never occurs in text, so there the closing token itself ends the value.
+            if any(syntax.parameter_close.startswith(marker) for marker in special_tokens):
+                rules.append(f"{rule}: {opening} VALUE_TEXT? {closing}")
+            else:
+                rules.append(f"{rule}: {opening} {rule}_value")
+                rules.append(f"{rule}_value[lazy]: /(?s:.*)/ {closing}")
+        else:
+            value_schema = {**sub_schema, "x-guidance": {**json_options(sub_schema, strict=tool.strict), **CALL_JSON_OPTIONS}}
+            value_schema["x-guidance"].pop("whitespace_pattern", None)
+            rules.append(f"{rule}: {opening} {rule}_value {closing}")
+            rules.append(f"{rule}_value: %json " + json.dumps(value_schema, ensure_ascii=False))
+        items.append(rule if key in required else f"{rule}?")
+    rules.append(f"{name}: " + " ".join(items))
+    if any(rule.endswith("VALUE_TEXT? " + closing) for rule in rules):
+        rules.append(f"VALUE_TEXT: {_ANY_TEXT}")
+    return rules
+
+
+def _is_plain_string(schema: Mapping) -> bool:
+    """A parameter written as raw text: its schema allows strings and nothing else."""
+    kind = schema.get("type") if isinstance(schema, Mapping) else None
+    return kind == "string" or kind == ["string"] or (isinstance(schema, Mapping) and "enum" in schema and all(
+        isinstance(value, str) for value in schema["enum"]) and kind in (None, "string"))
 
 
 def _reasoning_rules(reasoning: tuple[str, str] | None, reasoning_open: bool, special_tokens: Mapping[str, int],
@@ -190,7 +237,7 @@ def _reasoning_rules(reasoning: tuple[str, str] | None, reasoning_open: bool, sp
     opener, closer = reasoning
     start = "start: thought body\n" if reasoning_open else "start: thought? body\n"
     opening = "" if reasoning_open else literal(opener) + " "
-    if closer in special_tokens:  # a control token never occurs in text
+    if any(closer.startswith(marker) for marker in special_tokens):  # a control token never occurs in text
         return start, f"thought: {opening}THOUGHT? {literal(closer)} SPACE?\nTHOUGHT: {_ANY_TEXT}\nSPACE: /\\s+/\n"
     # One lexeme from the opening to the closing marker: text that never holds the closer.
     opener_text = "" if reasoning_open else _lark_string(opener) + " "
@@ -200,7 +247,9 @@ def _reasoning_rules(reasoning: tuple[str, str] | None, reasoning_open: bool, sp
 
 def _regex_escape(text: str) -> str:
     """`text` as a Lark /regex/ that matches it (its slashes escaped too)."""
-    return re.escape(text).replace("/", "\\/")
+    escaped = re.escape(text).replace("/", "\\/")
+    # re.escape puts a backslash before a line break; a Lark regex must not hold one raw.
+    return escaped.replace("\\\n", "\\n").replace("\\\t", "\\t").replace("\\\r", "\\r")
 
 
 def _marked_literal(text: str, special_tokens: Mapping[str, int]) -> str:

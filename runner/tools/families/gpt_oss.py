@@ -27,8 +27,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ..family import (CUT_OFF, Call, Family, FamilyParse, ParseContext, Segment, Text, Thought, json_object_text,
-                      settled_text)
+from ..family import (CUT_OFF, Call, CallSyntax, Family, FamilyParse, ParseContext, Segment, Text, Thought,
+                      json_object_text, settled_text)
 
 START, END, MESSAGE, CHANNEL = "<|start|>", "<|end|>", "<|message|>", "<|channel|>"
 CONSTRAIN, CALL, RETURN = "<|constrain|>", "<|call|>", "<|return|>"
@@ -235,4 +235,11 @@ FAMILY = Family(
     markers=MARKERS,
     reasoning=(CHANNEL + "analysis" + MESSAGE, END),
     priority=40,  # before hermes and the generic format; no other template writes <|channel|>
+    # A constrained call: the commentary channel to the function, its JSON, <|call|> (a stop
+    # token: one call per turn, as the model was trained). After its reasoning the model opens
+    # a new message.
+    call_syntax=CallSyntax(call_open=CHANNEL + "commentary to=functions.{name} " + CONSTRAIN + "json" + MESSAGE,
+                           call_close=CALL, separator=START + "assistant",
+                           reasoning=(CHANNEL + "analysis" + MESSAGE, END + START + "assistant"),
+                           constrains_auto=False),
 )
