@@ -4,6 +4,8 @@ model's. Skipped when the header package cannot be fetched (no network, nothing 
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from helpers import TEST_SEED, TEST_THREADS
@@ -59,3 +61,52 @@ def test_generates(tiny_model):
         results = list(runner.run_batch(requests))
     assert len(results) == 2
     assert [result.completion_tokens for result in results] == [6, 6]
+
+
+# --- a real family's syntax end to end: the server, the official client ----------------------
+
+CITY = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
+                                         "parameters": {"type": "object", "properties": {
+                                             "city": {"type": "string", "enum": ["Paris", "Rome", "Oslo"]}},
+                                             "required": ["city"]}}}
+
+
+@pytest.fixture(scope="module")
+def deepseek_client(tiny_model):
+    """`multiseq serve`'s app on the tiny model: its chat template is DeepSeek R1's, so calls are
+    constrained and read in DeepSeek's syntax. Reasoning is not split (--reasoning-format none):
+    a random model given the choice would think until max_tokens; here it must call at once."""
+    import openai
+
+    from helpers import serving
+    from multiseq.server import ServerSettings, create_app
+
+    config = RunnerConfig(model=tiny_model.path, parallel=2, slot_ctx=1024, threads=TEST_THREADS, seed=TEST_SEED,
+                          reasoning_format="none")
+    runner = Runner.on_model(tiny_model, config)
+    assert runner.tool_family["name"] == "deepseek"
+    with serving(create_app(runner, ServerSettings(model_name="tiny"))) as base:
+        yield openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
+    runner.close()
+
+
+def test_a_required_call_in_deepseeks_syntax_comes_back_as_a_tool_call(deepseek_client):
+    messages = [{"role": "user", "content": "What is the weather in Paris?"}]
+    chat = deepseek_client.chat.completions.create(model="tiny", messages=messages, tools=[CITY],
+                                                   tool_choice="required", max_tokens=120, temperature=0,
+                                                   parallel_tool_calls=False)
+    choice = chat.choices[0]
+    assert choice.finish_reason == "tool_calls", choice
+    [call] = choice.message.tool_calls
+    assert call.function.name == "get_weather"
+    assert json.loads(call.function.arguments)["city"] in ("Paris", "Rome", "Oslo")
+    assert not choice.message.content  # the markers and the fenced JSON went to the call, not the text
+    stream = deepseek_client.chat.completions.create(model="tiny", messages=messages, tools=[CITY],
+                                                     tool_choice="required", max_tokens=120, temperature=0,
+                                                     stream=True, parallel_tool_calls=False)
+    chunks = [chunk.choices[0] for chunk in stream if chunk.choices]
+    pieces = [piece for chunk in chunks for piece in chunk.delta.tool_calls or ()]
+    assert "".join(chunk.delta.content or "" for chunk in chunks) == ""
+    assert pieces[0].function.name == "get_weather"
+    assert "".join(piece.function.arguments or "" for piece in pieces) == call.function.arguments
+    assert chunks[-1].finish_reason == "tool_calls"

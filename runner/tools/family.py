@@ -124,10 +124,15 @@ class Family:
     # The formats multiseq's first streaming parser reads (hermes, llama3, mistral, generic): it
     # streams a call's arguments piece by piece, and they have grammars and prompt renderings.
     legacy_format: str | None = None
-    call_syntax: CallSyntax | None = None  # where calls carry JSON arguments: their grammar
+    call_syntax: CallSyntax | None = None  # how calls are written, for their grammar (None: no grammar)
+    variant_call_syntax: Mapping[str, CallSyntax] = field(default_factory=dict)  # by sub-format, where it differs
 
     def matches(self, template: str) -> bool:
         return any(all(part in template for part in fingerprint) for fingerprint in self.fingerprints)
+
+    def syntax_for(self, variant: str | None) -> CallSyntax | None:
+        """The call syntax of a sub-format (the family's own where it has none of its own)."""
+        return self.variant_call_syntax.get(variant, self.call_syntax) if variant else self.call_syntax
 
     def variant_of(self, template: str | None) -> str | None:
         if not template:

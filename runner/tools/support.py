@@ -63,10 +63,11 @@ class ToolSupport:
         choice, parallel = request.effective_tool_choice, request.parallel_tool_calls
         if self.format is not None:
             return tool_grammar(request.tools, choice, parallel, self.format, reasoning=self.reasons)
-        if self.family.call_syntax is None:
+        syntax = self.family.syntax_for(self.variant)
+        if syntax is None:
             return None
         reasoning = self.family.reasoning if self.reasons else None
-        return family_grammar(request.tools, choice, parallel, self.family.call_syntax, self.special_markers,
+        return family_grammar(request.tools, choice, parallel, syntax, self.special_markers,
                               reasoning, reasoning_open=reasoning is not None and self.family.opens_reasoning(prompt))
 
     def parser(self, request: Request, prompt: str = ""):

@@ -40,8 +40,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..family import (CUT_OFF, Call, Family, FamilyParse, ParseContext, Segment, Text, Thought, arguments_json,
-                      held_back, property_schema, typed_value)
+from ..family import (CUT_OFF, Call, CallSyntax, Family, FamilyParse, ParseContext, Segment, Text, Thought,
+                      arguments_json, held_back, property_schema, typed_value)
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 CALLS_BEGIN, CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
@@ -324,5 +324,20 @@ FAMILY = Family(
         "deepseek-v31": (CALLS_BEGIN, SEPARATOR),
         "deepseek-v32": (DSML, "function_calls"),
         "deepseek-v4": (DSML, "tool_calls"),
+    },
+    # Constrained calls, as each sub-format's template writes them back into the history.
+    call_syntax=CallSyntax(block_open=CALLS_BEGIN, call_open=CALL_BEGIN + "{name}" + SEPARATOR, call_close=CALL_END,
+                           block_close=CALLS_END),
+    variant_call_syntax={
+        "deepseek-v3": CallSyntax(block_open=CALLS_BEGIN, call_open=CALL_BEGIN + "function" + SEPARATOR + "{name}\n```json\n",
+                                  call_close="\n```" + CALL_END, separator="\n", block_close=CALLS_END),
+        "deepseek-v32": CallSyntax(block_open=f"<{DSML}function_calls>\n", call_open=f'<{DSML}invoke name="{{name}}">\n',
+                                   call_close=f"</{DSML}invoke>\n", block_close=f"</{DSML}function_calls>",
+                                   parameter_open=f'<{DSML}parameter name="{{key}}" string="{{string}}">',
+                                   parameter_close=f"</{DSML}parameter>\n"),
+        "deepseek-v4": CallSyntax(block_open=f"<{DSML}tool_calls>\n", call_open=f'<{DSML}invoke name="{{name}}">\n',
+                                  call_close=f"</{DSML}invoke>\n", block_close=f"</{DSML}tool_calls>",
+                                  parameter_open=f'<{DSML}parameter name="{{key}}" string="{{string}}">',
+                                  parameter_close=f"</{DSML}parameter>\n"),
     },
 )
