@@ -179,17 +179,20 @@ def test_a_stream_cut_anywhere_gives_the_same_deltas_and_result_as_the_whole_tex
 
 # --- streaming ----------------------------------------------------------------------------------
 
-def test_a_call_starts_as_soon_as_its_name_is_read_and_its_arguments_stream_as_written():
+def test_a_call_is_streamed_only_once_whole_its_start_and_arguments_together():
+    """A call streamed while written could not be taken back if the output were cut off in it
+    (CanIToolCall judges a partial call a client received a failure)."""
     parser = ToolCallParser(HERMES, call_id)
-    assert parser.feed('<tool_call>\n{"name": "get_weath') == []  # the name may go on
-    assert parser.feed('er"') == [ToolCallStart(0, "call_0", "get_weather")]
-    assert parser.feed(', "arguments": {"ci') == [ArgumentsDelta(0, '{"ci')]
-    assert parser.feed('ty": "Paris"}}\n</tool_call>') == [ArgumentsDelta(0, 'ty": "Paris"}')]
+    assert parser.feed('<tool_call>\n{"name": "get_weath') == []
+    assert parser.feed('er"') == []
+    assert parser.feed(', "arguments": {"ci') == []
+    assert parser.feed('ty": "Paris"}}\n</tool_call') == []  # the closing tag may still be something else
+    assert parser.feed('>') == [ToolCallStart(0, "call_0", "get_weather"), ArgumentsDelta(0, '{"city": "Paris"}')]
     assert parser.close() == []
     assert parser.result().tool_calls == calls(("get_weather", '{"city": "Paris"}'))
 
 
-def test_arguments_written_before_the_name_wait_for_it_then_follow_the_start():
+def test_arguments_written_before_the_name_come_with_it():
     parser = ToolCallParser(GENERIC, call_id)
     assert parser.feed('{"tool_calls": [{"arguments": {"q": 1}, ') == []
     assert parser.feed('"name": "search"}]}') == [ToolCallStart(0, "call_0", "search"), ArgumentsDelta(0, '{"q": 1}')]
@@ -302,6 +305,7 @@ def test_text_between_calls_is_content_and_whitespace_between_them_is_dropped():
     (HERMES, 'Hi <tool_call>{"name": "f", "arguments": [1]}</tool_call>', "arguments are not a JSON object"),
     (HERMES, 'Hi <tool_call>{"name": "f"} and then</tool_call>', "not closed by </tool_call>"),
     (HERMES, 'Hi <tool_call>{"name": "f", "arguments": {"a": "b', "cut off"),
+    (LLAMA3, "[f(1)]", "not a Python list of calls with literal keyword arguments"),
     (LLAMA3, '<|python_tag|>brave_search.call(query="x")', "not valid JSON"),
     (MISTRAL, "Hi [TOOL_CALLS]get weather[ARGS]{}", "no [ARGS] after the function name"),
     (MISTRAL, 'Hi [TOOL_CALLS][{"name": "f" "arguments": {}}]', "not valid JSON"),
@@ -317,20 +321,31 @@ def test_a_malformed_call_is_kept_as_content_with_an_error_saying_why(tool_forma
         assert "".join(delta.text for delta in deltas if isinstance(delta, TextDelta)) == result.content
 
 
-def test_a_stream_cut_off_mid_arguments_keeps_the_deltas_it_sent_and_the_text_as_content():
+def test_a_stream_cut_off_mid_arguments_sends_no_call_and_the_text_as_content():
     parser = ToolCallParser(HERMES, call_id)
-    sent = parser.feed('<tool_call>{"name": "get_weather", "arguments": {"city": "Pa')
-    assert sent == [ToolCallStart(0, "call_0", "get_weather"), ArgumentsDelta(0, '{"city": "Pa')]
+    assert parser.feed('<tool_call>{"name": "get_weather", "arguments": {"city": "Pa') == []
     assert merged(parser.close()) == [TextDelta('<tool_call>{"name": "get_weather", "arguments": {"city": "Pa')]
     assert parser.result() == ParsedOutput('<tool_call>{"name": "get_weather", "arguments": {"city": "Pa', None, (),
                                            "the model's tool call was cut off before it ended")
 
 
-def test_calls_before_a_broken_one_are_kept():
+def test_calls_before_a_cut_off_one_are_kept_and_the_cut_off_one_is_dropped():
+    """The cut-off call was one more call, not text for the user (CanIToolCall's
+    truncated-second-parallel-call fixtures expect no content)."""
     result = parse_output(MISTRAL, '[TOOL_CALLS][{"name": "a", "arguments": {}}, {"name": "b", "arguments": {', call_id)
     assert result.tool_calls == calls(("a", "{}"))
     assert result.error == "the model's tool call was cut off before it ended"
-    assert result.content == ', {"name": "b", "arguments": {'
+    assert result.content is None
+
+
+@pytest.mark.parametrize("tool_format, text", [
+    (HERMES, "Let me check. <tool_call>\n"), (MISTRAL, "Let me check.[TOOL_CALLS]"),
+    (LLAMA3, "Let me check. <|python_tag|>"),
+])
+def test_an_output_that_ends_at_a_call_marker_drops_the_marker(tool_format, text):
+    for pieces in ([text], list(text)):
+        deltas, result = feed_pieces(tool_format, pieces, parse_reasoning=False)
+        assert result == ParsedOutput("Let me check.", None, (), "the model's tool call was cut off before it ended")
 
 
 def test_a_missing_comma_between_calls_is_named_in_the_error():

@@ -121,8 +121,9 @@ class Family:
     reasoning: tuple[str, str] | None = None  # the reasoning block's open and close markers
     priority: int = 50  # lower: checked first (more specific families before the ones they contain)
     variants: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # sub-format: strings in its template
-    # The formats multiseq's first streaming parser reads (hermes, llama3, mistral, generic): it
-    # streams a call's arguments piece by piece, and they have grammars and prompt renderings.
+    # The formats multiseq's first streaming parser reads (hermes, llama3, mistral, generic):
+    # their grammars and prompt renderings are that parser's (runner/tools/grammars.py's first
+    # part, prompts.py).
     legacy_format: str | None = None
     call_syntax: CallSyntax | None = None  # how calls are written, for their grammar (None: no grammar)
     variant_call_syntax: Mapping[str, CallSyntax] = field(default_factory=dict)  # by sub-format, where it differs
@@ -169,7 +170,8 @@ def new_parser(family: Family, call_id: Callable[[int], str], context: ParseCont
     if family.legacy_format is not None:
         from .parsers import ToolCallParser
         thinks = family.reasoning is not None and (context.reasoning_open or family.name != "generic")
-        return ToolCallParser(family.legacy_format, call_id, parse_reasoning=thinks)
+        return ToolCallParser(family.legacy_format, call_id, parse_reasoning=thinks,
+                              reasoning_open=context.reasoning_open)
     return OutputParser(family, call_id, context)
 
 

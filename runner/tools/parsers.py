@@ -13,23 +13,29 @@ settles it (or the output has ended), so it cannot depend on where the pieces we
 reasoning streamed so far, `_Calls` the calls; `ToolCallParser` reads each format's grammar.
 
 What is held back, never shown as content until known not to be a call: a suffix that may begin
-a marker (`<tool_call>`, `[TOOL_CALLS]`, `<|python_tag|>`, `</think>`), a leading `{` in the
-JSON-led formats (LLAMA3, GENERIC), whitespace at the end of the content so far (whitespace at
-the edges and between calls is dropped), and -- when reasoning is parsed and the output did not
-open with `<think>` -- all text before the first `</think>` or call, since a template that puts
-`<think>` in the generation prompt makes that text reasoning (the cost: a reply with neither
-is released only when the output ends; pass `parse_reasoning=False` for models that never think).
+a marker (`<tool_call>`, `[TOOL_CALLS]`, `<|python_tag|>`, `</think>`), a leading `{` (LLAMA3,
+GENERIC) or `[name(` (LLAMA3: Llama 4's pythonic calls) at the start of the output, whitespace at
+the end of the content so far (whitespace at the edges and between calls is dropped), and --
+when reasoning is parsed and the output did not open with `<think>` -- all text before the
+first `</think>` or call, since a template that puts `<think>` in the generation prompt makes
+that text reasoning (the cost: a reply with neither is released only when the output ends; pass
+`parse_reasoning=False` for models that never think, `reasoning_open=True` when the prompt is
+known to have opened the block). MISTRAL reads `[THINK]...[/THINK]` at the start as reasoning.
 
+A call is streamed only once whole (its `ToolCallStart` and all its arguments at once): one
+streamed while written could not be taken back if the output were then cut off or malformed.
 Malformed calls never raise: the call is dropped, its raw text and everything after it become
-content, and `ParsedOutput.error` says why. Deltas already streamed for the broken call
-(its `ToolCallStart`, pieces of its arguments) cannot be taken back: a stream's client sees a
-call the final result does not hold. JSON is validated by the standard library; only finding
-where a value ends (strings, escapes, nesting) is scanned by hand.
+content, and `ParsedOutput.error` says why -- except a call cut off by the end of the output
+after whole calls, or with nothing after its opening marker, which is dropped without becoming
+content (the calls stand; a bare marker is no text). JSON is validated by the standard library;
+only finding where a value ends (strings, escapes, nesting) is scanned by hand.
 """
 
 from __future__ import annotations
 
+import ast
 import json
+import re
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -45,8 +51,18 @@ THINK_CLOSE = "</think>"
 HERMES_OPEN = "<tool_call>"
 HERMES_CLOSE = "</tool_call>"
 PYTHON_TAG = "<|python_tag|>"
+PYTHON_START = "<|python_start|>"  # Llama 4 (its calls may also be written bare)
+PYTHON_END = "<|python_end|>"
 MISTRAL_CALLS = "[TOOL_CALLS]"
 MISTRAL_ARGS = "[ARGS]"
+MISTRAL_CALL_ID = "[CALL_ID]"
+MISTRAL_THINK_OPEN = "[THINK]"
+MISTRAL_THINK_CLOSE = "[/THINK]"
+CALL_OPENERS = (HERMES_OPEN, MISTRAL_CALLS, PYTHON_TAG, PYTHON_START)
+
+# Llama 4's pythonic calls: `[name(` begins them, and a text that may still grow into that waits.
+PYTHONIC_START = re.compile(r"\[\s*[A-Za-z_][\w.]*\s*\(")
+PYTHONIC_START_PREFIX = re.compile(r"\[\s*(?:[A-Za-z_][\w.]*\s*)?")
 
 NAME_KEY = "name"
 ARGUMENTS_KEYS = ("arguments", "parameters")  # Llama 3 writes "parameters", the others "arguments"
@@ -63,6 +79,7 @@ NOT_JSON = "the model's tool call is not valid JSON"
 CUT_OFF = "the model's tool call was cut off before it ended"
 NO_NAME = "the model's tool call names no function"
 ARGUMENTS_NOT_OBJECT = "the model's tool call arguments are not a JSON object"
+NOT_PYTHONIC = "the model's tool calls are not a Python list of calls with literal keyword arguments"
 HERMES_UNCLOSED = f"the model's tool call is not closed by {HERMES_CLOSE}"
 MISTRAL_NO_ARGS = f"the model's tool call has no {MISTRAL_ARGS} after the function name"
 GENERIC_UNKNOWN = (f"the model's JSON output holds none of {GENERIC_CALLS_KEY!r}, {GENERIC_CALL_KEY!r} "
@@ -91,15 +108,8 @@ class _JsonValue:
 
 @dataclass
 class _CallInProgress:
-    index: int
-    id: str | None = None
     name: str | None = None
     arguments: str | None = None
-    held_arguments: str = ""  # arguments written before the name, streamed once the name is known
-
-    @property
-    def is_started(self) -> bool:
-        return self.name is not None
 
 
 class _EdgeTrimmer:
@@ -188,40 +198,23 @@ class _TextOutput:
 
 
 class _Calls:
-    """The tool calls of one output: their starts and arguments streamed as deltas (arguments
-    written before the name held until the name is known), and the whole ones kept."""
+    """The tool calls of one output, streamed only once whole: a call's start and its arguments
+    go out together when the model has finished writing it. (A call streamed while written
+    could not be taken back when the output is then cut off or turns out malformed: the client
+    would run a call the model never finished.)"""
 
     def __init__(self, call_id: Callable[[int], str], out: list[Delta]) -> None:
         self._call_id = call_id
         self._out = out  # the parser's deltas not yet taken
-        self._num_started = 0
         self.whole: list[ToolCall] = []
-
-    def new_call(self) -> _CallInProgress:
-        return _CallInProgress(index=self._num_started)
-
-    def start(self, call: _CallInProgress, name: str) -> None:
-        call.name = name
-        call.id = self._call_id(call.index)
-        self._num_started += 1
-        self._out.append(ToolCallStart(call.index, call.id, name))
-        if call.held_arguments:
-            self._out.append(ArgumentsDelta(call.index, call.held_arguments))
-            call.held_arguments = ""
-
-    def emit_arguments(self, call: _CallInProgress, piece: str) -> None:
-        if call.is_started:
-            self._out.append(ArgumentsDelta(call.index, piece))
-        else:
-            call.held_arguments += piece
 
     def finish(self, call: _CallInProgress) -> None:
         """The call is whole: it joins the result (with "{}" for arguments it never wrote)."""
-        if call.arguments is None:
-            call.arguments = NO_ARGUMENTS
-            self.emit_arguments(call, NO_ARGUMENTS)
-        assert call.id is not None and call.name is not None
-        self.whole.append(ToolCall(id=call.id, name=call.name, arguments=call.arguments))
+        assert call.name is not None
+        index = len(self.whole)
+        arguments = call.arguments if call.arguments is not None else NO_ARGUMENTS
+        self.whole.append(ToolCall(id=self._call_id(index), name=call.name, arguments=arguments))
+        self._out += [ToolCallStart(index, self.whole[-1].id, call.name), ArgumentsDelta(index, arguments)]
 
 
 class _StreamReader:
@@ -318,13 +311,13 @@ class _StreamReader:
         yield from self._expect(":", "':' after a key")
         return key
 
-    def _scan_value(self, on_piece: Callable[[str], None] | None = None) -> Steps[_JsonValue]:
+    def _scan_value(self) -> Steps[_JsonValue]:
         """Read one JSON value whole, tracking strings, escapes and nesting to find its end;
-        `on_piece` gets its text as it arrives. json validates it once it is whole."""
+        json validates it once it is whole."""
         first = yield from self._skip_json_whitespace()
         if first is None:
             raise _Malformed(CUT_OFF)
-        start = scanned = handed = self._pos
+        start = scanned = self._pos
         is_scalar = first not in '{["'
         depth = 0
         is_in_string = is_escaped = False
@@ -359,10 +352,6 @@ class _StreamReader:
                 scanned += 1
             if end is None and is_scalar and self._is_closed:
                 end = scanned
-            ready = end if end is not None else scanned
-            if on_piece is not None and ready > handed:
-                on_piece(buf[handed:ready])
-                handed = ready
             if end is None:
                 if self._is_closed:
                     raise _Malformed(CUT_OFF)
@@ -405,13 +394,18 @@ class _StreamReader:
 
 
 class ToolCallParser(_StreamReader):
-    """Streams one output's content, reasoning and tool calls (see the module's docstring)."""
+    """Streams one output's content, reasoning and tool calls (see the module's docstring).
+
+    `parse_reasoning`: the model may reason in <think>...</think> (and a template may have opened
+    the block in the prompt: text before a </think> waits). `reasoning_open`: the prompt did open
+    it, so the output starts as reasoning (all of it when no </think> comes)."""
 
     def __init__(self, tool_format: ToolFormat, call_id: Callable[[int], str],
-                 parse_reasoning: bool = True) -> None:
+                 parse_reasoning: bool = True, reasoning_open: bool = False) -> None:
         self._format = ToolFormat(tool_format)
         super().__init__()
         self._parse_reasoning = parse_reasoning
+        self._reasoning_open = reasoning_open
         self._is_done = False
         self._out: list[Delta] = []
         self._text = _TextOutput(self._out)
@@ -438,7 +432,7 @@ class ToolCallParser(_StreamReader):
         return self._take_deltas()
 
     def result(self) -> ParsedOutput:
-        """The whole output, parsed: what the deltas add up to, less any broken call."""
+        """The whole output, parsed: what the deltas add up to."""
         if not self._is_closed:
             raise ValueError("result() before close(): the output may go on")
         return ParsedOutput(content=self._text.content() or None, reasoning=self._text.reasoning() or None,
@@ -460,21 +454,38 @@ class ToolCallParser(_StreamReader):
         return deltas
 
     def _read_output(self) -> Steps[None]:
-        if self._parse_reasoning:
-            first = yield from self._skip_whitespace()
-            if first is not None and (yield from self._consume_literal(THINK_OPEN)):
-                if (yield from self._text_until((THINK_CLOSE,), self._text.emit_reasoning)) is None:
-                    return  # ended inside the think block: all of it was reasoning
-            else:
-                self._text.may_be_reasoning = True
+        if not (yield from self._leading_reasoning()):
+            return  # ended inside the reasoning block: all of it was reasoning
         if self._format is ToolFormat.HERMES:
             yield from self._marked_calls_body(HERMES_OPEN, self._hermes_block)
         elif self._format is ToolFormat.MISTRAL:
             yield from self._marked_calls_body(MISTRAL_CALLS, self._mistral_calls)
         elif self._format is ToolFormat.LLAMA3:
-            yield from self._json_led_body(self._llama3_calls)
+            yield from self._llama3_body()
         else:
             yield from self._json_led_body(self._generic_object)
+
+    def _leading_reasoning(self) -> Steps[bool]:
+        """The reasoning block the output starts with, if any; False when the output ended in it."""
+        if self._reasoning_open:
+            return (yield from self._text_until((THINK_CLOSE,), self._text.emit_reasoning)) is not None
+        blocks = self._reasoning_blocks()
+        if blocks and (yield from self._skip_whitespace()) is not None:
+            for opener, closer in blocks:
+                if (yield from self._consume_literal(opener)):
+                    return (yield from self._text_until((closer,), self._text.emit_reasoning)) is not None
+        # Mistral's templates never open [THINK] for the model: its text is content from the start.
+        self._text.may_be_reasoning = self._parse_reasoning and self._format is not ToolFormat.MISTRAL
+        return True
+
+    def _reasoning_blocks(self) -> tuple[tuple[str, str], ...]:
+        """The reasoning delimiters an output of this format may start with."""
+        blocks = ((THINK_OPEN, THINK_CLOSE),) if self._parse_reasoning else ()
+        if self._format is ToolFormat.MISTRAL:
+            # [THINK] is a control token (Magistral, Ministral 3 Reasoning): never text, always
+            # reasoning; Magistral 2506 wrote <think> as text.
+            blocks = ((MISTRAL_THINK_OPEN, MISTRAL_THINK_CLOSE), *blocks)
+        return blocks
 
     # --- the bodies of the formats ----------------------------------------------------------
 
@@ -485,20 +496,48 @@ class ToolCallParser(_StreamReader):
                 return
 
     def _json_led_body(self, read_calls: Callable[[], Steps[None]]) -> Steps[None]:
-        """Calls when the output starts with `{` (or, in LLAMA3, <|python_tag|>); else text (LLAMA3, GENERIC)."""
+        """Calls when the output starts with `{`; else text (GENERIC)."""
         while True:
             first = yield from self._skip_whitespace()
-            start = self._pos  # a broken call's raw text keeps its <|python_tag|>
-            is_call = first == "{" or (self._format is ToolFormat.LLAMA3 and first is not None
-                                       and (yield from self._consume_literal(PYTHON_TAG)))
-            if is_call:
+            if first == "{":
                 self._text.settle_as_content()
-                if (yield from self._guarded(read_calls, start)):
+                if (yield from self._guarded(read_calls, self._pos)):
                     yield from self._text_until((), self._text.emit_content)  # what follows the calls
                 return
             if (yield from self._content_until()) is None:
                 return
             # A </think> ended reasoning whose <think> was in the prompt: the rest may start with a call.
+
+    def _llama3_body(self) -> Steps[None]:
+        """Llama 3's JSON calls and Llama 4's pythonic ones: led by <|python_tag|> or
+        <|python_start|> anywhere, or written bare at the start (`{"name": ...}`, `[name(...)]`)."""
+        at_start = True
+        while True:
+            if at_start:
+                first = yield from self._skip_whitespace()
+                start = self._pos
+                read_calls = None
+                if first == "{":
+                    read_calls = self._llama3_calls
+                elif first == "[" and (yield from self._begins_pythonic_calls()):
+                    read_calls = self._pythonic_calls
+                if read_calls is not None:
+                    self._text.settle_as_content()
+                    if not (yield from self._guarded(read_calls, start)):
+                        return
+                at_start = False
+            markers = (PYTHON_TAG, PYTHON_START) + ((THINK_CLOSE,) if self._text.may_be_reasoning else ())
+            found = yield from self._text_until(markers, self._text.emit_content)
+            if found == THINK_CLOSE:  # reasoning opened by the prompt ended: the rest may start with a call
+                self._text.end_prompt_opened_reasoning()
+                at_start = True
+                continue
+            self._text.settle_as_content()
+            if found is None:
+                return
+            read_calls = self._llama3_calls if found == PYTHON_TAG else self._python_start_calls
+            if not (yield from self._guarded(read_calls, self._pos - len(found))):
+                return
 
     def _content_until(self, *call_markers: str) -> Steps[str | None]:
         """Read content up to the first of `call_markers`: the marker, or None at the end. While
@@ -515,8 +554,10 @@ class ToolCallParser(_StreamReader):
         return found
 
     def _guarded(self, read_calls: Callable[[], Steps[None]], start: int) -> Steps[bool]:
-        """Read calls starting at `start`; whether they were whole. If not, their raw text and
-        everything after it is content, and the error says why."""
+        """Read calls starting at `start`; whether they were whole. A call cut off by the end of
+        the output is dropped where it follows whole calls (it was one more call, not text) or
+        is only its opening marker; otherwise a broken call's raw text and everything after it
+        is content. Either way the error says why."""
         whitespace_before = self._text.take_pending_whitespace()
         self._raw_start = start
         try:
@@ -524,6 +565,9 @@ class ToolCallParser(_StreamReader):
             return True
         except _Malformed as problem:
             self._error = self._error or problem.reason
+            if problem.reason == CUT_OFF and (self._calls.whole or self._buf[self._raw_start:].strip() in CALL_OPENERS):
+                self._pos = len(self._buf)
+                return False
             before = whitespace_before if self._raw_start == start else ""
             self._text.emit_content(before + self._buf[self._raw_start:self._pos])
             yield from self._text_until((), self._text.emit_content)
@@ -543,7 +587,7 @@ class ToolCallParser(_StreamReader):
         self._commit(call)
 
     def _mistral_calls(self) -> Steps[None]:
-        """After [TOOL_CALLS]: a JSON array of call objects, or `name[ARGS]{...}`."""
+        """After [TOOL_CALLS]: a JSON array of call objects, or `name[CALL_ID]id[ARGS]{...}`."""
         first = yield from self._skip_json_whitespace()
         if first == "[":
             yield from self._call_array()
@@ -560,6 +604,64 @@ class ToolCallParser(_StreamReader):
                 following = yield from self._skip_whitespace()
             if following != "{":
                 return
+
+    def _python_start_calls(self) -> Steps[None]:
+        """After Llama 4's <|python_start|>: its calls (pythonic, or JSON), then <|python_end|>."""
+        first = yield from self._skip_whitespace()
+        if first == "[":
+            yield from self._pythonic_calls()
+        else:
+            yield from self._llama3_calls()
+        yield from self._skip_whitespace()
+        if not (yield from self._consume_literal(PYTHON_END)) and self._is_at_end_inside(PYTHON_END):
+            self._pos = len(self._buf)
+
+    def _begins_pythonic_calls(self) -> Steps[bool]:
+        """Whether the `[` at the read position begins Llama 4's `[name(`; waits until the text
+        settles it, and consumes nothing (a `[` that begins no call is content)."""
+        while not PYTHONIC_START.match(self._buf, self._pos):
+            if self._is_closed or not PYTHONIC_START_PREFIX.fullmatch(self._buf, self._pos):
+                return False
+            yield
+        return True
+
+    def _pythonic_calls(self) -> Steps[None]:
+        """Llama 4's `[name(key=value, ...), ...]`, the values Python literals: read whole, then
+        every call in it (made only when the whole list reads)."""
+        text = yield from self._scan_python_list()
+        for name, arguments in _pythonic_call_list(text):
+            self._commit(_CallInProgress(name, arguments))
+
+    def _scan_python_list(self) -> Steps[str]:
+        """The text of the Python list at the read position (tracking strings, escapes and
+        nesting to find its end)."""
+        start = scanned = self._pos
+        depth = 0
+        quote = None
+        is_escaped = False
+        while True:
+            while scanned < len(self._buf):
+                char = self._buf[scanned]
+                scanned += 1
+                if quote is not None:
+                    if is_escaped:
+                        is_escaped = False
+                    elif char == "\\":
+                        is_escaped = True
+                    elif char == quote:
+                        quote = None
+                elif char in "'\"":
+                    quote = char
+                elif char in "([{":
+                    depth += 1
+                elif char in ")]}":
+                    depth -= 1
+                    if depth == 0:
+                        self._pos = scanned
+                        return self._buf[start:scanned]
+            if self._is_closed:
+                raise _Malformed(CUT_OFF)
+            yield
 
     def _generic_object(self) -> Steps[None]:
         """{"tool_calls": [...]}, {"tool_call": {...}} or {"response": "text"}."""
@@ -599,10 +701,9 @@ class ToolCallParser(_StreamReader):
                 raise _Malformed(f"{NOT_JSON}: expected ',' or ']' after a call, found {following!r}")
 
     def _call_object(self) -> Steps[_CallInProgress]:
-        """One {"name": ..., "arguments": {...}} object (other keys are skipped), its start and
-        arguments streamed as they are read."""
+        """One {"name": ..., "arguments": {...}} object (other keys are skipped)."""
         yield from self._expect("{", "'{' to begin the call")
-        call = self._calls.new_call()
+        call = _CallInProgress()
         is_first = True
         while (key := (yield from self._next_key(is_first))) is not None:
             is_first = False
@@ -610,9 +711,9 @@ class ToolCallParser(_StreamReader):
                 name = (yield from self._scan_value()).value
                 if not isinstance(name, str) or not name:
                     raise _Malformed(NO_NAME)
-                self._calls.start(call, name)
+                call.name = name
             elif key in ARGUMENTS_KEYS and call.arguments is None:
-                call.arguments = yield from self._arguments(call)
+                call.arguments = yield from self._arguments()
             else:
                 yield from self._scan_value()
         if call.name is None:
@@ -620,34 +721,35 @@ class ToolCallParser(_StreamReader):
         return call
 
     def _named_call(self) -> Steps[_CallInProgress]:
-        """Mistral's newer `name[ARGS]{...}`."""
+        """Mistral's newer `name[ARGS]{...}`, with `[CALL_ID]id` before [ARGS] where the model
+        writes its call's id (Mistral Small 3.2)."""
+        name = yield from self._word(FUNCTION_NAME_PUNCTUATION)
+        if (yield from self._consume_literal(MISTRAL_CALL_ID)):
+            yield from self._word("")  # the call's id: ours are the server's
+        if not (yield from self._consume_literal(MISTRAL_ARGS)):
+            raise _Malformed(CUT_OFF if self._is_at_end_inside(MISTRAL_ARGS) else MISTRAL_NO_ARGS)
+        if not name:
+            raise _Malformed(NO_NAME)
+        return _CallInProgress(name, (yield from self._arguments()))
+
+    def _word(self, punctuation: str) -> Steps[str]:
+        """Letters, digits and `punctuation` from the read position (consumed)."""
         start = self._pos
         while True:
             if not (yield from self._has_unread()):
                 raise _Malformed(CUT_OFF)
             char = self._buf[self._pos]
-            if not (char.isalnum() or char in FUNCTION_NAME_PUNCTUATION):
-                break
+            if not (char.isalnum() or char in punctuation):
+                return self._buf[start:self._pos]
             self._pos += 1
-        name = self._buf[start:self._pos]
-        if not (yield from self._consume_literal(MISTRAL_ARGS)):
-            raise _Malformed(CUT_OFF if self._is_at_end_inside(MISTRAL_ARGS) else MISTRAL_NO_ARGS)
-        if not name:
-            raise _Malformed(NO_NAME)
-        call = self._calls.new_call()
-        self._calls.start(call, name)
-        call.arguments = yield from self._arguments(call)
-        return call
 
-    def _arguments(self, call: _CallInProgress) -> Steps[str]:
-        """The arguments' JSON text: an object streamed as written, or a string holding one unwrapped."""
+    def _arguments(self) -> Steps[str]:
+        """The arguments' JSON text: an object as written, or a string holding one unwrapped."""
         first = yield from self._skip_json_whitespace()
         if first == "{":
-            return (yield from self._scan_value(lambda piece: self._calls.emit_arguments(call, piece))).text
+            return (yield from self._scan_value()).text
         if first == '"':
-            arguments = _unwrap_arguments((yield from self._scan_value()).value)
-            self._calls.emit_arguments(call, arguments)
-            return arguments
+            return _unwrap_arguments((yield from self._scan_value()).value)
         if first is None:
             raise _Malformed(CUT_OFF)
         raise _Malformed(ARGUMENTS_NOT_OBJECT)
@@ -681,6 +783,51 @@ def _excerpt(text: str) -> str:
     if len(text) <= ERROR_EXCERPT_CHARS:
         return text
     return text[:ERROR_EXCERPT_CHARS] + "..."
+
+
+def _pythonic_call_list(text: str) -> list[tuple[str, str]]:
+    """Llama 4's `[name(key=value, ...), ...]` as (name, arguments JSON text) pairs; the values
+    are Python literals (strings in either quote, True, None, dicts, lists)."""
+    try:
+        tree = ast.parse(text, mode="eval").body
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        raise _Malformed(NOT_PYTHONIC) from None
+    if not isinstance(tree, ast.List):
+        raise _Malformed(NOT_PYTHONIC)
+    calls = []
+    for node in tree.elts:
+        name = _dotted_name(node.func) if isinstance(node, ast.Call) else None
+        if name is None or node.args or any(keyword.arg is None for keyword in node.keywords):
+            raise _Malformed(NOT_PYTHONIC)
+        try:
+            arguments = {keyword.arg: _json_value(ast.literal_eval(keyword.value)) for keyword in node.keywords}
+        except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError):
+            raise _Malformed(NOT_PYTHONIC) from None
+        calls.append((name, json.dumps(arguments, ensure_ascii=False)))
+    return calls
+
+
+def _dotted_name(node: ast.expr) -> str | None:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        owner = _dotted_name(node.value)
+        return None if owner is None else f"{owner}.{node.attr}"
+    return None
+
+
+def _json_value(value: Any) -> Any:
+    """A Python literal as the JSON value it stands for (tuples are arrays); ValueError where
+    JSON has none (sets, bytes, complex numbers, NaN, keys that are not strings)."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float) and value == value and abs(value) != float("inf"):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_json_value(item) for item in value]
+    if isinstance(value, dict) and all(isinstance(key, str) for key in value):
+        return {key: _json_value(item) for key, item in value.items()}
+    raise ValueError(f"{type(value).__name__} is not JSON")
 
 
 def _unwrap_arguments(value: Any) -> str:

@@ -77,7 +77,8 @@ class ToolSupport:
         if not request.uses_tools and not reads_reasoning:
             return None
         if self.format is not None:
-            return ToolCallParser(self.format, new_call_id, parse_reasoning=self.reasons)
+            return ToolCallParser(self.format, new_call_id, parse_reasoning=self.reasons,
+                                  reasoning_open=self.reasons and self.family.opens_reasoning(prompt))
         return output_parser(self.family, tools=request.tools or (), prompt=prompt, variant=self.variant)
 
     def marker_tokens(self, backend: Backend) -> dict[int, bytes]:

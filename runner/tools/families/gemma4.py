@@ -1,0 +1,265 @@
+"""Gemma 4: calls in Gemma's object notation between <|tool_call> and <tool_call|>, reasoning in
+the thought channel.
+
+    <|channel>thought
+    The user wants the weather.<channel|><|tool_call>call:get_weather{city:<|"|>Paris<|"|>,days:3}<tool_call|>
+
+A call is `call:NAME{...}`: keys bare (they may hold spaces), strings between <|"|> markers (which
+may hold any text, markers included), numbers, true, false and null bare, objects and arrays
+nested. Several calls follow one another; text may come before and after them. The template's
+generation prompt ends with an empty thought channel (`<|channel>thought\\n<channel|>`) when
+thinking is off; with thinking on the model opens the channel itself.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from ..family import (CUT_OFF, Call, Family, FamilyParse, ParseContext, Segment, Text, Thought, arguments_json,
+                      settled_text)
+
+CALL_OPEN = "<|tool_call>"
+CALL_CLOSE = "<tool_call|>"
+QUOTE = '<|"|>'  # opens and closes a string
+CHANNEL_OPEN = "<|channel>"
+CHANNEL_CLOSE = "<channel|>"
+THOUGHT = "thought"  # the channel's name, written after its opener
+# Markers that may interrupt content: a call, a thought channel, and a stray end of a channel
+# (dropped: llama.cpp's tests have the model write one after an empty thought).
+CONTENT_MARKERS = (CALL_OPEN, CHANNEL_OPEN, CHANNEL_CLOSE)
+
+UNREADABLE = "the model's tool call is not in Gemma's call:NAME{...} notation"
+CALL_HEAD = re.compile(r"\s*call:([\w.\-]+)(?=\s*\{)")
+OBJECT_KEY_ENDS = ":{}[],<"  # a bare key never holds these
+
+
+class _NotNotation(ValueError):
+    """The text is not a call in the notation."""
+
+
+def parse(text: str, context: ParseContext) -> FamilyParse:
+    segments: list[Segment] = []
+    error: str | None = None
+    position: int | None = 0
+    if context.reasoning_open:  # the prompt wrote `<|channel>thought\n`: the output starts as reasoning
+        position = _read_thought(text, 0, context, segments, named=False)
+    while position is not None:
+        marker_at, marker = _first_marker(text, position)
+        if marker is None:
+            _add_text(segments, settled_text(text[position:], context, CONTENT_MARKERS))
+            break
+        _add_text(segments, text[position:marker_at])
+        if marker == CHANNEL_CLOSE:
+            position = marker_at + len(marker)
+        elif marker == CHANNEL_OPEN:
+            position = _read_thought(text, marker_at + len(marker), context, segments, named=True)
+        else:
+            position, problem = _read_call(text, marker_at, context, segments)
+            error = error or problem
+    return FamilyParse(tuple(segments), error)
+
+
+def _first_marker(text: str, start: int) -> tuple[int, str | None]:
+    found = [(at, marker) for marker in CONTENT_MARKERS if (at := text.find(marker, start)) >= 0]
+    return min(found) if found else (-1, None)
+
+
+def _add_text(segments: list[Segment], text: str) -> None:
+    if text:
+        segments.append(Text(text))
+
+
+# --- reasoning -----------------------------------------------------------------------------------
+
+def _read_thought(text: str, start: int, context: ParseContext, segments: list[Segment], named: bool) -> int | None:
+    """The thought channel from `start` (after its opener) to <channel|>: where the text after it
+    starts, or None when the output ended (or may still go on) inside it."""
+    start = _after_channel_name(text, start, context, named)
+    if start is None:
+        return None
+    end = text.find(CHANNEL_CLOSE, start)
+    if end < 0:
+        segments.append(Thought(settled_text(text[start:], context, (CHANNEL_CLOSE,))))
+        return None
+    segments.append(Thought(text[start:end]))
+    return end + len(CHANNEL_CLOSE)
+
+
+def _after_channel_name(text: str, start: int, context: ParseContext, named: bool) -> int | None:
+    """Past the channel's name (`thought`) and any repeated opener (llama.cpp's tests have the
+    model write `<|channel><|channel>thought`); None while the text may still be one of them."""
+    while True:
+        rest = text[start:]
+        if rest.startswith(CHANNEL_OPEN):
+            start += len(CHANNEL_OPEN)
+            named = True
+        elif named and rest.startswith(THOUGHT):
+            return start + len(THOUGHT)
+        elif not context.final and (CHANNEL_OPEN.startswith(rest) or (named and THOUGHT.startswith(rest))):
+            return None
+        else:
+            return start
+
+
+# --- calls ---------------------------------------------------------------------------------------
+
+def _read_call(text: str, start: int, context: ParseContext, segments: list[Segment]) -> tuple[int | None, str | None]:
+    """The call whose <|tool_call> is at `start`: (where the text after it starts, or None while
+    it has not ended; the error when it is given back as content or dropped)."""
+    body_start = start + len(CALL_OPEN)
+    end = _call_end(text, body_start)
+    if end >= 0:
+        try:
+            segments.append(_call(text[body_start:end]))
+        except _NotNotation:
+            segments.append(Text(text[start:end + len(CALL_CLOSE)]))  # the raw text, as the model wrote it
+            return end + len(CALL_CLOSE), UNREADABLE
+        return end + len(CALL_CLOSE), None
+    if not context.final:
+        return None, None  # the call goes on: it waits
+    try:  # the output ended after a whole call whose <tool_call|> it never wrote
+        segments.append(_call(text[body_start:]))
+        return None, None
+    except _NotNotation:
+        pass
+    # Cut off. After whole calls it was one more call, and a bare opener is no text: neither is
+    # content. Otherwise its raw text is.
+    if not any(isinstance(segment, Call) for segment in segments) and text[body_start:].strip():
+        segments.append(Text(text[start:]))
+    return None, CUT_OFF
+
+
+def _call_end(text: str, start: int) -> int:
+    """Where the call's <tool_call|> is (not inside a string), or -1 when the text has none yet."""
+    position = start
+    while True:
+        close = text.find(CALL_CLOSE, position)
+        quote = text.find(QUOTE, position)
+        if quote < 0 or 0 <= close < quote:
+            return close
+        string_end = text.find(QUOTE, quote + len(QUOTE))
+        if string_end < 0:
+            return -1
+        position = string_end + len(QUOTE)
+
+
+def _call(body: str) -> Call:
+    """`call:NAME{...}` (the text between the call's markers) as a Call."""
+    head = CALL_HEAD.match(body)
+    if head is None:
+        raise _NotNotation(body)
+    arguments, end = _value(body, head.end())
+    if not isinstance(arguments, dict) or body[end:].strip():
+        raise _NotNotation(body)
+    return Call(head.group(1), arguments_json(arguments))
+
+
+# --- the object notation -------------------------------------------------------------------------
+
+def _value(text: str, start: int) -> tuple[Any, int]:
+    """The value at `start` (after whitespace) and where it ends."""
+    start = _skip_space(text, start)
+    if text.startswith(QUOTE, start):
+        return _string(text, start)
+    if text.startswith("{", start):
+        return _object(text, start + 1)
+    if text.startswith("[", start):
+        return _array(text, start + 1)
+    return _scalar(text, start)
+
+
+def _string(text: str, start: int) -> tuple[str, int]:
+    end = text.find(QUOTE, start + len(QUOTE))
+    if end < 0:
+        raise _NotNotation(text[start:])
+    return text[start + len(QUOTE):end], end + len(QUOTE)
+
+
+def _object(text: str, start: int) -> tuple[dict[str, Any], int]:
+    """The members after `{` up to its `}`."""
+    members: dict[str, Any] = {}
+    position = _skip_space(text, start)
+    if text.startswith("}", position):
+        return members, position + 1
+    while True:
+        key, position = _key(text, position)
+        members[key], position = _value(text, position)
+        position = _skip_space(text, position)
+        if text.startswith("}", position):
+            return members, position + 1
+        if not text.startswith(",", position):
+            raise _NotNotation(text[position:])
+        position = _skip_space(text, position + 1)
+
+
+def _key(text: str, start: int) -> tuple[str, int]:
+    """A key and its `:`: bare text (spaces allowed), or a string."""
+    if text.startswith(QUOTE, start):
+        key, position = _string(text, start)
+        position = _skip_space(text, position)
+    else:
+        position = start
+        while position < len(text) and text[position] not in OBJECT_KEY_ENDS:
+            position += 1
+        key = text[start:position].strip()
+    if not key or not text.startswith(":", position):
+        raise _NotNotation(text[start:])
+    return key, position + 1
+
+
+def _array(text: str, start: int) -> tuple[list[Any], int]:
+    """The items after `[` up to its `]`."""
+    items: list[Any] = []
+    position = _skip_space(text, start)
+    if text.startswith("]", position):
+        return items, position + 1
+    while True:
+        item, position = _value(text, position)
+        items.append(item)
+        position = _skip_space(text, position)
+        if text.startswith("]", position):
+            return items, position + 1
+        if not text.startswith(",", position):
+            raise _NotNotation(text[position:])
+        position += 1
+
+
+def _scalar(text: str, start: int) -> tuple[Any, int]:
+    """A bare number, true, false or null (up to the `,`, `}` or `]` after it)."""
+    end = start
+    while end < len(text) and text[end] not in ",}]":
+        end += 1
+    raw = text[start:end].strip()
+    try:
+        value = json.loads(raw, parse_constant=_no_constant)
+    except ValueError:
+        raise _NotNotation(raw) from None
+    if isinstance(value, (dict, list, str)):
+        raise _NotNotation(raw)
+    return value, end
+
+
+def _skip_space(text: str, position: int) -> int:
+    while position < len(text) and text[position].isspace():
+        position += 1
+    return position
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+FAMILY = Family(
+    name="gemma4",
+    description="<|tool_call>call:NAME{key:<|\"|>text<|\"|>,n:1}<tool_call|>, "
+                "reasoning in <|channel>thought...<channel|> (Gemma 4)",
+    parse=parse,
+    fingerprints=((CALL_OPEN, CALL_CLOSE),),
+    markers=(CALL_OPEN, CALL_CLOSE, QUOTE, CHANNEL_OPEN, CHANNEL_CLOSE, "<|tool_response>", "<tool_response|>",
+             "<|turn>", "<turn|>", "<|think|>"),
+    # The opener with the channel's name: a prompt that ends with it opened the channel for the model.
+    reasoning=(CHANNEL_OPEN + THOUGHT, CHANNEL_CLOSE),
+    priority=40,
+)
