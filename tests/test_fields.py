@@ -102,7 +102,9 @@ def test_completions_logprobs_is_a_count_of_alternatives():
     ({"messages": chat(), "stop": "x" * 257}, None, "stop", "at most 256"),
     ({"messages": chat(), "max_tokens": 4, "min_tokens": 5}, None, "min_tokens", "at most max_tokens"),
     ({"messages": chat(), "repetition_penalty": 0}, None, "repetition_penalty", "repetition_penalty must be"),
-    ({"messages": chat(), "chat_template_kwargs": {}}, None, "chat_template_kwargs", "unknown field"),
+    ({"messages": chat(), "chat_template_kwargs": {"messages": []}}, None, "chat_template_kwargs", "may not set"),
+    ({"messages": chat(), "chat_template_kwargs": ["x"]}, None, "chat_template_kwargs", "must be an object"),
+    ({"messages": chat(), "reasoning_effort": "extreme"}, None, "reasoning_effort", "must be one of"),
 ])
 def test_a_field_that_cannot_run_fails_its_line_naming_the_field(body, url, param, words):
     item = openai_line(body, url=url or "/v1/chat/completions")

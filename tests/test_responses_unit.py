@@ -167,7 +167,9 @@ def test_fields_codex_sends_are_accepted_and_unknown_ones_ignored():
         "model": MODEL, "input": "Hi", "reasoning": {"effort": "low", "summary": "auto"},
         "include": ["reasoning.encrypted_content"], "metadata": {"k": "v"}, "user": "u", "prompt_cache_key": "abc",
         "service_tier": "auto", "truncation": "auto", "store": False, "stream": True, "a_field_from_next_year": 1})
-    assert chat_body(request, []) == {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}]}
+    # The effort reaches the chat template (a thinking model's switch); the rest is not the model's.
+    assert chat_body(request, []) == {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}],
+                                      "reasoning_effort": "low"}
     assert request.is_stream and not request.is_stored and request.echo["metadata"] == {"k": "v"}
 
 

@@ -16,7 +16,7 @@ from .fields import ItemError
 
 TOOL_FIELDS = frozenset({"tools", "tool_choice", "parallel_tool_calls", "functions", "function_call",
                          "reasoning_effort", "chat_template_kwargs"})
-REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high")
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 # Names the chat template is rendered with already: options may not replace them.
 RESERVED_TEMPLATE_NAMES = frozenset({"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"})
 MAX_TOOLS = 1024  # more than any agent sends (Claude Code: ~100); bounds the grammar's size
@@ -62,9 +62,9 @@ def template_options(body: dict[str, Any]) -> dict[str, Any]:
             raise ItemError(f"'reasoning_effort' must be one of {', '.join(REASONING_EFFORTS)}, got {json.dumps(effort)}",
                             "reasoning_effort")
         thinks = effort != "none"
-        # gpt-oss knows low, medium and high; the least of them stands for none and minimal.
-        options = {"enable_thinking": thinks, "thinking": thinks,
-                   "reasoning_effort": effort if effort in ("low", "medium", "high") else "low"}
+        # gpt-oss knows low, medium and high: the nearest of them stands for the others.
+        nearest = {"none": "low", "minimal": "low", "xhigh": "high"}.get(effort, effort)
+        options = {"enable_thinking": thinks, "thinking": thinks, "reasoning_effort": nearest}
     extra = body.get("chat_template_kwargs")
     if extra is not None:
         if not isinstance(extra, dict) or not all(isinstance(key, str) for key in extra):
