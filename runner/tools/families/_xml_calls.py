@@ -1,0 +1,361 @@
+"""The reader shared by the families whose calls are XML-like tags (qwen3-xml, minimax-m2,
+seed-oss): a block marker around one or more functions, each with its parameters as tags whose
+text is the value, and a reasoning block before them.
+
+    <tool_call>                      block_open
+    <function=get_weather>           function_open NAME >
+    <parameter=city>                 parameter_open KEY >
+    Paris                            the value: plain text, typed by the tool's schema
+    </parameter>                     parameter_close
+    </function>                      function_close
+    </tool_call>                     block_close
+
+A family gives its `XmlCallSyntax`; `parse_xml_calls` is its parse (see family.py for the
+contract: while the output grows, only what more text cannot change).
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..family import (CUT_OFF, Call, FamilyParse, ParseContext, Segment, Text, Thought, arguments_json,
+                      property_schema, settled_text, typed_value)
+
+
+@dataclass(frozen=True)
+class XmlCallSyntax:
+    block_open: str  # "<tool_call>"
+    block_close: str  # "</tool_call>"
+    function_open: str  # "<function=": the tag's start; the name follows, up to ">"
+    function_close: str  # "</function>"
+    parameter_open: str  # "<parameter=": the key follows, up to ">"
+    parameter_close: str = "</parameter>"
+    reasoning: tuple[str, str] | None = None  # the reasoning block's open and close markers
+    # Markers inside the reasoning that are not part of it (Seed-OSS's budget reflections):
+    # dropped, their text kept.
+    reasoning_tags: tuple[str, ...] = ()
+    end_tokens: tuple[str, ...] = ()  # role and end-of-turn tokens: the output ends there
+    # One newline on each side of a value is markup (the template writes "<parameter=k>\nv\n</parameter>").
+    newline_around_values: bool = True
+    # A function tag at the start of a line opens a call without block_open (Qwen3-Coder skips it).
+    bare_function: bool = False
+
+    @property
+    def reasoning_ends(self) -> tuple[str, ...]:
+        # A call ends an unclosed reasoning block (Qwen3.5 calls without closing </think>).
+        return (self.reasoning[1], self.block_open) if self.reasoning else ()
+
+    @property
+    def markers(self) -> tuple[str, ...]:
+        reasoning = self.reasoning or ()
+        return (self.block_open, self.block_close, self.function_open, self.function_close, self.parameter_open,
+                self.parameter_close, *reasoning, *self.reasoning_tags, *self.end_tokens)
+
+
+def parse_xml_calls(syntax: XmlCallSyntax, text: str, context: ParseContext) -> FamilyParse:
+    text = _before_end_token(text, syntax.end_tokens)
+    segments, body = _split_reasoning(syntax, text, context)
+    if body is None:
+        return FamilyParse(tuple(segments))
+    body_segments, error = _read_body(syntax, body, context)
+    return FamilyParse(tuple(segments + body_segments), error)
+
+
+# --- reasoning -------------------------------------------------------------------------------------
+
+def _before_end_token(text: str, end_tokens: Sequence[str]) -> str:
+    ends = [index for index in (text.find(token) for token in end_tokens) if index >= 0]
+    return text[:min(ends)] if ends else text
+
+
+def _split_reasoning(syntax: XmlCallSyntax, text: str, context: ParseContext) -> tuple[list[Segment], str | None]:
+    """(the reasoning, the text after it); None after it while the reasoning's end is unknown."""
+    if syntax.reasoning is None:
+        return [], text
+    opener, _ = syntax.reasoning
+    stripped = text.lstrip()
+    inside = context.reasoning_open
+    if stripped.startswith(opener):
+        inside, text = True, stripped[len(opener):]
+    elif not context.final and opener.startswith(stripped):
+        return [], None  # may still open (or is the reasoning's first characters): wait
+    if not inside:
+        return [], text
+    end, after = _reasoning_end(syntax, text, context.final)
+    if after is not None:
+        return [Thought(_without_tags(text[:end], syntax.reasoning_tags))], text[after:]
+    held = (*syntax.reasoning_ends, *syntax.reasoning_tags, *syntax.end_tokens)
+    thought = _without_tags(settled_text(text[:end], context, held), syntax.reasoning_tags)
+    return [Thought(thought)], ("" if context.final else None)
+
+
+def _reasoning_end(syntax: XmlCallSyntax, text: str, final: bool) -> tuple[int, int | None]:
+    """Where the reasoning ends and where the text after it starts (None: not yet known; the
+    reasoning is then known up to the end). Its close marker ends it; so does a call opener
+    followed by a function tag (the call stays in the text after), but not one the reasoning
+    only mentions ("I should use <tool_call> here")."""
+    closer, opener = syntax.reasoning_ends
+    close = text.find(closer)
+    limit = len(text) if close < 0 else close
+    start = text.find(opener, 0, limit)
+    while start >= 0:
+        tag = _skip_space(text, start + len(opener))
+        if text.startswith(syntax.function_open, tag):
+            return start, start
+        if not final and _may_begin(text[tag:], (syntax.function_open,)):
+            return start, None  # may be a call: the reasoning is known up to its opener
+        start = text.find(opener, start + 1, limit)
+    return (close, close + len(closer)) if close >= 0 else (len(text), None)
+
+
+def _without_tags(text: str, tags: Sequence[str]) -> str:
+    for tag in tags:
+        text = text.replace(tag, "")
+    return text
+
+
+# --- content and calls -----------------------------------------------------------------------------
+
+@dataclass
+class _Block:
+    """What a call block (from its opener) gave: the functions read, where the block ends
+    (None: not complete), where the unread text starts, and why it cannot be read (None:
+    complete, or waiting for more text)."""
+
+    calls: list[Call] = field(default_factory=list)
+    end: int | None = None
+    unread: int = 0
+    problem: str | None = None
+
+
+def _read_body(syntax: XmlCallSyntax, body: str, context: ParseContext) -> tuple[list[Segment], str | None]:
+    """Content and calls after the reasoning."""
+    segments: list[Segment] = []
+    error = None
+    text_from = search_from = 0
+    while (start := _next_block(syntax, body, search_from)) is not None:
+        bare = not body.startswith(syntax.block_open, start)
+        block = _read_block(syntax, body, start, bare, context)
+        if bare and block.end is None:
+            if block.problem is not None:  # a function tag that opens no call: text
+                search_from = start + 1
+                continue
+            if not context.final:
+                return _with_text(segments, body[text_from:start]), None
+            return _with_text(segments, body[text_from:]), CUT_OFF
+        segments = _with_text(segments, body[text_from:start]) + block.calls
+        if block.end is not None:
+            text_from = search_from = block.end
+            continue
+        if block.problem is None:  # the output ended (or may still end) inside the block
+            if not context.final:
+                return segments, None
+            leftover = body[block.unread:]
+            # An opener and nothing after it gives nothing (the marker never reaches content).
+            return _with_text(segments, "" if leftover.strip() == syntax.block_open else leftover), CUT_OFF
+        close = body.find(syntax.block_close, block.unread)
+        if close < 0:
+            if not context.final:
+                return segments, None  # where the unreadable block ends is not known yet
+            return _with_text(segments, body[block.unread:]), block.problem
+        end = close + len(syntax.block_close)
+        segments = _with_text(segments, body[block.unread:end])
+        error, text_from, search_from = block.problem, end, end
+    held = (syntax.block_open, *((syntax.function_open,) if syntax.bare_function else ()), *syntax.end_tokens)
+    return _with_text(segments, settled_text(body[text_from:], context, held)), error
+
+
+def _with_text(segments: list[Segment], text: str) -> list[Segment]:
+    return segments + [Text(text)] if text else segments
+
+
+def _next_block(syntax: XmlCallSyntax, body: str, start: int) -> int | None:
+    found = [index for index in [body.find(syntax.block_open, start)] if index >= 0]
+    if syntax.bare_function:
+        bare = body.find(syntax.function_open, start)
+        while bare > 0 and body[bare - 1] != "\n":  # a bare function tag starts a line
+            bare = body.find(syntax.function_open, bare + 1)
+        found += [bare] if bare >= 0 else []
+    return min(found) if found else None
+
+
+def _read_block(syntax: XmlCallSyntax, text: str, start: int, bare: bool, context: ParseContext) -> _Block:
+    block = _Block(unread=start)
+    position = start if bare else start + len(syntax.block_open)
+    while True:
+        position = _skip_space(text, position)
+        if text.startswith(syntax.function_open, position):
+            call, position, block.problem = _read_function(syntax, text, position, context)
+            if call is None:
+                return block
+            block.calls.append(call)
+            block.unread = position
+        elif text.startswith(syntax.block_close, position) and block.calls:
+            block.end = position + len(syntax.block_close)
+            return block
+        else:
+            if not _may_begin(text[position:], (syntax.function_open, syntax.block_close)):
+                block.problem = f"the model's tool call could not be read: {syntax.function_open}NAME> was expected"
+            return block
+
+
+def _read_function(syntax: XmlCallSyntax, text: str, position: int,
+                   context: ParseContext) -> tuple[Call | None, int, str | None]:
+    """A function from its tag: (the call, where it ends, None), or (None, _, why it cannot be
+    read; None while the text so far may still become one)."""
+    name, position, problem = _tag_name(text, position + len(syntax.function_open))
+    if name is None:
+        return None, position, problem
+    schema = context.schema_of(name)
+    arguments: dict[str, Any] = {}
+    while True:
+        position = _skip_space(text, position)
+        if text.startswith(syntax.parameter_open, position):
+            key, position, problem = _tag_name(text, position + len(syntax.parameter_open))
+            if key is None:
+                return None, position, problem
+            end, after = _value_end(syntax, text, position)
+            if end is None:
+                return None, position, None  # the value goes on
+            raw = _value_text(text[position:end], syntax.newline_around_values, closed=after > end)
+            arguments[key] = parameter_value(raw, property_schema(schema, key))
+            position = after
+        elif text.startswith(syntax.function_close, position):
+            return Call(name, arguments_json(arguments)), position + len(syntax.function_close), None
+        elif text.startswith(syntax.block_close, position):
+            return Call(name, arguments_json(arguments)), position, None  # the model left out the function close
+        elif _may_begin(text[position:], (syntax.parameter_open, syntax.function_close, syntax.block_close)):
+            return None, position, None
+        else:
+            return None, position, (f"the model's tool call could not be read: {syntax.parameter_open}KEY> "
+                                    f"or {syntax.function_close} was expected")
+
+
+def _value_end(syntax: XmlCallSyntax, text: str, start: int) -> tuple[int | None, int]:
+    """Where the value from `start` ends, and where the text after its close tag starts (the
+    same place where the close tag was forgotten); (None, _) while it goes on.
+
+    Its close tag counts only when the next tag follows it (values may hold the markers as
+    text: "Close tags inline: </parameter> and </function>"); a parameter tag, or a function
+    close and the block's close, at the start of a line also end a value whose close tag the
+    model forgot. (str.find rather than one regular expression: the output is parsed again
+    after every piece, and this is the part that scans long values.)"""
+    next_tags = (syntax.parameter_open, syntax.function_close, syntax.block_close)
+    closed = _find_followed(text, syntax.parameter_close, start, lambda after: text.startswith(next_tags, after))
+    ends = [] if closed < 0 else [(closed, closed + len(syntax.parameter_close))]
+    for tag, followed in ((syntax.parameter_open, lambda after: True),
+                          (syntax.function_close, lambda after: text.startswith(syntax.block_close, after))):
+        line_start = _find_followed(text, "\n" + tag, start, followed)
+        ends += [] if line_start < 0 else [(line_start + 1, line_start + 1)]
+    return min(ends) if ends else (None, start)
+
+
+def _find_followed(text: str, marker: str, start: int, followed) -> int:
+    """The first `marker` from `start` after which (and whitespace) `followed` holds; -1: none."""
+    found = text.find(marker, start)
+    while found >= 0 and not followed(_skip_space(text, found + len(marker))):
+        found = text.find(marker, found + 1)
+    return found
+
+
+def _tag_name(text: str, position: int) -> tuple[str | None, int, str | None]:
+    """The name that ends a tag (`get_weather>`, `"get_weather">`): (name, after the tag, None),
+    or (None, position, why not: None while the tag may still be completed)."""
+    end = text.find(">", position)
+    written = text[position:] if end < 0 else text[position:end]
+    if "\n" in written or "<" in written:
+        return None, position, "the model's tool call could not be read: a tag's name was not closed by '>'"
+    if end < 0:
+        return None, position, None
+    name = written.strip()
+    if len(name) >= 2 and name[0] == name[-1] and name[0] in "\"'":
+        name = name[1:-1]
+    if not name:
+        return None, position, "the model's tool call could not be read: a tag has no name"
+    return name, end + 1, None
+
+
+def _value_text(raw: str, newline_around: bool, closed: bool) -> str:
+    """The value as the model meant it. Where the template writes a newline on each side,
+    exactly one on each side is markup ("#include\\n\\n</parameter>" is "#include\\n"); a
+    value whose close tag was forgotten ends with the newline before the next tag."""
+    if newline_around and raw.startswith("\n"):
+        raw = raw[1:]
+    if (newline_around or not closed) and raw.endswith("\n"):
+        raw = raw[:-1]
+    return raw
+
+
+def _skip_space(text: str, position: int) -> int:
+    while position < len(text) and text[position].isspace():
+        position += 1
+    return position
+
+
+def _may_begin(text: str, markers: Sequence[str]) -> bool:
+    """Whether `text` (the rest of the output so far) may still grow into one of `markers`."""
+    return any(marker.startswith(text) for marker in markers)
+
+
+# --- values ----------------------------------------------------------------------------------------
+
+_PYTHON_LITERALS = {"True": ("boolean", True), "False": ("boolean", False), "None": ("null", None)}
+
+
+def schema_types(schema: Mapping[str, Any]) -> set[str]:
+    """The JSON types a property's schema allows: its type (or list of types), those of its
+    anyOf/oneOf branches (Pydantic's nullable fields), else those of its enum or const values."""
+    declared = schema.get("type")
+    types = set(declared) if isinstance(declared, list) else {declared} if isinstance(declared, str) else set()
+    for key in ("anyOf", "oneOf"):
+        for branch in schema.get(key) or ():
+            if isinstance(branch, Mapping):
+                types |= schema_types(branch)
+    if not types:
+        values = list(schema.get("enum") or ()) + ([schema["const"]] if "const" in schema else [])
+        types = {_json_type(value) for value in values}
+    return types
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    return {str: "string", list: "array", dict: "object"}.get(type(value), "string")
+
+
+def parameter_value(raw: str, schema: Mapping[str, Any]) -> Any:
+    """A parameter's text as the JSON value its schema asks for. Strings stay text; other types
+    are read as JSON, and where that fails as the Python literals some templates write
+    (`True`, `None`, `{'a': 1}`: they render arguments with Python's str)."""
+    types = schema_types(schema)
+    value = typed_value(raw, {"type": sorted(types)} if types else {})
+    if value is not raw or not types or types <= {"string"}:
+        return value
+    literal = _PYTHON_LITERALS.get(raw.strip())
+    if literal is not None and literal[0] in types:
+        return literal[1]
+    if types & {"object", "array"}:
+        try:
+            parsed = ast.literal_eval(raw.strip())
+        except (ValueError, SyntaxError, MemoryError, RecursionError):
+            return raw
+        if isinstance(parsed, (dict, list)) and _json_safe(parsed):
+            return parsed
+    return raw
+
+
+def _json_safe(value: Any) -> bool:
+    if isinstance(value, dict):
+        return all(isinstance(key, str) and _json_safe(item) for key, item in value.items())
+    if isinstance(value, list):
+        return all(_json_safe(item) for item in value)
+    if isinstance(value, float):
+        return value == value and value not in (float("inf"), float("-inf"))
+    return value is None or isinstance(value, (str, int, bool))
