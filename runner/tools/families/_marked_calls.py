@@ -1,0 +1,304 @@
+"""Pieces shared by the families whose calls sit in marked sections of the output (Granite,
+Command R7B, Apertus, LFM2, Functionary): a reasoning block at the start, content, and
+sections that a marker opens and (mostly) a marker closes, each read into calls.
+
+Not a family (the registry skips modules whose name starts with "_"). Every function is a
+plain function of the text, keeping the parse contract of multiseq.tools.family: while the
+output grows, only what more text cannot change comes back.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..family import CUT_OFF, Call, FamilyParse, ParseContext, Segment, Text, Thought, arguments_json, settled_text
+
+UNREADABLE = "the model's tool call could not be read"
+
+
+# --- sections --------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Calls:
+    """A section read whole: its calls, and where the text after it starts."""
+
+    calls: tuple[Call, ...]
+    end: int
+
+
+@dataclass(frozen=True)
+class Unreadable:
+    """A section that is not a call (cut off, or not in the format): its raw text, up to `end`,
+    is given back as content, and `error` says why."""
+
+    error: str
+    end: int
+
+
+# A section reader: (text, start of its opening marker, that marker, context) -> Calls or
+# Unreadable, or None while the output grows and the section has not ended.
+SectionReader = Callable[[str, int, str, ParseContext], "Calls | Unreadable | None"]
+
+
+def content_and_calls(text: str, context: ParseContext, openers: Sequence[str], read_section: SectionReader,
+                      hidden: Sequence[str] = ()) -> FamilyParse:
+    """Content with call sections in it: every section that one of `openers` starts is read by
+    `read_section`. `hidden`: markers that wrap content (response markers, end-of-turn tokens)
+    and are dropped from it."""
+    segments: list[Segment] = []
+    error: str | None = None
+    position = 0
+    waiting_for = (*openers, *hidden)
+    while True:
+        start, opener = first_of(text, openers, position)
+        if opener is None:
+            # Markers dropped first: what waits is the start of a marker in what is left.
+            segments.append(Text(settled_text(without(text[position:], hidden), context, waiting_for)))
+            return FamilyParse(tuple(segments), error)
+        segments.append(Text(without(text[position:start], hidden)))
+        section = read_section(text, start, opener, context)
+        if section is None:  # not ended yet: everything from here waits
+            return FamilyParse(tuple(segments), error)
+        if isinstance(section, Unreadable):
+            segments.append(Text(text[start:section.end]))  # the raw text, as the model wrote it
+            error = section.error
+        else:
+            segments.extend(section.calls)
+        position = section.end
+
+
+def closed_section(closer: str, read_body: Callable[[str, ParseContext], tuple[Call, ...] | None]) -> SectionReader:
+    """A reader of sections that `closer` ends: the body between the markers read by `read_body`
+    (None: not calls). A section never closed is cut off."""
+    def read(text: str, start: int, opener: str, context: ParseContext) -> Calls | Unreadable | None:
+        body_start = start + len(opener)
+        end = text.find(closer, body_start)
+        if end < 0:
+            return Unreadable(CUT_OFF, len(text)) if context.final else None
+        calls = read_body(text[body_start:end], context)
+        if calls is None:
+            return Unreadable(UNREADABLE, end + len(closer))
+        return Calls(calls, end + len(closer))
+    return read
+
+
+def json_section(read_value: Callable[[Any, ParseContext], tuple[Call, ...] | None],
+                 opener_keeps: int = 0) -> SectionReader:
+    """A reader of sections with no closing marker: the JSON value after the opener ends it.
+    `opener_keeps`: how many of the opener's last characters begin the value (a "[")."""
+    def read(text: str, start: int, opener: str, context: ParseContext) -> Calls | Unreadable | None:
+        found = json_value_at(text, start + len(opener) - opener_keeps)
+        if isinstance(found, JsonCutOff):
+            return Unreadable(CUT_OFF, len(text)) if context.final else None
+        if isinstance(found, JsonBroken):
+            return Unreadable(UNREADABLE, len(text))  # not JSON: what follows is not a call either
+        value, end = found
+        calls = read_value(value, context)
+        if calls is None:
+            return Unreadable(UNREADABLE, end)
+        return Calls(calls, end)
+    return read
+
+
+# --- JSON ------------------------------------------------------------------------------------
+
+class JsonCutOff:
+    """The text ends before the JSON value does."""
+
+
+class JsonBroken:
+    """The text after the marker is not JSON."""
+
+
+_DECODER = json.JSONDecoder(parse_constant=lambda name: _no_constant(name))
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def json_value_at(text: str, start: int) -> tuple[Any, int] | JsonCutOff | JsonBroken:
+    """The JSON value that starts at `start` (after whitespace) and where it ends; JsonCutOff
+    when the text ends inside it, JsonBroken when it is not JSON."""
+    begin = skip_space(text, start)
+    if begin == len(text):
+        return JsonCutOff()
+    try:
+        value, end = _DECODER.raw_decode(text, begin)
+    except json.JSONDecodeError as failure:
+        return JsonCutOff() if _ends_inside(text, begin, failure) else JsonBroken()
+    except ValueError:  # NaN, Infinity
+        return JsonBroken()
+    return value, end
+
+
+def _ends_inside(text: str, begin: int, failure: json.JSONDecodeError) -> bool:
+    """Whether the decoder failed because the text ended inside the value (it is the start of
+    some JSON value), not because of a character JSON does not allow."""
+    return _json_prefix(text, begin)
+
+
+_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
+_LITERALS = ("true", "false", "null")
+
+
+def _json_prefix(text: str, position: int) -> bool:
+    """Whether text[position:] is the start of a JSON value that has not ended."""
+    closing = []  # the brackets still open, innermost last
+    expect = "value"  # value | value-or-close | key | key-or-close | colon | comma-or-close
+    while True:
+        position = skip_space(text, position)
+        if position >= len(text):
+            return True
+        char = text[position]
+        if expect.endswith("close") and char == (closing[-1] if closing else None):
+            closing.pop()
+            position, expect = position + 1, "comma-or-close"
+        elif expect in ("value", "value-or-close"):
+            if char in "{[":
+                closing.append("}" if char == "{" else "]")
+                position, expect = position + 1, "key-or-close" if char == "{" else "value-or-close"
+                continue
+            end = _scalar_end(text, position)
+            if end is None:
+                return False
+            if end >= len(text):
+                return True
+            position, expect = end, "comma-or-close"
+        elif expect in ("key", "key-or-close"):
+            if char != '"':
+                return False
+            end = _string_end(text, position)
+            if end is None:
+                return True
+            position, expect = end, "colon"
+        elif expect == "colon":
+            if char != ":":
+                return False
+            position, expect = position + 1, "value"
+        else:  # comma-or-close, and not the closing bracket
+            if char != "," or not closing:
+                return False
+            position, expect = position + 1, "key" if closing[-1] == "}" else "value"
+        if not closing and expect == "comma-or-close":
+            return False  # a whole value: not cut off (the decoder refused it for another reason)
+
+
+def _scalar_end(text: str, position: int) -> int | None:
+    """Where the string, number or literal at `position` ends (len(text) when the text ends in
+    it); None when none starts there."""
+    if text[position] == '"':
+        end = _string_end(text, position)
+        return len(text) if end is None else end
+    number = _NUMBER.match(text, position)
+    if number:
+        return len(text) if number.end() == len(text) else number.end()
+    if text[position:] == "-":
+        return len(text)
+    for literal in _LITERALS:
+        if text.startswith(literal, position):
+            return position + len(literal)
+        if literal.startswith(text[position:]):
+            return len(text)
+    return None
+
+
+def _string_end(text: str, quote: int) -> int | None:
+    """Just after the string that opens at `quote`; None when the text ends inside it."""
+    position = quote + 1
+    while position < len(text):
+        if text[position] == "\\":
+            position += 2
+        elif text[position] == '"':
+            return position + 1
+        else:
+            position += 1
+    return None
+
+
+def arguments_of(value: Any) -> str | None:
+    """A call's arguments as the JSON text of an object: an object, a string holding one, or
+    nothing (no arguments); None when they are something else."""
+    if value is None:
+        return "{}"
+    if isinstance(value, dict):
+        return arguments_json(value)
+    if isinstance(value, str):
+        try:
+            decoded = json.loads(value)
+        except ValueError:
+            return None
+        return arguments_json(decoded) if isinstance(decoded, dict) else None
+    return None
+
+
+def named_calls(value: Any, name_key: str, arguments_keys: Sequence[str]) -> tuple[Call, ...] | None:
+    """[{name_key: ..., <one of arguments_keys>: {...}}, ...] (or one such object) as calls."""
+    items = value if isinstance(value, list) else [value]
+    calls = []
+    for item in items:
+        if not isinstance(item, dict) or not isinstance(item.get(name_key), str) or not item[name_key]:
+            return None
+        arguments = arguments_of(next((item[key] for key in arguments_keys if key in item), None))
+        if arguments is None:
+            return None
+        calls.append(Call(item[name_key], arguments))
+    return tuple(calls) if calls else None
+
+
+# --- text ------------------------------------------------------------------------------------
+
+def skip_space(text: str, position: int) -> int:
+    while position < len(text) and text[position].isspace():
+        position += 1
+    return position
+
+
+def first_of(text: str, markers: Iterable[str], start: int = 0) -> tuple[int, str | None]:
+    """The first of `markers` in `text` from `start`: (where, which), or (-1, None)."""
+    best, found = -1, None
+    for marker in markers:
+        at = text.find(marker, start)
+        if at >= 0 and (best < 0 or at < best):
+            best, found = at, marker
+    return best, found
+
+
+def without(text: str, markers: Sequence[str]) -> str:
+    """`text` with every one of `markers` taken out."""
+    if not markers:
+        return text
+    return re.sub("|".join(re.escape(marker) for marker in sorted(markers, key=len, reverse=True)), "", text)
+
+
+def leading_reasoning(text: str, context: ParseContext, opener: str, closers: Sequence[str],
+                      also_ending: Sequence[str] = ()) -> tuple[list[Segment], str | None]:
+    """A reasoning block at the start of the output: (its segments, the text after it).
+
+    The block is open when the prompt opened it or the output starts with `opener`; any of
+    `closers` ends it (and is dropped); any of `also_ending` ends it too but stays in the text
+    after it (a model that starts its answer or its call without closing its thinking). The
+    text after it is None while the block has not ended."""
+    stripped = text.lstrip()
+    inside = context.reasoning_open
+    if stripped.startswith(opener):
+        inside, text = True, stripped[len(opener):]
+    elif not context.final and opener.startswith(stripped):
+        return [], None  # nothing yet, or the start of the opener: wait
+    if not inside:
+        return [], text
+    end, closer = first_of(text, (*closers, *also_ending))
+    if closer is not None:
+        rest = text[end + len(closer):] if closer in closers else text[end:]
+        return [Thought(text[:end])], rest
+    if context.final:
+        return [Thought(text)], ""
+    return [Thought(settled_text(text, context, (*closers, *also_ending)))], None
+
+
+def with_reasoning(reasoning: list[Segment], parsed: FamilyParse) -> FamilyParse:
+    return FamilyParse((*reasoning, *parsed.segments), parsed.error)

@@ -1,0 +1,57 @@
+"""ServiceNow Apriel 1.5 and 1.6: the calls as a JSON list between <tool_calls> and
+</tool_calls>; the reasoning before "[BEGIN FINAL RESPONSE]" (1.6, whose generation prompt
+opens it with "Here are my reasoning steps:") or in <thinking>...</thinking> (1.5):
+
+    The user wants the weather.
+    [BEGIN FINAL RESPONSE]
+    <tool_calls>[{"name": "get_weather", "arguments": {"city": "Paris"}}]</tool_calls>
+
+The templates also mention Hermes' <tool_call> in their instructions: this family comes
+before hermes in detection.
+"""
+
+from __future__ import annotations
+
+import json
+
+from ..family import Call, Family, FamilyParse, ParseContext
+from ._marked_calls import closed_section, content_and_calls, leading_reasoning, named_calls, with_reasoning
+
+CALLS, END_CALLS = "<tool_calls>", "</tool_calls>"
+REASONING_STEPS = "Here are my reasoning steps:"  # what Apriel 1.6's generation prompt ends with
+FINAL_RESPONSE, END_FINAL_RESPONSE = "[BEGIN FINAL RESPONSE]", "[END FINAL RESPONSE]"
+THINKING, END_THINKING = "<thinking>", "</thinking>"
+END_OF_TURN = "<|end|>"
+
+
+def _list_calls(body: str, context: ParseContext) -> tuple[Call, ...] | None:
+    try:
+        value = json.loads(body)
+    except ValueError:
+        return None
+    return named_calls(value, "name", ("arguments",))
+
+
+_read_calls = closed_section(END_CALLS, _list_calls)
+
+
+def parse(text: str, context: ParseContext) -> FamilyParse:
+    if context.reasoning_open:
+        reasoning, rest = leading_reasoning(text, context, REASONING_STEPS, (FINAL_RESPONSE,), also_ending=(CALLS,))
+    else:
+        reasoning, rest = leading_reasoning(text, context, THINKING, (END_THINKING,), also_ending=(CALLS,))
+    if rest is None:
+        return FamilyParse(tuple(reasoning))
+    return with_reasoning(reasoning, content_and_calls(
+        rest, context, (CALLS,), _read_calls, hidden=(FINAL_RESPONSE, END_FINAL_RESPONSE, END_OF_TURN)))
+
+
+FAMILY = Family(
+    name="apriel",
+    description='<tool_calls>[{"name": ..., "arguments": {...}}]</tool_calls> (ServiceNow Apriel 1.5, 1.6)',
+    parse=parse,
+    fingerprints=(("<tool_calls>[", FINAL_RESPONSE),),
+    markers=(CALLS, END_CALLS, FINAL_RESPONSE, END_FINAL_RESPONSE, THINKING, END_THINKING, END_OF_TURN),
+    reasoning=(REASONING_STEPS, FINAL_RESPONSE),
+    priority=60,  # before hermes (80): the templates' instructions also name <tool_call>
+)

@@ -1,0 +1,83 @@
+"""MeetKai Functionary v3.1 (on Llama 3.1): <function=NAME>{JSON arguments}</function>, and
+Python code after <|python_tag|> for the code interpreter:
+
+    Let me check.<function=get_weather>{"city": "Paris"}</function>
+    <|python_tag|>print(2 + 2)
+
+The code runs to the end of the output (or the end-of-message token) and becomes a call of
+"python" with {"code": ...}. Its template holds Llama 3.1's <|python_tag|>: this family comes
+before llama3's in detection.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from ..family import CUT_OFF, Call, Family, FamilyParse, ParseContext, arguments_json, json_object_text
+from ._marked_calls import UNREADABLE, Calls, Unreadable, content_and_calls, first_of
+
+FUNCTION, END_FUNCTION = "<function=", "</function>"
+PYTHON_TAG = "<|python_tag|>"
+END_OF_MESSAGE, END_OF_TURN = "<|eom_id|>", "<|eot_id|>"
+_NAME = re.compile(r"([^\s<>]+)>")
+_NAME_SO_FAR = re.compile(r"[^\s<>]*\Z")
+
+
+def _read_function(text: str, start: int, opener: str, context: ParseContext) -> Calls | Unreadable | None:
+    name_start = start + len(opener)
+    name = _NAME.match(text, name_start)
+    if name is None:
+        if not context.final and _NAME_SO_FAR.match(text, name_start):
+            return None  # the name is still coming
+        return Unreadable(CUT_OFF if _NAME_SO_FAR.match(text, name_start) else UNREADABLE, len(text))
+    end = text.find(END_FUNCTION, name.end())
+    if end < 0:
+        return Unreadable(CUT_OFF, len(text)) if context.final else None
+    arguments = json_object_text(text[name.end():end] or "{}")
+    if arguments is None:
+        return Unreadable(UNREADABLE, end + len(END_FUNCTION))
+    return Calls((Call(name.group(1), arguments_json(json.loads(arguments))),), end + len(END_FUNCTION))
+
+
+def _read_python(text: str, start: int, opener: str, context: ParseContext) -> Calls | None:
+    """The code after the tag, to an end token or the end of the output."""
+    code_start = start + len(opener)
+    end, token = first_of(text, (END_OF_MESSAGE, END_OF_TURN), code_start)
+    if token is None and not context.final:
+        return None
+    code = text[code_start:end if token else len(text)]
+    return Calls((Call("python", _code_arguments(code)),), end + len(token) if token else len(text))
+
+
+def _code_arguments(code: str) -> str:
+    """{"code": ...}; a model that writes the arguments' JSON after the tag (as the template
+    renders past calls) gives them as they are."""
+    written = json_object_text(code)
+    if written is None:
+        try:
+            decoded = json.loads(code)
+        except ValueError:
+            decoded = None
+        written = json_object_text(decoded) if isinstance(decoded, str) else None
+    return arguments_json(json.loads(written)) if written else arguments_json({"code": code.strip()})
+
+
+def _read_section(text: str, start: int, opener: str, context: ParseContext) -> Calls | Unreadable | None:
+    reader = _read_python if opener == PYTHON_TAG else _read_function
+    return reader(text, start, opener, context)
+
+
+def parse(text: str, context: ParseContext) -> FamilyParse:
+    return content_and_calls(text, context, (FUNCTION, PYTHON_TAG), _read_section,
+                             hidden=(END_OF_MESSAGE, END_OF_TURN))
+
+
+FAMILY = Family(
+    name="functionary-v3.1",
+    description='<function=NAME>{...}</function> or <|python_tag|>code (Functionary v3.1 on Llama 3.1)',
+    parse=parse,
+    fingerprints=((FUNCTION, END_FUNCTION, "<|start_header_id|>"),),
+    markers=(FUNCTION, END_FUNCTION, PYTHON_TAG, END_OF_MESSAGE, END_OF_TURN),
+    priority=60,  # before llama3 (85), whose fingerprint <|python_tag|> its template holds too
+)

@@ -1,0 +1,47 @@
+"""NVIDIA Nemotron Nano v2: the calls as a JSON list between <TOOLCALL> and </TOOLCALL>,
+reasoning in <think>...</think> (its generation prompt opens the block when thinking is on):
+
+    I need the weather.
+    </think>
+    <TOOLCALL>[{"name": "get_weather", "arguments": {"city": "Paris"}}]</TOOLCALL>
+"""
+
+from __future__ import annotations
+
+import json
+
+from ..family import Call, Family, FamilyParse, ParseContext
+from ._marked_calls import closed_section, content_and_calls, leading_reasoning, named_calls, with_reasoning
+
+CALLS, END_CALLS = "<TOOLCALL>", "</TOOLCALL>"
+THINK, END_THINK = "<think>", "</think>"
+END_OF_TURN = "<SPECIAL_12>"
+
+
+def _list_calls(body: str, context: ParseContext) -> tuple[Call, ...] | None:
+    try:
+        value = json.loads(body)
+    except ValueError:
+        return None
+    return named_calls(value, "name", ("arguments",))
+
+
+_read_calls = closed_section(END_CALLS, _list_calls)
+
+
+def parse(text: str, context: ParseContext) -> FamilyParse:
+    reasoning, rest = leading_reasoning(text, context, THINK, (END_THINK,), also_ending=(CALLS,))
+    if rest is None:
+        return FamilyParse(tuple(reasoning))
+    return with_reasoning(reasoning, content_and_calls(rest, context, (CALLS,), _read_calls, hidden=(END_OF_TURN,)))
+
+
+FAMILY = Family(
+    name="nemotron-v2",
+    description='<TOOLCALL>[{"name": ..., "arguments": {...}}]</TOOLCALL> (Nemotron Nano v2), <think>',
+    parse=parse,
+    fingerprints=((CALLS, END_CALLS),),
+    markers=(CALLS, END_CALLS, THINK, END_THINK, END_OF_TURN),
+    reasoning=(THINK, END_THINK),
+    priority=60,
+)

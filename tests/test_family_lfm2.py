@@ -1,0 +1,94 @@
+"""The lfm2 family (Liquid LFM2, LFM2.5): <|tool_call_start|>[name(key=value)]<|tool_call_end|>,
+<think> reasoning. Expected parses copied from llama.cpp's tests/test-chat.cpp (test_lfm2_parser)."""
+
+from __future__ import annotations
+
+import pytest
+
+from marked_family_checks import calls_of, detected, read_everywhere, streamed
+
+from multiseq.tools.family import CUT_OFF
+
+FAMILY = "lfm2"
+START, END = "<|tool_call_start|>", "<|tool_call_end|>"
+
+
+@pytest.mark.parametrize("name", ["LFM2-8B-A1B.jinja", "LFM2.5-8B-A1B.jinja", "LFM2.5-Instruct.jinja"])
+def test_templates_are_detected(name):
+    assert detected(name) == FAMILY
+
+
+@pytest.mark.parametrize("text, content, reasoning, calls", [
+    # test-chat.cpp:2019
+    ("Hello, world!\nWhat's up?", "Hello, world!\nWhat's up?", None, []),
+    # test-chat.cpp:2022
+    (START + "[special_function(arg1=1)]" + END, None, None, [("special_function", {"arg1": 1})]),
+    # test-chat.cpp:2028
+    (START + '[get_time(city="XYZCITY")]' + END, None, None, [("get_time", {"city": "XYZCITY"})]),
+    # test-chat.cpp:2034, 2039
+    (START + "[toggle(enabled=True)]" + END, None, None, [("toggle", {"enabled": True})]),
+    (START + "[set_nullable(value=None)]" + END, None, None, [("set_nullable", {"value": None})]),
+    # test-chat.cpp:2045, 2051
+    (START + '[set_config(config={"enabled": True, "count": 3})]' + END, None, None,
+     [("set_config", {"config": {"enabled": True, "count": 3}})]),
+    (START + '[set_config(config={"enabled": true, "note": null})]' + END, None, None,
+     [("set_config", {"config": {"enabled": True, "note": None}})]),
+    # test-chat.cpp:2057
+    (START + '[Calendar.create_event(title="demo", participants=["Alice", "Bob"], '
+     'metadata={"priority": "high", "reminder": true})]' + END, None, None,
+     [("Calendar.create_event", {"title": "demo", "participants": ["Alice", "Bob"],
+                                 "metadata": {"priority": "high", "reminder": True}})]),
+    # test-chat.cpp:2066
+    ("Use this format: [link text](url). Example: [Wikipedia](https://www.wikipedia.org).",
+     "Use this format: [link text](url). Example: [Wikipedia](https://www.wikipedia.org).", None, []),
+    # test-chat.cpp:2073, 2082, 2090
+    (START + "[python(code=\"def hello():\\n    print('hey')\")]" + END, None, None,
+     [("python", {"code": "def hello():\n    print('hey')"})]),
+    (START + '[python(code="First line\\nSecond line\\tindented")]' + END, None, None,
+     [("python", {"code": "First line\nSecond line\tindented"})]),
+    (START + '[python(code="print(\\"hi\\")")]' + END, None, None, [("python", {"code": 'print("hi")'})]),
+    # test-chat.cpp:2098
+    ("Let me check the time." + START + '[get_time(city="Paris")]' + END, "Let me check the time.", None,
+     [("get_time", {"city": "Paris"})]),
+    # test-chat.cpp:2106
+    (START + "[special_function(arg1=1), special_function_with_opt(arg1=1, arg2=2)]" + END, None, None,
+     [("special_function", {"arg1": 1}), ("special_function_with_opt", {"arg1": 1, "arg2": 2})]),
+    # test-chat.cpp:2123
+    (START + "[empty_args()]" + END, None, None, [("empty_args", {})]),
+    # test-chat.cpp:5242, 5249
+    ("<think>I'm\nthinking</think>" + START + "[special_function(arg1=1)]" + END, None, "I'm\nthinking",
+     [("special_function", {"arg1": 1})]),
+    ("<think>I need to call a function</think>Let me check the time." + START + '[get_time(city="Paris")]' + END,
+     "Let me check the time.", "I need to call a function", [("get_time", {"city": "Paris"})]),
+    # test-chat.cpp:5259: a call's markers inside the reasoning are reasoning
+    ("<think>Let me think about " + START + "[special_function(arg1=1)]" + END + " hmm</think>"
+     + START + "[special_function(arg1=1)]" + END,
+     None, "Let me think about " + START + "[special_function(arg1=1)]" + END + " hmm",
+     [("special_function", {"arg1": 1})]),
+    # test-chat.cpp:5270
+    ("<think>I'm\nthinking</think>Hello, world!\nWhat's up?", "Hello, world!\nWhat's up?", "I'm\nthinking", []),
+    # llama.cpp's earlier LFM2 parser (JSON tools): [{"name": ..., "arguments": {...}}]
+    (START + '[{"name": "get_time", "arguments": {"city": "Paris"}}]' + END, None, None,
+     [("get_time", {"city": "Paris"})]),
+])
+def test_llama_cpp_parses(text, content, reasoning, calls):
+    parsed = read_everywhere(text, FAMILY, markers_expected=START in (reasoning or ""))
+    assert (parsed.content, parsed.reasoning, calls_of(parsed)) == (content, reasoning, calls)
+    assert parsed.error is None
+
+
+def test_a_cut_off_call_is_content():
+    # test-chat.cpp:2116 (a partial call while streaming; at the end it is no call)
+    text = START + "[special_function(arg1="
+    parsed = read_everywhere(text, FAMILY)
+    assert parsed.tool_calls == () and parsed.error == CUT_OFF and parsed.content == text
+    _, shown = streamed(text, FAMILY, list(text))
+    assert shown == ""
+
+
+@pytest.mark.parametrize("body", ["[special_function(1)]", "[__import__('os').system('x')]", "[f(x=open('y'))]",
+                                  "[f(x=1e999)]"])
+def test_what_is_not_a_call_of_literals_is_content(body):
+    text = START + body + END
+    parsed = read_everywhere(text, FAMILY)
+    assert parsed.tool_calls == () and parsed.error and parsed.content == text
