@@ -1,0 +1,411 @@
+"""Kimi K2 (Instruct, Thinking, K2.5, K2.6) and Kimi K3: two unrelated formats of one family.
+
+Kimi K2 writes its calls in a section of special tokens; a call's id is `functions.NAME:INDEX`
+(the name lives in the id) and its arguments are a JSON object. K2-Thinking and K2.6 reason in
+<think>...</think> (K2.6's prompt opens it for the model, so the output starts inside it):
+
+    Two cities.</think><|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0
+    <|tool_call_argument_begin|>{"city": "Paris"}<|tool_call_end|><|tool_call_begin|>functions.get_weather:1
+    <|tool_call_argument_begin|>{"city": "Tokyo"}<|tool_call_end|><|tool_calls_section_end|>
+
+(one line in the output; the text before the section is content, and so is the text after it).
+
+Kimi K3 writes XTML: elements built of the special tokens <|open|>, <|close|> and <|sep|>
+(`<|open|>NAME attr="v"<|sep|>` ... `<|close|>NAME<|sep|>`). The prompt opens the think element
+(or, with thinking off, the response element); then come the response and a tools element of
+calls, one argument element per key with its JSON type in an attribute (a string raw, anything
+else as JSON):
+
+    Live data needed.<|close|>think<|sep|><|open|>response<|sep|>On it.<|close|>response<|sep|>
+    <|open|>tools<|sep|><|open|>call tool="get_weather" index="1"<|sep|>
+    <|open|>argument key="city" type="string"<|sep|>Berlin<|close|>argument<|sep|>
+    <|close|>call<|sep|><|close|>tools<|sep|><|close|>message<|sep|>
+
+(again one line). Which of the two an output is: the template's variant where it is known,
+else the output's own tokens (<|open|>/<|close|> are K3's).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from ..family import (CUT_OFF, Call, CallSyntax, Family, FamilyParse, ParseContext, Segment, Text, Thought,
+                      held_back, property_schema, typed_value)
+
+# --- Kimi K2's tokens ---
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+SECTION_BEGIN, SECTION_END = "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"
+CALL_BEGIN, ARGUMENTS_BEGIN, CALL_END = "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>"
+K2_ROLE_TOKENS = ("<|im_end|>", "<|im_assistant|>", "<|im_system|>", "<|im_user|>", "<|im_middle|>")
+
+K2_TOKENS = (THINK_OPEN, THINK_CLOSE, SECTION_BEGIN, SECTION_END, CALL_BEGIN, ARGUMENTS_BEGIN, CALL_END,
+             *K2_ROLE_TOKENS)
+
+# --- Kimi K3's tokens and the tags made of them ---
+OPEN, CLOSE, SEP, END_OF_MESSAGE = "<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>"
+K3_TOKENS = (OPEN, CLOSE, SEP, END_OF_MESSAGE)
+
+
+def _open_tag(name: str) -> str:
+    return f"{OPEN}{name}{SEP}"
+
+
+def _close_tag(name: str) -> str:
+    return f"{CLOSE}{name}{SEP}"
+
+
+MESSAGE_OPEN, MESSAGE_CLOSE = '<|open|>message role="assistant"<|sep|>', _close_tag("message")
+THINKING_OPEN, THINKING_CLOSE = _open_tag("think"), _close_tag("think")
+RESPONSE_OPEN, RESPONSE_CLOSE = _open_tag("response"), _close_tag("response")
+TOOLS_OPEN, TOOLS_CLOSE = _open_tag("tools"), _close_tag("tools")
+K3_CALL_OPEN, K3_CALL_CLOSE = f"{OPEN}call ", _close_tag("call")  # the open tag's attributes follow
+ARGUMENT_OPEN, ARGUMENT_CLOSE = f"{OPEN}argument ", _close_tag("argument")
+JSON_OPEN, JSON_CLOSE = f"{OPEN}json", _close_tag("json")  # a call's arguments as one JSON object
+
+# Tags that may stand where content goes and are no part of it (the elements around the content,
+# a stray end of the reasoning, the end of the turn).
+K2_STRAY = (THINK_CLOSE, SECTION_END, ARGUMENTS_BEGIN, CALL_END, *K2_ROLE_TOKENS)
+K3_STRAY = (MESSAGE_OPEN, MESSAGE_CLOSE, RESPONSE_OPEN, RESPONSE_CLOSE, THINKING_CLOSE, END_OF_MESSAGE)
+# Both formats drop both's (an output whose format is known only from its tokens reads alike
+# before and after the first token that tells).
+STRAY = (*K2_STRAY, *K3_STRAY)
+# Text that may be the start of any of these waits (the two formats hold back alike, so an
+# output whose format is known only from its tokens streams as it reads whole).
+HOLD = (SECTION_BEGIN, CALL_BEGIN, THINK_OPEN, TOOLS_OPEN, THINKING_OPEN, *STRAY)
+
+MALFORMED = "the model's tool call is not in Kimi's format"
+
+
+class _Pending(Exception):
+    """The text so far ends inside a call or a tag: more text decides it."""
+
+
+class _Malformed(Exception):
+    """A call that cannot be read (cut off when `reason` is CUT_OFF)."""
+
+    def __init__(self, reason: str, raw: str | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.raw = raw  # the text given back as content (where the caller knows it better)
+
+
+def _unfinished(context: ParseContext) -> Exception:
+    return _Malformed(CUT_OFF) if context.final else _Pending()
+
+
+def parse(text: str, context: ParseContext) -> FamilyParse:
+    if _is_k3(text, context.variant):
+        return _parse_k3(text, context)
+    return _parse_k2(text, context)
+
+
+def _is_k3(text: str, variant: str | None) -> bool:
+    """The template's variant says; without one, the first of either format's tokens in the
+    output (a choice that later text never changes)."""
+    if variant:
+        return "k3" in variant.lower()
+    k3_at = _first(text, K3_TOKENS)[0]
+    k2_at = _first(text, K2_TOKENS)[0]
+    return k3_at >= 0 and (k2_at < 0 or k3_at < k2_at)
+
+
+# --- shared pieces ----------------------------------------------------------------------------
+
+def _first(text: str, markers: tuple[str, ...], position: int = 0) -> tuple[int, str]:
+    """The first of `markers` at or after `position`: (where, which), or (-1, "")."""
+    found = [(index, marker) for marker in markers if (index := text.find(marker, position)) >= 0]
+    return min(found, key=lambda hit: (hit[0], -len(hit[1]))) if found else (-1, "")
+
+
+def _settled(text: str, context: ParseContext) -> str:
+    return text if context.final else text[:len(text) - held_back(text, HOLD)]
+
+
+def _without(text: str, markers: tuple[str, ...]) -> str:
+    """`text` less the markers, in one pass (what is left of two is never read as a third)."""
+    return re.sub("|".join(re.escape(marker) for marker in sorted(markers, key=len, reverse=True)), "", text)
+
+
+def _waits_for(rest: str, markers: tuple[str, ...], context: ParseContext) -> bool:
+    """Whether `rest` (the end of the text) may still become one of `markers`."""
+    return not context.final and any(marker.startswith(rest) for marker in markers)
+
+
+def _reasoning(text: str, context: ParseContext, opener: str, closers: tuple[str, ...], consumed: str,
+               segments: list[Segment], prefix: str = "") -> str | None:
+    """The reasoning at the start of the output into `segments`; the text after it, or None
+    while its end has not come. The block ends at `consumed` (its closer, dropped) or at the first
+    of the other `closers` (the next element, kept: a model may skip the closer)."""
+    stripped = text.lstrip()
+    if prefix and stripped.startswith(prefix):  # the turn's own header, where the prompt left it out
+        stripped = stripped[len(prefix):].lstrip()
+    elif prefix and _waits_for(stripped, (prefix,), context):
+        return None
+    inside = context.reasoning_open
+    if stripped.startswith(opener):
+        inside, text = True, stripped[len(opener):]
+    elif not inside:
+        return None if _waits_for(stripped, (opener,), context) else stripped
+    else:
+        text = stripped
+    end, closer = _first(text, closers)
+    if end < 0:
+        segments.append(Thought(_settled(text, context)))
+        return "" if context.final else None
+    segments.append(Thought(text[:end]))
+    return text[end + len(closer):] if closer == consumed else text[end:]
+
+
+# --- Kimi K2 ----------------------------------------------------------------------------------
+
+def _parse_k2(text: str, context: ParseContext) -> FamilyParse:
+    segments: list[Segment] = []
+    # K2-Thinking may call tools from inside its reasoning, without closing it.
+    body = _reasoning(text, context, THINK_OPEN, (THINK_CLOSE, SECTION_BEGIN, CALL_BEGIN), THINK_CLOSE, segments)
+    if body is None:
+        return FamilyParse(tuple(segments))
+    position = 0
+    while True:
+        start, marker = _first(body, (SECTION_BEGIN, CALL_BEGIN), position)
+        if start < 0:
+            segments.append(Text(_without(_settled(body[position:], context), STRAY)))
+            return FamilyParse(tuple(segments))
+        segments.append(Text(_without(body[position:start], STRAY)))
+        try:
+            if marker == SECTION_BEGIN:
+                position = _read_k2_section(body, start, context, segments)
+            else:  # a call without its section (K2-Thinking, inside its reasoning)
+                call, position = _read_k2_call(body, start, context)
+                segments.append(call)
+        except _Pending:
+            return FamilyParse(tuple(segments))
+        except _Malformed as problem:  # its raw text (and all after it) is content, unchanged
+            raw = problem.raw if problem.raw is not None else body[start:]
+            return FamilyParse(tuple(segments) + (Text(raw),), problem.reason)
+
+
+def _read_k2_section(text: str, start: int, context: ParseContext, segments: list[Segment]) -> int:
+    """The section's calls into `segments`; the position after the section. Text between calls
+    is noise the model wrote inside the section: dropped. A call that cannot be read gives its
+    raw text (from the section's start when no call came before it) as content."""
+    position, calls = start + len(SECTION_BEGIN), 0
+    while True:
+        found, marker = _first(text, (CALL_BEGIN, SECTION_END), position)
+        if found < 0:
+            if not context.final:
+                raise _Pending()
+            if calls:
+                return len(text)  # the section never closed, but its calls did
+            raise _Malformed(CUT_OFF, text[start:])
+        if marker == SECTION_END:
+            return found + len(SECTION_END)
+        try:
+            call, position = _read_k2_call(text, found, context)
+        except _Malformed as problem:
+            raise _Malformed(problem.reason, text[found if calls else start:]) from None
+        segments.append(call)
+        calls += 1
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")  # NaN and Infinity: clients' parsers refuse them
+
+
+_DECODER = json.JSONDecoder(parse_constant=_no_constant)
+
+
+def _read_k2_call(text: str, start: int, context: ParseContext) -> tuple[Call, int]:
+    """`<|tool_call_begin|>ID<|tool_call_argument_begin|>{...}<|tool_call_end|>` at `start`.
+
+    The arguments end where their JSON object ends (a string in them may hold the end marker's
+    text). Where the end marker is missing, the next call or the section's end ends the call,
+    or the end of the output (as llama.cpp reads K2-Thinking's looser calls)."""
+    head = start + len(CALL_BEGIN)
+    arguments_at = text.find(ARGUMENTS_BEGIN, head)
+    if arguments_at < 0:
+        raise _unfinished(context) if not _first(text, (CALL_BEGIN, CALL_END), head)[1] else _Malformed(MALFORMED)
+    call_id = text[head:arguments_at].strip()
+    if "<|" in call_id:  # another marker came before this call's arguments
+        raise _Malformed(MALFORMED)
+    name = _name_of_id(call_id)
+    json_start = len(text) - len(text[arguments_at + len(ARGUMENTS_BEGIN):].lstrip())
+    try:
+        arguments, json_end = _DECODER.raw_decode(text, json_start)
+    except ValueError:
+        # Unfinished JSON may hold the end marker's text in a string: only the end decides.
+        if not context.final:
+            raise _Pending() from None
+        raise _Malformed(MALFORMED if CALL_END in text[json_start:] else CUT_OFF) from None
+    if not name or not isinstance(arguments, dict):
+        raise _Malformed(MALFORMED)
+    call = Call(name, text[json_start:json_end])
+    after = len(text) - len(text[json_end:].lstrip())
+    if text.startswith(CALL_END, after):
+        return call, after + len(CALL_END)
+    if _first(text, (CALL_BEGIN, SECTION_END), after)[0] == after or (context.final and after == len(text)):
+        return call, after
+    if _waits_for(text[after:], (CALL_END, CALL_BEGIN, SECTION_END), context):
+        raise _Pending()
+    raise _Malformed(MALFORMED)
+
+
+def _name_of_id(call_id: str) -> str:
+    """`functions.get_weather:0` -> `get_weather` (an id without the prefix or the index too)."""
+    name = call_id.removeprefix("functions.")
+    numbered = re.fullmatch(r"(.+):\d+", name)
+    return numbered.group(1) if numbered else name
+
+
+# --- Kimi K3 ----------------------------------------------------------------------------------
+
+def _parse_k3(text: str, context: ParseContext) -> FamilyParse:
+    segments: list[Segment] = []
+    # The reasoning ends at its closer, or at the next element where the model skipped it.
+    body = _reasoning(text, context, THINKING_OPEN, (THINKING_CLOSE, RESPONSE_OPEN, TOOLS_OPEN), THINKING_CLOSE,
+                      segments, prefix=MESSAGE_OPEN)
+    if body is None:
+        return FamilyParse(tuple(segments))
+    position = 0
+    while True:
+        start = body.find(TOOLS_OPEN, position)
+        if start < 0:
+            segments.append(Text(_without(_settled(body[position:], context), STRAY)))
+            return FamilyParse(tuple(segments))
+        segments.append(Text(_without(body[position:start], STRAY)))
+        try:
+            position = _read_k3_tools(body, start, context, segments)
+        except _Pending:
+            return FamilyParse(tuple(segments))
+        except _Malformed as problem:  # its raw text (and all after it) is content, unchanged
+            raw = problem.raw if problem.raw is not None else body[start:]
+            return FamilyParse(tuple(segments) + (Text(raw),), problem.reason)
+
+
+def _read_k3_tools(text: str, start: int, context: ParseContext, segments: list[Segment]) -> int:
+    """The tools element's calls into `segments`; the position after it."""
+    position, calls = start + len(TOOLS_OPEN), 0
+    while True:
+        found, marker = _first(text, (K3_CALL_OPEN, TOOLS_CLOSE), position)
+        if found < 0:
+            if not context.final:
+                raise _Pending()
+            if calls:
+                return len(text)
+            raise _Malformed(CUT_OFF, text[start:])
+        if marker == TOOLS_CLOSE:
+            return found + len(TOOLS_CLOSE)
+        try:
+            call, position = _read_k3_call(text, found, context)
+        except _Malformed as problem:
+            raise _Malformed(problem.reason, text[found if calls else start:]) from None
+        segments.append(call)
+        calls += 1
+
+
+def _read_k3_call(text: str, start: int, context: ParseContext) -> tuple[Call, int]:
+    """`<|open|>call tool="NAME" index="N"<|sep|>` arguments `<|close|>call<|sep|>` at `start`."""
+    attributes, position = _open_tag_attributes(text, start + len(K3_CALL_OPEN), context)
+    name = attributes.get("tool", "")
+    if not name:
+        raise _Malformed(MALFORMED)
+    schema = context.schema_of(name)
+    arguments: dict[str, Any] = {}
+    while True:
+        position = len(text) - len(text[position:].lstrip())
+        if text.startswith(K3_CALL_CLOSE, position):
+            return Call(name, json.dumps(arguments, ensure_ascii=False)), position + len(K3_CALL_CLOSE)
+        if text.startswith(ARGUMENT_OPEN, position):
+            attributes, value_start = _open_tag_attributes(text, position + len(ARGUMENT_OPEN), context)
+            value_end = _element_end(text, value_start, ARGUMENT_CLOSE, context)
+            key = attributes.get("key", "")
+            arguments[key] = _typed(text[value_start:value_end], attributes.get("type"), property_schema(schema, key))
+            position = value_end + len(ARGUMENT_CLOSE)
+        elif text.startswith(JSON_OPEN, position):
+            _, value_start = _open_tag_attributes(text, position + len(JSON_OPEN), context)
+            value_end = _element_end(text, value_start, JSON_CLOSE, context)
+            try:
+                value = _DECODER.decode(text[value_start:value_end])
+            except ValueError:
+                raise _Malformed(MALFORMED) from None
+            if not isinstance(value, dict):
+                raise _Malformed(MALFORMED)
+            arguments.update(value)
+            position = value_end + len(JSON_CLOSE)
+        elif _waits_for(text[position:], (K3_CALL_CLOSE, ARGUMENT_OPEN, JSON_OPEN), context) or position == len(text):
+            raise _unfinished(context)
+        else:
+            raise _Malformed(MALFORMED)
+
+
+def _open_tag_attributes(text: str, position: int, context: ParseContext) -> tuple[dict[str, str], int]:
+    """The attributes of the open tag whose attributes start at `position`, and where its
+    content starts (after <|sep|>)."""
+    end = text.find(SEP, position)
+    if end < 0:
+        raise _unfinished(context)
+    attributes = {key: _unescape(value) for key, value in re.findall(r'([\w-]+)="([^"]*)"', text[position:end])}
+    return attributes, end + len(SEP)
+
+
+def _unescape(value: str) -> str:
+    """An attribute's text: the template escapes & and " (escape_attr)."""
+    entities = {"amp": "&", "quot": '"', "lt": "<", "gt": ">", "apos": "'"}
+    return re.sub(r"&(amp|quot|lt|gt|apos);", lambda match: entities[match.group(1)], value)
+
+
+def _element_end(text: str, start: int, closer: str, context: ParseContext) -> int:
+    """Where an argument's value ends. A value may hold the closer's text (a file about this
+    format), so a closer counts only where the next argument or the call's end follows it."""
+    following_tags = (ARGUMENT_OPEN, JSON_OPEN, K3_CALL_CLOSE)
+    position = text.find(closer, start)
+    while position >= 0:
+        following = text[position + len(closer):].lstrip()
+        if following.startswith(following_tags):
+            return position
+        if _waits_for(following, following_tags, context):
+            raise _Pending()
+        position = text.find(closer, position + 1)
+    raise _unfinished(context)
+
+
+def _typed(raw: str, declared: str | None, schema: Mapping[str, Any]) -> Any:
+    """A value as its type attribute says (a string stays text); the schema where it has none."""
+    if declared in {"string", "number", "integer", "boolean", "null", "object", "array"}:
+        return typed_value(raw, {"type": declared})
+    return typed_value(raw, schema)
+
+
+# --- the family -------------------------------------------------------------------------------
+
+class _KimiFamily(Family):
+    """Kimi's family: K3's prompt opens its reasoning with <|open|>think<|sep|>, not <think>."""
+
+    def opens_reasoning(self, prompt: str) -> bool:
+        start = prompt.rfind(THINKING_OPEN)
+        after = prompt[start + len(THINKING_OPEN):]
+        k3_open = start >= 0 and THINKING_CLOSE not in after and not after.strip()
+        return k3_open or super().opens_reasoning(prompt)
+
+
+FAMILY = _KimiFamily(
+    name="kimi",
+    description="Kimi K2: <|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:I<|tool_call_argument_begin|>"
+                "{...}<|tool_call_end|>...; Kimi K3: <|open|>tools<|sep|><|open|>call tool=...<|sep|> XTML; "
+                "reasoning in <think>...</think> (K3: <|open|>think<|sep|>)",
+    parse=parse,
+    fingerprints=((SECTION_BEGIN, CALL_BEGIN), (OPEN, CLOSE, END_OF_MESSAGE)),
+    markers=(SECTION_BEGIN, SECTION_END, CALL_BEGIN, ARGUMENTS_BEGIN, CALL_END, THINK_OPEN, THINK_CLOSE,
+             *K2_ROLE_TOKENS, OPEN, CLOSE, SEP, END_OF_MESSAGE),
+    reasoning=(THINK_OPEN, THINK_CLOSE),
+    priority=40,
+    variants={"kimi-k3": (OPEN, CLOSE, END_OF_MESSAGE), "kimi-k2": (SECTION_BEGIN,)},
+    # Calls are constrained in K2's syntax only. K3's calls sit after its response element, whose
+    # closing control tokens a grammar's free text cannot hold (its calls are read as written).
+    variant_call_syntax={
+        "kimi-k2": CallSyntax(block_open=SECTION_BEGIN, block_close=SECTION_END, call_close=CALL_END,
+                              call_open=CALL_BEGIN + "functions.{name}:{index}" + ARGUMENTS_BEGIN),
+    },
+)
