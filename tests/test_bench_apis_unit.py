@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 from fakes import FakeBackend
+from multiseq import SamplingParams
+from multiseq.formats.reader import openai_body_item
 from multiseq.server import ServerSettings, create_app
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
@@ -28,11 +30,19 @@ HISTORY = [
 ]
 
 
+CALL = '{"tool_calls": [{"name": "write_file", "arguments": {"path": "test_main.py", "content": "x"}}]}'
+
+
 @pytest.fixture
 def address(make_runner, serve_app) -> tuple[str, int]:
     backend = FakeBackend(num_slots=2, window=2048, n_batch=64)
-    host, port = serve_app(create_app(make_runner(backend), ServerSettings(model_name=MODEL))) \
-        .removeprefix("http://").split(":")
+    runner = make_runner(backend)
+    # The fake answers the conversation with a whole call (its own bytes would write a path
+    # that never ends: a call cut off at max_tokens is no call).
+    item = openai_body_item("x", {"messages": HISTORY, "tools": TOOLS, "tool_choice": "required"}, True,
+                            SamplingParams())
+    backend.replies[runner.engine.prompt_text(item.request)] = CALL.encode()
+    host, port = serve_app(create_app(runner, ServerSettings(model_name=MODEL))).removeprefix("http://").split(":")
     return host, int(port)
 
 
@@ -46,7 +56,7 @@ def test_a_tool_conversation_is_the_same_prompt_and_the_same_call_over_every_api
     sent = exchanges(address, 160, TOOLS)
     chat = sent["chat"]
     assert chat.prompt_tokens > 0 and chat.cached_tokens == 0
-    assert chat.tool_calls and chat.tool_calls[0]["function"]["name"] in {"read_file", "write_file"}
+    assert [call["function"]["name"] for call in chat.tool_calls] == ["write_file"]
     for api in ("responses", "messages"):
         exchange = sent[api]
         assert exchange.prompt_tokens == chat.prompt_tokens, f"{api} rendered another prompt than chat"
