@@ -156,24 +156,27 @@ def _generic_message(message: dict[str, Any], names: dict[str, str], tool_format
     return {"role": message["role"], "content": content}
 
 
-def native_messages(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Messages as Hugging Face templates expect them: a call's arguments as an object (the
-    templates write `arguments | tojson`), content never None (some templates concatenate it)."""
-    return [_native_message(message) for message in messages]
+def native_messages(messages: Sequence[dict[str, Any]], arguments_as_text: bool = False) -> list[dict[str, Any]]:
+    """Messages as Hugging Face templates expect them: a call's arguments as an object (most
+    templates write `arguments | tojson`; `arguments_as_text` keeps the JSON text, for the few
+    that concatenate it, as Functionary v3.2's), content never None (some concatenate it)."""
+    return [_native_message(message, arguments_as_text) for message in messages]
 
 
-def _native_message(message: dict[str, Any]) -> dict[str, Any]:
+def _native_message(message: dict[str, Any], arguments_as_text: bool) -> dict[str, Any]:
     native = dict(message)
     if native.get("content") is None:
         native["content"] = ""
     if native.get("tool_calls"):
-        native["tool_calls"] = [_native_call(call) for call in native["tool_calls"]]
+        native["tool_calls"] = [_native_call(call, arguments_as_text) for call in native["tool_calls"]]
     return native
 
 
-def _native_call(call: dict[str, Any]) -> dict[str, Any]:
+def _native_call(call: dict[str, Any], arguments_as_text: bool) -> dict[str, Any]:
     function = call["function"]
-    return {**call, "function": {**function, "arguments": _arguments_object(function.get("arguments"))}}
+    arguments = function.get("arguments")
+    arguments = _arguments_text(arguments) if arguments_as_text else _arguments_object(arguments)
+    return {**call, "function": {**function, "arguments": arguments}}
 
 
 def _arguments_object(arguments: Any) -> Any:

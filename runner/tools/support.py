@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ..errors import BackendError
 from .families import detect, family_named
 from .family import Family
 from .grammars import family_grammar, tool_grammar
@@ -52,7 +53,15 @@ class ToolSupport:
             return backend.render_chat(messages, options=options) if options else backend.render_chat(messages)
         if self.is_native:
             tools = [tool.openai() for tool in request.tools or ()]
-            return backend.render_chat(tuple(native_messages(messages)), tools=tools, options=options)
+            try:
+                return backend.render_chat(tuple(native_messages(messages)), tools=tools, options=options)
+            except BackendError:
+                if not any(message.get("tool_calls") for message in messages):
+                    raise
+                # A template that concatenates a call's arguments as text (Functionary v3.2's)
+                # fails on an object: render the arguments as the JSON text they came as.
+                return backend.render_chat(tuple(native_messages(messages, arguments_as_text=True)), tools=tools,
+                                           options=options)
         return backend.render_chat(tuple(generic_messages(messages, request.tools, self.format)), options=options)
 
     def grammar(self, request: Request, prompt: str = "") -> str | None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..family import Call, Family, FamilyParse, ParseContext
+from ..family import Call, CallSyntax, Family, FamilyParse, ParseContext
 from ._marked_calls import arguments_of, closed_section, content_and_calls, leading_reasoning, named_calls, with_reasoning
 
 CALLS, END_CALLS = "<|tools_prefix|>", "<|tools_suffix|>"
@@ -56,4 +56,6 @@ FAMILY = Family(
     markers=(CALLS, END_CALLS, INNER, END_INNER, END_OF_TURN),
     reasoning=(INNER, END_INNER),
     priority=60,
+    call_syntax=CallSyntax(block_open=CALLS + "[", call_open='{"{name}": ', call_close="}", separator=", ",
+                           block_close="]" + END_CALLS),
 )

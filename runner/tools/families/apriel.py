@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 
-from ..family import Call, Family, FamilyParse, ParseContext
+from ..family import Call, CallSyntax, Family, FamilyParse, ParseContext
 from ._marked_calls import closed_section, content_and_calls, leading_reasoning, named_calls, with_reasoning
 
 CALLS, END_CALLS = "<tool_calls>", "</tool_calls>"
@@ -54,4 +54,8 @@ FAMILY = Family(
     markers=(CALLS, END_CALLS, FINAL_RESPONSE, END_FINAL_RESPONSE, THINKING, END_THINKING, END_OF_TURN),
     reasoning=(REASONING_STEPS, FINAL_RESPONSE),
     priority=60,  # before hermes (80): the templates' instructions also name <tool_call>
+    # As the templates write the last turn's calls (earlier turns get the server's call id
+    # after the arguments, which the model never writes).
+    call_syntax=CallSyntax(block_open=CALLS + "[", call_open='{"name": "{name}", "arguments": ', call_close="}",
+                           separator=", ", block_close="]" + END_CALLS),
 )

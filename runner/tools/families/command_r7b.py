@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 
-from ..family import Call, Family, FamilyParse, ParseContext
+from ..family import Call, CallSyntax, Family, FamilyParse, ParseContext
 from ._marked_calls import closed_section, content_and_calls, leading_reasoning, named_calls, with_reasoning
 
 THINKING, END_THINKING = "<|START_THINKING|>", "<|END_THINKING|>"
@@ -53,4 +53,8 @@ FAMILY = Family(
     markers=(THINKING, END_THINKING, ACTION, END_ACTION, RESPONSE, END_RESPONSE, TEXT, END_TEXT, *TURN_MARKERS),
     reasoning=(THINKING, END_THINKING),
     priority=60,
+    # As the templates write a turn's calls back: one per line, numbered by tool_call_id.
+    call_syntax=CallSyntax(block_open=ACTION + "[\n    ",
+                           call_open='{"tool_call_id": "{index}", "tool_name": "{name}", "parameters": ',
+                           call_close="}", separator=",\n    ", block_close="\n]" + END_ACTION),
 )

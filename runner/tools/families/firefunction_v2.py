@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..family import Call, Family, FamilyParse, ParseContext
+from ..family import Call, CallSyntax, Family, FamilyParse, ParseContext
 from ._marked_calls import content_and_calls, json_section, named_calls
 
 CALLS = "functools["  # the "[" begins the JSON list: a bare "functools" (Python's module) is text
@@ -33,4 +33,8 @@ FAMILY = Family(
     fingerprints=((" functools[",),),
     markers=(CALLS, END_OF_TURN),
     priority=60,  # its template is a Llama 3 one
+    # The template writes the list after the content and a space (" functools[" where there is
+    # no content).
+    call_syntax=CallSyntax(block_open=" " + CALLS, call_open='{"name": "{name}", "arguments": ', call_close="}",
+                           separator=", ", block_close="]"),
 )

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import re
 
-from ..family import CUT_OFF, Call, Family, FamilyParse, ParseContext, arguments_json, json_object_text
+from ..family import CUT_OFF, Call, CallSyntax, Family, FamilyParse, ParseContext, arguments_json, json_object_text
 from ._marked_calls import UNREADABLE, Calls, Unreadable, content_and_calls, first_of
 
 FUNCTION, END_FUNCTION = "<function=", "</function>"
@@ -80,4 +80,7 @@ FAMILY = Family(
     fingerprints=((FUNCTION, END_FUNCTION, "<|start_header_id|>"),),
     markers=(FUNCTION, END_FUNCTION, PYTHON_TAG, END_OF_MESSAGE, END_OF_TURN),
     priority=60,  # before llama3 (85), whose fingerprint <|python_tag|> its template holds too
+    # The template writes a "python" call back as <|python_tag|> and its arguments' JSON: a
+    # constrained call of a tool named python is written in the <function=...> form all the same.
+    call_syntax=CallSyntax(call_open=FUNCTION + "{name}>", call_close=END_FUNCTION),
 )

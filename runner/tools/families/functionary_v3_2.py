@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import re
 
-from ..family import CUT_OFF, Call, Family, FamilyParse, ParseContext, Segment, Text, arguments_json, settled_text
+from ..family import (CUT_OFF, Call, CallSyntax, Family, FamilyParse, ParseContext, Segment, Text, arguments_json,
+                      settled_text)
 from ._marked_calls import UNREADABLE, JsonCutOff, json_value_at, without
 
 NEXT = ">>>"
@@ -155,4 +156,8 @@ FAMILY = Family(
     fingerprints=((">>>all", ">>>${recipient}"), (">>>all", "<|start_header_id|>")),
     markers=(NEXT, *END_TOKENS),
     priority=60,
+    # The generation prompt writes the first ">>>": the first call starts at its function's
+    # name, the next ones after a ">>>". A call's opening has no marker of its own before the
+    # name, so free text cannot end at one: `auto` leaves the output free.
+    call_syntax=CallSyntax(call_open="{name}\n", call_close="", separator=NEXT, constrains_auto=False),
 )

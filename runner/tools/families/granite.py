@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..family import Call, Family, FamilyParse, ParseContext
+from ..family import Call, CallSyntax, Family, FamilyParse, ParseContext
 from ._marked_calls import content_and_calls, json_section, leading_reasoning, named_calls, with_reasoning
 
 CALLS = "<|tool_call|>"
@@ -44,4 +44,8 @@ FAMILY = Family(
     markers=(CALLS, THINK, END_THINK, RESPONSE, END_RESPONSE, END_OF_TEXT),
     reasoning=(THINK, END_THINK),
     priority=60,
+    # The template writes no calls back into the history (only the content): this is the form
+    # its system prompt asks for, "<|tool_call|> followed by a JSON list".
+    call_syntax=CallSyntax(block_open=CALLS + "[", call_open='{"name": "{name}", "arguments": ', call_close="}",
+                           separator=", ", block_close="]"),
 )

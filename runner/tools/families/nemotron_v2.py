@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 
-from ..family import Call, Family, FamilyParse, ParseContext
+from ..family import Call, CallSyntax, Family, FamilyParse, ParseContext
 from ._marked_calls import closed_section, content_and_calls, leading_reasoning, named_calls, with_reasoning
 
 CALLS, END_CALLS = "<TOOLCALL>", "</TOOLCALL>"
@@ -44,4 +44,6 @@ FAMILY = Family(
     markers=(CALLS, END_CALLS, THINK, END_THINK, END_OF_TURN),
     reasoning=(THINK, END_THINK),
     priority=60,
+    call_syntax=CallSyntax(block_open=CALLS + "[", call_open='{"name": "{name}", "arguments": ', call_close="}",
+                           separator=", ", block_close="]" + END_CALLS),
 )

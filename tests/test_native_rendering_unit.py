@@ -1,0 +1,46 @@
+"""A template that knows tools renders the history's calls itself: most write a call's
+arguments with `| tojson` (an object), Functionary v3.2's concatenates them as text, so a
+conversation with a past call renders either way."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from multiseq import Request
+from multiseq.chat_template import JinjaRenderer
+from multiseq.errors import BackendError
+from multiseq.tools import Tool
+from multiseq.tools.support import ToolSupport
+
+TEMPLATES = Path(__file__).parent / "data" / "llama.cpp-templates"
+WEATHER = Tool("get_weather", None, {"type": "object", "properties": {"city": {"type": "string"}}})
+HISTORY = [{"role": "user", "content": "Weather in Paris?"},
+           {"role": "assistant", "content": None, "tool_calls": [
+               {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+           {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]
+
+
+class TemplateBackend:
+    """Just what rendering needs: the model's Jinja template."""
+
+    def __init__(self, source: str) -> None:
+        self.renderer = JinjaRenderer(source, "the template", "<s>", "</s>", add_bos=False)
+
+    def render_chat(self, messages, tools=None, options=None) -> str:
+        try:
+            return self.renderer.render(messages, tools, options)
+        except ValueError as error:
+            raise BackendError(str(error)) from None
+
+
+def rendered(template: str) -> str:
+    source = (TEMPLATES / template).read_text()
+    return ToolSupport(source).render(TemplateBackend(source), Request(messages=HISTORY, tools=(WEATHER,)))
+
+
+def test_a_template_that_concatenates_arguments_gets_them_as_text():
+    assert '>>>get_weather\n{"city": "Paris"}' in rendered("meetkai-functionary-medium-v3.2.jinja")
+
+
+def test_a_template_that_writes_tojson_gets_them_as_an_object():
+    assert '"arguments": {"city": "Paris"}' in rendered("Qwen-Qwen3-0.6B.jinja")
