@@ -136,6 +136,16 @@ def test_models_health_and_metrics(server):
     assert "multiseq_time_to_first_token_seconds_count 1.0" in metrics
 
 
+def test_props_name_the_tool_call_family(server):
+    _, base, _ = server()
+    status, data = get(base, "/props")
+    props = json.loads(data)
+    assert status == 200 and props["model"] == MODEL and props["total_slots"] >= 1
+    # The fake model's template knows no tools: the generic format, detected.
+    assert props["tool_format"] == {"name": "generic", "description": props["tool_format"]["description"],
+                                    "reasoning": None, "detected": "generic"}
+
+
 def test_health_is_503_while_the_model_loads(make_runner, serve_app):
     app = create_app(None, ServerSettings(model_name=MODEL))
     base = serve_app(app)
