@@ -39,7 +39,8 @@ def written(syntax: CallSyntax, calls: list[tuple[str, dict]]) -> str:
         else:
             body = "".join(
                 syntax.parameter_open.replace("{key}", key).replace("{string}", str(isinstance(value, str)).lower())
-                + (value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)) + syntax.parameter_close
+                + (value if isinstance(value, str) else json.dumps(value, ensure_ascii=False))
+                + syntax.parameter_close.replace("{key}", key)
                 for key, value in arguments.items())
         parts.append(opening + body + syntax.call_close)
     return syntax.block_open + syntax.separator.join(parts) + syntax.block_close

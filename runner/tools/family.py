@@ -103,6 +103,7 @@ class CallSyntax:
     # <parameter=KEY>\nVALUE\n</parameter>, GLM's <arg_key>KEY</arg_key><arg_value>...):
     # `parameter_open` holds {key}, and may hold {string} ("true" for a value written as raw
     # text, "false" for JSON: DeepSeek's DSML); string values are raw text, others JSON.
+    # `parameter_close` may hold {key} too (MiniMax M3 closes a parameter with its name).
     parameter_open: str | None = None
     parameter_close: str = ""
 

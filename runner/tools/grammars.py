@@ -197,9 +197,9 @@ def _parameter_rules(name: str, tool: Tool, syntax: CallSyntax, literal, special
     if not properties:
         return [f"{name}: \"\"" if not syntax.parameter_open else f"{name}: \"\""]
     items, rules = [], []
-    closing = literal(syntax.parameter_close)
     for position, (key, sub_schema) in enumerate(properties.items()):
         rule = f"{name}_{position}"
+        closing = literal(syntax.parameter_close.replace("{key}", key))
         is_text = _is_plain_string(sub_schema)
         opening = literal(syntax.parameter_open.replace("{key}", key).replace("{string}", "true" if is_text else "false"))
         if is_text:
@@ -217,7 +217,7 @@ def _parameter_rules(name: str, tool: Tool, syntax: CallSyntax, literal, special
             rules.append(f"{rule}_value: %json " + json.dumps(value_schema, ensure_ascii=False))
         items.append(rule if key in required else f"{rule}?")
     rules.append(f"{name}: " + " ".join(items))
-    if any(rule.endswith("VALUE_TEXT? " + closing) for rule in rules):
+    if any(" VALUE_TEXT? " in rule for rule in rules):
         rules.append(f"VALUE_TEXT: {_ANY_TEXT}")
     return rules
 

@@ -1,0 +1,99 @@
+"""Sber GigaChat 3 and 3.1: one call (the templates render only the first of a turn's calls) as
+a JSON object of "name" and "arguments" after a marker, following the content.
+
+GigaChat 3 writes the call as a message of its own, of the role `function call`:
+
+    Let me look.<|message_sep|>
+
+    function call<|role_sep|>
+    {"name": "get_weather", "arguments": {"city": "Paris"}}
+
+GigaChat 3.1 marks it with a token of its own:
+
+    Let me look.<|function_call|>{"name": "get_weather", "arguments": {"city": "Paris"}}
+
+<|message_sep|> ends a message: one that no function call follows ends the output (what would
+follow is another role's message). The parse reads both forms whatever `context.variant` says
+("gigachat3", "gigachat3.1"); the variants give the grammar each template's form.
+"""
+
+from __future__ import annotations
+
+import re
+
+from ..family import CUT_OFF, CallSyntax, Family, FamilyParse, ParseContext, Segment, Text, held_back
+from ._marked_calls import UNREADABLE, JsonBroken, JsonCutOff, json_value_at, named_calls
+
+MESSAGE_SEP, ROLE_SEP, FUNCTION_CALL = "<|message_sep|>", "<|role_sep|>", "<|function_call|>"
+CALL_ROLE = "function call"
+V3_OPEN = MESSAGE_SEP + "\n\n" + CALL_ROLE + ROLE_SEP + "\n"  # as the 3.0 template writes it
+
+# A call's opening: 3.1's token, or 3.0's message separator and the call's role.
+_OPENER = re.compile(re.escape(FUNCTION_CALL) + "|" + re.escape(MESSAGE_SEP) + r"\s*" + CALL_ROLE
+                     + r"\s*" + re.escape(ROLE_SEP))
+
+
+def parse(text: str, context: ParseContext) -> FamilyParse:
+    segments: list[Segment] = []
+    error = None
+    position = 0
+    while True:
+        opener = _OPENER.search(text, position)
+        turn_end = text.find(MESSAGE_SEP, position)
+        if turn_end >= 0 and (opener is None or turn_end < opener.start()):
+            if not context.final and _may_open_call(text[turn_end:]):
+                return FamilyParse(_nonempty(segments + [Text(text[position:turn_end])]), error)
+            # The message ends, no call after it: the output has ended there.
+            return FamilyParse(_nonempty(segments + [Text(text[position:turn_end])]), error)
+        if opener is None:
+            tail = text[position:]
+            if not context.final:
+                tail = tail[:len(tail) - held_back(tail, (FUNCTION_CALL, MESSAGE_SEP))]
+            return FamilyParse(_nonempty(segments + [Text(tail)]), error)
+        segments.append(Text(text[position:opener.start()]))
+        found = json_value_at(text, opener.end())
+        if isinstance(found, JsonCutOff):
+            if not context.final:
+                return FamilyParse(_nonempty(segments), error)
+            return FamilyParse(_nonempty(segments + [Text(text[opener.start():])]), CUT_OFF)
+        if isinstance(found, JsonBroken):
+            return FamilyParse(_nonempty(segments + [Text(text[opener.start():])]), UNREADABLE)
+        value, end = found
+        calls = named_calls(value, "name", ("arguments", "parameters")) if isinstance(value, dict) else None
+        if calls is None:
+            segments.append(Text(text[opener.start():end]))
+            error = UNREADABLE
+        else:
+            segments += calls
+        position = end
+
+
+def _may_open_call(tail: str) -> bool:
+    """Whether text from a <|message_sep|> may still grow into 3.0's call opening."""
+    rest = tail[len(MESSAGE_SEP):].lstrip()
+    if rest.startswith(CALL_ROLE):
+        after = rest[len(CALL_ROLE):].lstrip()
+        return ROLE_SEP.startswith(after)
+    return CALL_ROLE.startswith(rest)
+
+
+def _nonempty(segments: list[Segment]) -> tuple[Segment, ...]:
+    return tuple(segment for segment in segments if not isinstance(segment, Text) or segment.text)
+
+
+FAMILY = Family(
+    name="gigachat",
+    description='GigaChat 3 (<|message_sep|>\\n\\nfunction call<|role_sep|>\\n{"name": ..., "arguments": {...}}) '
+                'and 3.1 (<|function_call|>{"name": ..., "arguments": {...}})',
+    parse=parse,
+    fingerprints=((MESSAGE_SEP, ROLE_SEP, FUNCTION_CALL), (MESSAGE_SEP, ROLE_SEP, "'function call'")),
+    markers=(MESSAGE_SEP, ROLE_SEP, FUNCTION_CALL),
+    priority=60,
+    # First match wins: 3.1's template also names the `function call` role in its prose.
+    variants={"gigachat3.1": (FUNCTION_CALL,), "gigachat3": (MESSAGE_SEP, ROLE_SEP)},
+    # Calls as each template writes them back into the history.
+    call_syntax=CallSyntax(call_open=FUNCTION_CALL + '{"name": "{name}", "arguments": ', call_close="}"),
+    variant_call_syntax={
+        "gigachat3": CallSyntax(call_open=V3_OPEN + '{"name": "{name}", "arguments": ', call_close="}"),
+    },
+)

@@ -1,0 +1,251 @@
+"""MiniMax-M3: XML-like calls whose every tag starts with the namespace token ]<]minimax[>[, a
+parameter's name being its tag; objects and arrays are nested elements (an array's are <item>):
+
+    <mm:think>The user wants the weather.</mm:think>Let me look.]<]minimax[>[<tool_call>
+    ]<]minimax[>[<invoke name="get_weather">]<]minimax[>[<city>Paris]<]minimax[>[</city>]<]minimax[>[<days>3]<]minimax[>[</days>]<]minimax[>[<hours>]<]minimax[>[<item>9]<]minimax[>[</item>]<]minimax[>[</hours>]<]minimax[>[</invoke>
+    ]<]minimax[>[</tool_call>
+
+Reasoning is in <mm:think>...</mm:think>; a turn without it starts with a bare </mm:think>
+(written by the generation prompt when thinking is disabled, or by the model). Values are the
+text between the tags, typed by the tool's schema (the template writes numbers and booleans
+as JSON, strings raw). A parameter whose value is nested elements is read as the object or
+array they write, also where the schema allows a string (llama.cpp reads that one as the raw
+markup: a model writes elements for a value it means as a structure, and the namespace token
+is no text). [e~[ ends the turn, ]~b] starts another: the output ends at either.
+(llama.cpp: common/parsers/minimax-m3.cpp.)
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..family import (CUT_OFF, Call, CallSyntax, Family, FamilyParse, ParseContext, Segment, Text, arguments_json,
+                      property_schema, settled_text)
+from ._marked_calls import UNREADABLE, leading_reasoning, skip_space, with_reasoning, without
+from ._xml_calls import parameter_value, schema_types
+
+NS = "]<]minimax[>["
+BLOCK_OPEN, BLOCK_CLOSE = NS + "<tool_call>", NS + "</tool_call>"
+INVOKE_OPEN, INVOKE_CLOSE = NS + '<invoke name="', NS + "</invoke>"
+THINK, END_THINK = "<mm:think>", "</mm:think>"
+END_OF_TURN, START_OF_TURN, START_OF_DOCUMENT = "[e~[", "]~b]", "]~!b["
+ITEM = "item"
+
+_TAG = re.compile(r"([^<>/\s]+)>")  # an element's opening tag, after the namespace token and "<"
+_NAME = re.compile(r'([^"<>\n]+)">')
+
+
+class _More(Exception):
+    """The text ends before the call does."""
+
+
+class _Broken(Exception):
+    """The text is not a call in this format."""
+
+
+@dataclass
+class _Block:
+    calls: list[Call] = field(default_factory=list)
+    end: int | None = None  # after the block's close (None: not read to its end)
+    unread: int = 0  # where the text not read as calls starts
+    problem: str | None = None  # CUT_OFF, UNREADABLE, or None (read, or waiting for more text)
+
+
+def parse(text: str, context: ParseContext) -> FamilyParse:
+    text, context = _turn(text, context)
+    reasoning, rest = leading_reasoning(text, context, THINK, (END_THINK,), also_ending=(BLOCK_OPEN,))
+    if rest is None:
+        return FamilyParse(tuple(reasoning))
+    return with_reasoning(reasoning, _answer(rest, context))
+
+
+def _turn(text: str, context: ParseContext) -> tuple[str, ParseContext]:
+    """The text up to the end of the turn, where the model wrote it: the output ends there."""
+    ends = [at for at in (text.find(END_OF_TURN), text.find(START_OF_TURN)) if at >= 0]
+    if not ends:
+        return text, context
+    return text[:min(ends)], ParseContext(final=True, tools=context.tools, reasoning_open=context.reasoning_open,
+                                          variant=context.variant)
+
+
+def _answer(text: str, context: ParseContext) -> FamilyParse:
+    """Content and call blocks. A bare </mm:think> (a turn without reasoning) is no text."""
+    segments: list[Segment] = []
+    error = None
+    position = 0
+    hidden = (END_THINK,)
+    waiting_for = (BLOCK_OPEN, END_THINK, END_OF_TURN, START_OF_TURN, START_OF_DOCUMENT)
+    while (start := text.find(BLOCK_OPEN, position)) >= 0:
+        segments.append(Text(without(text[position:start], hidden)))
+        block = _read_block(text, start + len(BLOCK_OPEN), context)
+        segments += block.calls
+        if block.end is None and block.problem is None:  # not ended yet: what follows waits
+            return FamilyParse(_nonempty(segments), error)
+        if block.problem is not None:  # the text not read as calls, as the model wrote it
+            segments.append(Text(text[block.unread if block.calls else start:block.end or len(text)]))
+            error = block.problem
+        if block.end is None:
+            return FamilyParse(_nonempty(segments), error)
+        position = block.end
+    segments.append(Text(settled_text(without(text[position:], hidden), context, waiting_for)))
+    return FamilyParse(_nonempty(segments), error)
+
+
+def _nonempty(segments: list[Segment]) -> tuple[Segment, ...]:
+    return tuple(segment for segment in segments if not isinstance(segment, Text) or segment.text)
+
+
+def _read_block(text: str, position: int, context: ParseContext) -> _Block:
+    """The invokes after the block's opening, up to its close."""
+    block = _Block(unread=position)
+    while True:
+        position = skip_space(text, position)
+        if text.startswith(BLOCK_CLOSE, position):
+            block.end = position + len(BLOCK_CLOSE)
+            return block
+        try:
+            call, position = _read_invoke(text, position, context)
+        except _More:
+            if context.final:
+                # Calls complete and only the block's close missing: read.
+                block.problem = CUT_OFF if text[block.unread:].strip() or not block.calls else None
+            return block
+        except _Broken:
+            close = text.find(BLOCK_CLOSE, position)
+            if close < 0 and not context.final:
+                return block  # where the unreadable block ends is not known yet
+            block.problem, block.end = UNREADABLE, (close + len(BLOCK_CLOSE) if close >= 0 else None)
+            return block
+        block.calls.append(call)
+        block.unread = position
+
+
+def _expect(text: str, position: int, marker: str) -> int:
+    """After `marker` at `position`; _More where the text ends inside it, _Broken where it is not there."""
+    if text.startswith(marker, position):
+        return position + len(marker)
+    if marker.startswith(text[position:]):
+        raise _More
+    raise _Broken
+
+
+def _read_invoke(text: str, position: int, context: ParseContext) -> tuple[Call, int]:
+    position = _expect(text, position, INVOKE_OPEN)
+    name = _NAME.match(text, position)
+    if name is None:
+        if re.fullmatch(r'[^"<>\n]*"?', text[position:]):
+            raise _More
+        raise _Broken
+    schema = context.schema_of(name.group(1).strip())
+    arguments, position = _read_members(text, name.end(), INVOKE_CLOSE, schema)
+    return Call(name.group(1).strip(), arguments_json(arguments)), position
+
+
+def _read_members(text: str, position: int, close: str, schema: Mapping[str, Any]) -> tuple[dict[str, Any], int]:
+    """Elements up to `close`, as an object's members: (the object, after `close`)."""
+    members: dict[str, Any] = {}
+    while True:
+        position = skip_space(text, position)
+        if text.startswith(close, position):
+            return members, position + len(close)
+        if close.startswith(text[position:]):
+            raise _More
+        key, value, position = _read_element(text, position, property_schema(schema, ""), schema)
+        members[key] = value
+
+
+def _read_items(text: str, position: int, close: str, schema: Mapping[str, Any]) -> tuple[list[Any], int]:
+    items: list[Any] = []
+    while True:
+        position = skip_space(text, position)
+        if text.startswith(close, position):
+            return items, position + len(close)
+        if close.startswith(text[position:]):
+            raise _More
+        _, value, position = _read_element(text, position, _branch(schema, "array").get("items") or {}, None)
+        items.append(value)
+
+
+def _read_element(text: str, position: int, item_schema: Mapping[str, Any],
+                  parent: Mapping[str, Any] | None) -> tuple[str, Any, int]:
+    """One element: (its tag, its value, after its close). `parent`: the schema of the object
+    it is a member of (its property's schema comes from it), None for an array's item."""
+    position = _expect(text, position, NS + "<")
+    tag = _TAG.match(text, position)
+    if tag is None:
+        if re.fullmatch(r"[^<>/\s]*", text[position:]):
+            raise _More
+        raise _Broken
+    key = tag.group(1)
+    schema = property_schema(_branch(parent, "object"), key) if parent is not None else item_schema
+    close = f"{NS}</{key}>"
+    start = tag.end()
+    if skip_space(text, start) == len(text):
+        raise _More
+    nested = text.startswith(NS + "<", skip_space(text, start)) and not text.startswith(NS + "</", skip_space(text, start))
+    if nested and not _only_string(schema):
+        return key, *_read_nested(text, skip_space(text, start), close, schema)
+    end = text.find(close, start)
+    if end < 0:
+        raise _More
+    raw = text[start:end]
+    if NS in raw and not _only_string(schema):
+        raise _Broken  # markup that is not elements: not a value
+    return key, _scalar(raw, schema), end + len(close)
+
+
+def _read_nested(text: str, position: int, close: str, schema: Mapping[str, Any]) -> tuple[Any, int]:
+    """Nested elements: an array where the schema wants one, an object where it wants one, and
+    where it allows both (or says nothing) an array when they are <item>s."""
+    types = schema_types(schema) & {"array", "object"}
+    items = text.startswith(f"{NS}<{ITEM}>", position)
+    if types == {"array"} or (types != {"object"} and items):
+        return _read_items(text, position, close, schema)
+    return _read_members(text, position, close, schema)
+
+
+def _scalar(raw: str, schema: Mapping[str, Any]) -> Any:
+    """A value written as text: an empty one is the empty container its schema wants."""
+    types = schema_types(schema)
+    if not raw.strip() and types and "string" not in types:
+        if "array" in types:
+            return []
+        if "object" in types:
+            return {}
+    return parameter_value(raw, schema)
+
+
+def _only_string(schema: Mapping[str, Any]) -> bool:
+    types = schema_types(schema)
+    return bool(types) and types <= {"string"}
+
+
+def _branch(schema: Mapping[str, Any] | None, kind: str) -> Mapping[str, Any]:
+    """The part of a schema that describes values of `kind` (an anyOf/oneOf alternative's)."""
+    if not schema:
+        return {}
+    for key in ("anyOf", "oneOf"):
+        for alternative in schema.get(key) or ():
+            if isinstance(alternative, Mapping) and kind in schema_types(alternative):
+                return alternative
+    return schema
+
+
+FAMILY = Family(
+    name="minimax-m3",
+    description="]<]minimax[>[<tool_call> ]<]minimax[>[<invoke name=NAME>]<]minimax[>[<KEY>VALUE]<]minimax[>[</KEY>"
+                "... (MiniMax-M3), reasoning in <mm:think>",
+    parse=parse,
+    fingerprints=((NS, "<invoke name="),),
+    markers=(NS, THINK, END_THINK, END_OF_TURN, START_OF_TURN, START_OF_DOCUMENT),
+    reasoning=(THINK, END_THINK),
+    priority=30,  # before hermes (80), whose fingerprint ("<tool_call>") the template also holds
+    # A constrained call as the template writes it; a value that is not a string is written as
+    # its JSON (the reader takes both JSON and nested elements).
+    call_syntax=CallSyntax(block_open=NS + "<tool_call>\n", call_open=NS + '<invoke name="{name}">',
+                           call_close=NS + "</invoke>\n", block_close=NS + "</tool_call>",
+                           parameter_open=NS + "<{key}>", parameter_close=NS + "</{key}>"),
+)
