@@ -114,3 +114,26 @@ def test_every_family_has_what_the_registry_needs():
 def test_an_unknown_family_name_says_which_exist():
     with pytest.raises(ValueError, match="the formats are .*qwen3-xml"):
         family_named("qwen4-xml")
+
+
+# A template no fingerprint knows (its markers built from pieces) that writes Qwen3-Coder's calls.
+DISGUISED_QWEN3_CODER = (
+    "{%- set open = '<' ~ 'function=' -%}{%- set param = '<' ~ 'parameter=' -%}"
+    "{%- for message in messages -%}<|im_start|>{{ message.role }}\n{{ message.content }}"
+    "{%- for call in message.tool_calls or [] -%}"
+    "\n<tool_call>\n{{ open }}{{ call.function.name }}>\n"
+    "{%- for key, value in call.function.arguments.items() -%}"
+    "{{ param }}{{ key }}>\n{{ value }}\n</parameter>\n{%- endfor -%}</function>\n</tool_call>"
+    "{%- endfor -%}<|im_end|>\n{%- endfor -%}"
+    "{%- if tools %}<|im_start|>system\nYou may call tools.<|im_end|>\n{% endif -%}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif -%}")
+
+
+def test_a_template_without_a_fingerprint_is_known_by_the_calls_it_renders():
+    assert not any(family.matches(DISGUISED_QWEN3_CODER) for family in all_families())
+    assert detect(DISGUISED_QWEN3_CODER).name == "qwen3-xml"
+
+
+def test_a_template_that_renders_calls_no_family_reads_is_generic():
+    unknown = DISGUISED_QWEN3_CODER.replace("<tool_call>", "<<CALL>>").replace("</tool_call>", "<</CALL>>")
+    assert detect(unknown).name == "generic"
