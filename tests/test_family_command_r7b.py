@@ -64,13 +64,13 @@ def test_llama_cpp_parses(text, prompt, content, reasoning, calls):
     assert parsed.error is None
 
 
-def test_a_cut_off_call_is_content():
+def test_a_cut_off_call_is_dropped_with_an_error():
     # test-chat.cpp:2847 (a partial call: llama.cpp streams its name; at the end it is no call)
     text = ("<|START_THINKING|>I'm\nthinking<|END_THINKING|><|START_ACTION|>[\n"
             '    {"tool_call_id": "0", "tool_name": "special_function", ')
     parsed = read_everywhere(text, FAMILY)
     assert parsed.tool_calls == () and parsed.error == CUT_OFF and parsed.reasoning == "I'm\nthinking"
-    assert parsed.content == text[text.index("<|START_ACTION|>"):].rstrip()
+    assert parsed.content is None  # neither <|START_ACTION|> nor the call as written
     _, shown = streamed(text, FAMILY, list(text))
     assert "<|START_ACTION|>" not in shown
 

@@ -47,13 +47,13 @@ def test_directly_answer_is_no_call_unless_offered():
     assert calls_of(offered) == [("directly-answer", {})]
 
 
-@pytest.mark.parametrize("text", [
-    'Sure.\nAction:\n```json\n[{"tool_name": "special_function", "parameters": {"ar',
-    "Action:\n```json\n[",
+@pytest.mark.parametrize("text, content", [
+    ('Sure.\nAction:\n```json\n[{"tool_name": "special_function", "parameters": {"ar', "Sure."),
+    ("Action:\n```json\n[", None),
 ])
-def test_a_cut_off_call_is_content(text):
+def test_a_cut_off_call_is_dropped_with_an_error(text, content):
     parsed = read_everywhere(text, FAMILY)
-    assert parsed.tool_calls == () and parsed.error == CUT_OFF and parsed.content == text.strip()
+    assert parsed.tool_calls == () and parsed.error == CUT_OFF and parsed.content == content
     _, shown = streamed(text, FAMILY, list(text))
     assert "```" not in shown and "Action:" not in shown
 

@@ -259,10 +259,10 @@ TRUNCATED = [
 
 
 @pytest.mark.parametrize("template_name, prompt, text", TRUNCATED)
-def test_a_truncated_call_is_content_with_an_error(template_name, prompt, text):
+def test_a_truncated_call_is_dropped_with_an_error(template_name, prompt, text):
     parsed = read("Let me look. " + text, template_name, prompt)
     assert parsed.tool_calls == ()
-    assert parsed.content == "Let me look. " + text
+    assert parsed.content == "Let me look."
     assert parsed.error == CUT_OFF
 
 
@@ -292,8 +292,10 @@ def test_every_prefix_of_two_calls_gives_only_the_complete_ones():
         complete = [name for name, end in (("f", len("<｜tool▁calls▁begin｜>" + first)),
                                            ("g", len("<｜tool▁calls▁begin｜>" + first + second))) if size >= end]
         assert [call.name for call in parsed.tool_calls] == complete
-        if not complete:
-            assert parsed.content == (text[:size].strip() or None)
+        if not complete:  # a prefix of the opening marker is text; a call cut off after it is dropped
+            opened = size >= len("<｜tool▁calls▁begin｜>")
+            assert parsed.content == (None if opened else text[:size].strip() or None)
+            assert parsed.error == (CUT_OFF if opened else None)
 
 
 def test_a_call_that_cannot_be_read_is_content():

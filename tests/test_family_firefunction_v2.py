@@ -33,9 +33,9 @@ def test_llama_cpp_parses(text, content, calls):
     assert parsed.error is None
 
 
-def test_a_cut_off_call_is_content():
+def test_a_cut_off_call_is_dropped_with_an_error():
     text = ' functools[{"name": "special_function", "arguments": {"arg1": 1}'
     parsed = read_everywhere(text, FAMILY)
-    assert parsed.tool_calls == () and parsed.error == CUT_OFF and parsed.content == text.strip()
+    assert parsed.tool_calls == () and parsed.error == CUT_OFF and parsed.content is None
     _, shown = streamed(text, FAMILY, list(text))
     assert shown == ""

@@ -39,10 +39,11 @@ def test_llama_cpp_parses(text, content, calls):
     assert parsed.error is None
 
 
-@pytest.mark.parametrize("text", ['special_function\n{"arg1": ', 'all\nOne moment.>>>special_function\n{"arg'])
-def test_a_cut_off_call_is_content(text):
+@pytest.mark.parametrize("text, content", [('special_function\n{"arg1": ', None),
+                                           ('all\nOne moment.>>>special_function\n{"arg', "One moment.")])
+def test_a_cut_off_call_is_dropped_with_an_error(text, content):
     parsed = read_everywhere(text, FAMILY)
-    assert parsed.tool_calls == () and parsed.error == CUT_OFF
+    assert parsed.tool_calls == () and parsed.error == CUT_OFF and parsed.content == content
     _, shown = streamed(text, FAMILY, list(text))
     assert "special_function" not in shown and ">>>" not in shown
 

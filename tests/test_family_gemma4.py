@@ -1,6 +1,7 @@
 """The Gemma 4 family: its templates are detected, llama.cpp's own expected parses of its
-output (tests/test-chat.cpp) come out the same whole and one character at a time, and a call
-cut off or not in the notation is content with an error, never a call."""
+output (tests/test-chat.cpp) come out the same whole and one character at a time, a call not
+in the notation is content with an error, and a call cut off is dropped with an error; neither
+is ever a call."""
 
 from __future__ import annotations
 
@@ -102,17 +103,17 @@ def test_an_output_cut_off_in_reasoning_is_all_reasoning():
         (None, "The user wants", [])
 
 
-@pytest.mark.parametrize("text", [
-    '<|tool_call>call:get_weather{city:<|"|>Paris',
-    '<|tool_call>call:get_weather{city:<|"|>Paris<|"|>',
-    "<|tool_call>call:get",
-    'Let me check. <|tool_call>call:get_weather{city:<|"|>Par',
+@pytest.mark.parametrize("text, content", [
+    ('<|tool_call>call:get_weather{city:<|"|>Paris', None),
+    ('<|tool_call>call:get_weather{city:<|"|>Paris<|"|>', None),
+    ("<|tool_call>call:get", None),
+    ('Let me check. <|tool_call>call:get_weather{city:<|"|>Par', "Let me check."),
 ])
-def test_a_cut_off_call_is_content_with_an_error_never_a_call(text):
+def test_a_cut_off_call_is_dropped_with_an_error_never_a_call(text, content):
     for pieces in (False, True):
         parsed = read(text, pieces=pieces)
         assert parsed.tool_calls == () and parsed.error == CUT_OFF
-        assert parsed.content == text.strip()
+        assert parsed.content == content  # the text before the call; nothing of the call itself
 
 
 def test_a_call_cut_off_after_whole_calls_is_dropped_and_the_whole_ones_kept():

@@ -11,7 +11,7 @@ import pytest
 
 from multiseq.tools import ParsedOutput, Tool, read_output
 from multiseq.tools.families import detect
-from multiseq.tools.families.gpt_oss import FAMILY, MARKERS
+from multiseq.tools.families.gpt_oss import FAMILY
 from multiseq.tools.family import CUT_OFF
 
 TEMPLATES = Path(__file__).parent / "data" / "llama.cpp-templates"
@@ -144,16 +144,22 @@ def test_marker_strings_inside_arguments_and_reasoning_are_text():
     '{"arg1": 1, "note": "it ends with <|call|>',
     "",
 ])
-def test_a_call_cut_off_in_its_arguments_is_content_with_an_error(cut):
+def test_a_call_cut_off_in_its_arguments_is_dropped_with_an_error(cut):
     text = ("<|channel|>analysis<|message|>Call it.<|end|>"
             "<|start|>assistant to=functions.special_function<|channel|>commentary <|constrain|>json<|message|>" + cut)
     parsed = read_both_ways(text)
     assert parsed.tool_calls == ()
     assert parsed.reasoning == "Call it."
-    assert parsed.content == (cut.strip() or None)
+    assert parsed.content is None  # neither the header's markers nor the body as written
     assert parsed.error == CUT_OFF
-    header_markers = [marker for marker in MARKERS if marker in (parsed.content or "") and marker not in cut]
-    assert header_markers == []
+
+
+@pytest.mark.parametrize("cut", ['{"arg1": ', '{"arg1": 1, "note": "it ends with <|call|>'])
+def test_a_call_cut_off_after_a_preamble_keeps_the_preamble(cut):
+    text = ("<|channel|>commentary<|message|>Let me check.<|end|>"
+            "<|start|>assistant to=functions.special_function<|channel|>commentary <|constrain|>json<|message|>" + cut)
+    parsed = read_both_ways(text)
+    assert (parsed.content, parsed.tool_calls, parsed.error) == ("Let me check.", (), CUT_OFF)
 
 
 def test_a_call_cut_off_in_its_header_is_no_call():

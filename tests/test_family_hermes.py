@@ -1,7 +1,7 @@
 """The Hermes family (read by multiseq.tools.parsers): its templates are detected, llama.cpp's
 own expected parses (tests/test-chat.cpp) come out the same whole and one character at a time,
-and a cut-off call is never a call: content where it was the only one, dropped after whole calls
-(the calls stand), never streamed before it ends."""
+and a cut-off call is never a call: dropped with an error (whole calls before it stand), never
+streamed before it ends."""
 
 from __future__ import annotations
 
@@ -59,11 +59,11 @@ def test_llama_cpps_expected_parses_whole_and_one_character_at_a_time(line, text
     '<think>\nI should call the tool.\n</think>\n\n<tool_call>\n{"name": "get_weather", "arguments": {"city',
     '<tool_call>\n{"name": "final_answer", "arguments": {"trigger": true}',  # no closing brace
 ])
-def test_a_cut_off_call_is_content_with_an_error_never_a_call(text):
+def test_a_cut_off_call_is_dropped_with_an_error_never_a_call(text):
     for pieces in (False, True):
         parsed = read(text, pieces=pieces)
         assert parsed.tool_calls == () and parsed.error == CUT_OFF
-        assert parsed.content.startswith("<tool_call>") and text.endswith(parsed.content)
+        assert parsed.content is None  # neither <tool_call> nor the call as written
 
 
 def test_a_call_cut_off_after_a_whole_one_is_dropped_and_the_whole_one_kept():

@@ -63,10 +63,10 @@ def test_template_renderings(prompt, text, content, reasoning, calls):
     assert parsed.error is None
 
 
-def test_a_cut_off_call_is_content_with_an_error():
+def test_a_cut_off_call_is_dropped_with_an_error():
     text = "Sure." + block(call("python", code="print(1)"))[:90]
     parsed = read_everywhere(text, FAMILY, NOT_THINKING)
-    assert parsed.tool_calls == () and parsed.error == CUT_OFF and parsed.content == text
+    assert parsed.tool_calls == () and parsed.error == CUT_OFF and parsed.content == "Sure."
 
 
 def test_a_block_that_cannot_be_read_is_content_with_an_error():

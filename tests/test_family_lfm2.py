@@ -77,11 +77,11 @@ def test_llama_cpp_parses(text, content, reasoning, calls):
     assert parsed.error is None
 
 
-def test_a_cut_off_call_is_content():
+def test_a_cut_off_call_is_dropped_with_an_error():
     # test-chat.cpp:2116 (a partial call while streaming; at the end it is no call)
     text = START + "[special_function(arg1="
     parsed = read_everywhere(text, FAMILY)
-    assert parsed.tool_calls == () and parsed.error == CUT_OFF and parsed.content == text
+    assert parsed.tool_calls == () and parsed.error == CUT_OFF and parsed.content is None
     _, shown = streamed(text, FAMILY, list(text))
     assert shown == ""
 

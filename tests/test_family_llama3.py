@@ -84,10 +84,10 @@ def test_a_leading_bracket_that_begins_no_call_is_content(text):
     '[get_weather(city="San Francisco"), get_weather(city="Seattle',
     "<|python_start|>[get_weather(city='LA'",
 ])
-def test_a_cut_off_call_is_content_with_an_error_never_a_call(text):
+def test_a_cut_off_call_is_dropped_with_an_error_never_a_call(text):
     for pieces in (False, True):
         parsed = read(text, pieces=pieces)
-        assert parsed.tool_calls == () and parsed.error == CUT_OFF and parsed.content == text
+        assert parsed.tool_calls == () and parsed.error == CUT_OFF and parsed.content is None
 
 
 def test_a_call_cut_off_after_whole_calls_is_dropped_and_the_whole_ones_kept():

@@ -55,10 +55,10 @@ def test_content_before_a_call_and_the_end_of_the_turn():
     assert (parsed.content, calls_of(parsed)) == ("Let me run it.", [("special_function", {"arg1": 1})])
 
 
-def test_a_cut_off_call_is_content_with_an_error():
+def test_a_cut_off_call_is_dropped_with_an_error():
     text = """Sure.\n<function name="python"><param name="code">print('x"""
     parsed = read_everywhere(text, FAMILY, NOT_THINKING)
-    assert parsed.tool_calls == () and parsed.error == CUT_OFF and parsed.content == text
+    assert parsed.tool_calls == () and parsed.error == CUT_OFF and parsed.content == "Sure."
 
 
 def test_a_call_that_cannot_be_read_is_content_with_an_error():

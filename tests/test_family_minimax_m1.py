@@ -48,13 +48,13 @@ def test_the_end_of_turn_token_ends_the_output():
     assert parsed.content == "Hi!"
 
 
-@pytest.mark.parametrize("text", [
-    "Sure.\n<tool_calls>\n" + ONE + '{"name": "python", "argu',
-    "<tool_calls>\n{",
+@pytest.mark.parametrize("text, content", [
+    ("Sure.\n<tool_calls>\n" + ONE + '{"name": "python", "argu', "Sure."),
+    ("<tool_calls>\n{", None),
 ])
-def test_a_cut_off_call_is_content(text):
+def test_a_cut_off_call_is_dropped_with_an_error(text, content):
     parsed = read_everywhere(text, FAMILY)
-    assert parsed.tool_calls == () and parsed.error == CUT_OFF and parsed.content == text.strip()
+    assert parsed.tool_calls == () and parsed.error == CUT_OFF and parsed.content == content
     _, shown = streamed(text, FAMILY, list(text))
     assert "<tool_calls>" not in shown
 

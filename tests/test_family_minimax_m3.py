@@ -152,14 +152,14 @@ def test_a_block_whose_close_never_came_keeps_its_complete_calls():
     assert calls_of(parsed) == [("get_time", {"city": "Paris"})] and parsed.error is None
 
 
-@pytest.mark.parametrize("text", [
-    f'Sure.{NS}<tool_call>\n{NS}<invoke name="get_time">{NS}<city>Par',
-    f'{NS}<tool_call>\n{NS}<invoke name="get_ti',
-    f"{NS}<tool_call>\n",
+@pytest.mark.parametrize("text, content", [
+    (f'Sure.{NS}<tool_call>\n{NS}<invoke name="get_time">{NS}<city>Par', "Sure."),
+    (f'{NS}<tool_call>\n{NS}<invoke name="get_ti', None),
+    (f"{NS}<tool_call>\n", None),
 ])
-def test_a_cut_off_call_is_content(text):
+def test_a_cut_off_call_is_dropped_with_an_error(text, content):
     parsed = read("</mm:think>" + text)
-    assert parsed.tool_calls == () and parsed.error == CUT_OFF and parsed.content == text.strip()
+    assert parsed.tool_calls == () and parsed.error == CUT_OFF and parsed.content == content
     _, shown = streamed("</mm:think>" + text, FAMILY, list("</mm:think>" + text), tools=TOOLS)
     assert NS not in shown
 
@@ -169,7 +169,7 @@ def test_a_cut_off_second_call_keeps_the_first():
         + f'{NS}<invoke name="get_weather">{NS}<city>Pa'
     parsed = read(text)
     assert calls_of(parsed) == [("get_time", {"city": "Paris"})] and parsed.error == CUT_OFF
-    assert parsed.content == f'{NS}<invoke name="get_weather">{NS}<city>Pa'
+    assert parsed.content is None  # the cut-off call is dropped, not shown as its markup
 
 
 def test_markup_that_is_not_a_call_is_content_with_an_error():

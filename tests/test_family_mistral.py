@@ -81,10 +81,10 @@ def test_an_output_cut_off_in_think_is_all_reasoning():
     '[TOOL_CALLS]f[CALL_ID]12345',
     '[TOOL_CALLS][{"name": "f", "arguments": {"a":',
 ])
-def test_a_cut_off_call_is_content_with_an_error_never_a_call(text):
+def test_a_cut_off_call_is_dropped_with_an_error_never_a_call(text):
     for pieces in (False, True):
         parsed = read(text, pieces=pieces)
-        assert parsed.tool_calls == () and parsed.error == CUT_OFF and parsed.content == text
+        assert parsed.tool_calls == () and parsed.error == CUT_OFF and parsed.content is None
 
 
 def test_a_call_cut_off_after_whole_calls_is_dropped_and_the_whole_ones_kept():

@@ -77,10 +77,10 @@ def test_string_parameters_keep_their_text():
     assert calls_of(parsed) == [("python", {"code": 'print("a")\n  x = 1\n'})]
 
 
-def test_a_cut_off_call_is_content_with_an_error():
+def test_a_cut_off_call_is_dropped_with_an_error():
     text = " to=special_function<|message|>" + CALL_MARKUP[:60]
     parsed = read_everywhere(text, FAMILY, PROMPT)
-    assert parsed.tool_calls == () and parsed.error == CUT_OFF and parsed.content == text.strip()
+    assert parsed.tool_calls == () and parsed.error == CUT_OFF and parsed.content is None
 
 
 def test_a_call_message_that_is_no_markup_is_content_with_an_error():

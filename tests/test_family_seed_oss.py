@@ -68,13 +68,13 @@ def test_values_rendered_with_python_str():
                                 ("set_union", {"value": {"a": 1}, "amount": 3})]
 
 
-@pytest.mark.parametrize("text", [
-    "<seed:tool_call>\n<function=python>\n<parameter=code>print(",
-    "Sure.\n<seed:tool_call>\n<function=python>\n<parameter=code>print(1)</parameter>\n",
+@pytest.mark.parametrize("text, content", [
+    ("<seed:tool_call>\n<function=python>\n<parameter=code>print(", None),
+    ("Sure.\n<seed:tool_call>\n<function=python>\n<parameter=code>print(1)</parameter>\n", "Sure."),
 ])
-def test_a_cut_off_call_is_content(text):
+def test_a_cut_off_call_is_dropped_with_an_error(text, content):
     parsed = read_everywhere(text, FAMILY, PROMPT)
-    assert parsed.tool_calls == () and parsed.error == CUT_OFF and parsed.content == text.strip()
+    assert parsed.tool_calls == () and parsed.error == CUT_OFF and parsed.content == content
     _, shown = streamed(FAMILY, list(text), PROMPT)
     assert "<seed:tool_call>" not in shown
 

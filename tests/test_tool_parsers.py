@@ -93,9 +93,11 @@ RECORDED = [
              '<tool_call>{"name": "b", "arguments": {"x": tru}}</tool_call>',
              ParsedOutput('<tool_call>{"name": "b", "arguments": {"x": tru}}</tool_call>', None, calls(("a", "{}")),
                           'the model\'s tool call is not valid JSON: Expecting value in {"x": tru}')),
-    Recorded("a call cut off mid-arguments", LLAMA3, '{"name": "get_weather", "parameters": {"city": "Par',
-             ParsedOutput('{"name": "get_weather", "parameters": {"city": "Par', None, (),
-                          "the model's tool call was cut off before it ended")),
+    Recorded("a call cut off mid-arguments is dropped", LLAMA3, '{"name": "get_weather", "parameters": {"city": "Par',
+             ParsedOutput(None, None, (), "the model's tool call was cut off before it ended")),
+    Recorded("a call cut off after text keeps the text", HERMES,
+             'Let me check. <tool_call>{"name": "get_weather", "arguments": {"city": "Par',
+             ParsedOutput("Let me check.", None, (), "the model's tool call was cut off before it ended")),
 ]
 
 
@@ -304,7 +306,6 @@ def test_text_between_calls_is_content_and_whitespace_between_them_is_dropped():
     (HERMES, 'Hi <tool_call>{"arguments": {"a": 1}}</tool_call>', "names no function"),
     (HERMES, 'Hi <tool_call>{"name": "f", "arguments": [1]}</tool_call>', "arguments are not a JSON object"),
     (HERMES, 'Hi <tool_call>{"name": "f"} and then</tool_call>', "not closed by </tool_call>"),
-    (HERMES, 'Hi <tool_call>{"name": "f", "arguments": {"a": "b', "cut off"),
     (LLAMA3, "[f(1)]", "not a Python list of calls with literal keyword arguments"),
     (LLAMA3, '<|python_tag|>brave_search.call(query="x")', "not valid JSON"),
     (MISTRAL, "Hi [TOOL_CALLS]get weather[ARGS]{}", "no [ARGS] after the function name"),
@@ -321,12 +322,22 @@ def test_a_malformed_call_is_kept_as_content_with_an_error_saying_why(tool_forma
         assert "".join(delta.text for delta in deltas if isinstance(delta, TextDelta)) == result.content
 
 
-def test_a_stream_cut_off_mid_arguments_sends_no_call_and_the_text_as_content():
+def test_a_call_cut_off_by_the_end_of_the_output_is_dropped_with_an_error():
+    """A call cut off by max_tokens was a call, not text: neither its markers nor its raw text
+    reach the content; the text before it does."""
+    text = 'Hi <tool_call>{"name": "f", "arguments": {"a": "b'
+    for pieces in ([text], list(text)):
+        deltas, result = feed_pieces(HERMES, pieces)
+        assert result == ParsedOutput("Hi", None, (), "the model's tool call was cut off before it ended")
+        assert "".join(delta.text for delta in deltas if isinstance(delta, TextDelta)) == "Hi"
+        assert not any(isinstance(delta, (ToolCallStart, ArgumentsDelta)) for delta in deltas)
+
+
+def test_a_stream_cut_off_mid_arguments_sends_no_call_and_no_text():
     parser = ToolCallParser(HERMES, call_id)
     assert parser.feed('<tool_call>{"name": "get_weather", "arguments": {"city": "Pa') == []
-    assert merged(parser.close()) == [TextDelta('<tool_call>{"name": "get_weather", "arguments": {"city": "Pa')]
-    assert parser.result() == ParsedOutput('<tool_call>{"name": "get_weather", "arguments": {"city": "Pa', None, (),
-                                           "the model's tool call was cut off before it ended")
+    assert parser.close() == []
+    assert parser.result() == ParsedOutput(None, None, (), "the model's tool call was cut off before it ended")
 
 
 def test_calls_before_a_cut_off_one_are_kept_and_the_cut_off_one_is_dropped():

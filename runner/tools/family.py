@@ -218,7 +218,10 @@ class OutputParser:
                                variant=self._context.variant)
         parsed = self.family.parse(text, context)
         self._error = parsed.error
-        content, reasoning, calls = _joined(parsed.segments)
+        segments = parsed.segments
+        if final and parsed.error == CUT_OFF:
+            segments = self._without_cut_off_call(segments)
+        content, reasoning, calls = _joined(segments)
         deltas: list[Delta] = []
         reasoning = _settled(reasoning, final)
         if len(reasoning) > len(self._reasoning) and reasoning.startswith(self._reasoning):
@@ -233,6 +236,16 @@ class OutputParser:
             self._calls.append(ToolCall(self._call_id(index), call.name, call.arguments))
             deltas += [ToolCallStart(index, self._calls[-1].id, call.name), ArgumentsDelta(index, call.arguments)]
         return deltas
+
+
+    def _without_cut_off_call(self, segments: Sequence[Segment]) -> Sequence[Segment]:
+        """A call cut off by the end of the output (max_tokens) was a call, not text: its raw
+        text (the last segment, holding the family's markers) never reaches the content; the
+        error says it was cut off."""
+        if segments and isinstance(segments[-1], Text) and any(
+                marker in segments[-1].text for marker in self.family.markers):
+            return segments[:-1]
+        return segments
 
 
 def _joined(segments: Sequence[Segment]) -> tuple[str, str, list[Call]]:

@@ -555,9 +555,9 @@ class ToolCallParser(_StreamReader):
 
     def _guarded(self, read_calls: Callable[[], Steps[None]], start: int) -> Steps[bool]:
         """Read calls starting at `start`; whether they were whole. A call cut off by the end of
-        the output is dropped where it follows whole calls (it was one more call, not text) or
-        is only its opening marker; otherwise a broken call's raw text and everything after it
-        is content. Either way the error says why."""
+        the output (max_tokens) is dropped: it was a call, not text, and its markers must never
+        reach the content. A call that cannot be read is content, its raw text and everything
+        after it. Either way the error says why."""
         whitespace_before = self._text.take_pending_whitespace()
         self._raw_start = start
         try:
@@ -565,7 +565,7 @@ class ToolCallParser(_StreamReader):
             return True
         except _Malformed as problem:
             self._error = self._error or problem.reason
-            if problem.reason == CUT_OFF and (self._calls.whole or self._buf[self._raw_start:].strip() in CALL_OPENERS):
+            if problem.reason == CUT_OFF:
                 self._pos = len(self._buf)
                 return False
             before = whitespace_before if self._raw_start == start else ""

@@ -56,8 +56,11 @@ def content_and_calls(text: str, context: ParseContext, openers: Sequence[str], 
     while True:
         start, opener = first_of(text, openers, position)
         if opener is None:
-            # Markers dropped first: what waits is the start of a marker in what is left.
-            segments.append(Text(settled_text(without(text[position:], hidden), context, waiting_for)))
+            # Markers dropped first: what waits is the start of a marker in what is left. Nothing
+            # left adds no segment, so that a section cut off by the end stays the last one.
+            rest = settled_text(without(text[position:], hidden), context, waiting_for)
+            if rest:
+                segments.append(Text(rest))
             return FamilyParse(tuple(segments), error)
         segments.append(Text(without(text[position:start], hidden)))
         section = read_section(text, start, opener, context)

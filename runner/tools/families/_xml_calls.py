@@ -154,8 +154,12 @@ def _read_body(syntax: XmlCallSyntax, body: str, context: ParseContext) -> tuple
             if not context.final:
                 return segments, None
             leftover = body[block.unread:]
-            # An opener and nothing after it gives nothing (the marker never reaches content).
-            return _with_text(segments, "" if leftover.strip() == syntax.block_open else leftover), CUT_OFF
+            # An opener and nothing after it gives nothing (the marker never reaches content);
+            # after whole calls, what is left of the block (a call cut off, or its closer cut
+            # short: `</tool_ca`) is markup, dropped too. Otherwise the block as written is the
+            # last segment, and the reader drops it as a cut-off call.
+            dropped = leftover.strip() == syntax.block_open or bool(block.calls)
+            return _with_text(segments, "" if dropped else leftover), CUT_OFF
         close = body.find(syntax.block_close, block.unread)
         if close < 0:
             if not context.final:

@@ -51,7 +51,10 @@ def parse(text: str, context: ParseContext) -> FamilyParse:
             if not context.final:
                 held = opener.start()
                 break
-            segments.append(Text(text[position:]))
+            # A call cut off by the end of the output is dropped: the text before it is kept;
+            # the call as written ("Action:", the fence, its JSON so far) holds none of the
+            # family's markers (those are the turn's tokens), so it is left out here.
+            segments.append(Text(text[position:opener.start()]))
             return FamilyParse(_nonempty(segments), CUT_OFF)
         value, end = found if not isinstance(found, JsonBroken) else (None, len(text))
         calls = None if value is None else named_calls(value, "tool_name", ("parameters", "arguments"))

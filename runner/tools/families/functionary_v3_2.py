@@ -136,7 +136,12 @@ class _Reader:
         return end + len(NEXT) if end >= 0 else None
 
     def cut_off(self, message_start: int) -> None:
-        self.segments.append(Text(self.text[self.raw_start(message_start):]))
+        """A call cut off by the end of the output: its raw text, from its ">>>", is the last
+        segment (the reader drops it by that marker). The first message's ">>>" is the
+        prompt's: its raw text holds no marker and is left out here."""
+        start = self.raw_start(message_start)
+        if start < message_start:
+            self.segments.append(Text(self.text[start:]))
         self.error = CUT_OFF
 
     def raw_start(self, message_start: int) -> int:

@@ -113,7 +113,10 @@ def _read_message(text: str, start: int, context: ParseContext) -> Step:
     if header is None:
         return Step([], body)  # unfinished (dropped at the end: no call was made) or garbled
     if header.function is not None:
-        return _read_call(text, body, header.function, context)
+        step = _read_call(text, body, header.function, context)
+        if step.error == CUT_OFF:  # the call as written, its header's markers included: dropped whole
+            return Step([Text(text[begins:])], step.next, CUT_OFF)
+        return step
     if header.is_builtin_call:
         return _skip_builtin_call(text, body)
     kind = Thought if header.channel == REASONING_CHANNEL else Text
@@ -156,8 +159,10 @@ def _read_text_body(text: str, start: int, kind: type[Text] | type[Thought], end
 
 def _read_call(text: str, start: int, name: str, context: ParseContext) -> Step:
     """A call's body: the JSON object of its arguments, then its end (<|call|>, <|end|>) or the
-    output's. One that never ended, or is no JSON object, is given back as content (its body as
-    written; the header's markers are left out) with `error` saying why."""
+    output's. One that is no JSON object is given back as content (its body as written; the
+    header's markers are left out) with `error` saying why; one cut off by the end of the output
+    is given back as its body with CUT_OFF (the caller makes it the whole call as written, so
+    that it is dropped)."""
     body = len(text) - len(text[start:].lstrip())
     if text.startswith("{", body):
         step = _read_json_call(text, start, body, name, context)

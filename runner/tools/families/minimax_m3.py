@@ -85,7 +85,11 @@ def _answer(text: str, context: ParseContext) -> FamilyParse:
         if block.end is None and block.problem is None:  # not ended yet: what follows waits
             return FamilyParse(_nonempty(segments), error)
         if block.problem is not None:  # the text not read as calls, as the model wrote it
-            segments.append(Text(text[block.unread if block.calls else start:block.end or len(text)]))
+            # (after whole calls, what is left of a block cut off is markup, dropped: a call cut
+            # off, or the block's close cut short, `]<]minimax[>[</tool_ca`; a block cut off
+            # before any whole call is its raw text, the last segment, dropped by the reader)
+            if not (block.problem == CUT_OFF and block.calls):
+                segments.append(Text(text[block.unread if block.calls else start:block.end or len(text)]))
             error = block.problem
         if block.end is None:
             return FamilyParse(_nonempty(segments), error)
