@@ -304,6 +304,16 @@ def split_reasoning(text: str, context: ParseContext, opener: str, closer: str,
     return [Thought(settled_text(text, context, (closer, *markers)))], ("" if context.final else None)
 
 
+def until_turn_end(text: str, context: ParseContext, end_tokens: Sequence[str]) -> tuple[str, ParseContext]:
+    """The text up to the first of `end_tokens` (the family's end of turn) where the model wrote
+    one: the output has ended there, so the context becomes final."""
+    ends = [index for index in (text.find(token) for token in end_tokens) if index >= 0]
+    if not ends:
+        return text, context
+    return text[:min(ends)], ParseContext(final=True, tools=context.tools, reasoning_open=context.reasoning_open,
+                                          variant=context.variant)
+
+
 def arguments_json(value: Any) -> str:
     """Arguments as the JSON text of an object, the way the APIs hand them out."""
     return json.dumps(value, ensure_ascii=False)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import re
 
-from ..family import CUT_OFF, Call, CallSyntax, Family, FamilyParse, ParseContext, Segment, Text
+from ..family import CUT_OFF, CallSyntax, Family, FamilyParse, ParseContext, Segment, Text
 from ._marked_calls import UNREADABLE, JsonBroken, JsonCutOff, json_value_at, named_calls, skip_space, without
 
 ACTION = "Action:"

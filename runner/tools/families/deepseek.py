@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..family import (CUT_OFF, Call, CallSyntax, Family, FamilyParse, ParseContext, Segment, Text, Thought,
-                      arguments_json, held_back, property_schema, typed_value)
+                      arguments_json, held_back, property_schema, typed_value, until_turn_end)
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 CALLS_BEGIN, CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
@@ -87,21 +87,12 @@ class _Section:
 
 
 def parse(text: str, context: ParseContext) -> FamilyParse:
-    text, context = _turn(text, context)
+    text, context = until_turn_end(text, context, (END_OF_SENTENCE,))
     segments, rest = _split_reasoning(text, context)
     if rest is None:
         return FamilyParse(tuple(segments))
     error = _read_answer(rest, context, segments)
     return FamilyParse(tuple(segments), error)
-
-
-def _turn(text: str, context: ParseContext) -> tuple[str, ParseContext]:
-    """The text up to the stop token, if the model wrote it: the output has ended there."""
-    end = text.find(END_OF_SENTENCE)
-    if end < 0:
-        return text, context
-    return text[:end], ParseContext(final=True, tools=context.tools, reasoning_open=context.reasoning_open,
-                                    variant=context.variant)
 
 
 # --- reasoning ----------------------------------------------------------------------------------

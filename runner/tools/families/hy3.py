@@ -17,7 +17,8 @@ The turn ends at the end-of-sentence token.
 
 from __future__ import annotations
 
-from ..family import CUT_OFF, Call, CallSyntax, Family, FamilyParse, ParseContext, arguments_json, property_schema
+from ..family import (CUT_OFF, Call, CallSyntax, Family, FamilyParse, ParseContext, arguments_json, property_schema,
+                      until_turn_end)
 from ._marked_calls import Calls, Unreadable, content_and_calls, leading_reasoning, skip_space, with_reasoning
 from ._xml_calls import parameter_value
 
@@ -44,7 +45,7 @@ UNREADABLE = "the model's tool call could not be read"
 
 
 def parse(text: str, context: ParseContext) -> FamilyParse:
-    text, context = _turn(text, context)
+    text, context = until_turn_end(text, context, END_TOKENS)
     # The end tokens never occur in the turn (cut above): passed so that their start waits.
     reasoning, rest = leading_reasoning(text, context, THINK_OPEN, (THINK_CLOSE,),
                                         also_ending=(CALLS_OPEN, *END_TOKENS))
@@ -52,15 +53,6 @@ def parse(text: str, context: ParseContext) -> FamilyParse:
         return FamilyParse(tuple(reasoning))
     return with_reasoning(reasoning, content_and_calls(rest, context, (CALLS_OPEN,), _read_block,
                                                        hidden=(*END_TOKENS, REASONING_MODE)))
-
-
-def _turn(text: str, context: ParseContext) -> tuple[str, ParseContext]:
-    """The text up to the end of the turn, if the model wrote it: the output has ended there."""
-    ends = [index for index in (text.find(token) for token in END_TOKENS) if index >= 0]
-    if not ends:
-        return text, context
-    return text[:min(ends)], ParseContext(final=True, tools=context.tools, reasoning_open=context.reasoning_open,
-                                          variant=context.variant)
 
 
 class _Waiting(Exception):

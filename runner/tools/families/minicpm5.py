@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import re
 
-from ..family import CUT_OFF, Call, CallSyntax, Family, FamilyParse, ParseContext, arguments_json, property_schema
+from ..family import (CUT_OFF, Call, CallSyntax, Family, FamilyParse, ParseContext, arguments_json, property_schema,
+                      until_turn_end)
 from ._marked_calls import Calls, Unreadable, content_and_calls, leading_reasoning, skip_space, with_reasoning
 from ._xml_calls import parameter_value
 
@@ -33,22 +34,13 @@ _TAG_NAME = re.compile(r'([^"<>\n]*)"\s*>')  # the rest of a tag after its openi
 
 
 def parse(text: str, context: ParseContext) -> FamilyParse:
-    text, context = _turn(text, context)
+    text, context = until_turn_end(text, context, END_TOKENS)
     # The end tokens never occur in the turn (cut above): passed so that their start waits.
     reasoning, rest = leading_reasoning(text, context, THINK_OPEN, (THINK_CLOSE,), also_ending=END_TOKENS)
     if rest is None:
         return FamilyParse(tuple(reasoning))
     return with_reasoning(reasoning, content_and_calls(rest, context, (FUNCTION_OPEN,), _read_function,
                                                        hidden=END_TOKENS))
-
-
-def _turn(text: str, context: ParseContext) -> tuple[str, ParseContext]:
-    """The text up to the end of the turn, if the model wrote it: the output has ended there."""
-    ends = [index for index in (text.find(token) for token in END_TOKENS) if index >= 0]
-    if not ends:
-        return text, context
-    return text[:min(ends)], ParseContext(final=True, tools=context.tools, reasoning_open=context.reasoning_open,
-                                          variant=context.variant)
 
 
 class _Waiting(Exception):

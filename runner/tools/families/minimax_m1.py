@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 
-from ..family import Call, CallSyntax, Family, FamilyParse, ParseContext
+from ..family import (Call, CallSyntax, Family, FamilyParse, ParseContext, until_turn_end)
 from ._marked_calls import closed_section, content_and_calls, leading_reasoning, named_calls, skip_space, with_reasoning
 
 CALLS, END_CALLS = "<tool_calls>", "</tool_calls>"
@@ -52,17 +52,8 @@ def _calls_in_block(body: str, context: ParseContext) -> tuple[Call, ...] | None
 _read_block = closed_section(END_CALLS, _calls_in_block)
 
 
-def _turn(text: str, context: ParseContext) -> tuple[str, ParseContext]:
-    """The text up to the end-of-turn token, where the model wrote it: the output ends there."""
-    end = text.find(END_OF_TURN)
-    if end < 0:
-        return text, context
-    return text[:end], ParseContext(final=True, tools=context.tools, reasoning_open=context.reasoning_open,
-                                    variant=context.variant)
-
-
 def parse(text: str, context: ParseContext) -> FamilyParse:
-    text, context = _turn(text, context)
+    text, context = until_turn_end(text, context, (END_OF_TURN,))
     # A block of calls also ends thinking the model did not close.
     reasoning, rest = leading_reasoning(text, context, THINK, (END_THINK,), also_ending=(CALLS,))
     if rest is None:

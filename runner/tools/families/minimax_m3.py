@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..family import (CUT_OFF, Call, CallSyntax, Family, FamilyParse, ParseContext, Segment, Text, arguments_json,
-                      property_schema, settled_text)
+                      property_schema, settled_text, until_turn_end)
 from ._marked_calls import UNREADABLE, leading_reasoning, skip_space, with_reasoning, without
 from ._xml_calls import parameter_value, schema_types
 
@@ -55,20 +55,11 @@ class _Block:
 
 
 def parse(text: str, context: ParseContext) -> FamilyParse:
-    text, context = _turn(text, context)
+    text, context = until_turn_end(text, context, (END_OF_TURN, START_OF_TURN))
     reasoning, rest = leading_reasoning(text, context, THINK, (END_THINK,), also_ending=(BLOCK_OPEN,))
     if rest is None:
         return FamilyParse(tuple(reasoning))
     return with_reasoning(reasoning, _answer(rest, context))
-
-
-def _turn(text: str, context: ParseContext) -> tuple[str, ParseContext]:
-    """The text up to the end of the turn, where the model wrote it: the output ends there."""
-    ends = [at for at in (text.find(END_OF_TURN), text.find(START_OF_TURN)) if at >= 0]
-    if not ends:
-        return text, context
-    return text[:min(ends)], ParseContext(final=True, tools=context.tools, reasoning_open=context.reasoning_open,
-                                          variant=context.variant)
 
 
 def _answer(text: str, context: ParseContext) -> FamilyParse:

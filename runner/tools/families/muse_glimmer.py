@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass
 
 from ..family import (CUT_OFF, Call, CallSyntax, Family, FamilyParse, ParseContext, Segment, Text, Thought,
-                      arguments_json, property_schema, settled_text)
+                      arguments_json, property_schema, settled_text, until_turn_end)
 from ._marked_calls import JsonBroken, JsonCutOff, arguments_of, json_value_at, skip_space
 from ._xml_calls import parameter_value
 
@@ -58,7 +58,7 @@ class _Broken(Exception):
 
 
 def parse(text: str, context: ParseContext) -> FamilyParse:
-    text, context = _turn(text, context)
+    text, context = until_turn_end(text, context, (END_OF_TURN,))
     segments: list[Segment] = []
     error = None
     position = 0
@@ -82,15 +82,6 @@ def parse(text: str, context: ParseContext) -> FamilyParse:
         position, header = _after_message(text, position), None
     return FamilyParse(tuple(segment for segment in segments if not isinstance(segment, (Text, Thought))
                              or segment.text), error)
-
-
-def _turn(text: str, context: ParseContext) -> tuple[str, ParseContext]:
-    """The text up to the end of the turn, if the model wrote it: the output has ended there."""
-    end = text.find(END_OF_TURN)
-    if end < 0:
-        return text, context
-    return text[:end], ParseContext(final=True, tools=context.tools, reasoning_open=context.reasoning_open,
-                                    variant=context.variant)
 
 
 def _header_at(text: str, position: int, final: bool) -> _Header | str:
