@@ -28,12 +28,12 @@ from ..server.limits import (DEFAULT_KEEP_ALIVE_SECONDS, DEFAULT_MAX_BATCH_LINES
 from ..server.routing import ROUTINGS
 from ..models.folders import DATA_DIR_VARIABLE
 from .dashboard import ServerDashboard
-
-if TYPE_CHECKING:  # the HTTP app is imported only by `serve` (batch-run starts faster without it)
-    from ..server import ServerSettings
 from .job import BatchJob, OpenedRunner, check_chat_template
 from .options import (SERVE_STEP_TOKENS, StreamInterval, engine_options, overflow_option, runner_config,
                       sampling_defaults, sampling_options)
+
+if TYPE_CHECKING:  # the HTTP app is imported only by `serve` (batch-run starts faster without it)
+    from ..server import ServerSettings
 from ..formats.reader import PromptFormat, TextMode
 
 stderr = Console(stderr=True)
