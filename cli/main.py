@@ -31,10 +31,10 @@ from .dashboard import ServerDashboard
 from .job import BatchJob, OpenedRunner, check_chat_template
 from .options import (SERVE_STEP_TOKENS, StreamInterval, engine_options, overflow_option, runner_config,
                       sampling_defaults, sampling_options)
+from ..formats.reader import PromptFormat, TextMode
 
 if TYPE_CHECKING:  # the HTTP app is imported only by `serve` (batch-run starts faster without it)
     from ..server import ServerSettings
-from ..formats.reader import PromptFormat, TextMode
 
 stderr = Console(stderr=True)
 LOOPBACK = "127.0.0.1"
