@@ -78,7 +78,8 @@ def test_a_tool_round_trip_becomes_tool_calls_then_tool_messages_then_the_text()
     assert translated["messages"][1:] == [
         {"role": "assistant", "content": "Checking.", "tool_calls": [
             {"id": "toolu_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}},
-            {"id": "toolu_2", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'}}]},
+            {"id": "toolu_2", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'}}],
+         "reasoning_content": "Two cities."},  # for a thinking template to render back
         {"role": "tool", "tool_call_id": "toolu_1", "content": "Sunny"},
         {"role": "tool", "tool_call_id": "toolu_2", "content": "Error: No such city"},
         {"role": "user", "content": "Thanks!"}]

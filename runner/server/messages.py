@@ -67,7 +67,9 @@ PING_INTERVAL_S = 10.0
 
 # Blocks a local text model cannot read: refused by name rather than silently dropped.
 UNREADABLE_BLOCKS = ("image", "document")
-DROPPED_BLOCKS = ("thinking", "redacted_thinking")  # earlier reasoning is not part of the prompt
+# Reasoning a client cannot read back (redacted); a thinking block's text becomes the turn's
+# reasoning_content, which a thinking template renders where it keeps reasoning.
+DROPPED_BLOCKS = ("thinking", "redacted_thinking")
 CUSTOM_TOOL_TYPE = "custom"
 TOOL_CHOICES = {"auto": "auto", "any": "required", "none": "none"}  # "tool" names a function
 
@@ -254,11 +256,15 @@ def _tool_message(block: dict[str, Any], path: str, tool_uses: dict[str, str]) -
 
 
 def _assistant_message(blocks: list[dict[str, Any]], path: str) -> dict[str, Any]:
-    """An assistant turn: its text as content, its tool_use blocks as tool_calls."""
-    texts, calls = [], []
+    """An assistant turn: its text as content, its tool_use blocks as tool_calls, its thinking
+    blocks as reasoning_content (a thinking model's template renders it back where it keeps
+    reasoning, so the next prompt starts with the tokens the model wrote)."""
+    texts, calls, thoughts = [], [], []
     for index, block in enumerate(blocks):
         kind, where = block["type"], f"{path}[{index}]"
-        if kind == "text":
+        if kind == "thinking" and isinstance(block.get("thinking"), str):
+            thoughts.append(block["thinking"])
+        elif kind == "text":
             texts.append(_text_of(block, where))
         elif kind == "tool_use":
             calls.append(_tool_call(block, where))
@@ -268,6 +274,8 @@ def _assistant_message(blocks: list[dict[str, Any]], path: str) -> dict[str, Any
                                else None}
     if calls:
         message["tool_calls"] = calls
+    if any(thoughts):
+        message["reasoning_content"] = "".join(thoughts)
     return message
 
 
