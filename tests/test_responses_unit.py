@@ -23,7 +23,9 @@ from multiseq.server.response_store import (
 from multiseq.server.responses import (
     EventTranslator,
     chat_body,
+    chat_messages,
     chat_param,
+    normalize_input,
     parse_request,
     response_from_completion,
 )
@@ -652,3 +654,17 @@ def test_cancelling_a_response_being_generated_ends_it_cancelled(make_runner, se
     assert cancelled.status == "cancelled" and rest[-1].type == "response.failed"
     assert rest[-1].response.status == "cancelled" and rest[-1].response.error is None
     assert client.responses.retrieve(created.response.id).status == "cancelled"
+
+
+def test_a_reasoning_item_comes_back_as_the_next_turns_reasoning_content():
+    items = normalize_input([
+        {"role": "user", "content": "Weather?"},
+        {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": "Call the tool."}]},
+        {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
+        {"type": "reasoning", "summary": [], "encrypted_content": "gAAAA"},  # unreadable: nothing to give back
+        {"role": "assistant", "content": "Sunny."}])
+    messages = chat_messages(None, items)
+    assert messages[1] == {"role": "assistant", "content": None, "reasoning_content": "Call the tool.", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}]}
+    assert messages[3] == {"role": "assistant", "content": "Sunny."}

@@ -286,16 +286,19 @@ def _tool_output_text(value: Any, where: str) -> str:
 def chat_messages(instructions: str | None, items: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """Normalized items as Chat Completions messages, `instructions` as a system message first.
     An assistant message and the function calls right after it (or function calls alone) are
-    one assistant turn, as the model wrote them; reasoning items are skipped."""
+    one assistant turn, as the model wrote them; a reasoning item's text (as this server writes
+    it) becomes the reasoning_content of the turn after it, for a thinking template to render."""
     messages: list[dict[str, Any]] = [{"role": "system", "content": instructions}] if instructions else []
     turn: dict[str, Any] | None = None  # the assistant message being gathered
+    thought = ""  # the text of reasoning items not yet given to a turn
     for item in items:
         kind = item["type"]
         if kind in SKIPPED_ITEM_TYPES:
+            thought += _reasoning_text(item)
             continue
         if kind == "function_call":
             if turn is None:
-                turn = {"role": "assistant", "content": None}
+                turn, thought = _assistant_turn(None, thought), ""
             turn.setdefault("tool_calls", []).append(
                 {"id": item["call_id"], "type": "function",
                  "function": {"name": item["name"], "arguments": item["arguments"]}})
@@ -306,12 +309,28 @@ def chat_messages(instructions: str | None, items: Iterable[dict[str, Any]]) -> 
         if kind == "function_call_output":
             messages.append({"role": "tool", "tool_call_id": item["call_id"], "content": item["output"]})
         elif item["role"] == "assistant":
-            turn = {"role": "assistant", "content": message_text(item)}
+            turn, thought = _assistant_turn(message_text(item), thought), ""
         else:
             messages.append({"role": item["role"], "content": message_text(item)})
     if turn is not None:
         messages.append(turn)
     return messages
+
+
+def _assistant_turn(content: str | None, thought: str) -> dict[str, Any]:
+    turn: dict[str, Any] = {"role": "assistant", "content": content}
+    if thought:
+        turn["reasoning_content"] = thought
+    return turn
+
+
+def _reasoning_text(item: dict[str, Any]) -> str:
+    """A reasoning item's readable text (its reasoning_text parts; an encrypted one has none)."""
+    content = item.get("content")
+    if not isinstance(content, list):
+        return ""
+    return "".join(part["text"] for part in content
+                   if isinstance(part, dict) and part.get("type") == "reasoning_text" and isinstance(part.get("text"), str))
 
 
 def message_text(item: dict[str, Any]) -> str:
