@@ -17,6 +17,8 @@ from anthropic.types import Message, RawMessageStreamEvent
 from fakes import FakeBackend
 from multiseq.server import ServerSettings, create_app
 from multiseq.server.errors import ApiError
+from multiseq.server.stream import (ArgumentsPart, CallBegins, ChoiceEnds, ReasoningPart, StreamFails, TextPart,
+                                     UsageKnown)
 from multiseq.server.messages import (
     PING,
     MessagesRequest,
@@ -215,24 +217,13 @@ def test_stop_reasons():
 
 # --- streams ------------------------------------------------------------------------------------
 
-def chunk(delta: dict | None = None, finish_reason: str | None = None, usage: dict | None = None, **choice) -> dict:
-    choices = [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish_reason} | choice]
-    return {"id": "chatcmpl-abc123", "object": "chat.completion.chunk", "created": 0, "model": MODEL,
-            "choices": choices} | ({"usage": usage} if usage else {})
-
-
-CALLED_CHUNKS = [
-    chunk({"role": "assistant", "content": ""}),
-    chunk({"reasoning_content": "The user "}), chunk({"reasoning_content": "wants weather."}),
-    chunk({"content": "Let me "}), chunk({"content": "check."}),
-    chunk({"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
-                           "function": {"name": "get_weather", "arguments": ""}}]}),
-    chunk({"tool_calls": [{"index": 0, "function": {"arguments": '{"city": '}}]}),
-    chunk({"tool_calls": [{"index": 0, "function": {"arguments": '"Paris"}'}}]}),
-    chunk({"tool_calls": [{"index": 1, "id": "call_2", "type": "function",
-                           "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'}}]}),
-    chunk({}, "tool_calls"),
-    chunk(usage=CALLED["usage"]),
+CALLED_EVENTS = [
+    ReasoningPart(0, "The user "), ReasoningPart(0, "wants weather."),
+    TextPart(0, "Let me "), TextPart(0, "check."),
+    CallBegins(0, 0, "call_1", "get_weather"), ArgumentsPart(0, 0, '{"city": '), ArgumentsPart(0, 0, '"Paris"}'),
+    CallBegins(0, 1, "call_2", "get_weather"), ArgumentsPart(0, 1, '{"city": "Rome"}'),
+    ChoiceEnds(0, "tool_calls"),
+    UsageKnown(CALLED["usage"]),
 ]
 
 
@@ -274,7 +265,7 @@ def accumulated(events: list[tuple[str, dict]]) -> Message:
 
 def test_a_stream_has_anthropics_events_in_order_and_adds_up_to_the_message():
     request = translate_request(body(stream=True))
-    events = parsed(stream_of(CALLED_CHUNKS, request))
+    events = parsed(stream_of(CALLED_EVENTS, request))
     assert [name for name, _ in events] == [
         "message_start", "ping",
         "content_block_start", "content_block_delta", "content_block_delta", "content_block_delta",
@@ -300,24 +291,24 @@ def test_a_stream_has_anthropics_events_in_order_and_adds_up_to_the_message():
 
 def test_a_stream_that_matched_a_stop_sequence_says_which():
     request = translate_request(body(stream=True, stop_sequences=["END"]))
-    events = parsed(stream_of([chunk({"content": "Hi"}), chunk({}, "stop", stop_reason="END"),
-                               chunk(usage=CALLED["usage"])], request))
+    events = parsed(stream_of([TextPart(0, "Hi"), ChoiceEnds(0, "stop", "END"), UsageKnown(CALLED["usage"])],
+                              request))
     assert events[-2][1]["delta"] == {"stop_reason": "stop_sequence", "stop_sequence": "END"}
 
 
 def test_a_failure_mid_stream_is_an_error_event_and_ends_it():
     request = translate_request(body(stream=True))
-    events = parsed(stream_of([chunk({"content": "Hi"}), {"error": {
-        "message": "The server had an error.", "type": "server_error", "param": None, "code": None}}], request))
+    events = parsed(stream_of([TextPart(0, "Hi"), StreamFails({"error": {
+        "message": "The server had an error.", "type": "server_error", "param": None, "code": None}})], request))
     assert [name for name, _ in events][-1] == "error" and "message_stop" not in [name for name, _ in events]
     assert events[-1][1] == {"type": "error", "error": {"type": "api_error", "message": "The server had an error."}}
-    cancelled = parsed(stream_of([chunk({"content": "Hi"}), chunk({}, "cancelled")], request))
+    cancelled = parsed(stream_of([TextPart(0, "Hi"), ChoiceEnds(0, "cancelled")], request))
     assert cancelled[-1][1]["error"]["type"] == "overloaded_error"
 
 
 def test_pings_keep_a_waiting_stream_alive():
     request = translate_request(body(stream=True))
-    events = stream_of([chunk({"content": "Hi"}), chunk({}, "stop")], request, delay=0.2, ping_interval=0.05)
+    events = stream_of([TextPart(0, "Hi"), ChoiceEnds(0, "stop")], request, delay=0.2, ping_interval=0.05)
     first_block = events.index(next(event for event in events if event.startswith("event: content_block_start")))
     assert events[first_block - 2:first_block].count(PING) == 2, "pings came while the first chunk was awaited"
 

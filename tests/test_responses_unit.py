@@ -20,6 +20,8 @@ from multiseq.server.response_store import (
     SqliteResponseStore,
     StoredResponse,
 )
+from multiseq.server.stream import (ArgumentsPart, CallBegins, ChoiceEnds, ReasoningPart, StreamFails, TextPart,
+                                     UsageKnown)
 from multiseq.server.responses import (
     EventTranslator,
     chat_body,
@@ -52,18 +54,28 @@ def completion(message: dict, finish_reason: str = "stop", cached: int = 0) -> d
                       "prompt_tokens_details": {"cached_tokens": cached, "cached_tokens_from_ram": 0}}}
 
 
-def chunk(delta: dict | None = None, finish_reason: str | None = None, usage: dict | None = None) -> dict:
-    choices = [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish_reason}]
-    return {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": MODEL,
-            "choices": choices, **({"usage": usage} if usage else {})}
+def text(value: str) -> TextPart:
+    return TextPart(0, value)
 
 
-def translate(body: dict, chunks: list[dict]) -> tuple[list[dict], dict]:
-    """All the events a chunk stream makes, each checked against the SDK's event models."""
+def thought(value: str) -> ReasoningPart:
+    return ReasoningPart(0, value)
+
+
+def call(index: int, call_id: str, name: str, *arguments: str) -> list:
+    return [CallBegins(0, index, call_id, name), *(ArgumentsPart(0, index, piece) for piece in arguments)]
+
+
+def ends(finish_reason: str) -> ChoiceEnds:
+    return ChoiceEnds(0, finish_reason)
+
+
+def translate(body: dict, parts: list) -> tuple[list[dict], dict]:
+    """All the events a stream of typed events makes, each checked against the SDK's event models."""
     translator = EventTranslator(parse_request(body), "resp_1", 1, MODEL)
     events = translator.start()
-    for piece in chunks:
-        events += translator.feed(piece)
+    for part in parts:
+        events += translator.feed(part)
     events += translator.finish()
     for event in events:
         EVENTS.validate_python(event)
@@ -257,13 +269,11 @@ def test_an_empty_reply_is_still_a_message():
     assert [item.type for item in response.output] == ["message"] and response.output_text == ""
 
 
-# --- chunk streams -> events ----------------------------------------------------------------------
+# --- typed stream events -> events ----------------------------------------------------------------------
 
 def test_a_streamed_reply_has_every_event_in_order_and_ends_with_the_usage():
-    chunks = [chunk({"role": "assistant", "content": ""}), chunk({"reasoning_content": "Think"}),
-              chunk({"reasoning_content": "ing."}), chunk({"content": "Hel"}), chunk({"content": "lo"}),
-              chunk({}, "stop"), chunk(usage=USAGE)]
-    events, final = translate({"input": "Hi"}, chunks)
+    parts = [thought("Think"), thought("ing."), text("Hel"), text("lo"), ends("stop"), UsageKnown(USAGE)]
+    events, final = translate({"input": "Hi"}, parts)
     assert [event["type"] for event in events] == [
         "response.created", "response.in_progress",
         "response.output_item.added", "response.content_part.added", "response.reasoning_text.delta",
@@ -282,15 +292,9 @@ def test_a_streamed_reply_has_every_event_in_order_and_ends_with_the_usage():
 
 
 def test_streamed_calls_are_function_call_items_with_their_arguments():
-    chunks = [chunk({"role": "assistant", "content": None}),
-              chunk({"tool_calls": [{"index": 0, "id": "call_a", "type": "function",
-                                     "function": {"name": "get_weather", "arguments": ""}}]}),
-              chunk({"tool_calls": [{"index": 0, "function": {"arguments": '{"city": '}}]}),
-              chunk({"tool_calls": [{"index": 0, "function": {"arguments": '"Oslo"}'}}]}),
-              chunk({"tool_calls": [{"index": 1, "id": "call_b", "type": "function",
-                                     "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'}}]}),
-              chunk({}, "tool_calls"), chunk(usage=USAGE)]
-    events, final = translate({"input": "Hi", "tools": [WEATHER_TOOL]}, chunks)
+    parts = [*call(0, "call_a", "get_weather", '{"city": ', '"Oslo"}'),
+             *call(1, "call_b", "get_weather", '{"city": "Rome"}'), ends("tool_calls"), UsageKnown(USAGE)]
+    events, final = translate({"input": "Hi", "tools": [WEATHER_TOOL]}, parts)
     assert [event["type"] for event in events][2:] == [
         "response.output_item.added", "response.function_call_arguments.delta",
         "response.function_call_arguments.delta", "response.function_call_arguments.done", "response.output_item.done",
@@ -304,17 +308,17 @@ def test_streamed_calls_are_function_call_items_with_their_arguments():
 
 
 def test_a_stream_cut_short_ends_incomplete_and_one_that_fails_ends_failed():
-    events, final = translate({"input": "Hi"}, [chunk({"content": "H"}), chunk({}, "length"), chunk(usage=USAGE)])
+    events, final = translate({"input": "Hi"}, [text("H"), ends("length"), UsageKnown(USAGE)])
     assert events[-1]["type"] == "response.incomplete" and final["incomplete_details"] == {
         "reason": "max_output_tokens"}
-    events, final = translate({"input": "Hi"}, [chunk({"content": "H"}), {"error": {"message": "It broke."}}])
+    events, final = translate({"input": "Hi"}, [text("H"), StreamFails({"error": {"message": "It broke."}})])
     assert events[-1]["type"] == "response.failed" and final["status"] == "failed"
     assert final["error"] == {"code": "server_error", "message": "It broke."}
     assert final["output"][0]["status"] == "incomplete"
 
 
 def test_a_stream_with_no_text_still_gives_a_message():
-    events, final = translate({"input": "Hi"}, [chunk({"role": "assistant"}), chunk({}, "stop"), chunk(usage=USAGE)])
+    events, final = translate({"input": "Hi"}, [ends("stop"), UsageKnown(USAGE)])
     assert [event["type"] for event in events][2:] == [
         "response.output_item.added", "response.content_part.added", "response.output_text.done",
         "response.content_part.done", "response.output_item.done", "response.completed"]
@@ -324,10 +328,7 @@ def test_a_stream_with_no_text_still_gives_a_message():
 def test_the_streamed_response_has_the_shape_of_the_non_streamed_one():
     request_body = {"input": "Hi", "tools": [WEATHER_TOOL], "instructions": "Sys"}
     _, streamed = translate(request_body, [
-        chunk({"reasoning_content": "R"}), chunk({"content": "Text"}),
-        chunk({"tool_calls": [{"index": 0, "id": "call_a", "type": "function",
-                               "function": {"name": "get_weather", "arguments": "{}"}}]}),
-        chunk({}, "tool_calls"), chunk(usage=USAGE)])
+        thought("R"), text("Text"), *call(0, "call_a", "get_weather", "{}"), ends("tool_calls"), UsageKnown(USAGE)])
     whole = response_from_completion(parse_request(request_body), completion(
         {"content": "Text", "reasoning_content": "R", "tool_calls": [
             {"id": "call_a", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}]},

@@ -33,6 +33,7 @@ from .errors import INVALID_REQUEST, OVERLOADED, ApiError, internal_error
 from .jobs import MAX_QUEUED_EVENTS, Job, PieceEvent, failure_of
 from .sse import EventStream, sse, wait_for_disconnect
 from .state import ServerState
+from .stream import ChoiceEnds, StreamEvent, StreamFails, UsageKnown, piece_events
 
 logger = logging.getLogger("multiseq.server")
 
@@ -71,6 +72,28 @@ class CompletionCall:
         if failure is not None:
             raise _failure_error(failure, results.index(failure), len(results))
         return completion_body(self.job.item, results, self._state.settings.model_name, self.body_id)
+
+    async def events(self) -> AsyncIterator[StreamEvent]:
+        """The answer as typed events (runner/server/stream.py), what the Responses and Messages
+        APIs render their streams from: each piece's text, reasoning and calls as its reader
+        parsed them, each choice's end, then the usage; a choice that fails ends the stream with
+        StreamFails."""
+        job, item = self.job, self.job.item
+        latency = _LatencyObserver(self._state, job)
+        async for event in job.events_until_complete():
+            if isinstance(event, PieceEvent):
+                latency.observe(event)
+                for part in piece_events(event.choice, event.piece.text, event.piece.deltas):
+                    yield part
+                continue
+            result = event.result
+            if not result.ok:
+                job.cancel()
+                yield StreamFails((_too_slow_error() if job.is_overrun else
+                                   _failure_error(result, event.choice, item.n)).body())
+                return
+            yield ChoiceEnds(event.choice, result.finish_reason.value, result.stop_string)
+        yield UsageKnown(usage_of([job.results[choice] for choice in range(item.n)]))
 
     async def chunks(self, include_usage: bool = True) -> AsyncIterator[dict[str, Any]]:
         """The chunk bodies of a streamed answer: a first chunk per choice (chat: its role), one

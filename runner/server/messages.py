@@ -26,6 +26,8 @@ from starlette.responses import JSONResponse, Response
 from ..tools.types import Tool
 from .bodies import read_json
 from .chat import count_prompt_tokens, start_chat
+from .stream import (ArgumentsPart, CallBegins, ChoiceEnds, ReasoningPart, StreamEvent, StreamFails, TextPart,
+                     UsageKnown)
 from .errors import ApiError, internal_error
 from .sse import EventStream, sse
 
@@ -434,7 +436,7 @@ def stream_error_event(openai_error: dict[str, Any]) -> str:
     return sse_event("error", error_body(error_type, details.get("message") or "The generation failed."))
 
 
-# --- streaming: chat.completion.chunk bodies -> Anthropic's events ----------------------------
+# --- streaming: the answer's typed events -> Anthropic's events -------------------------------
 
 def sse_event(event_type: str, data: dict[str, Any]) -> str:
     """An Anthropic event: named by its type, which its data repeats."""
@@ -454,8 +456,9 @@ class _OpenBlock:
 
 @dataclass
 class MessageStream:
-    """Turns chat.completion.chunk bodies into Anthropic's events, block by block: each kind of
-    delta (reasoning, text, a call) opens a block when the one before is of another kind."""
+    """Turns an answer's typed events (runner/server/stream.py) into Anthropic's events, block
+    by block: each kind (reasoning, text, a call) opens a block when the one before is of
+    another kind."""
 
     request: MessagesRequest
     message_id: str
@@ -472,23 +475,24 @@ class MessageStream:
                    "content": [], "stop_reason": None, "stop_sequence": None, "usage": usage_of(None)}
         return [sse_event("message_start", {"type": "message_start", "message": message}), PING]
 
-    def feed(self, chunk: dict[str, Any]) -> list[str]:
-        """The events of one chunk (none for a chunk that only carries usage)."""
-        if chunk.get("usage"):
-            self._usage = chunk["usage"]
-        events: list[str] = []
-        for choice in chunk.get("choices") or []:
-            delta = choice.get("delta") or {}
-            if delta.get("reasoning_content"):
-                events += self._append("thinking", {"type": "thinking_delta", "thinking": delta["reasoning_content"]})
-            if delta.get("content"):
-                events += self._append("text", {"type": "text_delta", "text": delta["content"]})
-            for call in delta.get("tool_calls") or []:
-                events += self._call_delta(call)
-            if choice.get("finish_reason"):
-                self._finish_reason = choice["finish_reason"]
-                self._stop_sequence = matched_stop_sequence(choice, self.request.stop_sequences)
-        return events
+    def feed(self, event: StreamEvent) -> list[str]:
+        """The Anthropic events of one stream event (none for the end and the usage, said when
+        the message finishes)."""
+        if isinstance(event, ReasoningPart) and event.text:
+            return self._append("thinking", {"type": "thinking_delta", "thinking": event.text})
+        if isinstance(event, TextPart) and event.text:
+            return self._append("text", {"type": "text_delta", "text": event.text})
+        if isinstance(event, CallBegins):
+            return self._open_block("tool_use", {"type": "tool_use", "id": tool_use_id(event.id), "name": event.name,
+                                                 "input": {}}, event.index)
+        if isinstance(event, ArgumentsPart) and event.text and event.index in self._call_blocks:
+            return [self._delta(self._call_blocks[event.index], {"type": "input_json_delta", "partial_json": event.text})]
+        if isinstance(event, ChoiceEnds):
+            self._finish_reason = event.finish_reason
+            self._stop_sequence = (event.stop_string if event.stop_string in self.request.stop_sequences else None)
+        elif isinstance(event, UsageKnown):
+            self._usage = event.usage
+        return []
 
     def finish(self) -> list[str]:
         """Close the open block, then message_delta (stop reason, usage) and message_stop."""
@@ -504,18 +508,6 @@ class MessageStream:
         is_open = self._open is not None and self._open.kind == kind
         events = [] if is_open else self._open_block(kind, dict(EMPTY_BLOCKS[kind]))
         return events + [self._delta(self._num_blocks - 1, delta)]
-
-    def _call_delta(self, call: dict[str, Any]) -> list[str]:
-        call_index = call.get("index", 0)
-        function = call.get("function") or {}
-        events: list[str] = []
-        if call.get("id"):  # the first delta of a call: a tool_use block starts
-            events += self._open_block("tool_use", {"type": "tool_use", "id": tool_use_id(call["id"]),
-                                                    "name": function.get("name", ""), "input": {}}, call_index)
-        if function.get("arguments") and call_index in self._call_blocks:
-            events.append(self._delta(self._call_blocks[call_index],
-                                      {"type": "input_json_delta", "partial_json": function["arguments"]}))
-        return events
 
     def _open_block(self, kind: str, block: dict[str, Any], call_index: int | None = None) -> list[str]:
         events = self._close()
@@ -541,22 +533,22 @@ class MessageStream:
         return sse_event("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta})
 
 
-async def message_events(chunks: AsyncIterator[dict[str, Any]], request: MessagesRequest, message_id: str,
+async def message_events(parts: AsyncIterator[StreamEvent], request: MessagesRequest, message_id: str,
                          ping_interval: float = PING_INTERVAL_S) -> AsyncIterator[str]:
-    """The server-sent events of a streamed Message, from the chat layer's chunks; a `ping`
+    """The server-sent events of a streamed Message, from the answer's typed events; a `ping`
     whenever nothing came for `ping_interval` seconds (a long prompt waiting for its slot). A
     failure mid-stream ends it with an `error` event."""
     stream = MessageStream(request, message_id)
     for event in stream.start():
         yield event
-    async for chunk in with_pings(chunks, ping_interval):
-        if chunk is None:
+    async for part in with_pings(parts, ping_interval):
+        if part is None:
             yield PING
-        elif "error" in chunk:
-            yield stream_error_event(chunk)
+        elif isinstance(part, StreamFails):
+            yield stream_error_event(part.body)
             return
         else:
-            for event in stream.feed(chunk):
+            for event in stream.feed(part):
                 yield event
     try:
         events = stream.finish()
@@ -617,7 +609,7 @@ async def create_message(request: HttpRequest) -> Response:
     call = await start_chat(request, translated.chat_body, api="messages")
     identity = message_id(call.body_id)
     if translated.is_stream:
-        return EventStream(message_events(call.chunks(), translated, identity), on_disconnect=call.cancel,
+        return EventStream(message_events(call.events(), translated, identity), on_disconnect=call.cancel,
                            headers=headers, error_event=_internal_error_event)
     completion = await call.completion(request)
     if completion is None:  # the client went away: its request was cancelled, no one to answer

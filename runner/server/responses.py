@@ -2,8 +2,9 @@
 
 A Responses request (`input` items, `instructions`, flat function tools, `text.format`, ...)
 becomes one Chat Completions body (`parse_request`, then `chat_body`); the chat.completion the
-engine gives back becomes a Response object (`response_from_completion`), and a stream of
-chat.completion.chunk bodies becomes the Responses API's server-sent events (`EventTranslator`).
+engine gives back becomes a Response object (`response_from_completion`), and a stream's typed
+events (text, reasoning, calls: runner/server/stream.py) become the Responses API's server-sent
+events (`EventTranslator`).
 Tools the server cannot run (web search, file search, image generation, ...) are left out of
 the prompt and named in the `x-multiseq-ignored-tools` header, never refused: Codex CLI sends
 them with every request and gives up when they are refused.
@@ -29,6 +30,8 @@ from ..formats.fields import ItemError
 from ..formats.tool_fields import read_tool
 from .bodies import read_json
 from .chat import CompletionCall, start_chat
+from .stream import (ArgumentsPart, CallBegins, ChoiceEnds, ReasoningPart, StreamEvent, StreamFails, TextPart,
+                     UsageKnown)
 from .errors import INVALID_REQUEST, NOT_FOUND, ApiError, internal_error
 from .pools import ServerPools
 from .response_store import (
@@ -564,8 +567,8 @@ class _OpenItem:
 
 
 class EventTranslator:
-    """Chat completion chunks in, the Responses API's stream events out (dicts; `sse` writes
-    them). Items open in the order the model writes them and close when the next begins, so
+    """Typed stream events in (runner/server/stream.py), the Responses API's stream events out
+    (dicts; `sse` writes them). Items open in the order the model writes them and close when the next begins, so
     the streamed output equals the non-streamed one: reasoning, text, then the calls."""
 
     def __init__(self, request: ResponsesRequest, response_id: str, created_at: int, model: str) -> None:
@@ -587,26 +590,24 @@ class EventTranslator:
         return [self._event("response.created", response=snapshot),
                 self._event("response.in_progress", response=snapshot)]
 
-    def feed(self, chunk: dict[str, Any]) -> list[dict[str, Any]]:
-        """The events one chunk makes (often none: a chunk with only a role, or the usage)."""
-        if "error" in chunk:
-            error = chunk["error"] or {}
-            self._error = {"code": "server_error", "message": error.get("message") or "The response failed."}
-            return []
-        if chunk.get("usage"):
-            self._usage = usage_of(chunk["usage"])
-        events: list[dict[str, Any]] = []
-        for choice in chunk.get("choices") or []:
-            delta = choice.get("delta") or {}
-            if delta.get("reasoning_content"):
-                events += self._text_delta("reasoning", delta["reasoning_content"])
-            if delta.get("content"):
-                events += self._text_delta("message", delta["content"])
-            for call in delta.get("tool_calls") or []:
-                events += self._call_delta(call)
-            if choice.get("finish_reason"):
-                self._finish_reason = choice["finish_reason"]
-        return events
+    def feed(self, event: StreamEvent) -> list[dict[str, Any]]:
+        """The Responses events one stream event makes (none for the end and the usage, said
+        when the response finishes)."""
+        if isinstance(event, ReasoningPart):
+            return self._text_delta("reasoning", event.text) if event.text else []
+        if isinstance(event, TextPart):
+            return self._text_delta("message", event.text) if event.text else []
+        if isinstance(event, CallBegins):
+            return self._call_begins(event)
+        if isinstance(event, ArgumentsPart):
+            return self._arguments(event.text)
+        if isinstance(event, ChoiceEnds):
+            self._finish_reason = event.finish_reason
+        elif isinstance(event, UsageKnown):
+            self._usage = usage_of(event.usage)
+        elif isinstance(event, StreamFails):
+            self._error = {"code": "server_error", "message": event.message or "The response failed."}
+        return []
 
     def finish(self) -> list[dict[str, Any]]:
         """Close the open item and end with response.completed, .incomplete or .failed (a
@@ -650,18 +651,15 @@ class EventTranslator:
         extra = {} if kind == "reasoning" else {"logprobs": []}
         return [*events, self._event(delta_type, **self._where(), content_index=0, delta=text, **extra)]
 
-    def _call_delta(self, call: dict[str, Any]) -> list[dict[str, Any]]:
-        function = call.get("function") or {}
-        events = []
-        if call.get("id"):  # the first delta of a call
-            events += self._close_open_item("completed")
-            events += self._open_item("function_call", new_id("fc"), call_id=call["id"],
-                                      name=function.get("name", ""), chat_index=call.get("index", 0))
-        arguments = function.get("arguments")
-        if arguments and self._open is not None and self._open.kind == "function_call":
-            self._open.text += arguments
-            events.append(self._event("response.function_call_arguments.delta", **self._where(), delta=arguments))
-        return events
+    def _call_begins(self, call: CallBegins) -> list[dict[str, Any]]:
+        return self._close_open_item("completed") + self._open_item(
+            "function_call", new_id("fc"), call_id=call.id, name=call.name, chat_index=call.index)
+
+    def _arguments(self, arguments: str) -> list[dict[str, Any]]:
+        if not arguments or self._open is None or self._open.kind != "function_call":
+            return []
+        self._open.text += arguments
+        return [self._event("response.function_call_arguments.delta", **self._where(), delta=arguments)]
 
     def _open_item(self, kind: str, item_id: str, **details: Any) -> list[dict[str, Any]]:
         self._open = _OpenItem(kind, len(self._output), item_id, **details)
@@ -833,8 +831,8 @@ async def _stream_events(service: ResponsesService, parsed: ResponsesRequest, re
     try:
         for event in translator.start():
             yield sse(event, event["type"])
-        async for chunk in flight.call.chunks():
-            for event in translator.feed(chunk):
+        async for part in flight.call.events():
+            for event in translator.feed(part):
                 yield sse(event, event["type"])
         if flight.is_cancelled:
             translator.cancel()
