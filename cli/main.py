@@ -364,8 +364,11 @@ def serve(ctx_size: int | None, host: str, port: int, api_key: str | None, metri
         nonlocal address, metrics
         address = f"http://{host}:{server.port}"
         metrics = server.state.metrics
-        stderr.print(f"[bold]multiseq[/] {settings.model_name}: {config.parallel} slots x {config.slot_ctx} tokens, "
-                     f"{config.threads} threads; OpenAI API at {address}/v1 (the model is loading)", soft_wrap=True)
+        kv_types = config.cache_type_k if config.cache_type_k == config.cache_type_v else \
+            f"{config.cache_type_k}/{config.cache_type_v}"
+        stderr.print(f"[bold]multiseq[/] {settings.model_name}: {config.parallel} slots x {config.slot_ctx} tokens "
+                     f"of {kv_types} KV, {config.threads} threads; OpenAI API at {address}/v1 (the model is loading)",
+                     soft_wrap=True)
         stderr.print(f"files and batches kept in {settings.data_dir}", soft_wrap=True, highlight=False)
 
     def ready(runner: Runner) -> None:

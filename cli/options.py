@@ -13,11 +13,11 @@ from typing import Any
 import click
 
 from .. import models
-from ..config import (REASONING_FORMATS, TOOL_FORMATS, FlashAttention, OverflowPolicy, RunnerConfig, SamplingMode, SamplingParams,
+from ..config import (KV_CACHE_TYPES, REASONING_FORMATS, TOOL_FORMATS, FlashAttention, OverflowPolicy, RunnerConfig, SamplingMode, SamplingParams,
                       SplitMode, default_of)
 
 ENGINE_FIELDS = ("model", "parallel", "slot_ctx", "threads", "n_keep", "n_discard", "seed", "chat_template",
-                 "tool_format", "reasoning_format", "prefix_cache", "cache_ram_mib", "step_tokens", "batch_invariant", "overflow", "n_gpu_layers", "main_gpu", "split_mode", "tensor_split",
+                 "tool_format", "reasoning_format", "cache_type_k", "cache_type_v", "prefix_cache", "cache_ram_mib", "step_tokens", "batch_invariant", "overflow", "n_gpu_layers", "main_gpu", "split_mode", "tensor_split",
                  "flash_attn", "sampling")
 SAMPLING_FIELDS = ("max_tokens", "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "stop", "ignore_eos",
                    "strict_schema")
@@ -136,6 +136,12 @@ def engine_options(slot_ctx_help: str = "Context tokens per slot (prompt + gener
                           "gpt-oss, deepseek, glm, kimi, mistral, llama3, ...; `multiseq info` names the one "
                           "detected), or generic (a JSON object; for templates that know no tools). "
                           "[default: detected from the chat template]"),
+        click.option("-ctk", "--cache-type-k", type=click.Choice(list(KV_CACHE_TYPES)), default="f16",
+                     show_default=True, help="The KV cache's type for K (llama.cpp's names): q8_0 holds about twice "
+                                             "the tokens of f16 in the same memory."),
+        click.option("-ctv", "--cache-type-v", type=click.Choice(list(KV_CACHE_TYPES)), default="f16",
+                     show_default=True, help="The KV cache's type for V; a quantized V needs flash attention "
+                                             "(not with --batch-invariant or -fa off)."),
         click.option("--reasoning-format", type=click.Choice(list(REASONING_FORMATS)), default="auto", show_default=True,
                      help="auto: a reasoning model's thinking comes apart from its answer (reasoning_content); "
                           "none: the raw text is the answer, thinking included."),

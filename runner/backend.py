@@ -51,6 +51,9 @@ _TOKENS_PER_PRODUCT_GROUP = 4  # columns per ggml-cpu repacked GEMM call; the re
 
 _SPLIT_MODES = {"none": llama.LLAMA_SPLIT_MODE_NONE, "layer": llama.LLAMA_SPLIT_MODE_LAYER,
                 "row": llama.LLAMA_SPLIT_MODE_ROW, "tensor": llama.LLAMA_SPLIT_MODE_TENSOR}
+# The KV cache types by llama.cpp's names (-ctk/-ctv), as ggml's enum (ggml.h) numbers them;
+# llama-cpp-python does not export them all (no GGML_TYPE_BF16).
+_KV_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "iq4_nl": 20, "bf16": 30}
 _FLASH_ATTENTION = {"on": llama.LLAMA_FLASH_ATTN_TYPE_ENABLED, "off": llama.LLAMA_FLASH_ATTN_TYPE_DISABLED,
                     "auto": llama.LLAMA_FLASH_ATTN_TYPE_AUTO}
 # What llama.cpp says, at debug and info level, about where things run (llama-model.cpp's
@@ -459,7 +462,7 @@ class LlamaBackend:
 
     def __init__(self, model: LlamaModel, num_slots: int, slot_ctx: int, n_batch: int, threads: int,
                  owns_model: bool = False, swa_full: bool = True, batch_invariant: bool = False,
-                 flash_attn: str = "auto") -> None:
+                 flash_attn: str = "auto", cache_types: tuple[str, str] = ("f16", "f16")) -> None:
         if batch_invariant and model.repack_weights:
             raise BackendError("batch_invariant needs the model loaded with repack_weights=False "
                                "(repacked weights compute a token differently by its place in the batch)")
@@ -467,6 +470,7 @@ class LlamaBackend:
         self.num_slots = num_slots
         self.n_batch = n_batch
         self._owns_model = owns_model
+        self.cache_types = cache_types  # (K, V): the KV cache's element types
         self._ctx = self._new_context(num_slots, slot_ctx, n_batch, threads, swa_full, batch_invariant,
                                       str(getattr(flash_attn, "value", flash_attn)))
         # Where llama.cpp's CPU kernels change with the shape of a micro-batch: flash attention
@@ -521,6 +525,7 @@ class LlamaBackend:
         params.n_ubatch = n_batch
         params.n_seq_max = num_slots
         params.kv_unified = False  # one KV stream per slot: attention never scans other slots
+        params.type_k, params.type_v = (_KV_TYPES[name] for name in self.cache_types)
         params.n_threads = threads
         params.n_threads_batch = threads
         self.context_params = params

@@ -27,6 +27,10 @@ MAX_TOP_LOGPROBS = 20  # OpenAI's limit
 MAX_LOGIT_BIAS = 100.0  # OpenAI's range for one token's bias: [-100, 100]
 MAX_OPENAI_PENALTY = 2.0  # OpenAI's range for presence and frequency penalties: [-2, 2]
 REASONING_FORMATS = ("auto", "none")
+# KV cache element types, as llama.cpp's -ctk/-ctv name them. A quantized V cache needs flash
+# attention (llama.cpp's attention reads V through it).
+KV_CACHE_TYPES = ("f16", "bf16", "f32", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+UNQUANTIZED_KV_TYPES = ("f16", "bf16", "f32")
 TOOL_FORMATS = family_names()  # runner/tools/families/: one module per family
 
 
@@ -265,6 +269,10 @@ class RunnerConfig:
     tensor_split: tuple[float, ...] | None = None  # each GPU's share of the model, e.g. (3, 1)
     # "auto" lets llama.cpp decide; batch_invariant turns it off (its kernels depend on the batch).
     flash_attn: FlashAttention = FlashAttention.AUTO
+    # The KV cache's element types (llama.cpp's --cache-type-k/-v): q8_0 holds about twice the
+    # tokens of f16 in the same memory.
+    cache_type_k: str = "f16"
+    cache_type_v: str = "f16"
     sampling: SamplingMode = SamplingMode.AUTO  # where rows are sampled: the host, or llama.cpp's graph
 
     def __post_init__(self) -> None:
@@ -319,6 +327,14 @@ class RunnerConfig:
         _require(self.sampling in [mode.value for mode in SamplingMode],
                  f"sampling must be one of {', '.join(mode.value for mode in SamplingMode)}, got {self.sampling!r}")
         object.__setattr__(self, "sampling", SamplingMode(self.sampling))
+        for field_name in ("cache_type_k", "cache_type_v"):
+            _require(getattr(self, field_name) in KV_CACHE_TYPES,
+                     f"{field_name} must be one of {', '.join(KV_CACHE_TYPES)}, got {getattr(self, field_name)!r}")
+        flash_off = self.flash_attn is FlashAttention.OFF or self.batch_invariant
+        _require(self.cache_type_v in UNQUANTIZED_KV_TYPES or not flash_off,
+                 f"a quantized V cache ({self.cache_type_v}) needs flash attention, which "
+                 f"{'batch_invariant' if self.batch_invariant else 'flash_attn off'} turns off: give cache_type_v "
+                 f"f16, or leave flash attention on")
         _require(not (self.flash_attn is FlashAttention.ON and self.batch_invariant),
                  "flash_attn 'on' does not go with batch_invariant, which turns flash attention off "
                  "(its kernels compute a token differently by what shares its batch)")

@@ -392,7 +392,8 @@ def _llama_backend(model, config: RunnerConfig, owns_model: bool) -> Backend:
     from .backend import LlamaBackend
 
     return LlamaBackend(model, config.parallel, config.slot_ctx, config.n_batch, config.threads, owns_model=owns_model,
-                        batch_invariant=config.batch_invariant, flash_attn=config.flash_attn.value)
+                        batch_invariant=config.batch_invariant, flash_attn=config.flash_attn.value,
+                        cache_types=(config.cache_type_k, config.cache_type_v))
 
 
 def model_placement(config: RunnerConfig) -> dict[str, Any]:
