@@ -13,7 +13,8 @@ import pytest
 from fakes import FakeBackend
 from multiseq.tools import ChoiceMode, Tool, ToolChoice, ToolFormat
 from multiseq.tools.grammars import tool_grammar
-from multiseq.tools.prompts import call_text, detect_format, generic_messages, native_messages
+from multiseq.tools.families import detect
+from multiseq.tools.prompts import call_text, generic_messages, native_messages
 
 WEATHER = Tool("get_weather", "The weather in a city", {
     "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"]})
@@ -88,11 +89,13 @@ def test_calls_are_written_with_json_dumps_separators():
 
 
 def test_the_format_is_told_by_the_template():
-    assert detect_format(None) is ToolFormat.GENERIC
-    assert detect_format("{% for m in messages %}<|im_start|>{{ m.content }}{% endfor %}") is ToolFormat.GENERIC
-    assert detect_format("{% if tools %}<tools>{{ tools }}</tools>{% endif %}<tool_call>") is ToolFormat.HERMES
-    assert detect_format("{% if tools %}[AVAILABLE_TOOLS]{% endif %}[TOOL_CALLS]") is ToolFormat.MISTRAL
-    assert detect_format("{% if tools %}{% endif %}<|python_tag|>") is ToolFormat.LLAMA3
+    """The registry's detection (tests/test_family_detection.py has every llama.cpp template)."""
+    assert detect(None).name == "generic"
+    assert detect("{% for m in messages %}<|im_start|>{{ m.content }}{% endfor %}").name == "generic"
+    assert detect('{% if tools %}<tools>{{ tools }}</tools>{% endif %}<tool_call>{"name": "x", "arguments": {}}').name \
+        == "hermes"
+    assert detect("{% if tools %}[AVAILABLE_TOOLS]{% endif %}[TOOL_CALLS]").name == "mistral"
+    assert detect("{% if tools %}{% endif %}<|python_tag|>").name == "llama3"
 
 
 def test_generic_messages_describe_the_tools_and_write_calls_and_results_as_text():

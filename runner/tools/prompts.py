@@ -19,22 +19,11 @@ from typing import Any
 from .grammars import HERMES_CLOSE, HERMES_OPEN, MISTRAL_OPEN
 from .types import Tool, ToolFormat
 
-# Markers a template's text holds when it writes calls in that format.
-_FORMAT_MARKERS = ((ToolFormat.HERMES, "<tool_call>"), (ToolFormat.MISTRAL, "[TOOL_CALLS]"),
-                   (ToolFormat.LLAMA3, "<|python_tag|>"), (ToolFormat.LLAMA3, "ipython"))
 GENERIC_INSTRUCTIONS = (
     "You can call the following tools. To call tools, answer with only one JSON object, with nothing "
     "before or after it:\n"
     '{"tool_calls": [{"name": "<tool name>", "arguments": {<the arguments, as the tool\'s parameters say>}}]}\n'
     "Otherwise, answer in plain text. The tools:\n")
-
-
-def detect_format(template_source: str | None) -> ToolFormat:
-    """The call format a Jinja template writes (GENERIC when it writes none it is known by)."""
-    if not template_source or "tools" not in template_source:
-        return ToolFormat.GENERIC
-    return next((tool_format for tool_format, marker in _FORMAT_MARKERS if marker in template_source),
-                ToolFormat.GENERIC)
 
 
 def thinks(template_source: str | None) -> bool:
