@@ -44,3 +44,29 @@ def test_a_template_that_concatenates_arguments_gets_them_as_text():
 
 def test_a_template_that_writes_tojson_gets_them_as_an_object():
     assert '"arguments": {"city": "Paris"}' in rendered("Qwen-Qwen3-0.6B.jinja")
+
+
+CLIENT_IDS = [{"role": "user", "content": "Weather in Paris?"},
+              {"role": "assistant", "content": None, "tool_calls": [
+                  {"id": "toolu_01AbCdEf", "type": "function",
+                   "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+              {"role": "tool", "tool_call_id": "toolu_01AbCdEf", "content": "sunny"}]
+
+
+def test_mistral_templates_get_nine_character_call_ids_the_same_every_turn():
+    """Mistral's templates refuse any id but 9 alphanumeric characters: a client's ids (Claude
+    Code's toolu_..., ours before) are renamed, the call and its result alike, the same way on
+    every turn so the prompt's prefix does not change."""
+    source = (TEMPLATES / "mistralai-Mistral-Nemo-Instruct-2407.jinja").read_text()
+    request = Request(messages=CLIENT_IDS, tools=(WEATHER,))
+    first = ToolSupport(source).render(TemplateBackend(source), request)
+    assert first == ToolSupport(source).render(TemplateBackend(source), request)
+    assert "toolu_01AbCdEf" not in first
+    [renamed] = {part.split('"')[0] for part in first.split('"id": "')[1:]}
+    assert len(renamed) == 9 and renamed.isalnum() and f'"call_id": "{renamed}"' in first
+    support = ToolSupport(source)
+    parser = support.parser(request)
+    parser.feed('[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Rome"}}]')
+    parser.close()
+    [call] = parser.result().tool_calls
+    assert len(call.id) == 9 and call.id.isalnum()

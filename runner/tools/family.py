@@ -127,6 +127,9 @@ class Family:
     # part, prompts.py).
     legacy_format: str | None = None
     call_syntax: CallSyntax | None = None  # how calls are written, for their grammar (None: no grammar)
+    # The length of the alphanumeric call ids the family's templates insist on (Mistral's: 9);
+    # None: any id. The server's ids are made so, and a client's are renamed for the template.
+    call_id_length: int | None = None
     variant_call_syntax: Mapping[str, CallSyntax] = field(default_factory=dict)  # by sub-format, where it differs
 
     def matches(self, template: str) -> bool:

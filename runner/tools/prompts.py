@@ -12,8 +12,10 @@ same for every tool_choice, so a conversation whose turns change the choice keep
 
 from __future__ import annotations
 
+import hashlib
 import json
-from collections.abc import Sequence
+import secrets
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .grammars import HERMES_CLOSE, HERMES_OPEN, MISTRAL_OPEN
@@ -175,3 +177,33 @@ def _arguments_object(arguments: Any) -> Any:
         return json.loads(arguments) if arguments.strip() else {}
     except ValueError:
         return arguments  # not JSON: the template gets the text as it came
+
+
+_ALPHANUMERIC = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+
+
+def with_call_ids_of_length(messages: Sequence[dict[str, Any]], length: int) -> list[dict[str, Any]]:
+    """The messages with every call id that is not `length` alphanumeric characters renamed to
+    one that is (Mistral's templates refuse others): the same id always gets the same name, so
+    a call and its result still match and the next turn renders to the same prompt."""
+    def renamed(call_id: Any) -> Any:
+        if not isinstance(call_id, str) or (len(call_id) == length and call_id.isascii() and call_id.isalnum()):
+            return call_id
+        number = int.from_bytes(hashlib.blake2b(call_id.encode("utf-8"), digest_size=16).digest(), "big")
+        return "".join(_ALPHANUMERIC[(number // len(_ALPHANUMERIC) ** place) % len(_ALPHANUMERIC)]
+                       for place in range(length))
+
+    converted = []
+    for message in messages:
+        message = dict(message)
+        if message.get("tool_calls"):
+            message["tool_calls"] = [{**call, "id": renamed(call.get("id"))} for call in message["tool_calls"]]
+        if "tool_call_id" in message:
+            message["tool_call_id"] = renamed(message["tool_call_id"])
+        converted.append(message)
+    return converted
+
+
+def call_id_of_length(length: int) -> Callable[[int], str]:
+    """Call ids of `length` random alphanumeric characters (what Mistral's templates want)."""
+    return lambda index: "".join(secrets.choice(_ALPHANUMERIC) for _ in range(length))

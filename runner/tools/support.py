@@ -14,7 +14,7 @@ from .families import detect, family_named
 from .family import Family
 from .grammars import family_grammar, tool_grammar
 from .parsers import ToolCallParser
-from .prompts import generic_messages, native_messages, thinks
+from .prompts import call_id_of_length, generic_messages, native_messages, thinks, with_call_ids_of_length
 from .reading import new_call_id, output_parser
 from .types import ToolFormat
 
@@ -48,6 +48,8 @@ class ToolSupport:
         """The prompt of a chat request: the template's own rendering where the request has
         neither tools nor tool messages, else with tools in this model's way (prompts.py)."""
         messages, options = request.messages, dict(request.template_options or {})
+        if self.family.call_id_length is not None:
+            messages = tuple(with_call_ids_of_length(messages, self.family.call_id_length))
         if not request.tools and not any(message["role"] == "tool" or message.get("tool_calls")
                                          for message in messages):
             return backend.render_chat(messages, options=options) if options else backend.render_chat(messages)
@@ -85,10 +87,12 @@ class ToolSupport:
         reads_reasoning = self.reasons and request.messages is not None and request.prompt is None
         if not request.uses_tools and not reads_reasoning:
             return None
+        call_id = new_call_id if self.family.call_id_length is None else call_id_of_length(self.family.call_id_length)
         if self.format is not None:
-            return ToolCallParser(self.format, new_call_id, parse_reasoning=self.reasons,
+            return ToolCallParser(self.format, call_id, parse_reasoning=self.reasons,
                                   reasoning_open=self.reasons and self.family.opens_reasoning(prompt))
-        return output_parser(self.family, tools=request.tools or (), prompt=prompt, variant=self.variant)
+        return output_parser(self.family, tools=request.tools or (), prompt=prompt, variant=self.variant,
+                             call_id=call_id)
 
     def marker_tokens(self, backend: Backend) -> dict[int, bytes]:
         """The control tokens that are the family's markers, with their text: llama.cpp renders

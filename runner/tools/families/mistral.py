@@ -19,4 +19,5 @@ FAMILY = Family(
     reasoning=("[THINK]", "[/THINK]"),
     priority=85,
     legacy_format="mistral",
+    call_id_length=9,  # Mistral's templates refuse any other id ("alphanumeric strings with length 9")
 )
