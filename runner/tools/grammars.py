@@ -194,8 +194,8 @@ def _parameter_rules(name: str, tool: Tool, syntax: CallSyntax, literal, special
     schema = grammar_schema(tool.schema)
     properties = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
     required = set(schema.get("required") or ())
-    if not properties:
-        return [f"{name}: \"\"" if not syntax.parameter_open else f"{name}: \"\""]
+    if not properties:  # a function without parameters: nothing between its opening and close
+        return [f'{name}: ""']
     items, rules = [], []
     for position, (key, sub_schema) in enumerate(properties.items()):
         rule = f"{name}_{position}"
