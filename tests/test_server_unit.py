@@ -121,7 +121,7 @@ def test_the_async_client_is_served_concurrently(server):
 
 
 def test_models_health_and_metrics(server):
-    client, base, _ = server()
+    client, base, runner = server()
     assert [model.id for model in client.models.list()] == [MODEL]
     assert client.models.retrieve(MODEL).id == MODEL
     list(client.completions.create(model=MODEL, prompt="abc", max_tokens=3, temperature=0, stream=True))
@@ -131,8 +131,10 @@ def test_models_health_and_metrics(server):
     for name in ("multiseq_requests_running", "multiseq_requests_waiting", "multiseq_prompt_tokens_computed_total",
                  "multiseq_prompt_tokens_cached_total", "multiseq_generation_tokens_total",
                  "multiseq_time_to_first_token_seconds_bucket", "multiseq_inter_token_latency_seconds_bucket",
-                 "multiseq_slot_occupancy"):
+                 "multiseq_slot_occupancy", "multiseq_kv_tokens"):
         assert name in metrics
+    assert f"multiseq_kv_capacity_tokens {float(runner.config.parallel * runner.window)}" in metrics
+    assert 'multiseq_kv_cache_type{type_k="f16",type_v="f16"} 1.0' in metrics
     assert "multiseq_time_to_first_token_seconds_count 1.0" in metrics
 
 

@@ -112,6 +112,14 @@ class _EngineCollector:
         yield _gauge("multiseq_requests_waiting", "Requests queued for a slot", runner.num_waiting)
         yield _gauge("multiseq_slots", "Slots of the context", num_slots)
         yield _gauge("multiseq_slot_occupancy", "Share of slots holding a request", snapshot.num_running / num_slots)
+        yield _gauge("multiseq_kv_tokens", "Tokens held in the slots' KV cache (running requests, and prefixes kept "
+                     "for reuse)", sum(slot.context_used for slot in snapshot.slots))
+        yield _gauge("multiseq_kv_capacity_tokens", "Tokens the slots' KV cache holds at most (slots x window)",
+                     sum(slot.window for slot in snapshot.slots))
+        kv_type = GaugeMetricFamily("multiseq_kv_cache_type", "The KV cache's element types (-ctk, -ctv): always 1",
+                                    labels=["type_k", "type_v"])
+        kv_type.add_metric([runner.config.cache_type_k, runner.config.cache_type_v], 1)
+        yield kv_type
         yield _counter("multiseq_prompt_tokens_computed", "Prompt tokens prefilled", stats.prompt_tokens)
         yield _counter("multiseq_prompt_tokens_cached", "Prompt tokens reused from a prefix already computed",
                        stats.prompt_tokens_reused)
