@@ -169,13 +169,15 @@ def legacy_parse(tool_format: str) -> ParseFunction:
     return parse
 
 
-def new_parser(family: Family, call_id: Callable[[int], str], context: ParseContext):
-    """The streaming parser of one output in the family's format (feed, close, result)."""
+def new_parser(family: Family, call_id: Callable[[int], str], context: ParseContext, reasons: bool | None = None):
+    """The streaming parser of one output in the family's format (feed, close, result).
+    `reasons`: whether the first parser looks for reasoning (None: where the family has it; the
+    engine says, from the model's template: Qwen3 reasons, Qwen 2.5 does not)."""
     if family.legacy_format is not None:
         from .parsers import ToolCallParser
-        thinks = family.reasoning is not None and (context.reasoning_open or family.name != "generic")
+        thinks = family.reasoning is not None if reasons is None else reasons
         return ToolCallParser(family.legacy_format, call_id, parse_reasoning=thinks,
-                              reasoning_open=context.reasoning_open)
+                              reasoning_open=thinks and context.reasoning_open)
     return OutputParser(family, call_id, context)
 
 
@@ -331,7 +333,7 @@ def typed_value(raw: str, schema: Mapping[str, Any]) -> Any:
     if types and types <= {"string"}:
         return raw
     try:
-        value = json.loads(raw, parse_constant=_no_constant)
+        value = json.loads(raw, parse_constant=no_json_constant)
     except ValueError:
         return raw
     if not types or _matches_type(value, types):
@@ -356,11 +358,32 @@ def property_schema(schema: Mapping[str, Any], key: str) -> Mapping[str, Any]:
 def json_object_text(raw: str) -> str | None:
     """`raw` when it is the JSON text of an object (as the model wrote it), else None."""
     try:
-        value = json.loads(raw, parse_constant=_no_constant)
+        value = json.loads(raw, parse_constant=no_json_constant)
     except ValueError:
         return None
     return raw.strip() if isinstance(value, dict) else None
 
 
-def _no_constant(name: str) -> Any:
+def no_json_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")  # NaN and Infinity: clients' parsers refuse them
+
+
+# JSON as clients read it: NaN and Infinity refused (the standard library takes them).
+STRICT_JSON = json.JSONDecoder(parse_constant=no_json_constant)
+
+
+def skip_space(text: str, position: int) -> int:
+    """The position of the first character from `position` that is not whitespace."""
+    while position < len(text) and text[position].isspace():
+        position += 1
+    return position
+
+
+def may_begin(text: str, position: int, markers: Sequence[str]) -> bool:
+    """Whether the rest of the text from `position` may still grow into one of `markers`."""
+    return any(marker.startswith(text[position:]) for marker in markers)
+
+
+def nonempty(segments: Sequence[Segment]) -> tuple[Segment, ...]:
+    """The segments without empty texts."""
+    return tuple(segment for segment in segments if not isinstance(segment, Text) or segment.text)

@@ -31,14 +31,15 @@ def family_of(family: Family | str | None = None, template: str | None = None) -
 
 def output_parser(family: Family | str | None = None, *, template: str | None = None, tools: Sequence[Tool] = (),
                   prompt: str = "", variant: str | None = None,
-                  call_id: Callable[[int], str] = new_call_id):
+                  call_id: Callable[[int], str] = new_call_id, reasons: bool | None = None):
     """A streaming parser of one output: `feed(piece)` and `close()` return deltas
-    (TextDelta, ReasoningDelta, ToolCallStart, ArgumentsDelta), then `result()` the ParsedOutput."""
+    (TextDelta, ReasoningDelta, ToolCallStart, ArgumentsDelta), then `result()` the ParsedOutput.
+    `reasons`: whether the model reasons, where the template says (None: where its family does)."""
     chosen = family_of(family, template)
     context = ParseContext(final=False, tools={tool.name: tool for tool in tools},
                            reasoning_open=chosen.opens_reasoning(prompt),
                            variant=variant or chosen.variant_of(template))
-    return new_parser(chosen, call_id, context)
+    return new_parser(chosen, call_id, context, reasons)
 
 
 def read_output(output: str | Iterable[str], family: Family | str | None = None, *, template: str | None = None,

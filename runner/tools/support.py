@@ -13,7 +13,6 @@ from ..errors import BackendError
 from .families import detect, family_named
 from .family import Family
 from .grammars import family_grammar, tool_grammar
-from .parsers import ToolCallParser
 from .prompts import call_id_of_length, generic_messages, native_messages, thinks, with_call_ids_of_length
 from .reading import new_call_id, output_parser
 from .types import ToolFormat
@@ -88,11 +87,8 @@ class ToolSupport:
         if not request.uses_tools and not reads_reasoning:
             return None
         call_id = new_call_id if self.family.call_id_length is None else call_id_of_length(self.family.call_id_length)
-        if self.format is not None:
-            return ToolCallParser(self.format, call_id, parse_reasoning=self.reasons,
-                                  reasoning_open=self.reasons and self.family.opens_reasoning(prompt))
         return output_parser(self.family, tools=request.tools or (), prompt=prompt, variant=self.variant,
-                             call_id=call_id)
+                             call_id=call_id, reasons=self.reasons)
 
     def marker_tokens(self, backend: Backend) -> dict[int, bytes]:
         """The control tokens that are the family's markers, with their text: llama.cpp renders

@@ -15,7 +15,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..family import CUT_OFF, Call, FamilyParse, ParseContext, Segment, Text, Thought, arguments_json, settled_text
+from ..family import (CUT_OFF, STRICT_JSON, Call, FamilyParse, ParseContext, Segment, Text, Thought, arguments_json,
+                      settled_text, skip_space)
 
 UNREADABLE = "the model's tool call could not be read"
 
@@ -117,11 +118,6 @@ class JsonBroken:
     """The text after the marker is not JSON."""
 
 
-_DECODER = json.JSONDecoder(parse_constant=lambda name: _no_constant(name))
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
 
 
 def json_value_at(text: str, start: int) -> tuple[Any, int] | JsonCutOff | JsonBroken:
@@ -131,7 +127,7 @@ def json_value_at(text: str, start: int) -> tuple[Any, int] | JsonCutOff | JsonB
     if begin == len(text):
         return JsonCutOff()
     try:
-        value, end = _DECODER.raw_decode(text, begin)
+        value, end = STRICT_JSON.raw_decode(text, begin)
     except json.JSONDecodeError as failure:
         return JsonCutOff() if _ends_inside(text, begin, failure) else JsonBroken()
     except ValueError:  # NaN, Infinity
@@ -255,11 +251,6 @@ def named_calls(value: Any, name_key: str, arguments_keys: Sequence[str]) -> tup
 
 # --- text ------------------------------------------------------------------------------------
 
-def skip_space(text: str, position: int) -> int:
-    while position < len(text) and text[position].isspace():
-        position += 1
-    return position
-
 
 def first_of(text: str, markers: Iterable[str], start: int = 0) -> tuple[int, str | None]:
     """The first of `markers` in `text` from `start`: (where, which), or (-1, None)."""
@@ -305,3 +296,12 @@ def leading_reasoning(text: str, context: ParseContext, opener: str, closers: Se
 
 def with_reasoning(reasoning: list[Segment], parsed: FamilyParse) -> FamilyParse:
     return FamilyParse((*reasoning, *parsed.segments), parsed.error)
+
+
+def json_list_calls(body: str, context: ParseContext) -> tuple[Call, ...] | None:
+    """A section's body that is a JSON list (or one object) of {"name", "arguments"} calls."""
+    try:
+        value = json.loads(body)
+    except ValueError:
+        return None
+    return named_calls(value, "name", ("arguments",))

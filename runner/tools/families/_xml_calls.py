@@ -21,8 +21,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..family import (CUT_OFF, Call, FamilyParse, ParseContext, Segment, Text, Thought, arguments_json,
-                      property_schema, settled_text, typed_value)
+from ..family import (CUT_OFF, Call, FamilyParse, ParseContext, Segment, Text, Thought, arguments_json, may_begin,
+                      property_schema, settled_text, skip_space, typed_value)
 
 
 @dataclass(frozen=True)
@@ -102,10 +102,10 @@ def _reasoning_end(syntax: XmlCallSyntax, text: str, final: bool) -> tuple[int, 
     limit = len(text) if close < 0 else close
     start = text.find(opener, 0, limit)
     while start >= 0:
-        tag = _skip_space(text, start + len(opener))
+        tag = skip_space(text, start + len(opener))
         if text.startswith(syntax.function_open, tag):
             return start, start
-        if not final and _may_begin(text[tag:], (syntax.function_open,)):
+        if not final and may_begin(text, tag, (syntax.function_open,)):
             return start, None  # may be a call: the reasoning is known up to its opener
         start = text.find(opener, start + 1, limit)
     return (close, close + len(closer)) if close >= 0 else (len(text), None)
@@ -190,7 +190,7 @@ def _read_block(syntax: XmlCallSyntax, text: str, start: int, bare: bool, contex
     block = _Block(unread=start)
     position = start if bare else start + len(syntax.block_open)
     while True:
-        position = _skip_space(text, position)
+        position = skip_space(text, position)
         if text.startswith(syntax.function_open, position):
             call, position, block.problem = _read_function(syntax, text, position, context)
             if call is None:
@@ -201,7 +201,7 @@ def _read_block(syntax: XmlCallSyntax, text: str, start: int, bare: bool, contex
             block.end = position + len(syntax.block_close)
             return block
         else:
-            if not _may_begin(text[position:], (syntax.function_open, syntax.block_close)):
+            if not may_begin(text, position, (syntax.function_open, syntax.block_close)):
                 block.problem = f"the model's tool call could not be read: {syntax.function_open}NAME> was expected"
             return block
 
@@ -216,7 +216,7 @@ def _read_function(syntax: XmlCallSyntax, text: str, position: int,
     schema = context.schema_of(name)
     arguments: dict[str, Any] = {}
     while True:
-        position = _skip_space(text, position)
+        position = skip_space(text, position)
         if text.startswith(syntax.parameter_open, position):
             key, position, problem = _tag_name(text, position + len(syntax.parameter_open))
             if key is None:
@@ -231,7 +231,7 @@ def _read_function(syntax: XmlCallSyntax, text: str, position: int,
             return Call(name, arguments_json(arguments)), position + len(syntax.function_close), None
         elif text.startswith(syntax.block_close, position):
             return Call(name, arguments_json(arguments)), position, None  # the model left out the function close
-        elif _may_begin(text[position:], (syntax.parameter_open, syntax.function_close, syntax.block_close)):
+        elif may_begin(text, position, (syntax.parameter_open, syntax.function_close, syntax.block_close)):
             return None, position, None
         else:
             return None, position, (f"the model's tool call could not be read: {syntax.parameter_open}KEY> "
@@ -260,7 +260,7 @@ def _value_end(syntax: XmlCallSyntax, text: str, start: int) -> tuple[int | None
 def _find_followed(text: str, marker: str, start: int, followed) -> int:
     """The first `marker` from `start` after which (and whitespace) `followed` holds; -1: none."""
     found = text.find(marker, start)
-    while found >= 0 and not followed(_skip_space(text, found + len(marker))):
+    while found >= 0 and not followed(skip_space(text, found + len(marker))):
         found = text.find(marker, found + 1)
     return found
 
@@ -291,17 +291,6 @@ def _value_text(raw: str, newline_around: bool, closed: bool) -> str:
     if (newline_around or not closed) and raw.endswith("\n"):
         raw = raw[:-1]
     return raw
-
-
-def _skip_space(text: str, position: int) -> int:
-    while position < len(text) and text[position].isspace():
-        position += 1
-    return position
-
-
-def _may_begin(text: str, markers: Sequence[str]) -> bool:
-    """Whether `text` (the rest of the output so far) may still grow into one of `markers`."""
-    return any(marker.startswith(text) for marker in markers)
 
 
 # --- values ----------------------------------------------------------------------------------------

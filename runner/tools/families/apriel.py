@@ -12,10 +12,9 @@ before hermes in detection.
 
 from __future__ import annotations
 
-import json
 
-from ..family import Call, CallSyntax, Family, FamilyParse, ParseContext
-from ._marked_calls import closed_section, content_and_calls, leading_reasoning, named_calls, with_reasoning
+from ..family import CallSyntax, Family, FamilyParse, ParseContext
+from ._marked_calls import closed_section, content_and_calls, json_list_calls, leading_reasoning, with_reasoning
 
 CALLS, END_CALLS = "<tool_calls>", "</tool_calls>"
 REASONING_STEPS = "Here are my reasoning steps:"  # what Apriel 1.6's generation prompt ends with
@@ -24,15 +23,7 @@ THINKING, END_THINKING = "<thinking>", "</thinking>"
 END_OF_TURN = "<|end|>"
 
 
-def _list_calls(body: str, context: ParseContext) -> tuple[Call, ...] | None:
-    try:
-        value = json.loads(body)
-    except ValueError:
-        return None
-    return named_calls(value, "name", ("arguments",))
-
-
-_read_calls = closed_section(END_CALLS, _list_calls)
+_read_calls = closed_section(END_CALLS, json_list_calls)
 
 
 def parse(text: str, context: ParseContext) -> FamilyParse:

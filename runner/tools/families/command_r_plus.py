@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import re
 
-from ..family import CUT_OFF, CallSyntax, Family, FamilyParse, ParseContext, Segment, Text
+from ..family import CUT_OFF, CallSyntax, Family, FamilyParse, ParseContext, Segment, Text, nonempty
 from ._marked_calls import UNREADABLE, JsonBroken, JsonCutOff, json_value_at, named_calls, skip_space, without
 
 ACTION = "Action:"
@@ -55,7 +55,7 @@ def parse(text: str, context: ParseContext) -> FamilyParse:
             # the call as written ("Action:", the fence, its JSON so far) holds none of the
             # family's markers (those are the turn's tokens), so it is left out here.
             segments.append(Text(text[position:opener.start()]))
-            return FamilyParse(_nonempty(segments), CUT_OFF)
+            return FamilyParse(nonempty(segments), CUT_OFF)
         value, end = found if not isinstance(found, JsonBroken) else (None, len(text))
         calls = None if value is None else named_calls(value, "tool_name", ("parameters", "arguments"))
         if calls is None:  # not calls: the model's text, as it wrote it
@@ -74,11 +74,7 @@ def parse(text: str, context: ParseContext) -> FamilyParse:
     if not context.final:
         held = min(held, _settled_end(text, position))
     segments.append(Text(text[position:max(held, position)]))
-    return FamilyParse(_nonempty(segments), error)
-
-
-def _nonempty(segments: list[Segment]) -> tuple[Segment, ...]:
-    return tuple(segment for segment in segments if not isinstance(segment, Text) or segment.text)
+    return FamilyParse(nonempty(segments), error)
 
 
 def _settled_end(text: str, start: int) -> int:

@@ -35,13 +35,12 @@ a DSML section is its own markup), so the parse needs no variant: it reads every
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..family import (CUT_OFF, Call, CallSyntax, Family, FamilyParse, ParseContext, Segment, Text, Thought,
-                      arguments_json, held_back, property_schema, typed_value, until_turn_end)
+from ..family import (CUT_OFF, STRICT_JSON, Call, CallSyntax, Family, FamilyParse, ParseContext, Segment, Text,
+                      Thought, arguments_json, held_back, property_schema, skip_space, typed_value, until_turn_end)
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 CALLS_BEGIN, CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
@@ -62,17 +61,9 @@ _PARAMETER_OPEN = re.compile(rf'<{DSML}\s*parameter\s+name="([^"]*)"(?:\s+string
 _PARAMETER_CLOSE = re.compile(rf"</{DSML}\s*parameter>")
 _SECTION_OPEN = re.compile(re.escape(CALLS_BEGIN) + "|" + _DSML_OPEN.pattern)
 _FENCE = re.compile(r"```(?:json)?")
-_SPACE = re.compile(r"\s*")
 
 # What may begin a call section or end the turn: text ending with the start of one waits.
 _OPENER_STARTS = (CALLS_BEGIN, "<" + DSML, END_OF_SENTENCE)
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")  # NaN and Infinity: clients' parsers refuse them
-
-
-_JSON = json.JSONDecoder(parse_constant=_no_constant)
 
 
 @dataclass
@@ -178,10 +169,6 @@ def _failed(section: _Section, text: str, position: int, closer: re.Pattern[str]
     return section
 
 
-def _skip_space(text: str, position: int) -> int:
-    return _SPACE.match(text, position).end()
-
-
 # --- V3 / R1 and V3.1: <｜tool▁calls▁begin｜> ----------------------------------------------------
 
 _CALLS_END = re.compile(re.escape(CALLS_END))
@@ -191,7 +178,7 @@ def _read_marked_section(text: str, start: int, context: ParseContext) -> _Secti
     section = _Section()
     position = start
     while True:
-        position = _skip_space(text, position)
+        position = skip_space(text, position)
         if text.startswith(CALLS_END, position):
             section.end = position + len(CALLS_END)
             return section
@@ -208,29 +195,29 @@ def _read_marked_call(text: str, start: int) -> tuple[Call, int] | None:
     if separator < 0:
         return None
     head, body = text[start:separator], separator + len(SEPARATOR)
-    json_start = _skip_space(text, body)
+    json_start = skip_space(text, body)
     fenced = not text.startswith("{", json_start)
     if fenced:  # V3 / R1: `function<｜tool▁sep｜>NAME\n```json\n{...}\n```
         line_end = text.find("\n", body)
         if line_end < 0:
             return None
         name = text[body:line_end].strip()
-        json_start = _skip_space(text, line_end)
+        json_start = skip_space(text, line_end)
         fence = _FENCE.match(text, json_start)
-        json_start = _skip_space(text, fence.end()) if fence else json_start
+        json_start = skip_space(text, fence.end()) if fence else json_start
     else:  # V3.1: `NAME<｜tool▁sep｜>{...}`
         name = head.strip()
     if not _is_name(name):
         return None
     try:
-        arguments, end = _JSON.raw_decode(text, json_start)
+        arguments, end = STRICT_JSON.raw_decode(text, json_start)
     except ValueError:
         return None
     if not isinstance(arguments, dict):
         return None
-    end = _skip_space(text, end)
+    end = skip_space(text, end)
     if fenced and text.startswith("```", end):
-        end = _skip_space(text, end + 3)
+        end = skip_space(text, end + 3)
     if not text.startswith(CALL_END, end):
         return None
     return Call(name, arguments_json(arguments)), end + len(CALL_END)
@@ -246,7 +233,7 @@ def _read_dsml_section(text: str, start: int, context: ParseContext) -> _Section
     section = _Section()
     position = start
     while True:
-        position = _skip_space(text, position)
+        position = skip_space(text, position)
         close = _DSML_CLOSE.match(text, position)
         if close:
             section.end = close.end()
@@ -270,7 +257,7 @@ def _read_invoke(text: str, invoke: re.Match[str], context: ParseContext) -> tup
     arguments: dict[str, Any] = {}
     position = invoke.end()
     while True:
-        position = _skip_space(text, position)
+        position = skip_space(text, position)
         close = _INVOKE_CLOSE.match(text, position)
         if close:
             return Call(name, arguments_json(arguments)), close.end()
@@ -291,7 +278,7 @@ def _parameter_value(raw: str, is_string: str | None, schema: Any) -> Any:
         return raw
     if is_string == "false":
         try:
-            return _JSON.decode(raw.strip())
+            return STRICT_JSON.decode(raw.strip())
         except ValueError:
             pass
     return typed_value(raw, schema)

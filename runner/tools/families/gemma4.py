@@ -13,12 +13,11 @@ thinking is off; with thinking on the model opens the channel itself.
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
-from ..family import (CUT_OFF, Call, Family, FamilyParse, ParseContext, Segment, Text, Thought, arguments_json,
-                      settled_text)
+from ..family import (CUT_OFF, STRICT_JSON, Call, Family, FamilyParse, ParseContext, Segment, Text, Thought,
+                      arguments_json, settled_text, skip_space)
 
 CALL_OPEN = "<|tool_call>"
 CALL_CLOSE = "<tool_call|>"
@@ -160,7 +159,7 @@ def _call(body: str) -> Call:
 
 def _value(text: str, start: int) -> tuple[Any, int]:
     """The value at `start` (after whitespace) and where it ends."""
-    start = _skip_space(text, start)
+    start = skip_space(text, start)
     if text.startswith(QUOTE, start):
         return _string(text, start)
     if text.startswith("{", start):
@@ -180,25 +179,25 @@ def _string(text: str, start: int) -> tuple[str, int]:
 def _object(text: str, start: int) -> tuple[dict[str, Any], int]:
     """The members after `{` up to its `}`."""
     members: dict[str, Any] = {}
-    position = _skip_space(text, start)
+    position = skip_space(text, start)
     if text.startswith("}", position):
         return members, position + 1
     while True:
         key, position = _key(text, position)
         members[key], position = _value(text, position)
-        position = _skip_space(text, position)
+        position = skip_space(text, position)
         if text.startswith("}", position):
             return members, position + 1
         if not text.startswith(",", position):
             raise _NotNotation(text[position:])
-        position = _skip_space(text, position + 1)
+        position = skip_space(text, position + 1)
 
 
 def _key(text: str, start: int) -> tuple[str, int]:
     """A key and its `:`: bare text (spaces allowed), or a string."""
     if text.startswith(QUOTE, start):
         key, position = _string(text, start)
-        position = _skip_space(text, position)
+        position = skip_space(text, position)
     else:
         position = start
         while position < len(text) and text[position] not in OBJECT_KEY_ENDS:
@@ -212,13 +211,13 @@ def _key(text: str, start: int) -> tuple[str, int]:
 def _array(text: str, start: int) -> tuple[list[Any], int]:
     """The items after `[` up to its `]`."""
     items: list[Any] = []
-    position = _skip_space(text, start)
+    position = skip_space(text, start)
     if text.startswith("]", position):
         return items, position + 1
     while True:
         item, position = _value(text, position)
         items.append(item)
-        position = _skip_space(text, position)
+        position = skip_space(text, position)
         if text.startswith("]", position):
             return items, position + 1
         if not text.startswith(",", position):
@@ -233,22 +232,12 @@ def _scalar(text: str, start: int) -> tuple[Any, int]:
         end += 1
     raw = text[start:end].strip()
     try:
-        value = json.loads(raw, parse_constant=_no_constant)
+        value = STRICT_JSON.decode(raw)
     except ValueError:
         raise _NotNotation(raw) from None
     if isinstance(value, (dict, list, str)):
         raise _NotNotation(raw)
     return value, end
-
-
-def _skip_space(text: str, position: int) -> int:
-    while position < len(text) and text[position].isspace():
-        position += 1
-    return position
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
 
 
 FAMILY = Family(

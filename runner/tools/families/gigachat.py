@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import re
 
-from ..family import CUT_OFF, CallSyntax, Family, FamilyParse, ParseContext, Segment, Text, held_back
+from ..family import CUT_OFF, CallSyntax, Family, FamilyParse, ParseContext, Segment, Text, held_back, nonempty
 from ._marked_calls import UNREADABLE, JsonBroken, JsonCutOff, json_value_at, named_calls
 
 MESSAGE_SEP, ROLE_SEP, FUNCTION_CALL = "<|message_sep|>", "<|role_sep|>", "<|function_call|>"
@@ -42,22 +42,22 @@ def parse(text: str, context: ParseContext) -> FamilyParse:
         turn_end = text.find(MESSAGE_SEP, position)
         if turn_end >= 0 and (opener is None or turn_end < opener.start()):
             if not context.final and _may_open_call(text[turn_end:]):
-                return FamilyParse(_nonempty(segments + [Text(text[position:turn_end])]), error)
+                return FamilyParse(nonempty(segments + [Text(text[position:turn_end])]), error)
             # The message ends, no call after it: the output has ended there.
-            return FamilyParse(_nonempty(segments + [Text(text[position:turn_end])]), error)
+            return FamilyParse(nonempty(segments + [Text(text[position:turn_end])]), error)
         if opener is None:
             tail = text[position:]
             if not context.final:
                 tail = tail[:len(tail) - held_back(tail, (FUNCTION_CALL, MESSAGE_SEP))]
-            return FamilyParse(_nonempty(segments + [Text(tail)]), error)
+            return FamilyParse(nonempty(segments + [Text(tail)]), error)
         segments.append(Text(text[position:opener.start()]))
         found = json_value_at(text, opener.end())
         if isinstance(found, JsonCutOff):
             if not context.final:
-                return FamilyParse(_nonempty(segments), error)
-            return FamilyParse(_nonempty(segments + [Text(text[opener.start():])]), CUT_OFF)
+                return FamilyParse(nonempty(segments), error)
+            return FamilyParse(nonempty(segments + [Text(text[opener.start():])]), CUT_OFF)
         if isinstance(found, JsonBroken):
-            return FamilyParse(_nonempty(segments + [Text(text[opener.start():])]), UNREADABLE)
+            return FamilyParse(nonempty(segments + [Text(text[opener.start():])]), UNREADABLE)
         value, end = found
         calls = named_calls(value, "name", ("arguments", "parameters")) if isinstance(value, dict) else None
         if calls is None:
@@ -75,10 +75,6 @@ def _may_open_call(tail: str) -> bool:
         after = rest[len(CALL_ROLE):].lstrip()
         return ROLE_SEP.startswith(after)
     return CALL_ROLE.startswith(rest)
-
-
-def _nonempty(segments: list[Segment]) -> tuple[Segment, ...]:
-    return tuple(segment for segment in segments if not isinstance(segment, Text) or segment.text)
 
 
 FAMILY = Family(

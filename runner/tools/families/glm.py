@@ -25,7 +25,7 @@ from __future__ import annotations
 import re
 
 from ..family import (CUT_OFF, Call, CallSyntax, Family, FamilyParse, ParseContext, Segment, Text, arguments_json,
-                      held_back, property_schema, split_reasoning, typed_value)
+                      property_schema, settled_text, skip_space, split_reasoning, typed_value)
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
@@ -68,7 +68,7 @@ def _parse_body(text: str, context: ParseContext, segments: list[Segment]) -> Fa
     while True:
         start = text.find(CALL_OPEN, position)
         if start < 0:
-            segments.append(Text(_content(_settled(text[position:], context))))
+            segments.append(Text(_content(settled_text(text[position:], context, CONTENT_HOLD))))
             return FamilyParse(tuple(segments))
         segments.append(Text(_content(text[position:start])))
         try:
@@ -94,7 +94,7 @@ def _read_call(text: str, position: int, context: ParseContext) -> tuple[Call, i
     arguments: dict = {}
     position = name_end
     while True:
-        position = _skip_space(text, position)
+        position = skip_space(text, position)
         if text.startswith(CALL_CLOSE, position):
             return Call(name, arguments_json(arguments)), position + len(CALL_CLOSE)
         if not text.startswith(KEY_OPEN, position):
@@ -111,7 +111,7 @@ def _read_argument(text: str, position: int, context: ParseContext) -> tuple[str
     if key_end < 0:
         raise _unfinished(context)
     key = text[position:key_end].strip()
-    position = _skip_space(text, key_end + len(KEY_CLOSE))
+    position = skip_space(text, key_end + len(KEY_CLOSE))
     if not text.startswith(VALUE_OPEN, position):
         raise _unexpected(text, position, (VALUE_OPEN,), context)
     value_start = position + len(VALUE_OPEN)
@@ -155,14 +155,6 @@ def _unfinished(context: ParseContext) -> Exception:
 def _first_of(text: str, markers: tuple[str, ...], position: int) -> int:
     found = [index for index in (text.find(marker, position) for marker in markers) if index >= 0]
     return min(found) if found else -1
-
-
-def _skip_space(text: str, position: int) -> int:
-    return len(text) - len(text[position:].lstrip()) if position < len(text) else position
-
-
-def _settled(text: str, context: ParseContext) -> str:
-    return text if context.final else text[:len(text) - held_back(text, CONTENT_HOLD)]
 
 
 def _content(text: str) -> str:

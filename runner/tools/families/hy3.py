@@ -17,8 +17,8 @@ The turn ends at the end-of-sentence token.
 
 from __future__ import annotations
 
-from ..family import (CUT_OFF, Call, CallSyntax, Family, FamilyParse, ParseContext, arguments_json, property_schema,
-                      until_turn_end)
+from ..family import (CUT_OFF, Call, CallSyntax, Family, FamilyParse, ParseContext, arguments_json, may_begin,
+                      property_schema, until_turn_end)
 from ._marked_calls import Calls, Unreadable, content_and_calls, leading_reasoning, skip_space, with_reasoning
 from ._xml_calls import parameter_value
 
@@ -88,7 +88,7 @@ def _calls_at(text: str, position: int, context: ParseContext) -> tuple[list[Cal
             return calls, position + len(CALLS_CLOSE)
         elif position == len(text) and calls and context.final:
             return calls, position  # the block's close left out at the end of the turn
-        elif _may_begin(text, position, (CALL_OPEN, CALLS_CLOSE)):
+        elif may_begin(text, position, (CALL_OPEN, CALLS_CLOSE)):
             raise _Waiting
         else:
             raise _Broken
@@ -112,12 +112,12 @@ def _call_at(text: str, position: int, context: ParseContext) -> tuple[Call, int
             key, position = _between(text, position + len(KEY_OPEN), KEY_CLOSE)
             position = skip_space(text, position)
             if not text.startswith(VALUE_OPEN, position):
-                raise _Waiting if _may_begin(text, position, (VALUE_OPEN,)) else _Broken
+                raise _Waiting if may_begin(text, position, (VALUE_OPEN,)) else _Broken
             raw, position = _between(text, position + len(VALUE_OPEN), VALUE_CLOSE)
             arguments[key.strip()] = parameter_value(raw, property_schema(schema, key.strip()))
         elif text.startswith(CALL_CLOSE, position):
             return Call(name, arguments_json(arguments)), position + len(CALL_CLOSE)
-        elif _may_begin(text, position, (KEY_OPEN, CALL_CLOSE)):
+        elif may_begin(text, position, (KEY_OPEN, CALL_CLOSE)):
             raise _Waiting
         else:
             raise _Broken
@@ -128,11 +128,6 @@ def _between(text: str, position: int, closer: str) -> tuple[str, int]:
     if end < 0:
         raise _Waiting
     return text[position:end], end + len(closer)
-
-
-def _may_begin(text: str, position: int, markers: tuple[str, ...]) -> bool:
-    """Whether the rest of the text from `position` may still grow into one of `markers`."""
-    return any(marker.startswith(text[position:]) for marker in markers)
 
 
 FAMILY = Family(

@@ -32,8 +32,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from ..family import (CUT_OFF, Call, CallSyntax, Family, FamilyParse, ParseContext, Segment, Text, Thought,
-                      held_back, property_schema, typed_value)
+from ..family import (CUT_OFF, STRICT_JSON, Call, CallSyntax, Family, FamilyParse, ParseContext, Segment, Text,
+                      Thought, property_schema, settled_text, typed_value)
 
 # --- Kimi K2's tokens ---
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
@@ -120,10 +120,6 @@ def _first(text: str, markers: tuple[str, ...], position: int = 0) -> tuple[int,
     return min(found, key=lambda hit: (hit[0], -len(hit[1]))) if found else (-1, "")
 
 
-def _settled(text: str, context: ParseContext) -> str:
-    return text if context.final else text[:len(text) - held_back(text, HOLD)]
-
-
 def _without(text: str, markers: tuple[str, ...]) -> str:
     """`text` less the markers, in one pass (what is left of two is never read as a third)."""
     return re.sub("|".join(re.escape(marker) for marker in sorted(markers, key=len, reverse=True)), "", text)
@@ -153,7 +149,7 @@ def _reasoning(text: str, context: ParseContext, opener: str, closers: tuple[str
         text = stripped
     end, closer = _first(text, closers)
     if end < 0:
-        segments.append(Thought(_settled(text, context)))
+        segments.append(Thought(settled_text(text, context, HOLD)))
         return "" if context.final else None
     segments.append(Thought(text[:end]))
     return text[end + len(closer):] if closer == consumed else text[end:]
@@ -171,7 +167,7 @@ def _parse_k2(text: str, context: ParseContext) -> FamilyParse:
     while True:
         start, marker = _first(body, (SECTION_BEGIN, CALL_BEGIN), position)
         if start < 0:
-            segments.append(Text(_without(_settled(body[position:], context), STRAY)))
+            segments.append(Text(_without(settled_text(body[position:], context, HOLD), STRAY)))
             return FamilyParse(tuple(segments))
         segments.append(Text(_without(body[position:start], STRAY)))
         try:
@@ -210,13 +206,6 @@ def _read_k2_section(text: str, start: int, context: ParseContext, segments: lis
         calls += 1
 
 
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")  # NaN and Infinity: clients' parsers refuse them
-
-
-_DECODER = json.JSONDecoder(parse_constant=_no_constant)
-
-
 def _read_k2_call(text: str, start: int, context: ParseContext) -> tuple[Call, int]:
     """`<|tool_call_begin|>ID<|tool_call_argument_begin|>{...}<|tool_call_end|>` at `start`.
 
@@ -233,7 +222,7 @@ def _read_k2_call(text: str, start: int, context: ParseContext) -> tuple[Call, i
     name = _name_of_id(call_id)
     json_start = len(text) - len(text[arguments_at + len(ARGUMENTS_BEGIN):].lstrip())
     try:
-        arguments, json_end = _DECODER.raw_decode(text, json_start)
+        arguments, json_end = STRICT_JSON.raw_decode(text, json_start)
     except ValueError:
         # Unfinished JSON may hold the end marker's text in a string: only the end decides.
         if not context.final:
@@ -272,7 +261,7 @@ def _parse_k3(text: str, context: ParseContext) -> FamilyParse:
     while True:
         start = body.find(TOOLS_OPEN, position)
         if start < 0:
-            segments.append(Text(_without(_settled(body[position:], context), STRAY)))
+            segments.append(Text(_without(settled_text(body[position:], context, HOLD), STRAY)))
             return FamilyParse(tuple(segments))
         segments.append(Text(_without(body[position:start], STRAY)))
         try:
@@ -327,7 +316,7 @@ def _read_k3_call(text: str, start: int, context: ParseContext) -> tuple[Call, i
             _, value_start = _open_tag_attributes(text, position + len(JSON_OPEN), context)
             value_end = _element_end(text, value_start, JSON_CLOSE, context)
             try:
-                value = _DECODER.decode(text[value_start:value_end])
+                value = STRICT_JSON.decode(text[value_start:value_end])
             except ValueError:
                 raise _Malformed(MALFORMED) from None
             if not isinstance(value, dict):

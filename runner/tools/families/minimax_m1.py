@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 
-from ..family import (Call, CallSyntax, Family, FamilyParse, ParseContext, until_turn_end)
+from ..family import Call, CallSyntax, Family, FamilyParse, ParseContext, until_turn_end
 from ._marked_calls import closed_section, content_and_calls, leading_reasoning, named_calls, skip_space, with_reasoning
 
 CALLS, END_CALLS = "<tool_calls>", "</tool_calls>"

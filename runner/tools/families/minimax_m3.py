@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..family import (CUT_OFF, Call, CallSyntax, Family, FamilyParse, ParseContext, Segment, Text, arguments_json,
-                      property_schema, settled_text, until_turn_end)
+                      nonempty, property_schema, settled_text, until_turn_end)
 from ._marked_calls import UNREADABLE, leading_reasoning, skip_space, with_reasoning, without
 from ._xml_calls import parameter_value, schema_types
 
@@ -74,7 +74,7 @@ def _answer(text: str, context: ParseContext) -> FamilyParse:
         block = _read_block(text, start + len(BLOCK_OPEN), context)
         segments += block.calls
         if block.end is None and block.problem is None:  # not ended yet: what follows waits
-            return FamilyParse(_nonempty(segments), error)
+            return FamilyParse(nonempty(segments), error)
         if block.problem is not None:  # the text not read as calls, as the model wrote it
             # (after whole calls, what is left of a block cut off is markup, dropped: a call cut
             # off, or the block's close cut short, `]<]minimax[>[</tool_ca`; a block cut off
@@ -83,14 +83,10 @@ def _answer(text: str, context: ParseContext) -> FamilyParse:
                 segments.append(Text(text[block.unread if block.calls else start:block.end or len(text)]))
             error = block.problem
         if block.end is None:
-            return FamilyParse(_nonempty(segments), error)
+            return FamilyParse(nonempty(segments), error)
         position = block.end
     segments.append(Text(settled_text(without(text[position:], hidden), context, waiting_for)))
-    return FamilyParse(_nonempty(segments), error)
-
-
-def _nonempty(segments: list[Segment]) -> tuple[Segment, ...]:
-    return tuple(segment for segment in segments if not isinstance(segment, Text) or segment.text)
+    return FamilyParse(nonempty(segments), error)
 
 
 def _read_block(text: str, position: int, context: ParseContext) -> _Block:

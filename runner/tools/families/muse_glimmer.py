@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass
 
 from ..family import (CUT_OFF, Call, CallSyntax, Family, FamilyParse, ParseContext, Segment, Text, Thought,
-                      arguments_json, property_schema, settled_text, until_turn_end)
+                      arguments_json, may_begin, property_schema, settled_text, until_turn_end)
 from ._marked_calls import JsonBroken, JsonCutOff, arguments_of, json_value_at, skip_space
 from ._xml_calls import parameter_value
 
@@ -158,7 +158,7 @@ def _calls_at(text: str, position: int, recipient: str, context: ParseContext) -
     if text.startswith("{", position):
         return [_json_call(text, position, recipient)], _end_of_json(text, position)
     if not text.startswith(CALLS_OPEN, position):
-        raise _Waiting if _may_begin(text, position, (CALLS_OPEN,)) else _Broken
+        raise _Waiting if may_begin(text, position, (CALLS_OPEN,)) else _Broken
     position += len(CALLS_OPEN)
     calls = []
     while True:
@@ -168,7 +168,7 @@ def _calls_at(text: str, position: int, recipient: str, context: ParseContext) -
             calls.append(call)
         elif text.startswith(CALLS_CLOSE, position) and calls:
             return calls, position + len(CALLS_CLOSE)
-        elif _may_begin(text, position, (INVOKE_OPEN, CALLS_CLOSE)):
+        elif may_begin(text, position, (INVOKE_OPEN, CALLS_CLOSE)):
             raise _Waiting
         else:
             raise _Broken
@@ -206,7 +206,7 @@ def _invoke_at(text: str, position: int, context: ParseContext) -> tuple[Call, i
             position = end + len(PARAMETER_CLOSE)
         elif text.startswith(INVOKE_CLOSE, position):
             return Call(name, arguments_json(arguments)), position + len(INVOKE_CLOSE)
-        elif _may_begin(text, position, (PARAMETER_OPEN, INVOKE_CLOSE)):
+        elif may_begin(text, position, (PARAMETER_OPEN, INVOKE_CLOSE)):
             raise _Waiting
         else:
             raise _Broken
@@ -220,11 +220,6 @@ def _tag_name(text: str, position: int) -> tuple[str, int]:
     if not found.group(1):
         raise _Broken
     return found.group(1), found.end()
-
-
-def _may_begin(text: str, position: int, markers: tuple[str, ...]) -> bool:
-    """Whether the rest of the text from `position` may still grow into one of `markers`."""
-    return any(marker.startswith(text[position:]) for marker in markers)
 
 
 FAMILY = Family(

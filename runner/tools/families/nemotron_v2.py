@@ -8,25 +8,16 @@ reasoning in <think>...</think> (its generation prompt opens the block when thin
 
 from __future__ import annotations
 
-import json
 
-from ..family import Call, CallSyntax, Family, FamilyParse, ParseContext
-from ._marked_calls import closed_section, content_and_calls, leading_reasoning, named_calls, with_reasoning
+from ..family import CallSyntax, Family, FamilyParse, ParseContext
+from ._marked_calls import closed_section, content_and_calls, json_list_calls, leading_reasoning, with_reasoning
 
 CALLS, END_CALLS = "<TOOLCALL>", "</TOOLCALL>"
 THINK, END_THINK = "<think>", "</think>"
 END_OF_TURN = "<SPECIAL_12>"
 
 
-def _list_calls(body: str, context: ParseContext) -> tuple[Call, ...] | None:
-    try:
-        value = json.loads(body)
-    except ValueError:
-        return None
-    return named_calls(value, "name", ("arguments",))
-
-
-_read_calls = closed_section(END_CALLS, _list_calls)
+_read_calls = closed_section(END_CALLS, json_list_calls)
 
 
 def parse(text: str, context: ParseContext) -> FamilyParse:
