@@ -32,11 +32,11 @@ def tool_family_report(name_or_path: str | os.PathLike | None = None, chat_templ
     model = LlamaModel(str(resolved.path), chat_template, resolved.chat_template_fallback, vocab_only=True)
     try:
         support = ToolSupport(model.chat_template_source, tool_format)
-        family = support.family
+        family = support.described()
         return {"model": str(resolved.path),
                 "chat_template": model.chat_template.description if model.chat_template else None,
-                "tool_format": family.name, "detected": support.detected.name, "description": family.description,
-                "reasoning": list(family.reasoning) if family.reasoning else None,
+                "tool_format": family["name"], "detected": family["detected"], "description": family["description"],
+                "reasoning": family["reasoning"],
                 "marker_tokens": sorted(marker.decode() for marker in support.marker_tokens(model).values())}
     finally:
         model.close()

@@ -149,10 +149,7 @@ class Runner:
     def tool_family(self) -> dict[str, Any]:
         """The family the model writes tool calls and reasoning in (detected from its chat
         template, or --tool-format): its name, what it writes, its reasoning markers."""
-        family = self.engine.tools.family
-        return {"name": family.name, "description": family.description,
-                "reasoning": list(family.reasoning) if family.reasoning else None,
-                "detected": self.engine.tools.detected.name}
+        return self.engine.tools.described()
 
     @property
     def failure(self) -> str | None:

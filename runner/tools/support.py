@@ -43,6 +43,13 @@ class ToolSupport:
         self.variant = self.family.variant_of(template_source)
         self.special_markers: dict[str, int] = {}  # the family's markers that are control tokens (marker_tokens)
 
+    def described(self) -> dict:
+        """The family as /props and `multiseq info MODEL` show it: its name, what it writes, its
+        reasoning markers, and the family the template was detected as (--tool-format may differ)."""
+        family = self.family
+        return {"name": family.name, "description": family.description,
+                "reasoning": list(family.reasoning) if family.reasoning else None, "detected": self.detected.name}
+
     def render(self, backend: Backend, request: Request) -> str:
         """The prompt of a chat request: the template's own rendering where the request has
         neither tools nor tool messages, else with tools in this model's way (prompts.py)."""
@@ -51,7 +58,7 @@ class ToolSupport:
             messages = tuple(with_call_ids_of_length(messages, self.family.call_id_length))
         if not request.tools and not any(message["role"] == "tool" or message.get("tool_calls")
                                          for message in messages):
-            return backend.render_chat(messages, options=options) if options else backend.render_chat(messages)
+            return backend.render_chat(messages, options=options)
         if self.is_native:
             tools = [tool.openai() for tool in request.tools or ()]
             try:
