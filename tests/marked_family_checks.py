@@ -62,7 +62,7 @@ def read_everywhere(text: str, family: str, tools=TOOLS, prompt: str = "", marke
     time (returned), and no marker of the family in content, reasoning or arguments (unless
     the result is an error, whose content is the raw text, or the expected parse has them)."""
     whole = read_output(text, family, tools=tools, prompt=prompt)
-    splits = [list(text)] + [_random_pieces(text, seed) for seed in (1, 2, 3)]
+    splits = [list(text)] + [random_pieces(text, seed) for seed in (1, 2, 3)]
     for pieces in splits:
         result, shown = streamed(text, family, pieces, tools, prompt)
         assert summary(result) == summary(whole), pieces
@@ -79,7 +79,8 @@ def assert_no_markers(parsed, family: str) -> None:
             assert marker not in text, (marker, text)
 
 
-def _random_pieces(text: str, seed: int) -> list[str]:
+def random_pieces(text: str, seed: int) -> list[str]:
+    """`text` cut into pieces of 1 to 8 characters, at seeded random points."""
     chooser = random.Random(seed)
     pieces, position = [], 0
     while position < len(text):

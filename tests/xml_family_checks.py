@@ -5,10 +5,10 @@ giving the same result, with no marker of the family in content or reasoning."""
 from __future__ import annotations
 
 import json
-import random
 from pathlib import Path
 
 from multiseq.tools import ReasoningDelta, TextDelta, Tool, output_parser, read_output
+from marked_family_checks import random_pieces
 from multiseq.tools.families import detect, family_named
 
 TEMPLATES = Path(__file__).parent / "data" / "llama.cpp-templates"
@@ -70,7 +70,7 @@ def read_everywhere(text: str, family: str, prompt: str = "", markers_are_text: 
     the markers are text (`markers_are_text`)."""
     whole = read_output(text, family, tools=TOOLS, prompt=prompt)
     markers = () if markers_are_text else family_named(family).markers
-    for pieces in [list(text)] + [_random_pieces(text, seed) for seed in (1, 2, 3)]:
+    for pieces in [list(text)] + [random_pieces(text, seed) for seed in (1, 2, 3)]:
         result, shown = streamed(family, pieces, prompt)
         assert summary(result) == summary(whole), pieces
         assert not any(marker in shown for marker in markers), shown
@@ -79,12 +79,3 @@ def read_everywhere(text: str, family: str, prompt: str = "", markers_are_text: 
             assert not any(marker in part for marker in markers), part
     return whole
 
-
-def _random_pieces(text: str, seed: int) -> list[str]:
-    chooser = random.Random(seed)
-    pieces, position = [], 0
-    while position < len(text):
-        size = chooser.randint(1, 8)
-        pieces.append(text[position:position + size])
-        position += size
-    return pieces
