@@ -203,7 +203,8 @@ class ZeroCostBackend:
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:
         return list(text.encode("utf-8"))
 
-    def render_chat(self, messages: tuple[dict, ...], tools: list[dict] | None = None) -> str:
+    def render_chat(self, messages: tuple[dict, ...], tools: list[dict] | None = None,
+                    options: dict | None = None) -> str:
         if tools:
             raise ValueError("the zero-cost backend's chat format has no tools")
         return "".join(f"<{message['role']}>{message['content']}" for message in messages) + "<assistant>"
