@@ -13,7 +13,7 @@ from typing import Any
 import click
 
 from .. import models
-from ..config import (KV_CACHE_TYPES, REASONING_FORMATS, TOOL_FORMATS, FlashAttention, OverflowPolicy, RunnerConfig, SamplingMode, SamplingParams,
+from ..config import (DEFAULT_SLOT_CTX, KV_CACHE_TYPES, REASONING_FORMATS, TOOL_FORMATS, FlashAttention, OverflowPolicy, RunnerConfig, SamplingMode, SamplingParams,
                       SplitMode, default_of)
 
 ENGINE_FIELDS = ("model", "parallel", "slot_ctx", "threads", "n_keep", "n_discard", "seed", "chat_template",
@@ -110,7 +110,7 @@ def engine_options(slot_ctx_help: str = "Context tokens per slot (prompt + gener
         click.option("-np", "--parallel", default=default_of(RunnerConfig, "parallel"), show_default=True,
                      type=click.IntRange(1, 256), help="Sequences decoded together (slots)."),
         click.option("--slot-ctx", default=None, type=click.IntRange(16), help=slot_ctx_help + " [default: "
-                     f"{default_of(RunnerConfig, 'slot_ctx')}]"),
+                     f"{DEFAULT_SLOT_CTX}]"),
         click.option("-t", "--threads", default=default_of(RunnerConfig, "threads"), show_default=True,
                      type=click.IntRange(1)),
         click.option("--seed", type=click.IntRange(0), help="Base seed: each request's seed derives from it and its id."),

@@ -1,8 +1,10 @@
 """The only module that imports llama_cpp: model, context, batch, decode, logits, KV, tokenizer, devices.
 
-One llama.cpp context holds `num_slots` sequences (n_seq_max) with one KV stream each
-(kv_unified off), so each slot owns a window of llama_n_ctx_seq() positions. The batch is a
-llama_batch whose arrays are numpy buffers owned here, filled with slice assignments.
+One llama.cpp context holds `num_slots` sequences (n_seq_max), either with one KV stream each
+(kv_unified off: each slot owns a window of llama_n_ctx_seq() positions) or in one pool of cells
+the slots share (kv_unified on: a slot may grow to the whole pool, and a prefix copied between
+slots is the same cells, not a copy). The batch is a llama_batch whose arrays are numpy buffers
+owned here, filled with slice assignments.
 """
 
 from __future__ import annotations
@@ -462,7 +464,8 @@ class LlamaBackend:
 
     def __init__(self, model: LlamaModel, num_slots: int, slot_ctx: int, n_batch: int, threads: int,
                  owns_model: bool = False, swa_full: bool = True, batch_invariant: bool = False,
-                 flash_attn: str = "auto", cache_types: tuple[str, str] = ("f16", "f16")) -> None:
+                 flash_attn: str = "auto", cache_types: tuple[str, str] = ("f16", "f16"),
+                 pool_tokens: int | None = None) -> None:
         if batch_invariant and model.repack_weights:
             raise BackendError("batch_invariant needs the model loaded with repack_weights=False "
                                "(repacked weights compute a token differently by its place in the batch)")
@@ -472,7 +475,7 @@ class LlamaBackend:
         self._owns_model = owns_model
         self.cache_types = cache_types  # (K, V): the KV cache's element types
         self._ctx = self._new_context(num_slots, slot_ctx, n_batch, threads, swa_full, batch_invariant,
-                                      str(getattr(flash_attn, "value", flash_attn)))
+                                      str(getattr(flash_attn, "value", flash_attn)), pool_tokens)
         # Where llama.cpp's CPU kernels change with the shape of a micro-batch: flash attention
         # computes a sequence's rows in tiles once it has 64 of them, and one by one below that;
         # without it, only a sequence's lone row is computed differently. Matrix products with
@@ -491,10 +494,12 @@ class LlamaBackend:
         self._n_swa = max(0, llama.llama_model_n_swa(model.handle))  # 0: no sliding-window attention
         self.n_vocab = model.n_vocab
         self.add_bos = model.add_bos
-        # llama.cpp rounds each slot's window up to a multiple of 256; the runner enforces the
-        # size that was asked for, so a run behaves the same whatever the rounding.
+        # llama.cpp rounds each slot's window (or the pool) up to a multiple of 256; the runner
+        # enforces the size that was asked for, so a run behaves the same whatever the rounding.
         self.allocated_window = llama.llama_n_ctx_seq(self._ctx)
-        self.window = min(slot_ctx, self.allocated_window)
+        self.window = min(slot_ctx, self.allocated_window, pool_tokens or self.allocated_window)
+        # The cells the slots share (None: a window each): what admission counts against.
+        self.pool_size = min(pool_tokens, llama.llama_n_ctx(self._ctx)) if pool_tokens else None
         self.device = model.device
         self.can_shift = bool(llama.llama_memory_can_shift(self._memory))
         self._batch = _BatchBuffers(n_batch)
@@ -510,7 +515,7 @@ class LlamaBackend:
         self.grammar_tokenizer = model.grammar_tokenizer
 
     def _new_context(self, num_slots: int, slot_ctx: int, n_batch: int, threads: int, swa_full: bool,
-                     batch_invariant: bool, flash_attn: str):
+                     batch_invariant: bool, flash_attn: str, pool_tokens: int | None):
         """The context, its parameters kept as context_params, and whether llama.cpp runs
         flash attention in it (as it reports: "auto" is settled when the context is made)."""
         params = llama.llama_context_default_params()
@@ -520,11 +525,14 @@ class LlamaBackend:
         # A full-size sliding-window cache (llama.cpp's default) never drops a slot's first
         # positions, so every prefix a slot held stays reusable; a smaller one saves memory.
         params.swa_full = swa_full
-        params.n_ctx = num_slots * slot_ctx
+        params.n_ctx = pool_tokens or num_slots * slot_ctx
         params.n_batch = n_batch
         params.n_ubatch = n_batch
         params.n_seq_max = num_slots
-        params.kv_unified = False  # one KV stream per slot: attention never scans other slots
+        # One stream per slot: attention never scans another slot's cells. One pool: cells are
+        # shared (and a slot may take what others leave), and a step's sequences attend over the
+        # used cells with the others masked.
+        params.kv_unified = pool_tokens is not None
         params.type_k, params.type_v = (_KV_TYPES[name] for name in self.cache_types)
         params.n_threads = threads
         params.n_threads_batch = threads
@@ -533,7 +541,8 @@ class LlamaBackend:
             ctx = llama.llama_init_from_model(self.model.handle, params)
         if not ctx:
             cause = f": {log.errors[0]}" if log.errors else ""
-            raise BackendError(f"llama.cpp could not create a context of {num_slots} x {slot_ctx} tokens{cause}")
+            size = f"a pool of {pool_tokens}" if pool_tokens else f"{num_slots} x {slot_ctx}"
+            raise BackendError(f"llama.cpp could not create a context of {size} tokens{cause}")
         self.flash_attention = _flash_attention_used(log.lines)
         return ctx
 
@@ -573,11 +582,16 @@ class LlamaBackend:
     def reuse_prefix(self, slot: int, source_slot: int, length: int) -> bool:
         """Make the slot's KV hold positions [0, length) of the source slot's.
 
-        Between two KV streams llama.cpp copies only whole streams (a partial range aborts
-        the process), so the whole stream is copied and then cut back to the prefix. The
-        copy itself is queued and done at the start of the next llama_decode, before that
-        decode writes anything. False (and the slot cleared) when the prefix is not intact."""
-        if source_slot != slot:
+        In one pool the slot is given the source's cells for those positions (they are shared,
+        at once, no data copied). Between two KV streams llama.cpp copies only whole streams (a
+        partial range aborts the process), so the whole stream is copied and then cut back to
+        the prefix; that copy is queued and done at the start of the next llama_decode, before
+        that decode writes anything. False (and the slot cleared) when the prefix is not intact."""
+        if source_slot != slot and self.pool_size is not None:
+            self.clear_slot(slot)
+            if length > 0:
+                llama.llama_memory_seq_cp(self._memory, source_slot, slot, 0, length)
+        elif source_slot != slot:
             llama.llama_memory_seq_cp(self._memory, source_slot, slot, -1, -1)
         return self._cut_back(slot, length)
 

@@ -102,6 +102,7 @@ class Backend(Protocol):
     """Exactly what the engine uses of a model and its context."""
 
     window: int  # the per-slot window the engine must enforce
+    pool_size: int | None  # the cells of one KV pool the slots share; None: each slot has its window
     n_vocab: int  # the width of a logits row
     can_shift: bool  # whether a slot's KV positions can be moved (generation shift)
     add_bos: bool  # whether tokenize() puts a BOS token first
@@ -127,8 +128,9 @@ class Backend(Protocol):
 
     def reuse_prefix(self, slot: int, source_slot: int, length: int) -> bool:
         """Make `slot`'s KV hold exactly positions [0, length) of `source_slot`'s (copying the
-        KV when the slots differ; length 0 clears the slot). False when those positions are
-        not all there (the slot is then cleared)."""
+        KV when the slots differ, or in a shared pool giving it the same cells; length 0
+        clears the slot). False when those positions are not all there (the slot is then
+        cleared)."""
 
     def undo_failed_decode(self, slot: int, start_pos: int) -> bool:
         """After a failed decode (which may have kept the micro-batches before the one that

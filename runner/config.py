@@ -220,17 +220,24 @@ class SamplingParams:
         return self.json_schema is not None or self.grammar is not None or self.json_object
 
 
+DEFAULT_SLOT_CTX = 2048
+
+
 @dataclass(frozen=True)
 class RunnerConfig:
-    """The runner: one llama.cpp context with `parallel` slots of `slot_ctx` tokens each.
+    """The runner: one llama.cpp context with `parallel` slots, each with a window of
+    `slot_ctx` tokens, or all sharing one pool of `kv_pool` KV cells (llama.cpp's unified KV).
 
-    `slot_ctx` is the per-slot cap the runner enforces; llama.cpp may allocate a little more
-    (it rounds each slot's window up to a multiple of 256), and that excess is never used.
+    In a pool a session may grow to the whole pool (or to `slot_ctx`, a cap then, not a
+    reservation), a prefix shared by several sessions is held once, and a request is admitted
+    when its prompt fits in the free cells. `slot_ctx` is the cap the runner enforces; llama.cpp
+    may allocate a little more (it rounds up to a multiple of 256), and that excess is never used.
     """
 
     model: str | None = None  # registry name or path to a .gguf; None: the default model
     parallel: int = 8
-    slot_ctx: int = 2048
+    slot_ctx: int | None = None  # None: 2,048 tokens a slot, or in a pool the whole pool
+    kv_pool: int | None = None  # KV cells the slots share; None: a window of slot_ctx each
     n_batch: int = 512  # most tokens in one llama_decode call
     # The step's token budget: every decoding sequence's token, then prompt chunks up to it (at
     # least one chunk of the backend's smallest size). Smaller keeps streams flowing while long
@@ -295,17 +302,28 @@ class RunnerConfig:
                  f"cache_ram_mib must be an integer >= 0 (0: off), got {self.cache_ram_mib!r}")
         _check_flag(self, "batch_invariant")
         _require(is_int(self.parallel) and self.parallel >= 1, f"parallel must be >= 1, got {self.parallel!r}")
-        _require(is_int(self.slot_ctx) and self.slot_ctx >= 16, f"slot_ctx must be >= 16 tokens, got {self.slot_ctx!r}")
+        _require(self.slot_ctx is None or (is_int(self.slot_ctx) and self.slot_ctx >= 16),
+                 f"slot_ctx must be >= 16 tokens (or None), got {self.slot_ctx!r}")
+        _require(self.kv_pool is None or (is_int(self.kv_pool) and self.kv_pool >= 16),
+                 f"kv_pool must be >= 16 tokens (or None: a window per slot), got {self.kv_pool!r}")
         _require(is_int(self.n_batch) and self.n_batch >= self.parallel,
                  f"n_batch ({self.n_batch}) must be at least parallel ({self.parallel}) so every slot can decode each step")
         _require(self.step_tokens is None or (is_int(self.step_tokens) and self.parallel <= self.step_tokens <= self.n_batch),
                  f"step_tokens must be between parallel ({self.parallel}) and n_batch ({self.n_batch}), "
                  f"or None (n_batch), got {self.step_tokens!r}")
         _require(is_int(self.threads) and self.threads >= 1, f"threads must be >= 1, got {self.threads!r}")
-        _require(is_int(self.n_keep) and 0 <= self.n_keep < self.slot_ctx // 2,
-                 f"n_keep must be in [0, slot_ctx/2) = [0, {self.slot_ctx // 2}), got {self.n_keep!r}")
+        _require(is_int(self.n_keep) and 0 <= self.n_keep < self.session_ctx // 2,
+                 f"n_keep must be in [0, slot_ctx/2) = [0, {self.session_ctx // 2}), got {self.n_keep!r}")
         _require(is_int(self.n_discard) and self.n_discard >= 0, f"n_discard must be >= 0, got {self.n_discard!r}")
         self._check_devices()
+
+    @property
+    def session_ctx(self) -> int:
+        """The most tokens one request holds (prompt and generation): slot_ctx, else the whole
+        pool, else the default window."""
+        if self.slot_ctx is not None:
+            return min(self.slot_ctx, self.kv_pool or self.slot_ctx)
+        return self.kv_pool or DEFAULT_SLOT_CTX
 
     def _check_devices(self) -> None:
         _require(self.n_gpu_layers is None or (is_int(self.n_gpu_layers) and self.n_gpu_layers >= -1),

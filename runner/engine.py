@@ -41,6 +41,7 @@ from .tools import Delta
 from .graph_sampling import RowSampling
 from .sampling import Sampled, SequenceSampler
 from .hostcache import HostCache, PrefixHolding, SharedPrefix
+from .kvpool import CellLedger, PoolTracking
 from .placement import KvPlacement
 from .outcome import result_of
 from .planning import StepPlan
@@ -112,15 +113,17 @@ class Engine:
 
     def __init__(self, config: RunnerConfig, backend: Backend) -> None:
         self.config = config
-        self.backend = backend
+        # Slots that share one KV pool: its cells are counted here, following every KV operation.
+        self.pool = CellLedger(config.parallel, backend.pool_size) if backend.pool_size else None
+        self.backend = backend if self.pool is None else PoolTracking(backend, self.pool)
         self.window = backend.window
         self.host_cache = HostCache(config.cache_ram_mib * 2**20 if config.prefix_cache else 0)
         self.scheduler = Scheduler(config.parallel, config.n_batch, self.window, self._clamped_n_discard(),
                                    prefix_cache=config.prefix_cache, chunk_rules=backend.chunk_rules,
                                    isolate_prefill=config.batch_invariant, host_cache=self.host_cache,
-                                   step_tokens=config.step_tokens)
+                                   step_tokens=config.step_tokens, pool=self.pool)
         self.stats = StatsRecorder()
-        self.placement = KvPlacement(backend, self.scheduler, self.host_cache, self.stats)
+        self.placement = KvPlacement(self.backend, self.scheduler, self.host_cache, self.stats)
         self._base_seed = config.seed if config.seed is not None else int.from_bytes(os.urandom(8), "little")
         self._outbox = StepOutput()
         self.tools = ToolSupport(backend.chat_template_source, config.tool_format,
@@ -255,6 +258,8 @@ class Engine:
         self._retire_ending(self.scheduler.running)  # cancelled since the last step
         self._retire_ending(self.placement.shift_full_windows())
         self.placement.preempt(time.perf_counter())
+        while ended := self.placement.make_room(time.perf_counter()):  # a shared pool: room for the step
+            self._retire_ending(ended)
         self.placement.admit(time.perf_counter())
         plan = self.scheduler.plan()
         self.stats.add_phase("schedule", time.perf_counter() - started)

@@ -16,7 +16,7 @@ import numpy as np
 
 from .batch import Backend
 from .hostcache import MIN_SAVE_TOKENS, HostCache, PrefixHolding, SharedPrefix
-from .scheduler import Admission, Placement, Scheduler
+from .scheduler import Admission, IdleEviction, Placement, Scheduler
 from .sequence import Sequence, SequenceStatus
 from .stats import StatsRecorder
 
@@ -41,6 +41,8 @@ class KvPlacement:
         never becomes wrong text."""
         for admission in self.scheduler.admit(now):
             seq, placement = admission.seq, admission.placement
+            for idle in admission.idle_evictions:
+                self._evict_idle(idle)
             self._save_what_is_lost(admission)
             if seq.status is SequenceStatus.DECODING:  # a preempted sequence, resumed
                 self._resume(seq, placement)
@@ -66,6 +68,74 @@ class KvPlacement:
                         len(victim.output_tokens))
             self.scheduler.preempt(victim, parked, now)
             self.stats.note_preemption()
+
+    def make_room(self, now: float) -> list[Sequence]:
+        """In a shared KV pool, room for the next step: a cell for each decoding token, and
+        cells for prompt chunks up to a step's budget. The kept prefixes of free slots go
+        first, least recently used first (to host memory, when worth it); then, for the
+        decoding tokens, running sequences leave, the lowest priority and the most recently
+        admitted first: one still prefilling waits again, a decoding one is parked in host
+        memory to resume exactly. Returns a sequence that could not be parked (no room in
+        host memory), failed with the reason: the caller ends it, and asks again."""
+        pool = self.scheduler.pool
+        if pool is None:
+            return []
+        decoding = sum(1 for seq in self.scheduler.running if seq.status is SequenceStatus.DECODING)
+        wanted = decoding + min(self.scheduler.cells_promised(), self.scheduler.planner.step_tokens)
+        for slot in self.scheduler.idle_by_age():
+            if pool.num_free >= wanted:
+                break
+            self._evict_idle(IdleEviction(slot, self.scheduler.prefixes.take(slot)))
+        while pool.num_free < decoding:
+            victims = sorted(self.scheduler.running, key=lambda seq: (seq.priority, -(seq.admitted_at or 0.0)))
+            if len(victims) <= 1:
+                break  # one sequence alone always fits: its cap is at most the pool
+            victim = victims[0]
+            if victim.status is SequenceStatus.PREFILLING:
+                self._requeue(victim, now)
+                continue
+            if not self._park(victim, now):
+                victim.fail(f"the KV pool ({pool.size} tokens) is full and host memory (--cache-ram) has no room "
+                            f"to park this request's {victim.n_past} tokens: give a larger -c or --cache-ram")
+                return [victim]
+            decoding -= 1
+        return []
+
+    def _requeue(self, seq: Sequence, now: float) -> None:
+        """A sequence still prefilling leaves the pool and waits again; what it computed goes
+        to host memory when worth it (its prompt starts from there when it comes back)."""
+        slot = seq.slot
+        computed = self.scheduler.requeue(seq, now)
+        logger.info("the KV pool is full: %s waits again after %d prompt tokens", seq.id, len(computed))
+        self._evict_idle(IdleEviction(slot, computed))
+
+    def _park(self, seq: Sequence, now: float) -> bool:
+        """Preempt a running sequence into host memory, and clear its cells; False when it
+        cannot be parked (then it stays as it is)."""
+        if not seq.can_be_preempted or self.scheduler.host_cache is None:
+            return False
+        slot = seq.slot
+        state = self.backend.save_slot(slot)
+        parked = None if state is None else self.host_cache.park(seq.reusable_kv_tokens(with_generated=True), state)
+        if parked is None:
+            return False
+        logger.info("the KV pool is full: parking %s (priority %d) after %d tokens", seq.id, seq.priority,
+                    len(seq.output_tokens))
+        self.scheduler.preempt(seq, parked, now)
+        self.scheduler.prefixes.take(slot)
+        self.backend.reuse_prefix(slot, slot, 0)
+        self.stats.note_preemption()
+        return True
+
+    def _evict_idle(self, idle: IdleEviction) -> None:
+        """A free slot's kept prefix leaves the pool: saved to host memory first when worth it."""
+        cache = self.host_cache
+        if cache.is_enabled and len(idle.tokens) >= MIN_SAVE_TOKENS and not cache.covers(idle.tokens):
+            state = self.backend.save_slot(idle.slot)
+            if state is not None:
+                cache.add(idle.tokens, state)
+        self.backend.reuse_prefix(idle.slot, idle.slot, 0)
+        self.stats.note_pool_eviction()
 
     def release(self, seq: Sequence, slot: int | None, now: float) -> None:
         """A sequence that ended leaves its slot or the queue: its parked KV is dropped, and

@@ -96,11 +96,11 @@ class StepPlanner:
         self.isolate_prefill = isolate_prefill
         self._last_step_prefilled = False
 
-    def plan(self, running: list[Sequence]) -> StepPlan:
+    def plan(self, running: list[Sequence], free_cells: int | None = None) -> StepPlan:
         """One token for every decoding sequence, then prompt chunks by priority, then age, up
         to the step's token budget (isolated: one or the other). Prompt chunks always get room
         for one chunk the backend's rules allow, so that prefill progresses beside any number
-        of decoding slots."""
+        of decoding slots; in a shared KV pool (free_cells given), only as much as is free."""
         prefilling = _prefilling_in_order(running)
         decoding = [seq for seq in running if seq.status is SequenceStatus.DECODING]
         if prefilling and not self.isolate_prefill:
@@ -121,7 +121,11 @@ class StepPlanner:
             chunks[seq.slot] = Chunk(seq, BatchEntry(seq.slot, [seq.last_token], seq.n_past, True), False)
         budget = self.step_tokens - len(chunks)
         room = self.max_batch_tokens - len(chunks)
+        if free_cells is not None:
+            room = min(room, free_cells - len(chunks))
         for seq in prefilling:
+            if room <= 0:
+                break
             # The first prompt chunk of a step goes whatever the budget, so prompts progress.
             floor = 0 if len(chunks) > len(decoding) else self._least_progress(seq)
             start = seq.num_prefilled

@@ -388,9 +388,9 @@ def _llama_backend(model, config: RunnerConfig, owns_model: bool) -> Backend:
     """A context on a loaded model, sized and threaded as the config says."""
     from .backend import LlamaBackend
 
-    return LlamaBackend(model, config.parallel, config.slot_ctx, config.n_batch, config.threads, owns_model=owns_model,
+    return LlamaBackend(model, config.parallel, config.session_ctx, config.n_batch, config.threads, owns_model=owns_model,
                         batch_invariant=config.batch_invariant, flash_attn=config.flash_attn.value,
-                        cache_types=(config.cache_type_k, config.cache_type_v))
+                        cache_types=(config.cache_type_k, config.cache_type_v), pool_tokens=config.kv_pool)
 
 
 def model_placement(config: RunnerConfig) -> dict[str, Any]:

@@ -15,6 +15,7 @@ import numpy as np
 from .batch import ChunkRules
 from .config import OverflowPolicy
 from .hostcache import HostCache, HostEntry
+from .kvpool import CellLedger
 from .planning import StepPlan, StepPlanner
 from .prefix import MIN_COPY_TOKENS, PrefixIndex, common_prefix_length, worth_waiting_for
 from .sequence import Sequence, SequenceStatus
@@ -23,6 +24,10 @@ from .waiting import WaitingQueue
 # How far into the queue admission looks for a request that can start now, when the ones
 # before it wait for a prefix being prefilled (bounded: the queue may hold thousands).
 _LOOKAHEAD_PER_SLOT = 4
+# In a shared KV pool, a request is admitted when its prompt's new cells and room for this many
+# generated tokens (fewer when it asks for fewer) are free: the decoding sequences grow a cell
+# each per step, and admitting what would be preempted a few steps later only moves KV around.
+GROWTH_RESERVE_TOKENS = 256
 
 
 _NONE = np.zeros(0, dtype=np.int32)
@@ -92,12 +97,22 @@ class Placement:
 
 
 @dataclass(frozen=True)
+class IdleEviction:
+    """A free slot whose kept prefix goes, to make room in a shared KV pool."""
+
+    slot: int
+    tokens: np.ndarray  # what its KV held
+
+
+@dataclass(frozen=True)
 class Admission:
-    """A sequence given a slot, the prefix it starts from, and what the slot held before."""
+    """A sequence given a slot, the prefix it starts from, and what the slot held before;
+    in a shared KV pool, the other free slots whose kept prefixes must go first for room."""
 
     seq: Sequence
     placement: Placement
     evicted: np.ndarray  # the tokens the slot's KV held until now (its last request's)
+    idle_evictions: tuple[IdleEviction, ...] = ()
 
     @property
     def num_tokens_lost(self) -> int:
@@ -119,7 +134,7 @@ class Scheduler:
     def __init__(self, num_slots: int, max_batch_tokens: int, window: int, n_discard: int = 0,
                  prefix_cache: bool = True, chunk_rules: ChunkRules = ChunkRules(),
                  isolate_prefill: bool = False, host_cache: HostCache | None = None,
-                 step_tokens: int | None = None) -> None:
+                 step_tokens: int | None = None, pool: CellLedger | None = None) -> None:
         self.num_slots = num_slots
         self.planner = StepPlanner(num_slots, max_batch_tokens, step_tokens, chunk_rules, isolate_prefill)
         self.window = window
@@ -134,6 +149,7 @@ class Scheduler:
         self.prefixes = PrefixIndex(num_slots)
         self.waiting = WaitingQueue()
         self.slots: list[Sequence | None] = [None] * num_slots
+        self.pool = pool  # the cells of a KV pool the slots share; None: a window each
 
     # --- queries -------------------------------------------------------------------------
 
@@ -174,25 +190,41 @@ class Scheduler:
         # A copy between slots lands at the next decode, a restore from host memory at once:
         # a slot copied from this round must not be overwritten by a restore in the same round.
         copy_sources: set[int] = set()
+        room = _PoolRoom(self) if self.pool is not None else None
         for seq in self.waiting.in_admission_order(now, _LOOKAHEAD_PER_SLOT * self.num_slots):
             free = [slot for slot, holder in enumerate(self.slots) if holder is None]
             if not free:
                 break
+            placement = self._place_parked(seq, free, copy_sources) if seq.parked is not None else \
+                self._place(seq, free, copy_sources)
+            if placement is None:
+                continue
+            idle_evictions = ()
+            if room is not None:
+                idle_evictions = room.make(seq, placement, copy_sources)
+                if idle_evictions is None:  # the pool has no room for it yet: nor for the ones behind it
+                    break
             if seq.parked is not None:
-                placement = self._place_parked(seq, free, copy_sources)
                 seq.resume(placement.slot)
             else:
-                placement = self._place(seq, free, copy_sources)
-                if placement is None:
-                    continue
                 seq.admit(placement.slot, now, placement.num_cached, from_host=placement.host_entry is not None)
             self.waiting.remove(seq)
             evicted = self.prefixes.take(placement.slot)
             if placement.source_slot not in (None, placement.slot):
                 copy_sources.add(placement.source_slot)
             self.slots[placement.slot] = seq
-            admitted.append(Admission(seq, placement, evicted))
+            admitted.append(Admission(seq, placement, evicted, idle_evictions))
         return admitted
+
+    def idle_by_age(self, keep: set[int] = frozenset()) -> list[int]:
+        """Free slots that keep a prefix, least recently used first (but those in `keep`)."""
+        idle = [slot for slot, holder in enumerate(self.slots)
+                if holder is None and slot not in keep and len(self.prefixes.kept(slot))]
+        return sorted(idle, key=self.prefixes.last_used)
+
+    def cells_promised(self) -> int:
+        """Pool cells the running sequences will take for prompt tokens not yet computed."""
+        return sum(seq.num_prompt_remaining for seq in self.running if seq.status is SequenceStatus.PREFILLING)
 
     def _place_parked(self, seq: Sequence, free: list[int], copy_sources: set[int]) -> Placement:
         """A preempted sequence's slot: one that still holds its KV (nothing to restore), else
@@ -237,6 +269,16 @@ class Scheduler:
         self.slots[slot] = None
         self.prefixes.keep(slot, parked.tokens, now)
         self.waiting.put_back(seq)
+
+    def requeue(self, seq: Sequence, now: float) -> np.ndarray:
+        """Take a prefilling sequence out of its slot, back into the queue (see
+        Sequence.requeue); returns the prompt tokens its KV held, which the caller may keep."""
+        slot, computed = seq.slot, seq.prompt_array[:seq.num_prefilled]
+        seq.requeue()
+        self.slots[slot] = None
+        self.prefixes.keep(slot, _NONE, now)
+        self.waiting.put_back(seq)
+        return computed
 
     def _place(self, seq: Sequence, free: list[int], copy_sources: set[int]) -> Placement | None:
         """The slot for seq and the prefix it reuses; None to wait for one being prefilled."""
@@ -336,7 +378,7 @@ class Scheduler:
 
     def plan(self) -> StepPlan:
         """The next step's batch, from the running sequences (see StepPlanner.plan)."""
-        return self.planner.plan(self.running)
+        return self.planner.plan(self.running, self.pool.num_free if self.pool is not None else None)
 
     def shifts_needed(self) -> tuple[list[Shift], list[Sequence]]:
         """Decoding sequences whose window is full: the shift each needs, and those that
@@ -352,9 +394,50 @@ class Scheduler:
         return shifts, stuck
 
     def _shift_for(self, seq: Sequence) -> Shift | None:
-        keep = min(seq.n_keep, seq.n_past)
+        # In a shared pool, the cells another slot holds too stay where they are (llama.cpp
+        # keeps one position per cell): they are kept as if they were n_keep tokens.
+        shared = self.pool.shared_extent(seq.slot) if self.pool is not None else 0
+        keep = min(max(seq.n_keep, shared), seq.n_past)
         movable = seq.n_past - keep
         if movable < 2:
             return None
         discard = self.n_discard or movable // 2
         return Shift(seq, keep, min(discard, movable - 1))
+
+
+class _PoolRoom:
+    """Cells of a shared KV pool during one admission round: what is free (less what the
+    prompts being prefilled will take), and the kept prefixes of free slots that may go for
+    room, least recently used first."""
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self.scheduler = scheduler
+        self.pool = scheduler.pool
+        decoding = sum(1 for seq in scheduler.running if seq.status is SequenceStatus.DECODING)
+        self.free = self.pool.num_free - scheduler.cells_promised() - decoding
+        self.taken: set[int] = set()  # slots given, or evicted, this round
+
+    def make(self, seq: Sequence, placement: Placement, copy_sources: set[int]) -> tuple[IdleEviction, ...] | None:
+        """Room for seq in its placement: the idle prefixes to evict for it (maybe none), or
+        None when even all of them would not make enough."""
+        reserve = min(GROWTH_RESERVE_TOKENS, max(1, seq.max_tokens - len(seq.output_tokens)))
+        keeps_in_place = placement.source_slot == placement.slot
+        if seq.parked is not None:
+            needed = 0 if keeps_in_place else len(seq.parked.tokens)
+        else:
+            needed = len(seq.prompt_tokens) - placement.num_cached
+        needed += reserve
+        slot_frees = max(0, self.pool.only_in(placement.slot) - (placement.num_cached if keeps_in_place else 0))
+        available = self.free + (slot_frees if placement.slot not in self.taken else 0)
+        protected = copy_sources | self.taken | {placement.slot, placement.source_slot}
+        evictions = []
+        for slot in self.scheduler.idle_by_age(protected):
+            if available >= needed:
+                break
+            available += self.pool.only_in(slot)
+            evictions.append(slot)
+        if available < needed:
+            return None
+        self.free = available - needed
+        self.taken.update(evictions, {placement.slot})
+        return tuple(IdleEviction(slot, self.scheduler.prefixes.take(slot)) for slot in evictions)

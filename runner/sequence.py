@@ -55,7 +55,8 @@ class SequenceStatus(Enum):
 _NEXT_STATUSES = {
     SequenceStatus.WAITING: {SequenceStatus.PREFILLING, SequenceStatus.DECODING, SequenceStatus.CANCELLED,
                              SequenceStatus.FAILED},
-    SequenceStatus.PREFILLING: {SequenceStatus.DECODING, SequenceStatus.CANCELLED, SequenceStatus.FAILED},
+    SequenceStatus.PREFILLING: {SequenceStatus.DECODING, SequenceStatus.WAITING, SequenceStatus.CANCELLED,
+                                SequenceStatus.FAILED},
     SequenceStatus.DECODING: {SequenceStatus.FINISHED, SequenceStatus.WAITING, SequenceStatus.CANCELLED,
                               SequenceStatus.FAILED},
     SequenceStatus.FINISHED: set(),
@@ -219,6 +220,15 @@ class Sequence:
         self._move_to(SequenceStatus.WAITING)
         self.slot = None
         self.parked = parked
+
+    def requeue(self) -> None:
+        """Prefilling -> waiting again: a shared KV pool had no room for the rest of its prompt.
+        Nothing was generated yet, so it starts over when admitted again (from whatever prefix
+        is held then: the part it computed, if that was kept)."""
+        assert self.status is SequenceStatus.PREFILLING and self.ending is None
+        self._move_to(SequenceStatus.WAITING)
+        self.slot = None
+        self.num_cached = self.num_prefilled = self.n_past = self.num_restored = 0
 
     def resume(self, slot: int) -> None:
         """Waiting -> decoding again in `slot`, whose KV now holds what was parked: the next

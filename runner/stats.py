@@ -42,7 +42,8 @@ class RunStats:
     num_prefix_hits: int = 0  # admitted requests that started from a reused prefix
     prompt_tokens_reused: int = 0  # prompt tokens taken from a prefix already computed (slots or host memory)
     prompt_tokens_restored: int = 0  # of those, the ones restored from host memory
-    num_preempted: int = 0  # times a sequence left its slot for one of higher priority
+    num_preempted: int = 0  # times a sequence left its slot for one of higher priority (or a full KV pool)
+    num_pool_evictions: int = 0  # kept prefixes (idle conversations) moved out of a full KV pool
 
     @property
     def prefix_hit_rate(self) -> float | None:
@@ -85,6 +86,7 @@ class StatsRecorder:
         self.prompt_tokens_reused = 0
         self.prompt_tokens_restored = 0
         self.num_preempted = 0
+        self.num_pool_evictions = 0
         self.finished_by_reason: Counter[str] = Counter()
         self._recent: deque[tuple[float, int]] = deque()  # (time, generated tokens so far) per step
 
@@ -100,6 +102,9 @@ class StatsRecorder:
 
     def note_preemption(self) -> None:
         self.num_preempted += 1
+
+    def note_pool_eviction(self) -> None:
+        self.num_pool_evictions += 1
 
     def note_finish(self, now: float, reason: str) -> None:
         self.last_finish_at = now
@@ -159,6 +164,7 @@ class StatsRecorder:
             prompt_tokens_reused=self.prompt_tokens_reused,
             prompt_tokens_restored=self.prompt_tokens_restored,
             num_preempted=self.num_preempted,
+            num_pool_evictions=self.num_pool_evictions,
         )
 
 

@@ -100,9 +100,17 @@ class FakeBackend:
     def __init__(self, num_slots: int = 4, window: int = 256, n_batch: int = 64, replies: dict[str, str] | None = None,
                  noisy: bool = False, can_shift: bool = True, decode_delay: float = 0.0,
                  no_kv_slot_above: int | None = None, sliding_window: int | None = None,
-                 chunk_rules: ChunkRules = ChunkRules(exact_reuse=False), state_bytes_per_token: int = 0) -> None:
+                 chunk_rules: ChunkRules = ChunkRules(exact_reuse=False), state_bytes_per_token: int = 0,
+                 pool_size: int | None = None) -> None:
         self.num_slots = num_slots
         self.window = window
+        # One KV pool of pool_size cells shared by the slots: a prefix given to another slot is
+        # the same cells (ids here), and a decode that needs more cells than are free finds no
+        # KV slot, as llama_decode does. None: a window of its own per slot.
+        self.pool_size = pool_size
+        self.cells: list[list[int]] = [[] for _ in range(num_slots)]
+        self._next_cell = 0
+        self.max_cells_used = 0
         self.n_batch = n_batch
         self.n_vocab = VOCAB
         self.can_shift = can_shift
@@ -233,8 +241,11 @@ class FakeBackend:
             started_at=started,
             start_positions=[entry.start_pos for entry in entries],
         ))
+        if self.pool_size is not None and self.num_cells_used + num_tokens > self.pool_size:
+            raise NoKvSlot(f"fake: {num_tokens} tokens, {self.pool_size - self.num_cells_used} cells free")
         rows = []
         for entry, decode in zip(entries, is_decode):
+            self._new_cells(entry.slot, len(entry.tokens))
             kv = self.kv[entry.slot]
             assert entry.start_pos == len(kv), f"slot {entry.slot}: token at {entry.start_pos}, KV holds {len(kv)}"
             kv.extend(entry.tokens)
@@ -258,8 +269,18 @@ class FakeBackend:
 
     # --- KV ----------------------------------------------------------------------------------
 
+    @property
+    def num_cells_used(self) -> int:
+        return len({cell for cells in self.cells for cell in cells})
+
+    def _new_cells(self, slot: int, count: int) -> None:
+        self.cells[slot] += range(self._next_cell, self._next_cell + count)
+        self._next_cell += count
+        self.max_cells_used = max(self.max_cells_used, self.num_cells_used)
+
     def clear_slot(self, slot: int) -> None:
         self._note_kv_change(f"clear slot {slot}")
+        self.cells[slot] = []
         self.kv[slot] = []
         self.prompts[slot] = []
         self.num_generated_fed[slot] = 0
@@ -273,7 +294,13 @@ class FakeBackend:
         intact = self.forgotten_below[source_slot] == 0 or length == 0
         if not intact:
             self.refused_reuses.append((slot, source_slot, length))
-        self._hold(slot, self.kv[source_slot][:length] if intact else [])
+        kept = self.kv[source_slot][:length] if intact else []
+        shared = self.cells[source_slot][:len(kept)]
+        self._hold(slot, kept)
+        if self.pool_size is not None:
+            self.cells[slot] = list(shared)
+        else:
+            self._new_cells(slot, len(kept))
         return intact
 
     def _hold(self, slot: int, tokens: list[int]) -> None:
@@ -300,12 +327,16 @@ class FakeBackend:
         self.restores.append((slot, length))
         intact = forgotten == 0 and length <= len(kept)
         self._hold(slot, kept[:length] if intact else [])
+        self._new_cells(slot, len(self.kv[slot]))
         return intact
 
     def shift_slot(self, slot: int, keep: int, discard: int, n_past: int) -> None:
         assert n_past == len(self.kv[slot]), "shift must start from the slot's actual length"
         self._note_kv_change(f"shift slot {slot}")
+        shared = {cell for other in range(self.num_slots) if other != slot for cell in self.cells[other]}
+        assert not shared.intersection(self.cells[slot][keep + discard:]), "a shift moved cells another slot holds"
         del self.kv[slot][keep:keep + discard]
+        del self.cells[slot][keep:keep + discard]
         self.shifts.append((slot, keep, discard))
 
     def assert_free_slots_hold_only_kept_prompts(self, scheduler) -> None:
