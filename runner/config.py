@@ -312,6 +312,9 @@ class RunnerConfig:
                  f"step_tokens must be between parallel ({self.parallel}) and n_batch ({self.n_batch}), "
                  f"or None (n_batch), got {self.step_tokens!r}")
         _require(is_int(self.threads) and self.threads >= 1, f"threads must be >= 1, got {self.threads!r}")
+        _require(self.kv_pool is None or not self.batch_invariant,
+                 "batch_invariant needs a KV window per slot (kv_pool None): in a shared pool a sequence attends "
+                 "over cells that lie among the others', and its numbers depend on where they lie")
         _require(is_int(self.n_keep) and 0 <= self.n_keep < self.session_ctx // 2,
                  f"n_keep must be in [0, slot_ctx/2) = [0, {self.session_ctx // 2}), got {self.n_keep!r}")
         _require(is_int(self.n_discard) and self.n_discard >= 0, f"n_discard must be >= 0, got {self.n_discard!r}")

@@ -172,3 +172,11 @@ def test_random_sessions_on_a_small_pool_never_overfill_it_and_all_finish(seed):
     results = run_checking_cells(engine, backend)
     assert {key: result.completion_tokens for key, result in results.items()} == expected
     assert backend.max_cells_used <= 900
+
+
+def test_a_pool_is_refused_with_batch_invariance_saying_why():
+    with pytest.raises(ValueError, match="batch_invariant needs a KV window per slot"):
+        RunnerConfig(kv_pool=4096, batch_invariant=True)
+    assert RunnerConfig(kv_pool=4096).session_ctx == 4096
+    assert RunnerConfig(kv_pool=4096, slot_ctx=1024).session_ctx == 1024, "slot_ctx caps a session in a pool"
+    assert RunnerConfig().session_ctx == 2048
