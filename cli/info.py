@@ -123,6 +123,21 @@ def render_report(report: dict[str, Any]) -> Group:
     return Group(*parts)
 
 
+def kv_lines(kv: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """The model's KV: its trained context, bytes a token, and the pool `serve` makes for it."""
+    if not kv:
+        return []
+    per_token = ", ".join(f"{size / 1024:.1f} KiB {types}" for types, size in kv["bytes_per_token"].items() if size)
+    lines = [("trained context", f"{kv['trained_context']:,} tokens" if kv["trained_context"] else "(not given)"),
+             ("KV per token", per_token or "(not given)")]
+    pool = kv.get("serve_pool")
+    if pool:
+        lines.append(("serve's KV pool", f"{pool['tokens']:,} tokens of f16 ({pool['bytes'] / 2**30:.1f} GiB, bounded "
+                      f"by {pool['bounded_by']}) for {pool['slots']} slots: {pool['agent_sessions']} agent sessions "
+                      f"of Claude Code's first prompt, more where they share it"))
+    return lines
+
+
 def model_format_lines(model_format: dict[str, Any]) -> Table:
     """How a model's output is read: its chat template and the tool-call family detected."""
     grid = Table.grid(padding=(0, 2))
@@ -133,6 +148,7 @@ def model_format_lines(model_format: dict[str, Any]) -> Table:
             ("tool-call format", f"{model_format['tool_format']}: {model_format['description']}"),
             ("reasoning", " ... ".join(reasoning) if reasoning else "(none)"),
             ("markers kept", " ".join(model_format["marker_tokens"]) or "(none are control tokens)"),
+            *kv_lines(model_format.get("kv")),
     ):
         grid.add_row(Text(label, style="bold"), Text(value))
     return grid

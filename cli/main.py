@@ -15,7 +15,8 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
 from .. import models
-from ..config import OverflowPolicy, RunnerConfig, SamplingParams, default_of
+from ..config import KV_POOL_AUTO, OverflowPolicy, RunnerConfig, SamplingParams, default_of
+from ..kvsizing import AGENT_SESSION_TOKENS
 from ..errors import BackendError
 from ..runner import Runner
 from . import info
@@ -238,13 +239,19 @@ def batch_run(prompts_file: Path, output: Path | None, prompt_format: str | None
 # --- serve -------------------------------------------------------------------------------------
 
 @cli.command("serve")
-@engine_options(slot_ctx_help="Context tokens per slot (prompt + generation); or give -c.",
+@engine_options(slot_ctx_help="Most tokens one request holds (prompt + generation): a cap in the shared KV pool "
+                              "(default: the model's trained context); with --no-kv-unified, each slot's window "
+                              "(default 2048, or -c / -np).",
                 step_tokens_help=f"Token budget of a step: every decoding token, then prompt chunks up to it, so "
                                  f"that a long prompt never stalls the streams. [default: {SERVE_STEP_TOKENS}, or "
                                  f"-np if more]")
 @click.option("-c", "--ctx-size", type=click.IntRange(16),
-              help="Context tokens in all, as llama-server counts them: each of the -np slots gets ctx-size / np. "
-                   "[default: --slot-ctx x -np]")
+              help="KV tokens in all, as llama-server counts them: one pool the slots share, where a session may "
+                   "grow to the whole pool (with --no-kv-unified, each of the -np slots gets ctx-size / np). "
+                   "[default: the model's trained context x -np, within half the memory free]")
+@click.option("--kv-unified/--no-kv-unified", default=True, show_default=True,
+              help="One KV pool the slots share (a common prompt prefix held once, a long session beside short "
+                   "ones), or a fixed window per slot. --batch-invariant needs windows.")
 @overflow_option(OverflowPolicy.REJECT)
 @sampling_options(None, "max_tokens of requests that give none. [default: until the slot's window is full]")
 @click.option("--host", default=LOOPBACK, show_default=True,
@@ -305,7 +312,7 @@ def batch_run(prompts_file: Path, output: Path | None, prompt_format: str | None
 @click.option("--worker-gpus", type=click.FloatRange(0), help="GPUs Ray gives each replica (with --ray; Ray hides "
               "the GPUs from a replica that asks for none, so give 1 with -ngl). Default: 0.")
 @click.option("-v", "--verbose", is_flag=True, help="Show llama.cpp warnings.")
-def serve(ctx_size: int | None, host: str, port: int, api_key: str | None, metrics_public: bool,
+def serve(ctx_size: int | None, kv_unified: bool, host: str, port: int, api_key: str | None, metrics_public: bool,
           allowed_hosts: str | None, cors_origins: str | None, strict_fields: bool, alias: str | None, max_queue: int,
           max_body_mb: float, data_dir: Path | None, max_upload_mb: float, max_batch_lines: int,
           prepare_timeout: float, send_timeout: float, keep_alive: float, stream_interval: float | None,
@@ -326,7 +333,8 @@ def serve(ctx_size: int | None, host: str, port: int, api_key: str | None, metri
     from ..server.store import StoreError
 
     _check_ray_options(ray_address, replicas, routing, share_prefixes, worker_gpus, dashboard)
-    options["slot_ctx"] = _slot_ctx(ctx_size, options["slot_ctx"], options["parallel"])
+    options["slot_ctx"], options["kv_pool"] = _kv_sizes(ctx_size, options["slot_ctx"], options["parallel"],
+                                                        kv_unified and not options["batch_invariant"])
     if options["step_tokens"] is None:
         options["step_tokens"] = min(max(SERVE_STEP_TOKENS, options["parallel"]), default_of(RunnerConfig, "n_batch"))
     config = runner_config(options)
@@ -366,14 +374,14 @@ def serve(ctx_size: int | None, host: str, port: int, api_key: str | None, metri
         metrics = server.state.metrics
         kv_types = config.cache_type_k if config.cache_type_k == config.cache_type_v else \
             f"{config.cache_type_k}/{config.cache_type_v}"
-        stderr.print(f"[bold]multiseq[/] {settings.model_name}: {config.parallel} slots x {config.slot_ctx} tokens "
-                     f"of {kv_types} KV, {config.threads} threads; OpenAI API at {address}/v1 (the model is loading)",
-                     soft_wrap=True)
+        stderr.print(f"[bold]multiseq[/] {settings.model_name}: {config.parallel} slots, {kv_types} KV, "
+                     f"{config.threads} threads; OpenAI API at {address}/v1 (the model is loading)", soft_wrap=True)
         stderr.print(f"files and batches kept in {settings.data_dir}", soft_wrap=True, highlight=False)
 
     def ready(runner: Runner) -> None:
         where = f" on {runner.device}" if runner.device else ""
-        stderr.print(f"ready: {settings.model_name} loaded{where}, serving {address}/v1", soft_wrap=True)
+        stderr.print(f"ready: {settings.model_name} loaded{where}; {describe_kv(runner)}; serving {address}/v1",
+                     soft_wrap=True)
         if view is not None:
             view.show(runner, address, metrics.requests_by_api)
 
@@ -419,7 +427,7 @@ def _serve_on_ray(config: RunnerConfig, settings: ServerSettings, address: str |
 
     def ready(address: str) -> None:
         stderr.print(f"ready: {settings.model_name} on {replicas} Ray Serve replicas ({config.parallel} slots x "
-                     f"{config.slot_ctx} tokens, {config.threads} threads each; routing {routing}), serving "
+                     f"{config.session_ctx} tokens, {config.threads} threads each; routing {routing}), serving "
                      f"{address}/v1", soft_wrap=True)
 
     stderr.print(f"[bold]multiseq[/] {settings.model_name}: starting {replicas} replicas on Ray Serve (the model is "
@@ -439,16 +447,39 @@ def _free_port(host: str) -> int:
         return probe.getsockname()[1]
 
 
-def _slot_ctx(ctx_size: int | None, slot_ctx: int | None, parallel: int) -> int | None:
-    """Each slot's window: --slot-ctx, or llama-server's -c divided among the -np slots."""
+def _kv_sizes(ctx_size: int | None, slot_ctx: int | None, parallel: int, unified: bool) -> tuple[int | None, int | str | None]:
+    """(slot_ctx, kv_pool) from -c, --slot-ctx and -np: one pool of -c tokens (sized from the
+    model and memory without -c) whose sessions --slot-ctx caps; or, with windows, each slot's
+    window: --slot-ctx, or llama-server's -c divided among the -np slots."""
+    if unified:
+        if ctx_size is not None and slot_ctx is not None and slot_ctx > ctx_size:
+            raise click.UsageError(f"--slot-ctx {slot_ctx} caps a session above the whole pool (-c {ctx_size})")
+        return slot_ctx, ctx_size if ctx_size is not None else KV_POOL_AUTO
     if ctx_size is None:
-        return slot_ctx
+        return slot_ctx, None
     if slot_ctx is not None:
-        raise click.UsageError("give -c/--ctx-size (the total) or --slot-ctx (per slot), not both")
+        raise click.UsageError("with --no-kv-unified, give -c/--ctx-size (the total) or --slot-ctx (per slot), "
+                               "not both")
     if ctx_size // parallel < 16:
         raise click.UsageError(f"-c {ctx_size} leaves {ctx_size // parallel} tokens to each of {parallel} slots; "
                                f"give at least {16 * parallel}")
-    return ctx_size // parallel
+    return ctx_size // parallel, None
+
+
+def describe_kv(runner: Runner) -> str:
+    """The KV the runner holds, in words: a pool (its tokens, type, bytes, agent sessions) and
+    the cap of a session, or the slots' windows."""
+    config, backend = runner.config, runner.backend
+    kv_types = config.cache_type_k if config.cache_type_k == config.cache_type_v else \
+        f"{config.cache_type_k}/{config.cache_type_v}"
+    pool = getattr(backend, "pool_size", None)
+    if not pool:
+        return f"{config.parallel} slots x {runner.window:,} tokens of {kv_types} KV"
+    per_token = backend.model.kv_bytes_per_token((config.cache_type_k, config.cache_type_v))
+    size = f", {pool * per_token / 2**30:.1f} GiB" if per_token else ""
+    return (f"a KV pool of {pool:,} tokens ({kv_types}{size}: {pool // AGENT_SESSION_TOKENS} agent sessions of Claude "
+            f"Code's first prompt, {AGENT_SESSION_TOKENS:,} tokens, more where they share it) for {config.parallel} "
+            f"slots, a session up to {runner.window:,} tokens")
 
 
 def _configure_server_logs(verbose: bool, access_log: bool) -> None:

@@ -16,7 +16,7 @@ from .. import models
 from ..config import (DEFAULT_SLOT_CTX, KV_CACHE_TYPES, REASONING_FORMATS, TOOL_FORMATS, FlashAttention, OverflowPolicy, RunnerConfig, SamplingMode, SamplingParams,
                       SplitMode, default_of)
 
-ENGINE_FIELDS = ("model", "parallel", "slot_ctx", "threads", "n_keep", "n_discard", "seed", "chat_template",
+ENGINE_FIELDS = ("model", "parallel", "slot_ctx", "kv_pool", "threads", "n_keep", "n_discard", "seed", "chat_template",
                  "tool_format", "reasoning_format", "cache_type_k", "cache_type_v", "prefix_cache", "cache_ram_mib", "step_tokens", "batch_invariant", "overflow", "n_gpu_layers", "main_gpu", "split_mode", "tensor_split",
                  "flash_attn", "sampling")
 SAMPLING_FIELDS = ("max_tokens", "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "stop", "ignore_eos",
@@ -109,8 +109,8 @@ def engine_options(slot_ctx_help: str = "Context tokens per slot (prompt + gener
                           "[:QUANT]): QUANT (case-insensitive) by default Q4_K_M, else Q8_0, else the only one."),
         click.option("-np", "--parallel", default=default_of(RunnerConfig, "parallel"), show_default=True,
                      type=click.IntRange(1, 256), help="Sequences decoded together (slots)."),
-        click.option("--slot-ctx", default=None, type=click.IntRange(16), help=slot_ctx_help + " [default: "
-                     f"{DEFAULT_SLOT_CTX}]"),
+        click.option("--slot-ctx", default=None, type=click.IntRange(16),
+                     help=slot_ctx_help if "default" in slot_ctx_help else f"{slot_ctx_help} [default: {DEFAULT_SLOT_CTX}]"),
         click.option("-t", "--threads", default=default_of(RunnerConfig, "threads"), show_default=True,
                      type=click.IntRange(1)),
         click.option("--seed", type=click.IntRange(0), help="Base seed: each request's seed derives from it and its id."),

@@ -56,6 +56,9 @@ _SPLIT_MODES = {"none": llama.LLAMA_SPLIT_MODE_NONE, "layer": llama.LLAMA_SPLIT_
 # The KV cache types by llama.cpp's names (-ctk/-ctv), as ggml's enum (ggml.h) numbers them;
 # llama-cpp-python does not export them all (no GGML_TYPE_BF16).
 _KV_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "iq4_nl": 20, "bf16": 30}
+# Bytes per value of each KV type (ggml's block size and bytes per block: q8_0 is 34 bytes per 32).
+_KV_TYPE_BYTES = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32, "q4_1": 20 / 32,
+                  "q5_0": 22 / 32, "q5_1": 24 / 32, "iq4_nl": 18 / 32}
 _FLASH_ATTENTION = {"on": llama.LLAMA_FLASH_ATTN_TYPE_ENABLED, "off": llama.LLAMA_FLASH_ATTN_TYPE_DISABLED,
                     "auto": llama.LLAMA_FLASH_ATTN_TYPE_AUTO}
 # What llama.cpp says, at debug and info level, about where things run (llama-model.cpp's
@@ -310,6 +313,40 @@ class LlamaModel:
             self._tensor_split = (ctypes.c_float * max_devices)(*tensor_split)
             params.tensor_split = self._tensor_split
         return params
+
+    @property
+    def n_ctx_train(self) -> int:
+        """The context the model was trained with (what a session may use before it degrades),
+        from the GGUF's metadata (read with the vocabulary alone too); 0 when it does not say."""
+        return self._metadata_int("context_length") or 0
+
+    def kv_bytes_per_token(self, cache_types: tuple[str, str] = ("f16", "f16")) -> int | None:
+        """The KV cache's bytes for one token in every layer, with these K and V types, from the
+        GGUF's metadata: each layer keeps head_count_kv keys and values of the key and value
+        lengths (a full-size sliding-window cache, multiseq's default, is as large as the full
+        one). None when the metadata does not say (a per-layer head count, say)."""
+        n_layer, n_head = self._metadata_int("block_count"), self._metadata_int("attention.head_count")
+        n_head_kv = self._metadata_int("attention.head_count_kv") or n_head
+        embedding = self._metadata_int("embedding_length")
+        if not (n_layer and n_head and n_head_kv and embedding):
+            return None
+        key_length = self._metadata_int("attention.key_length") or embedding // n_head
+        value_length = self._metadata_int("attention.value_length") or embedding // n_head
+        per_layer = n_head_kv * (key_length * _KV_TYPE_BYTES[cache_types[0]] + value_length * _KV_TYPE_BYTES[cache_types[1]])
+        return int(n_layer * per_layer)
+
+    def _metadata_int(self, key: str) -> int | None:
+        """An integer of the GGUF's metadata under the model's architecture (None: not there)."""
+        buffer = ctypes.create_string_buffer(64)
+        if llama.llama_model_meta_val_str(self.handle, b"general.architecture", buffer, len(buffer)) < 0:
+            return None
+        full = f"{buffer.value.decode()}.{key}".encode()
+        if llama.llama_model_meta_val_str(self.handle, full, buffer, len(buffer)) < 0:
+            return None
+        try:
+            return int(buffer.value.decode())
+        except ValueError:
+            return None
 
     @property
     def num_layers(self) -> int:
@@ -774,6 +811,17 @@ def devices() -> list[Device]:
                             _DEVICE_KINDS[kind] if 0 <= kind < len(_DEVICE_KINDS) else str(kind),
                             free.value, total.value))
     return found
+
+
+def free_memory_for_kv(model: LlamaModel) -> int | None:
+    """Bytes free where the model's KV goes: the GPUs that hold its layers (their free memory,
+    together), else host memory."""
+    from .kvsizing import free_host_memory
+
+    gpus = [device for device in devices() if device.name in model.layer_devices and device.kind != "CPU"]
+    if gpus:
+        return sum(device.memory_free_bytes for device in gpus)
+    return free_host_memory()
 
 
 def device_descriptions() -> dict[str, str]:

@@ -221,6 +221,7 @@ class SamplingParams:
 
 
 DEFAULT_SLOT_CTX = 2048
+KV_POOL_AUTO = "auto"
 
 
 @dataclass(frozen=True)
@@ -236,8 +237,10 @@ class RunnerConfig:
 
     model: str | None = None  # registry name or path to a .gguf; None: the default model
     parallel: int = 8
-    slot_ctx: int | None = None  # None: 2,048 tokens a slot, or in a pool the whole pool
-    kv_pool: int | None = None  # KV cells the slots share; None: a window of slot_ctx each
+    slot_ctx: int | None = None  # None: 2,048 tokens a slot; in a pool, the whole pool (auto: the trained context)
+    # KV cells the slots share; "auto": sized from the model's trained context and the memory
+    # free (runner.kvsizing); None: a window of slot_ctx each.
+    kv_pool: int | str | None = None
     n_batch: int = 512  # most tokens in one llama_decode call
     # The step's token budget: every decoding sequence's token, then prompt chunks up to it (at
     # least one chunk of the backend's smallest size). Smaller keeps streams flowing while long
@@ -304,8 +307,8 @@ class RunnerConfig:
         _require(is_int(self.parallel) and self.parallel >= 1, f"parallel must be >= 1, got {self.parallel!r}")
         _require(self.slot_ctx is None or (is_int(self.slot_ctx) and self.slot_ctx >= 16),
                  f"slot_ctx must be >= 16 tokens (or None), got {self.slot_ctx!r}")
-        _require(self.kv_pool is None or (is_int(self.kv_pool) and self.kv_pool >= 16),
-                 f"kv_pool must be >= 16 tokens (or None: a window per slot), got {self.kv_pool!r}")
+        _require(self.kv_pool in (None, KV_POOL_AUTO) or (is_int(self.kv_pool) and self.kv_pool >= 16),
+                 f"kv_pool must be >= 16 tokens, '{KV_POOL_AUTO}' or None (a window per slot), got {self.kv_pool!r}")
         _require(is_int(self.n_batch) and self.n_batch >= self.parallel,
                  f"n_batch ({self.n_batch}) must be at least parallel ({self.parallel}) so every slot can decode each step")
         _require(self.step_tokens is None or (is_int(self.step_tokens) and self.parallel <= self.step_tokens <= self.n_batch),
@@ -324,9 +327,10 @@ class RunnerConfig:
     def session_ctx(self) -> int:
         """The most tokens one request holds (prompt and generation): slot_ctx, else the whole
         pool, else the default window."""
+        pool = self.kv_pool if is_int(self.kv_pool) else None  # "auto" is known once the model is
         if self.slot_ctx is not None:
-            return min(self.slot_ctx, self.kv_pool or self.slot_ctx)
-        return self.kv_pool or DEFAULT_SLOT_CTX
+            return min(self.slot_ctx, pool or self.slot_ctx)
+        return pool or DEFAULT_SLOT_CTX
 
     def _check_devices(self) -> None:
         _require(self.n_gpu_layers is None or (is_int(self.n_gpu_layers) and self.n_gpu_layers >= -1),

@@ -21,6 +21,24 @@ def open_model(name_or_path: str | os.PathLike | None = None, chat_template: str
                       repack_weights=repack_weights, **placement)
 
 
+def _kv_report(model: LlamaModel, path) -> dict:
+    """What the model's KV takes, and the pool `multiseq serve` would make for it here (with
+    its default slots, the model's weights taken from the memory free now)."""
+    from .config import RunnerConfig, default_of
+    from .kvsizing import default_pool, free_host_memory
+
+    trained, parallel = model.n_ctx_train, default_of(RunnerConfig, "parallel")
+    per_token = {types: model.kv_bytes_per_token((types, types)) for types in ("f16", "q8_0")}
+    report = {"trained_context": trained, "bytes_per_token": per_token}
+    free = free_host_memory()
+    if trained and per_token["f16"]:
+        free = None if free is None else max(0, free - os.path.getsize(path))
+        pool = default_pool(trained, parallel, per_token["f16"], free)
+        report["serve_pool"] = {"tokens": pool.tokens, "bytes": pool.num_bytes, "bounded_by": pool.bounded_by,
+                                "slots": parallel, "agent_sessions": pool.agent_sessions}
+    return report
+
+
 def tool_family_report(name_or_path: str | os.PathLike | None = None, chat_template: str | None = None,
                        tool_format: str | None = None) -> dict:
     """How a model's output is read, from its vocabulary and chat template alone (no weights
@@ -37,6 +55,7 @@ def tool_family_report(name_or_path: str | os.PathLike | None = None, chat_templ
                 "chat_template": model.chat_template.description if model.chat_template else None,
                 "tool_format": family["name"], "detected": family["detected"], "description": family["description"],
                 "reasoning": family["reasoning"],
-                "marker_tokens": sorted(marker.decode() for marker in support.marker_tokens(model).values())}
+                "marker_tokens": sorted(marker.decode() for marker in support.marker_tokens(model).values()),
+                "kv": _kv_report(model, resolved.path)}
     finally:
         model.close()

@@ -39,12 +39,13 @@ from typing import Any
 import numpy as np
 
 from .batch import Backend
-from .config import RunnerConfig
+from .config import DEFAULT_SLOT_CTX, KV_POOL_AUTO, RunnerConfig
 from .delivery import PUBLISH_INTERVAL_S, Deliveries, RequestHandle, SnapshotPublisher  # noqa: F401 - re-exported
 from .engine import Engine, TextPiece
 from .errors import EngineFailure, first_line
 from .hostcache import PrefixHolding, SharedPrefix
 from .inbox import Command, Inbox
+from .kvsizing import default_pool
 from .request import Request, Result
 from .stats import RunnerSnapshot, RunStats
 from .stepping import Stepper
@@ -386,11 +387,18 @@ class Runner:
 
 def _llama_backend(model, config: RunnerConfig, owns_model: bool) -> Backend:
     """A context on a loaded model, sized and threaded as the config says."""
-    from .backend import LlamaBackend
+    from .backend import LlamaBackend, free_memory_for_kv
 
-    return LlamaBackend(model, config.parallel, config.session_ctx, config.n_batch, config.threads, owns_model=owns_model,
+    cache_types = (config.cache_type_k, config.cache_type_v)
+    pool, session_ctx = config.kv_pool, config.session_ctx
+    if pool == KV_POOL_AUTO:
+        trained = model.n_ctx_train or DEFAULT_SLOT_CTX
+        per_token = model.kv_bytes_per_token(cache_types)
+        pool = default_pool(trained, config.parallel, per_token or 0, free_memory_for_kv(model) if per_token else None).tokens
+        session_ctx = min(config.slot_ctx or trained, pool)
+    return LlamaBackend(model, config.parallel, session_ctx, config.n_batch, config.threads, owns_model=owns_model,
                         batch_invariant=config.batch_invariant, flash_attn=config.flash_attn.value,
-                        cache_types=(config.cache_type_k, config.cache_type_v), pool_tokens=config.kv_pool)
+                        cache_types=cache_types, pool_tokens=pool)
 
 
 def model_placement(config: RunnerConfig) -> dict[str, Any]:

@@ -25,7 +25,8 @@ def test_serve_answers_the_openai_client_and_stops_on_sigterm(start_cli):
                         "--alias", "local", "-t", "1", "--allowed-hosts", "my.lan", "--strict-fields")
     lines = read_until(process, "ready:")
     base = next(match.group(1) for line in lines if (match := LISTENING.search(line)))
-    assert "2 slots x 512 tokens" in "".join(lines), "-c is the total, divided among the slots"
+    assert "a KV pool of 1,024 tokens (f16" in "".join(lines) and "for 2 slots, a session up to 1,024 tokens" in \
+        "".join(lines), "-c is one pool the slots share"
     client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
     # min_tokens: a sampled reply with a text, whatever this run draws.
     reply = client.chat.completions.create(model="local", messages=[{"role": "user", "content": "Hi"}], max_tokens=4,
@@ -48,6 +49,15 @@ def status_of(base: str, host: str) -> int:
     status = connection.getresponse().status
     connection.close()
     return status
+
+
+def test_serve_with_windows_says_so_and_divides_c_among_the_slots(start_cli):
+    process = start_cli("serve", "-m", "smollm2-135m", "-np", "2", "-c", "1024", "--no-kv-unified", "--port", "0",
+                        "--no-dashboard", "-t", "1")
+    lines = read_until(process, "ready:")
+    process.send_signal(signal.SIGTERM)
+    process.communicate(timeout=15)
+    assert "2 slots x 512 tokens of f16 KV" in "".join(lines)
 
 
 def test_every_interface_without_allowed_hosts_is_warned_about(start_cli):
@@ -74,8 +84,9 @@ def test_a_taken_port_is_one_line_and_exit_1(start_cli):
 
 @pytest.mark.parametrize("args, words, code", [
     (["-m", "no-such-model"], "unknown model 'no-such-model'", 1),
-    (["-c", "1024", "--slot-ctx", "512"], "not both", 2),
-    (["-np", "8", "-c", "64"], "leaves 8 tokens", 2),
+    (["-c", "1024", "--slot-ctx", "512", "--no-kv-unified"], "not both", 2),
+    (["-c", "1024", "--slot-ctx", "2048"], "caps a session above the whole pool", 2),
+    (["-np", "8", "-c", "64", "--no-kv-unified"], "leaves 8 tokens", 2),
     (["--chat-template", "no-such-template"], "unknown chat template", 2),
 ])
 def test_bad_options_are_one_line_and_nothing_starts(start_cli, args, words, code):
