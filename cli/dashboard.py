@@ -114,13 +114,25 @@ def _ram_cache_line(snapshot: RunnerSnapshot) -> Table | Text:
     return line
 
 
+def _pool_line(snapshot: RunnerSnapshot) -> Table | Text:
+    """The KV pool the slots share: how full, what sharing saves, what left it for room."""
+    pool = snapshot.pool
+    if pool is None:
+        return Text("")
+    line = Table.grid(padding=(0, 2))
+    line.add_row(f"KV pool [bold]{pool.cells_used:,}[/] / {pool.size:,} cells",
+                 f"held [bold]{pool.tokens_held:,}[/] tokens", f"shared [bold]{pool.tokens_shared:,}[/]",
+                 f"moved out [bold]{pool.num_evicted}[/]", f"parked [bold]{pool.num_parked}[/]")
+    return line
+
+
 def render(snapshot: RunnerSnapshot, progress: RunProgress) -> Group:
     """The dashboard for one moment of a run: slots, queue and progress, throughput."""
     bar = Table.grid(padding=(0, 2))
     bar.add_row(ProgressBar(total=max(progress.total, 1), completed=progress.written, width=40),
                 f"{progress.written}/{progress.total}", f"ETA {_eta(progress)}", f"elapsed {progress.elapsed_s:.0f}s")
     return Group(_slots_table(snapshot), _queue_line(snapshot), bar, _throughput_line(snapshot),
-                 _ram_cache_line(snapshot))
+                 _pool_line(snapshot), _ram_cache_line(snapshot))
 
 
 def _api_line(requests_by_api: Mapping[str, int]) -> Table | Text:
@@ -141,7 +153,8 @@ def render_server(snapshot: RunnerSnapshot, address: str, device: str | None = N
     queue, throughput, and the requests each API has taken."""
     where = f", model on {device}" if device else ""
     return Group(Text(f"serving on {address}{where}", style="bold"), _slots_table(snapshot), _queue_line(snapshot),
-                 _throughput_line(snapshot), _ram_cache_line(snapshot), _api_line(requests_by_api or {}))
+                 _throughput_line(snapshot), _pool_line(snapshot), _ram_cache_line(snapshot),
+                 _api_line(requests_by_api or {}))
 
 
 class ServerDashboard:

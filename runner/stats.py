@@ -204,6 +204,19 @@ class HostCacheSnapshot:
 
 
 @dataclass(frozen=True)
+class PoolSnapshot:
+    """A KV pool the slots share, at one moment: its cells, those in use, the positions the
+    slots hold (a shared cell counted once per slot holding it), and what it gave away."""
+
+    size: int
+    cells_used: int
+    tokens_held: int
+    tokens_shared: int  # positions held on cells another slot holds too: what sharing saves
+    num_evicted: int  # kept prefixes (idle conversations) moved out for room
+    num_parked: int  # running requests parked in host memory for room, or priority
+
+
+@dataclass(frozen=True)
 class RunnerSnapshot:
     """The whole runner at one moment: plain values a display can render without locks."""
 
@@ -216,6 +229,7 @@ class RunnerSnapshot:
     recent_tokens_per_s: float | None
     stats: RunStats
     host_cache: HostCacheSnapshot | None = None
+    pool: PoolSnapshot | None = None
 
 
 # Enough recent pieces to show the end of the text being generated.
@@ -239,7 +253,13 @@ def runner_snapshot(scheduler: Scheduler, stats: StatsRecorder, window: int, now
         recent_tokens_per_s=stats.recent_tokens_per_s(now),
         stats=stats.snapshot(),
         host_cache=None if host_cache is None else host_cache_snapshot(host_cache),
+        pool=None if scheduler.pool is None else _pool_snapshot(scheduler.pool, stats),
     )
+
+
+def _pool_snapshot(pool, stats: StatsRecorder) -> PoolSnapshot:
+    used, held = pool.num_used, pool.num_held
+    return PoolSnapshot(pool.size, used, held, held - used, stats.num_pool_evictions, stats.num_preempted)
 
 
 def host_cache_snapshot(cache: HostCache) -> HostCacheSnapshot:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 
 from multiseq.cli.dashboard import RunProgress, render, render_server
-from multiseq.stats import HostCacheSnapshot, RunnerSnapshot, RunStats, SlotSnapshot
+from multiseq.stats import HostCacheSnapshot, PoolSnapshot, RunnerSnapshot, RunStats, SlotSnapshot
 
 
 def made_up_snapshot() -> RunnerSnapshot:
@@ -20,7 +20,9 @@ def made_up_snapshot() -> RunnerSnapshot:
     return RunnerSnapshot(slots=slots, num_waiting=41, num_running=2, num_succeeded=17, num_failed=1,
                           num_cancelled=0, recent_tokens_per_s=301.4, stats=stats,
                           host_cache=HostCacheSnapshot(limit_bytes=2048 * 2**20, num_bytes=300 * 2**20, num_entries=9,
-                                                       num_saved=14, num_restored=6, num_evicted=2, tokens_restored=7200))
+                                                       num_saved=14, num_restored=6, num_evicted=2, tokens_restored=7200),
+                          pool=PoolSnapshot(size=65536, cells_used=9100, tokens_held=21400, tokens_shared=12300,
+                                            num_evicted=3, num_parked=1))
 
 
 def rendered_text(width: int = 160) -> str:
@@ -46,7 +48,8 @@ def test_render_shows_queue_progress_and_throughput():
     for expected in ("waiting 41", "running 2", "done 17", "failed 1", "cancelled 0", "18/61", "ETA 28s",
                      "now 301.4 tok/s", "run 150.0 tok/s", "seqs/step 7.6", "prefill 1,210.0", "decode 287.5",
                      "prefix hits 75%", "prompt reused 75%", "RAM cache 300 / 2048 MiB", "entries 9", "saved 14",
-                     "restored 6 (7200 tokens)", "evicted 2"):
+                     "restored 6 (7200 tokens)", "evicted 2", "KV pool 9,100 / 65,536 cells", "held 21,400 tokens",
+                     "shared 12,300", "moved out 3", "parked 1"):
         assert expected in text, expected
 
 

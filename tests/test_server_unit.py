@@ -138,6 +138,28 @@ def test_models_health_and_metrics(server):
     assert "multiseq_time_to_first_token_seconds_count 1.0" in metrics
 
 
+def test_metrics_of_a_shared_kv_pool_count_cells_once_and_what_sharing_saves(make_runner, serve_app):
+    backend = FakeBackend(num_slots=4, window=2048, n_batch=64, pool_size=2048)
+    runner = make_runner(backend, kv_pool=2048)
+    base = serve_app(create_app(runner, ServerSettings(model_name=MODEL)))
+    client = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
+    system = "You are a careful assistant who answers briefly. " * 4
+
+    async def together() -> None:  # at once: the later prompts take the first one's cells in other slots
+        await asyncio.gather(*(client.completions.create(model=MODEL, prompt=system + question, max_tokens=3,
+                                                         temperature=0) for question in ("one", "two", "three")))
+
+    asyncio.run(together())
+    metrics = get(base, "/metrics")[1].decode()
+    values = {line.split()[0]: float(line.split()[1]) for line in metrics.splitlines()
+              if line.startswith("multiseq_kv") and not line.startswith("#")}
+    assert values["multiseq_kv_capacity_tokens"] == 2048
+    assert values["multiseq_kv_shared_tokens"] > len(system) // 2, "a later prompt sits on the first one's cells"
+    assert values["multiseq_kv_pool_cells_used"] == backend.num_cells_used
+    assert values["multiseq_kv_tokens"] == values["multiseq_kv_pool_cells_used"] + values["multiseq_kv_shared_tokens"]
+    assert values["multiseq_kv_pool_evictions_total"] == 0
+
+
 def test_props_name_the_tool_call_family(server):
     _, base, _ = server()
     status, data = get(base, "/props")

@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from ..runner import Runner
-from ..stats import HostCacheSnapshot
+from ..stats import HostCacheSnapshot, PoolSnapshot
 
 # Seconds; TTFT spans queueing and prefill, gaps are one decode step or a stall.
 TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0)
@@ -114,8 +114,11 @@ class _EngineCollector:
         yield _gauge("multiseq_slot_occupancy", "Share of slots holding a request", snapshot.num_running / num_slots)
         yield _gauge("multiseq_kv_tokens", "Tokens held in the slots' KV cache (running requests, and prefixes kept "
                      "for reuse)", sum(slot.context_used for slot in snapshot.slots))
-        yield _gauge("multiseq_kv_capacity_tokens", "Tokens the slots' KV cache holds at most (slots x window)",
-                     sum(slot.window for slot in snapshot.slots))
+        pool = snapshot.pool
+        yield _gauge("multiseq_kv_capacity_tokens", "Tokens the KV cache holds at most (the shared pool, or slots x "
+                     "window)", pool.size if pool else sum(slot.window for slot in snapshot.slots))
+        if pool is not None:
+            yield from _pool_metrics(pool, runner)
         kv_type = GaugeMetricFamily("multiseq_kv_cache_type", "The KV cache's element types (-ctk, -ctv): always 1",
                                     labels=["type_k", "type_v"])
         kv_type.add_metric([runner.config.cache_type_k, runner.config.cache_type_v], 1)
@@ -125,12 +128,26 @@ class _EngineCollector:
                        stats.prompt_tokens_reused)
         yield _counter("multiseq_generation_tokens", "Tokens generated", stats.generated_tokens)
         yield _counter("multiseq_decode_steps", "Batches decoded", stats.num_steps)
-        yield _counter("multiseq_preemptions", "Times a batch request left its slot for an interactive one",
+        yield _counter("multiseq_preemptions", "Times a running request was parked in host memory, for an "
+                       "interactive one or for room in the KV pool",
                        stats.num_preempted)
         yield _counter("multiseq_prompt_tokens_from_ram", "Prompt tokens restored from the RAM cache",
                        stats.prompt_tokens_restored)
         if snapshot.host_cache is not None:
             yield from _ram_cache_metrics(snapshot.host_cache)
+
+
+def _pool_metrics(pool: PoolSnapshot, runner: Runner) -> Iterator[Metric]:
+    yield _gauge("multiseq_kv_pool_cells_used", "Cells of the shared KV pool in use (a shared cell once)",
+                 pool.cells_used)
+    yield _gauge("multiseq_kv_shared_tokens", "Tokens the slots hold on cells another slot holds too (what "
+                 "sharing a prefix saves)", pool.tokens_shared)
+    model = getattr(runner.backend, "model", None)
+    per_token = model.kv_bytes_per_token((runner.config.cache_type_k, runner.config.cache_type_v)) if model else None
+    if per_token:
+        yield _gauge("multiseq_kv_bytes_used", "Bytes of KV in use in the shared pool", pool.cells_used * per_token)
+    yield _counter("multiseq_kv_pool_evictions", "Kept conversations moved out of a full KV pool (to the RAM "
+                   "cache, where it has room)", pool.num_evicted)
 
 
 def _ram_cache_metrics(cache: HostCacheSnapshot) -> Iterator[Metric]:
