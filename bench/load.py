@@ -496,7 +496,9 @@ def multiseq_ray_command(args, port: int, routing: str) -> list[str]:
 
 def llama_server_command(args, port: int, model_path: Path, fallback_template: str | None) -> list[str]:
     tools = peers.ensure_llama_tools(log=log)
-    extra = ["--chat-template", fallback_template] if fallback_template else []
+    # A built-in template's name is Jinja text to llama-server unless --no-jinja: with `--chat-template
+    # gemma` alone it would send every chat as the word "gemma" (Gemma 3 270M's GGUF has no template).
+    extra = ["--no-jinja", "--chat-template", fallback_template] if fallback_template else []
     return peers.server_command(tools, model_path, args.parallel, args.threads, args.slot_ctx, port,
                                 prompt_cache=True, extra_args=extra)
 
