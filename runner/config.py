@@ -237,7 +237,7 @@ class RunnerConfig:
 
     model: str | None = None  # registry name or path to a .gguf; None: the default model
     parallel: int = 8
-    slot_ctx: int | None = None  # None: 2,048 tokens a slot; in a pool, the whole pool (auto: the trained context)
+    slot_ctx: int | None = None  # None: 2,048 tokens a slot; in a pool, the whole pool
     # KV cells the slots share; "auto": sized from the model's trained context and the memory
     # free (runner.kvsizing); None: a window of slot_ctx each.
     kv_pool: int | str | None = None

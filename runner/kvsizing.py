@@ -1,8 +1,8 @@
 """How large a KV pool to make when the user gives no size: from the model's trained context
 and the memory this machine has free (llama-server's --fit does the same for its context).
 
-A session may use the model's trained context (past it a model degrades), and every slot may
-hold such a session: the pool is n_ctx_train x slots, unless that would take more than
+Every slot may hold a session of the model's trained context (past it a model writes worse):
+the pool is n_ctx_train x slots, unless that would take more than
 MEMORY_SHARE of the memory free once the model is loaded (host RAM; a GPU's memory when the
 layers go there), in which case it is what that share holds. Either way the user is told, in
 tokens and in agent sessions of Claude Code's size.
