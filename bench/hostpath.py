@@ -179,6 +179,7 @@ class ZeroCostBackend:
         self._batch = LlamaBatch(n_batch)
         self.n_vocab = vocab
         self.window = window
+        self.pool_size = None  # a window per slot
         self.can_shift = True
         self.add_bos = False
         self.last_decode_seconds = 0.0
