@@ -372,9 +372,7 @@ def serve(ctx_size: int | None, kv_unified: bool, host: str, port: int, api_key:
         nonlocal address, metrics
         address = f"http://{host}:{server.port}"
         metrics = server.state.metrics
-        kv_types = config.cache_type_k if config.cache_type_k == config.cache_type_v else \
-            f"{config.cache_type_k}/{config.cache_type_v}"
-        stderr.print(f"[bold]multiseq[/] {settings.model_name}: {config.parallel} slots, {kv_types} KV, "
+        stderr.print(f"[bold]multiseq[/] {settings.model_name}: {config.parallel} slots, {_kv_types(config)} KV, "
                      f"{config.threads} threads; OpenAI API at {address}/v1 (the model is loading)", soft_wrap=True)
         stderr.print(f"files and batches kept in {settings.data_dir}", soft_wrap=True, highlight=False)
 
@@ -466,12 +464,17 @@ def _kv_sizes(ctx_size: int | None, slot_ctx: int | None, parallel: int, unified
     return ctx_size // parallel, None
 
 
+def _kv_types(config: RunnerConfig) -> str:
+    """The KV cache's element types as -ctk/-ctv name them: one name when K and V agree."""
+    return config.cache_type_k if config.cache_type_k == config.cache_type_v else \
+        f"{config.cache_type_k}/{config.cache_type_v}"
+
+
 def describe_kv(runner: Runner) -> str:
     """The KV the runner holds, in words: a pool (its tokens, type, bytes, agent sessions) and
     the cap of a session, or the slots' windows."""
     config, backend = runner.config, runner.backend
-    kv_types = config.cache_type_k if config.cache_type_k == config.cache_type_v else \
-        f"{config.cache_type_k}/{config.cache_type_v}"
+    kv_types = _kv_types(config)
     pool = getattr(backend, "pool_size", None)
     if not pool:
         return f"{config.parallel} slots x {runner.window:,} tokens of {kv_types} KV"

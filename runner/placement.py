@@ -59,15 +59,8 @@ class KvPlacement:
         goes on exactly where it stopped. Without room in host memory nothing is preempted
         (recomputing its KV would not give the same numbers)."""
         for victim in self.scheduler.preemptions(now):
-            tokens = victim.reusable_kv_tokens(with_generated=True)
-            state = self.backend.save_slot(victim.slot)
-            parked = None if state is None else self.host_cache.park(tokens, state)
-            if parked is None:
+            if not self._park(victim, now, "for a request of higher priority"):
                 return
-            logger.info("preempting %s (priority %d) after %d tokens", victim.id, victim.priority,
-                        len(victim.output_tokens))
-            self.scheduler.preempt(victim, parked, now)
-            self.stats.note_preemption()
 
     def make_room(self, now: float) -> list[Sequence]:
         """In a shared KV pool, room for the next step: a cell for each decoding token, and
@@ -80,7 +73,7 @@ class KvPlacement:
         pool = self.scheduler.pool
         if pool is None:
             return []
-        decoding = sum(1 for seq in self.scheduler.running if seq.status is SequenceStatus.DECODING)
+        decoding = self.scheduler.num_decoding
         wanted = decoding + min(self.scheduler.cells_promised(), self.scheduler.planner.step_tokens)
         for slot in self.scheduler.idle_by_age():
             if pool.num_free >= wanted:
@@ -94,10 +87,13 @@ class KvPlacement:
             if victim.status is SequenceStatus.PREFILLING:
                 self._requeue(victim, now)
                 continue
-            if not self._park(victim, now):
+            slot = victim.slot
+            if not self._park(victim, now, "the KV pool is full"):
                 victim.fail(f"the KV pool ({pool.size} tokens) is full and host memory (--cache-ram) has no room "
                             f"to park this request's {victim.n_past} tokens: give a larger -c or --cache-ram")
                 return [victim]
+            self.scheduler.prefixes.take(slot)  # its cells leave the pool: the parked copy serves
+            self.backend.reuse_prefix(slot, slot, 0)
             decoding -= 1
         return []
 
@@ -109,31 +105,26 @@ class KvPlacement:
         logger.info("the KV pool is full: %s waits again after %d prompt tokens", seq.id, len(computed))
         self._evict_idle(IdleEviction(slot, computed))
 
-    def _park(self, seq: Sequence, now: float) -> bool:
-        """Preempt a running sequence into host memory, and clear its cells; False when it
-        cannot be parked (then it stays as it is)."""
+    def _park(self, seq: Sequence, now: float, why: str) -> bool:
+        """Preempt a decoding sequence: its KV parked in host memory, it waits again and
+        resumes exactly where it stopped (its slot keeps the KV as a prefix meanwhile). False
+        when it cannot be parked (then it stays as it is)."""
         if not seq.can_be_preempted or self.scheduler.host_cache is None:
             return False
-        slot = seq.slot
-        state = self.backend.save_slot(slot)
+        state = self.backend.save_slot(seq.slot)
         parked = None if state is None else self.host_cache.park(seq.reusable_kv_tokens(with_generated=True), state)
         if parked is None:
             return False
-        logger.info("the KV pool is full: parking %s (priority %d) after %d tokens", seq.id, seq.priority,
+        logger.info("%s: preempting %s (priority %d) after %d tokens", why, seq.id, seq.priority,
                     len(seq.output_tokens))
         self.scheduler.preempt(seq, parked, now)
-        self.scheduler.prefixes.take(slot)
-        self.backend.reuse_prefix(slot, slot, 0)
         self.stats.note_preemption()
         return True
 
     def _evict_idle(self, idle: IdleEviction) -> None:
         """A free slot's kept prefix leaves the pool: saved to host memory first when worth it."""
-        cache = self.host_cache
-        if cache.is_enabled and len(idle.tokens) >= MIN_SAVE_TOKENS and not cache.covers(idle.tokens):
-            state = self.backend.save_slot(idle.slot)
-            if state is not None:
-                cache.add(idle.tokens, state)
+        if len(idle.tokens) >= MIN_SAVE_TOKENS:
+            self._save_to_host(idle.slot, idle.tokens)
         self.backend.reuse_prefix(idle.slot, idle.slot, 0)
         self.stats.note_pool_eviction()
 
@@ -205,9 +196,13 @@ class KvPlacement:
 
     def _save_what_is_lost(self, admission: Admission) -> None:
         """Before a slot's KV is overwritten, keep it in host memory, under its tokens."""
-        cache, tokens = self.host_cache, admission.evicted
-        if (cache.is_enabled and admission.num_tokens_lost >= MIN_SAVE_TOKENS
-                and not cache.covers(tokens)):
-            state = self.backend.save_slot(admission.placement.slot)
+        if admission.num_tokens_lost >= MIN_SAVE_TOKENS:
+            self._save_to_host(admission.placement.slot, admission.evicted)
+
+    def _save_to_host(self, slot: int, tokens: np.ndarray) -> None:
+        """Keep the slot's KV in host memory under its tokens, unless it is off or holds them."""
+        cache = self.host_cache
+        if cache.is_enabled and not cache.covers(tokens):
+            state = self.backend.save_slot(slot)
             if state is not None:
                 cache.add(tokens, state)

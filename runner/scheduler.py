@@ -162,6 +162,10 @@ class Scheduler:
         return sum(1 for seq in self.slots if seq is None)
 
     @property
+    def num_decoding(self) -> int:
+        return sum(1 for seq in self.slots if seq is not None and seq.status is SequenceStatus.DECODING)
+
+    @property
     def has_work(self) -> bool:
         return bool(self.waiting) or any(seq is not None for seq in self.slots)
 
@@ -413,8 +417,7 @@ class _PoolRoom:
     def __init__(self, scheduler: Scheduler) -> None:
         self.scheduler = scheduler
         self.pool = scheduler.pool
-        decoding = sum(1 for seq in scheduler.running if seq.status is SequenceStatus.DECODING)
-        self.free = self.pool.num_free - scheduler.cells_promised() - decoding
+        self.free = self.pool.num_free - scheduler.cells_promised() - scheduler.num_decoding
         self.taken: set[int] = set()  # slots given, or evicted, this round
 
     def make(self, seq: Sequence, placement: Placement, copy_sources: set[int]) -> tuple[IdleEviction, ...] | None:

@@ -100,15 +100,17 @@ def add_hub_repo(cache: Path, repo: str, files: dict[str, bytes | Path], commit:
     return snapshot
 
 
-def run_until_done(engine, max_steps: int = 2000) -> dict:
+def run_until_done(engine, max_steps: int = 2000, after_each_step=None) -> dict:
     """Step a thread-free Engine until nothing is left; its results by id, in the order they
-    finished."""
+    finished. after_each_step(), when given, runs after every step (a check of the state)."""
     results = {}
     for _ in range(max_steps):
         if not engine.has_work:
             return results
         for result in engine.step().finished:
             results[result.id] = result
+        if after_each_step is not None:
+            after_each_step()
     raise AssertionError(f"still working after {max_steps} steps")
 
 

@@ -38,14 +38,10 @@ def submit(engine: Engine, request_id: str, prompt: str, max_tokens: int, **samp
 def run_checking_cells(engine: Engine, backend: FakeBackend, max_steps: int = 5000) -> dict:
     """Run to the end, checking after every step that the engine counts the cells the backend
     holds, and that the backend never held more than its pool."""
-    results = {}
-    for _ in range(max_steps):
-        if not engine.has_work:
-            return results
-        for result in engine.step().finished:
-            results[result.id] = result
+    def cells_agree() -> None:
         assert engine.pool.num_used == backend.num_cells_used
-    raise AssertionError("the engine did not finish")
+
+    return run_until_done(engine, max_steps, cells_agree)
 
 
 # --- the ledger ---------------------------------------------------------------------------------
