@@ -60,8 +60,11 @@ def _slot_row(slot: SlotSnapshot) -> list:
     context.add_row(ProgressBar(total=slot.window, completed=slot.context_used, width=_CONTEXT_BAR_WIDTH),
                     f"{slot.context_used}/{slot.window}")
     tail = Text(slot.text_tail.replace("\n", " ⏎ ")[-48:], no_wrap=True, overflow="ellipsis")
+    generated = str(slot.generated_tokens)
+    if slot.draft_tokens:  # speculative decoding: how many of them came from drafts, of those verified
+        generated += f" ({slot.draft_tokens_accepted}/{slot.draft_tokens} drafted)"
     return [str(slot.slot), slot.request_id, phase, str(slot.prompt_tokens), str(slot.cached_tokens or ""),
-            str(slot.generated_tokens), context,
+            generated, context,
             _rate(slot.tokens_per_s), tail, Text("slid", style="magenta") if slot.is_slid else ""]
 
 

@@ -13,12 +13,12 @@ from typing import Any
 import click
 
 from .. import models
-from ..config import (DEFAULT_SLOT_CTX, KV_CACHE_TYPES, REASONING_FORMATS, TOOL_FORMATS, FlashAttention, OverflowPolicy, RunnerConfig, SamplingMode, SamplingParams,
+from ..config import (DEFAULT_SLOT_CTX, KV_CACHE_TYPES, REASONING_FORMATS, SPEC_TYPES, TOOL_FORMATS, FlashAttention, OverflowPolicy, RunnerConfig, SamplingMode, SamplingParams,
                       SplitMode, default_of)
 
 ENGINE_FIELDS = ("model", "parallel", "slot_ctx", "kv_pool", "threads", "n_keep", "n_discard", "seed", "chat_template",
                  "tool_format", "reasoning_format", "cache_type_k", "cache_type_v", "prefix_cache", "cache_ram_mib", "step_tokens", "batch_invariant", "overflow", "n_gpu_layers", "main_gpu", "split_mode", "tensor_split",
-                 "flash_attn", "sampling")
+                 "flash_attn", "sampling", "spec_type", "spec_draft_max", "spec_draft_min", "spec_ngram_size")
 SAMPLING_FIELDS = ("max_tokens", "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "stop", "ignore_eos",
                    "strict_schema")
 
@@ -163,6 +163,21 @@ def engine_options(slot_ctx_help: str = "Context tokens per slot (prompt + gener
                      help="Where tokens are sampled: backend runs llama.cpp's sampler chains in the model's graph "
                           "for greedy and sampled requests, logit bias included (grammars, penalties, min_tokens "
                           "and logprobs stay on the host); auto is the host on a CPU build, where it is faster."),
+        click.option("--spec-type", type=click.Choice(list(SPEC_TYPES)), default=default_of(RunnerConfig, "spec_type"),
+                     show_default=True,
+                     help="Speculative decoding from the session's own text, verified in the shared step (greedy "
+                          "and seeded outputs unchanged): ngram-simple drafts from the session's prompt and output, "
+                          "ngram-mod also from n-grams every session shares. Drafts go where the step's measured "
+                          "cost says they pay."),
+        click.option("--spec-draft-max", "--spec-draft-n-max", "spec_draft_max", type=click.IntRange(1),
+                     default=default_of(RunnerConfig, "spec_draft_max"), show_default=True,
+                     help="Most draft tokens verified for a sequence in one step."),
+        click.option("--spec-draft-min", "--spec-draft-n-min", "spec_draft_min", type=click.IntRange(1),
+                     default=default_of(RunnerConfig, "spec_draft_min"), show_default=True,
+                     help="Fewest draft tokens worth verifying."),
+        click.option("--spec-ngram-size-n", "spec_ngram_size", type=click.IntRange(1),
+                     default=default_of(RunnerConfig, "spec_ngram_size"), show_default=True,
+                     help="Tokens matched to find a draft (shorter: more drafts, fewer kept)."),
     ])
 
 

@@ -162,7 +162,7 @@ class _BatchBuffers:
             positions += range(entry.start_pos, entry.start_pos + length)
             seq_ids += [entry.slot] * length
             if entry.wants_output:
-                output_indices.append(len(tokens) - 1)
+                output_indices += range(len(tokens) - entry.num_drafted - 1, len(tokens))
         count = len(tokens)
         assert count <= self.capacity, "a step never holds more than n_batch tokens"
         self.tokens[:count] = tokens
@@ -634,6 +634,9 @@ class LlamaBackend:
 
     def undo_failed_decode(self, slot: int, start_pos: int) -> bool:
         return self._cut_back(slot, start_pos)
+
+    def rewind_slot(self, slot: int, length: int) -> bool:
+        return self._cut_back(slot, length)
 
     def save_slot(self, slot: int) -> SlotState | None:
         """The slot's KV state (llama_state_seq_get_data), to restore later; None on failure.

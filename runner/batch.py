@@ -18,12 +18,19 @@ SlotState = np.ndarray | bytearray
 
 @dataclass(frozen=True, slots=True)
 class BatchEntry:
-    """One slot's tokens in one llama_decode, at consecutive positions from start_pos."""
+    """One slot's tokens in one llama_decode, at consecutive positions from start_pos. A
+    decoding slot's entry may end with draft tokens to verify (speculative decoding): then each
+    of its last num_drafted + 1 tokens gets a logits row."""
 
     slot: int
     tokens: list[int]
     start_pos: int
     wants_output: bool  # a logits row is needed for the last token
+    num_drafted: int = 0  # the last tokens that are a draft (each gets a row, as does the one before)
+
+    @property
+    def num_outputs(self) -> int:
+        return self.num_drafted + 1 if self.wants_output else 0
 
 
 @dataclass(frozen=True)
@@ -136,6 +143,10 @@ class Backend(Protocol):
         """After a failed decode (which may have kept the micro-batches before the one that
         failed): make the slot hold positions [0, start_pos) again. False when they are not all
         there any more (the slot is then cleared)."""
+
+    def rewind_slot(self, slot: int, length: int) -> bool:
+        """Keep positions [0, length) of the slot (a verified draft's rejected tokens go).
+        False when what the next tokens need is not all there (the slot is then cleared)."""
 
     def save_slot(self, slot: int) -> SlotState | None:
         """The slot's KV state, to restore into some slot later (None when it cannot be saved)."""

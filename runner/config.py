@@ -224,6 +224,10 @@ DEFAULT_SLOT_CTX = 2048
 KV_POOL_AUTO = "auto"
 
 
+# Speculative decoding's draft sources (llama-server's --spec-type names).
+SPEC_TYPES = ("none", "ngram-simple", "ngram-mod")
+
+
 @dataclass(frozen=True)
 class RunnerConfig:
     """The runner: one llama.cpp context with `parallel` slots, each with a window of
@@ -284,6 +288,14 @@ class RunnerConfig:
     cache_type_k: str = "f16"
     cache_type_v: str = "f16"
     sampling: SamplingMode = SamplingMode.AUTO  # where rows are sampled: the host, or llama.cpp's graph
+    # Speculative decoding from the session's own text (runner.speculation), llama-server's
+    # names: "ngram-simple" drafts from the session's prompt and output, "ngram-mod" also from
+    # a pool of n-grams shared by every session; drafts of spec_draft_min..spec_draft_max
+    # tokens, found by matching the last spec_ngram_size tokens.
+    spec_type: str = "none"
+    spec_draft_max: int = 16
+    spec_draft_min: int = 1
+    spec_ngram_size: int = 4
 
     def __post_init__(self) -> None:
         _require(self.overflow in [policy.value for policy in OverflowPolicy],
@@ -318,6 +330,7 @@ class RunnerConfig:
         _require(self.kv_pool is None or not self.batch_invariant,
                  "batch_invariant needs a KV window per slot (kv_pool None): in a shared pool a sequence attends "
                  "over cells that lie among the others', and its numbers depend on where they lie")
+        self._check_speculation()
         _require(is_int(self.n_keep) and 0 <= self.n_keep < self.session_ctx // 2,
                  f"n_keep must be in [0, slot_ctx/2) = [0, {self.session_ctx // 2}), got {self.n_keep!r}")
         _require(is_int(self.n_discard) and self.n_discard >= 0, f"n_discard must be >= 0, got {self.n_discard!r}")
@@ -331,6 +344,19 @@ class RunnerConfig:
         if self.slot_ctx is not None:
             return min(self.slot_ctx, pool or self.slot_ctx)
         return pool or DEFAULT_SLOT_CTX
+
+    def _check_speculation(self) -> None:
+        _require(self.spec_type in SPEC_TYPES,
+                 f"spec_type must be one of {', '.join(SPEC_TYPES)}, got {self.spec_type!r}")
+        _require(is_int(self.spec_draft_max) and is_int(self.spec_draft_min)
+                 and 1 <= self.spec_draft_min <= self.spec_draft_max,
+                 f"speculative drafts need 1 <= spec_draft_min <= spec_draft_max, got {self.spec_draft_min!r} and "
+                 f"{self.spec_draft_max!r}")
+        _require(is_int(self.spec_ngram_size) and self.spec_ngram_size >= 1,
+                 f"spec_ngram_size must be an integer >= 1, got {self.spec_ngram_size!r}")
+        _require(self.spec_type == "none" or not self.batch_invariant,
+                 "batch_invariant cannot verify drafts: llama.cpp computes a draft's rows with other kernels "
+                 "than a lone decoded token's (their logits differ in the last bits), so give spec_type 'none'")
 
     def _check_devices(self) -> None:
         _require(self.n_gpu_layers is None or (is_int(self.n_gpu_layers) and self.n_gpu_layers >= -1),

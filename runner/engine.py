@@ -47,6 +47,7 @@ from .outcome import result_of
 from .planning import StepPlan
 from .scheduler import Scheduler, fit_prompt
 from .sequence import Sequence
+from .speculation import Speculator, first_rows, verify_all
 from .tools.support import ToolSupport
 from .stats import RunnerSnapshot, StatsRecorder, runner_snapshot
 
@@ -85,7 +86,9 @@ class Executed:
     """A decoded and sampled step, not yet applied to its sequences: plain data."""
 
     plan: StepPlan  # the chunks that ran (prompt chunks may have been halved)
-    sampled: list[Sampled | RequestFault]  # one per output row of the plan; a fault fails its request
+    sampled: list[Sampled | RequestFault]  # one per output sequence of the plan; a fault fails its request
+    # Per output sequence, the tokens its draft adds after its sampled one (speculation).
+    drafted: list[list[Sampled] | RequestFault]
     failed: list[tuple[Sequence, str]]  # sequences whose decode failed, and why: they ran nothing
     decode_seconds: float  # llama_decode alone
     batch_seconds: float  # filling the batch and retries, outside llama_decode
@@ -98,6 +101,7 @@ class _Ran:
 
     plan: StepPlan
     sampled: list[Sampled | RequestFault]
+    drafted: list[list[Sampled] | RequestFault]
     decode_seconds: float
     sample_seconds: float
 
@@ -133,6 +137,7 @@ class Engine:
         # go through its parser (and as nothing, llama.cpp's way, everywhere else).
         self._marker_bytes = self.tools.marker_tokens(backend)
         self.row_sampling = RowSampling(config.sampling, backend.graph_sampling)
+        self.speculator = Speculator(config, self.window) if config.spec_type != "none" else None
         self._num_failed_decodes = 0  # decodes failed since the last one that succeeded
 
     def _clamped_n_discard(self) -> int:
@@ -263,6 +268,9 @@ class Engine:
             self._retire_ending(ended)
         self.placement.admit(time.perf_counter())
         plan = self.scheduler.plan()
+        if self.speculator is not None and plan:
+            plan = self.speculator.with_drafts(plan, self.config.n_batch,
+                                               self.pool.num_free if self.pool is not None else None)
         self.stats.add_phase("schedule", time.perf_counter() - started)
         return plan
 
@@ -285,11 +293,12 @@ class Engine:
         decode_seconds = sum(part.decode_seconds for part in ran)
         sample_seconds = sum(part.sample_seconds for part in ran)
         if len(ran) == 1:  # every step but one that failed: its plan and rows as they are
-            plan_run, sampled = ran[0].plan, ran[0].sampled
+            plan_run, sampled, drafted = ran[0].plan, ran[0].sampled, ran[0].drafted
         else:
             plan_run = StepPlan([chunk for part in ran for chunk in part.plan.chunks])
             sampled = [row for part in ran for row in part.sampled]
-        return Executed(plan_run, sampled, failed, decode_seconds,
+            drafted = [tokens for part in ran for tokens in part.drafted]
+        return Executed(plan_run, sampled, drafted, failed, decode_seconds,
                         time.perf_counter() - started - decode_seconds - sample_seconds, sample_seconds)
 
     def _run(self, plan: StepPlan) -> _Ran:
@@ -307,8 +316,12 @@ class Engine:
                 logger.warning("no KV room for %d tokens; retrying with %d", plan.num_tokens, smaller.num_tokens)
                 plan = smaller
         sampling_started = time.perf_counter()
-        sampled = self.row_sampling.sample(logits, plan.output_seqs, in_graph)  # the logits die with the next decode
-        return _Ran(plan, sampled, self.backend.last_decode_seconds, time.perf_counter() - sampling_started)
+        # Each sequence's next token from its first row, then its draft's rows, if it has one.
+        # The logits die with the next decode.
+        rows = first_rows(plan)
+        sampled = self.row_sampling.sample(logits if rows is None else logits[rows], plan.output_seqs, in_graph)
+        drafted = [[] for _ in sampled] if rows is None else verify_all(logits, plan, sampled)
+        return _Ran(plan, sampled, drafted, self.backend.last_decode_seconds, time.perf_counter() - sampling_started)
 
     def _run_one_by_one(self, plan: StepPlan, error: BackendError) -> tuple[list[_Ran], list[tuple[Sequence, str]]]:
         """After a failed decode: decode each sequence of the plan alone; the parts that ran,
@@ -348,17 +361,24 @@ class Engine:
             seq.fail(error, overriding=True)  # what its slot holds is in doubt, even if it was cancelled
         for chunk in plan.chunks:
             chunk.seq.record_decoded(chunk.num_tokens, chunk.is_prefill, started)
-        for seq, sampled in zip(plan.output_seqs, executed.sampled):
+        num_taken = {}  # output tokens each drafting sequence took this step
+        for seq, sampled, drafted in zip(plan.output_seqs, executed.sampled, executed.drafted):
+            num_before = len(seq.output_tokens)
             if isinstance(sampled, RequestFault):
                 self._fail_alone(seq, sampled)
             elif not seq.is_ending:
                 self._accept_token(seq, sampled, started)
+                self._accept_drafted(seq, drafted, started)
+            num_taken[seq] = len(seq.output_tokens) - num_before
+        num_drafts_kept = self._settle_drafts(plan, num_taken)
+        if self.speculator is not None:
+            self.speculator.note_step(plan.num_tokens, executed.decode_seconds)
         self._retire_ending([chunk.seq for chunk in plan.chunks] + [seq for seq, _ in executed.failed])
         self._outbox.num_tokens_decoded += plan.num_tokens
         if plan.chunks and not plan.num_decode_tokens:  # what prefilling costs, for whether a restore pays
             self.host_cache.costs.note_prefill(plan.num_prefill_tokens, executed.decode_seconds)
         self.stats.record_step(executed.decode_seconds, plan.num_decode_tokens, plan.num_prefill_tokens,
-                               len(executed.sampled))
+                               len(executed.sampled) + num_drafts_kept)
         self.stats.add_phase("schedule", executed.batch_seconds)
         self.stats.add_phase("decode", executed.decode_seconds)
         self.stats.add_phase("sample", executed.sample_seconds)
@@ -371,6 +391,36 @@ class Engine:
                                              self.backend.is_end_of_generation(token), now), is_last=False)
         except Exception as error:  # noqa: BLE001 - one request's failure stays with that request
             self._fail_alone(seq, request_fault("taking its token", error))
+
+    def _accept_drafted(self, seq: Sequence, drafted: list[Sampled] | RequestFault, now: float) -> None:
+        """Take the tokens a verified draft added, until one ends the sequence."""
+        if isinstance(drafted, RequestFault):
+            self._fail_alone(seq, drafted)
+            return
+        for sampled in drafted:
+            if seq.is_ending:
+                break
+            self._accept_token(seq, sampled, now)
+
+    def _settle_drafts(self, plan: StepPlan, num_taken: dict[Sequence, int]) -> int:
+        """The draft positions whose tokens were not taken leave the slot's KV: its newest token
+        and the draft tokens that came true stay (the last token taken is decoded next step).
+        Returns how many draft tokens came true."""
+        num_drafts_kept = 0
+        for chunk in plan.chunks:
+            num_drafted = chunk.entry.num_drafted
+            if not num_drafted:
+                continue
+            seq = chunk.seq
+            num_kept = max(num_taken.get(seq, 0) - 1, 0)
+            seq.record_draft(num_drafted, num_kept)
+            self.stats.note_draft(num_drafted, num_kept)
+            num_drafts_kept += num_kept
+            if self.speculator is not None:
+                self.speculator.note_verified(seq, num_drafted, num_kept)
+            if num_kept < num_drafted and not self.backend.rewind_slot(seq.slot, seq.n_past):
+                seq.fail("its KV lost positions while a rejected draft was removed", overriding=True)
+        return num_drafts_kept
 
     def _token_bytes(self, seq: Sequence, token: int) -> bytes:
         if seq.pieces.tool_parser is not None and token in self._marker_bytes:

@@ -205,6 +205,12 @@ class TokenConstraint:
         if not self.matcher.consume_token(token):
             raise ConstraintError(f"the constraint refused token {token}: {first_line(self.matcher.get_error())}")
 
+    def rollback(self, num_tokens: int) -> None:
+        """Take back the last num_tokens accepted tokens (a draft's rows were sampled ahead)."""
+        if not self.matcher.rollback(num_tokens):
+            raise ConstraintError(f"the constraint could not take back {num_tokens} tokens: "
+                                  f"{first_line(self.matcher.get_error())}")
+
     @property
     def is_complete(self) -> bool:
         """The output is a whole document and nothing may follow it but the end."""

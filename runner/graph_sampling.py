@@ -63,6 +63,11 @@ class RowSampling:
         seqs = plan.output_seqs
         if not self.uses_graph:
             return [False] * len(seqs)
+        # A step that verifies drafts has several rows for a sequence: the host samples them all.
+        if any(chunk.entry.num_drafted for chunk in plan.chunks):
+            for slot in list(self._held):
+                self._release(slot)
+            return [False] * len(seqs)
         in_step = {chunk.seq.slot for chunk in plan.chunks}
         for slot in [slot for slot in self._held if slot not in in_step]:
             self._release(slot)

@@ -212,6 +212,11 @@ class PoolTracking:
         self.ledger.cut(slot, start_pos if intact else 0)
         return intact
 
+    def rewind_slot(self, slot: int, length: int) -> bool:
+        intact = self._backend.rewind_slot(slot, length)
+        self.ledger.cut(slot, length if intact else 0)
+        return intact
+
     def restore_slot(self, slot: int, state: SlotState, length: int) -> bool:
         intact = self._backend.restore_slot(slot, state, length)
         self.ledger.fill(slot, length if intact else 0)

@@ -38,6 +38,8 @@ def result_of(seq: Sequence, parse: bool = True) -> Result:
         schema_error=seq.schema_error,
         approximated=seq.sampler.approximated,
         stop_string=seq.assembler.matched_stop,
+        draft_tokens=seq.num_drafted,
+        draft_tokens_accepted=seq.num_draft_accepted,
         **tools,
     )
 

@@ -199,6 +199,10 @@ class Result:
     reasoning: str | None = None
     tool_call_error: str | None = None
     stop_string: str | None = None  # the stop string that ended the output (finish_reason stop)
+    # Speculative decoding: draft tokens verified for this request, and how many came true
+    # (OpenAI's accepted/rejected_prediction_tokens are these and their difference).
+    draft_tokens: int = 0
+    draft_tokens_accepted: int = 0
 
     @property
     def ok(self) -> bool:

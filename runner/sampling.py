@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import hashlib
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -118,6 +119,27 @@ class SequenceSampler:
             self.recent.append(token)
         if self.constraint is not None:
             self.constraint.accept(token)
+
+    @contextmanager
+    def advanced(self, tokens: Sequence[int]) -> Iterator[SequenceSampler]:
+        """This sampler as it will be once `tokens` are accepted (a draft's later rows are
+        sampled so), and as it was again afterwards, whatever happens inside."""
+        recent = None if self.recent is None else self.recent.copy()
+        num_consumed = 0
+        try:
+            self.num_accepted += len(tokens)
+            if self.recent is not None:
+                self.recent.extend(tokens)
+            if self.constraint is not None:
+                for token in tokens:
+                    self.constraint.accept(token)
+                    num_consumed += 1
+            yield self
+        finally:
+            self.num_accepted -= len(tokens)
+            self.recent = recent
+            if num_consumed:
+                self.constraint.rollback(num_consumed)
 
     @property
     def is_constraint_complete(self) -> bool:

@@ -107,6 +107,8 @@ class Sequence:
         self.n_past = 0  # tokens in the slot's KV; the next token goes at this position
         self._prompt_array: np.ndarray | None = None
         self.tokens_shifted_out = 0
+        self.num_drafted = 0  # draft tokens verified for it (speculative decoding)
+        self.num_draft_accepted = 0  # of those, how many came true and were output
         self.is_window_exhausted = False  # the window filled up and could not slide
         self.has_reached_stop_string = False
         self.schema_error: str | None = None  # why the finished output does not validate
@@ -252,6 +254,13 @@ class Sequence:
             if self.num_prompt_remaining == 0:
                 self._move_to(SequenceStatus.DECODING)
                 self.prefilled_at = now
+
+    def record_draft(self, num_drafted: int, num_kept: int) -> None:
+        """A step verified num_drafted draft tokens after its newest token and num_kept of them
+        came true: the others left the slot's KV."""
+        self.n_past -= num_drafted - num_kept
+        self.num_drafted += num_drafted
+        self.num_draft_accepted += num_kept
 
     def record_shift(self, keep: int, discard: int) -> None:
         """The slot's KV dropped `discard` positions after `keep` and moved the rest back."""

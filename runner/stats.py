@@ -44,6 +44,8 @@ class RunStats:
     prompt_tokens_restored: int = 0  # of those, the ones restored from host memory
     num_preempted: int = 0  # times a sequence left its slot for one of higher priority (or a full KV pool)
     num_pool_evictions: int = 0  # kept prefixes (idle conversations) moved out of a full KV pool
+    draft_tokens: int = 0  # speculative decoding: draft tokens verified
+    draft_tokens_accepted: int = 0  # of those, how many came true
 
     @property
     def prefix_hit_rate(self) -> float | None:
@@ -77,6 +79,8 @@ class StatsRecorder:
         self.prefill_seconds = 0.0
         self.prefill_step_tokens = 0
         self.generated_tokens = 0
+        self.draft_tokens = 0
+        self.draft_tokens_accepted = 0
         self.prompt_tokens = 0
         self.first_submit_at: float | None = None
         self.last_finish_at: float | None = None
@@ -102,6 +106,10 @@ class StatsRecorder:
 
     def note_preemption(self) -> None:
         self.num_preempted += 1
+
+    def note_draft(self, num_drafted: int, num_kept: int) -> None:
+        self.draft_tokens += num_drafted
+        self.draft_tokens_accepted += num_kept
 
     def note_pool_eviction(self) -> None:
         self.num_pool_evictions += 1
@@ -164,6 +172,8 @@ class StatsRecorder:
             prompt_tokens_reused=self.prompt_tokens_reused,
             prompt_tokens_restored=self.prompt_tokens_restored,
             num_preempted=self.num_preempted,
+            draft_tokens=self.draft_tokens,
+            draft_tokens_accepted=self.draft_tokens_accepted,
             num_pool_evictions=self.num_pool_evictions,
         )
 
@@ -187,6 +197,8 @@ class SlotSnapshot:
     text_tail: str
     is_slid: bool  # its prompt was slid or its generation shifted
     cached_tokens: int = 0  # prompt tokens reused from a resident prefix (an idle slot: tokens kept)
+    draft_tokens: int = 0  # speculative decoding: draft tokens verified for its request
+    draft_tokens_accepted: int = 0  # of those, how many came true
 
 
 @dataclass(frozen=True)
@@ -286,4 +298,6 @@ def _slot_snapshot(slot: int, seq: Sequence | None, window: int, now: float, num
         text_tail="".join(seq.text_parts[-_TAIL_PIECES:])[-_TAIL_CHARS:],
         is_slid=seq.is_truncated,
         cached_tokens=seq.num_cached,
+        draft_tokens=seq.num_drafted,
+        draft_tokens_accepted=seq.num_draft_accepted,
     )

@@ -139,6 +139,8 @@ class FakeBackend:
         self.saves: list[int] = []  # slots whose state was saved to host memory
         self.state_bytes_per_token = state_bytes_per_token  # padding, to give saved states a size
         self.restores: list[tuple[int, int]] = []  # (slot, length) of every state restored
+        self.rewinds: list[tuple[int, int]] = []  # (slot, length) of every rejected draft removed
+        self.num_drafted_fed = 0  # draft tokens decoded (verified)
         self.refused_reuses: list[tuple[int, int, int]] = []  # those whose source had lost its start
         self.sliding_window = sliding_window
         self.chunk_rules = chunk_rules
@@ -232,7 +234,8 @@ class FakeBackend:
                                     else "llama_decode found no KV slot for the batch")
         # A slot with a sampled token not yet fed back is decoding: its entry is that token.
         # Any other slot's entry is prompt tokens.
-        is_decode = [self.has_pending_token[entry.slot] for entry in entries]
+        # (A draft comes only with a decoding slot's token, even one whose KV was just restored.)
+        is_decode = [self.has_pending_token[entry.slot] or entry.num_drafted > 0 for entry in entries]
         self.calls.append(DecodeCall(
             entries=[(entry.slot, len(entry.tokens), not decode) for entry, decode in zip(entries, is_decode)],
             num_tokens=num_tokens,
@@ -248,23 +251,31 @@ class FakeBackend:
             self._new_cells(entry.slot, len(entry.tokens))
             kv = self.kv[entry.slot]
             assert entry.start_pos == len(kv), f"slot {entry.slot}: token at {entry.start_pos}, KV holds {len(kv)}"
-            kv.extend(entry.tokens)
-            assert len(kv) <= self.window, f"slot {entry.slot} outgrew its {self.window}-token window"
+            assert entry.start_pos + len(entry.tokens) <= self.window, \
+                f"slot {entry.slot} outgrew its {self.window}-token window"
+            if decode:
+                # Its token, then the draft to verify (if any): a row after each of them.
+                assert len(entry.tokens) == entry.num_drafted + 1 and entry.wants_output, \
+                    "a decoding slot feeds back exactly its token and its draft"
+                self.num_drafted_fed += entry.num_drafted
+                for token in entry.tokens:
+                    kv.append(token)
+                    self.num_generated_fed[entry.slot] += 1
+                    rows.append(self._logits(entry.slot))
+            else:
+                assert not entry.num_drafted, "only a decoding slot's entry has a draft"
+                kv.extend(entry.tokens)
+                self.prompts[entry.slot].extend(entry.tokens)
+                if entry.wants_output:
+                    rows.append(self._logits(entry.slot))
             if self.sliding_window is not None:
                 self.forgotten_below[entry.slot] = max(self.forgotten_below[entry.slot], len(kv) - self.sliding_window)
-            if decode:
-                assert len(entry.tokens) == 1 and entry.wants_output, "a decoding slot feeds back exactly its token"
-                self.num_generated_fed[entry.slot] += 1
-            else:
-                self.prompts[entry.slot].extend(entry.tokens)
             self.has_pending_token[entry.slot] = entry.wants_output
-            if entry.wants_output:
-                rows.append(self._logits(entry.slot))
         if self.decode_delay:
             time.sleep(self.decode_delay)
         self.last_decode_seconds = time.perf_counter() - started
         self.last_rows = np.array(rows, dtype=np.float32).reshape(len(rows), VOCAB)
-        self.last_output_slots = [entry.slot for entry in entries if entry.wants_output]
+        self.last_output_slots = [entry.slot for entry in entries for _ in range(entry.num_outputs)]
         return self.last_rows.copy()  # the engine may change its rows in place
 
     # --- KV ----------------------------------------------------------------------------------
@@ -311,6 +322,17 @@ class FakeBackend:
 
     def undo_failed_decode(self, slot: int, start_pos: int) -> bool:
         assert len(self.kv[slot]) == start_pos, "the fake's failed decodes write nothing"
+        return True
+
+    def rewind_slot(self, slot: int, length: int) -> bool:
+        """A verified draft's rejected tokens go: they were the last generated tokens fed."""
+        self._note_kv_change(f"rewind slot {slot}")
+        removed = len(self.kv[slot]) - length
+        assert 0 <= removed <= self.num_generated_fed[slot], "only fed-back generated tokens are rewound"
+        self.rewinds.append((slot, length))
+        del self.kv[slot][length:]
+        del self.cells[slot][len(self.cells[slot]) - removed:]
+        self.num_generated_fed[slot] -= removed
         return True
 
     def save_slot(self, slot: int) -> bytearray | None:

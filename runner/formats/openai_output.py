@@ -98,11 +98,17 @@ def response_id(is_chat: bool) -> str:
 def usage_of(results: list[Result]) -> dict[str, Any]:
     """Token usage of a response. The prompt is counted once, as OpenAI counts it for n > 1."""
     completion_tokens = sum(result.completion_tokens for result in results)
-    return {"prompt_tokens": results[0].prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": results[0].prompt_tokens + completion_tokens,
-            # cached_tokens as OpenAI counts it (all reused); the part restored from RAM (--cache-ram) apart
-            "prompt_tokens_details": {"cached_tokens": results[0].prompt_tokens_cached,
-                                      "cached_tokens_from_ram": results[0].prompt_tokens_from_ram}}
+    usage = {"prompt_tokens": results[0].prompt_tokens, "completion_tokens": completion_tokens,
+             "total_tokens": results[0].prompt_tokens + completion_tokens,
+             # cached_tokens as OpenAI counts it (all reused); the part restored from RAM (--cache-ram) apart
+             "prompt_tokens_details": {"cached_tokens": results[0].prompt_tokens_cached,
+                                       "cached_tokens_from_ram": results[0].prompt_tokens_from_ram}}
+    drafted = sum(result.draft_tokens for result in results)
+    if drafted:  # speculative decoding's draft tokens, in the fields OpenAI gives predicted outputs
+        accepted = sum(result.draft_tokens_accepted for result in results)
+        usage["completion_tokens_details"] = {"accepted_prediction_tokens": accepted,
+                                              "rejected_prediction_tokens": drafted - accepted}
+    return usage
 
 
 def completion_body(item: PromptItem, results: list[Result], model_name: str, body_id: str | None = None,

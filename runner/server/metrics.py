@@ -133,6 +133,9 @@ class _EngineCollector:
                        stats.num_preempted)
         yield _counter("multiseq_prompt_tokens_from_ram", "Prompt tokens restored from the RAM cache",
                        stats.prompt_tokens_restored)
+        yield _counter("multiseq_draft_tokens", "Speculative decoding: draft tokens verified", stats.draft_tokens)
+        yield _counter("multiseq_draft_tokens_accepted", "Speculative decoding: draft tokens that came true and "
+                       "were output", stats.draft_tokens_accepted)
         if snapshot.host_cache is not None:
             yield from _ram_cache_metrics(snapshot.host_cache)
 

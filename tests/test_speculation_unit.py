@@ -1,0 +1,215 @@
+"""Speculative decoding on the fake backend: drafts from a session's own text (and from the pool
+the sessions share) verified inside the step give exactly the tokens of plain decoding, greedy
+and seeded, with stop strings, max_tokens, schemas, log probabilities, a shared KV pool and
+preemption; and the rules that decide how long a draft is."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from fakes import FakeBackend
+from helpers import run_until_done
+from multiseq import Engine, Priority, Request, RunnerConfig, SamplingParams
+from multiseq.speculation import SessionText, SharedNgrams, StepCost
+
+# The fake's reply repeats text of its prompt, as an agent rewriting a file does.
+FILE = "def area(width, height):\n    return width * height\n\n" * 3
+REPLIES = {f"Rewrite:\n{FILE}": FILE.replace("area", "surface") + "done."}
+
+
+def make_engine(spec_type: str = "ngram-simple", num_slots: int = 4, noisy: bool = False, pool: int | None = None,
+                **config) -> tuple[Engine, FakeBackend]:
+    backend = FakeBackend(num_slots=num_slots, window=512 if pool is None else pool, n_batch=256, replies=REPLIES,
+                          noisy=noisy, pool_size=pool, state_bytes_per_token=8)
+    size = {"slot_ctx": 512} if pool is None else {"kv_pool": pool}
+    engine = Engine(RunnerConfig(parallel=num_slots, n_batch=256, threads=1, seed=0, spec_type=spec_type,
+                                 **size, **config), backend)
+    return engine, backend
+
+
+def run(requests: dict[str, SamplingParams], prompt: str = f"Rewrite:\n{FILE}", **engine_config):
+    engine, backend = make_engine(**engine_config)
+    for request_id, params in requests.items():
+        engine.add(engine.new_sequence(Request(prompt=prompt, sampling=params), request_id))
+    return run_until_done(engine), backend
+
+
+GREEDY = SamplingParams(max_tokens=200, temperature=0)
+
+
+def test_greedy_drafts_from_the_prompt_give_the_plain_text_in_fewer_steps():
+    plain, plain_backend = run({"a": GREEDY}, spec_type="none")
+    fast, backend = run({"a": GREEDY})
+    assert fast["a"].text == plain["a"].text == REPLIES[f"Rewrite:\n{FILE}"]
+    assert backend.num_drafted_fed > 0 and fast["a"].draft_tokens_accepted > 0
+    assert fast["a"].draft_tokens == backend.num_drafted_fed
+    assert len(backend.calls) < len(plain_backend.calls) * 0.6, "copied text takes fewer steps"
+    assert plain["a"].draft_tokens == 0
+
+
+def test_a_cycling_output_is_drafted_from_its_own_output():
+    """The fake's default output counts bytes upward: after one lap, its own output predicts it."""
+    params = SamplingParams(max_tokens=600, temperature=0, ignore_eos=True)
+    plain, _ = run({"a": params}, prompt="x", spec_type="none")
+    fast, backend = run({"a": params}, prompt="x", spec_type="ngram-simple")
+    assert fast["a"].text == plain["a"].text and fast["a"].completion_tokens == 600 - 0
+    assert fast["a"].draft_tokens_accepted > 200
+
+
+@pytest.mark.parametrize("spec_type", ["ngram-simple", "ngram-mod"])
+def test_seeded_sampling_gives_the_same_tokens_with_drafts(spec_type):
+    """Each draft row is drawn with the uniform number of that token's index: a seeded request
+    gives the same text with and without speculation. At temperature 10 and top_k 3 the fake's
+    scripted token comes 79% of the time: drafts are kept and rejected."""
+    requests = {f"r{seed}": SamplingParams(max_tokens=120, temperature=10.0, top_k=3, top_p=1.0, min_p=0.0, seed=seed)
+                for seed in range(6)}
+    plain, _ = run(requests, spec_type="none")
+    fast, backend = run(requests, spec_type=spec_type, spec_ngram_size=2)
+    assert {key: result.text for key, result in fast.items()} == {key: result.text for key, result in plain.items()}
+    drafted = sum(result.draft_tokens for result in fast.values())
+    accepted = sum(result.draft_tokens_accepted for result in fast.values())
+    assert 0 < accepted < drafted, "some drafts were kept, some rejected"
+
+
+def test_a_drafted_token_is_kept_as_often_as_the_model_gives_it():
+    """The standard rule for a draft that is one token with certainty: it is kept with the
+    probability the model gives it. The fake scripts "c", "a", "b" after the prompt "abcab",
+    each with probability p = 1/(1 + e^-1) (its peak of 20 at temperature 20 against one other
+    candidate at top_k 2). After a "c", the draft is "ab" (what followed "c" in the prompt), and
+    the row after the drafted "a" decides the third token: over 600 seeds it is "b" p of the
+    time; a rule that kept drafts it should not would give more (about 0.93)."""
+    p = 1 / (1 + math.exp(-1))
+    backend = FakeBackend(num_slots=1, window=64, n_batch=64, replies={"abcab": "cabc"})
+    engine = Engine(RunnerConfig(parallel=1, slot_ctx=64, n_batch=64, threads=1, seed=0, spec_type="ngram-simple",
+                                 spec_ngram_size=1), backend)
+    trials, counts, drafted = 600, [0, 0, 0], 0
+    for seed in range(trials):
+        params = SamplingParams(max_tokens=4, temperature=20.0, top_k=2, top_p=1.0, min_p=0.0, seed=seed)
+        seq = engine.new_sequence(Request(prompt="abcab", sampling=params), f"s{seed}")
+        engine.add(seq)
+        run_until_done(engine)
+        engine.clear_prefix_cache()
+        for index, scripted in enumerate(b"cab"):
+            counts[index] += seq.output_tokens[index] == scripted
+        drafted += seq.num_drafted > 0
+    sigma = math.sqrt(p * (1 - p) / trials)
+    for count in counts:
+        assert abs(count / trials - p) < 4 * sigma, (counts, p)
+    assert drafted > trials * p * 0.8, "after a 'c', the next tokens were verified as a draft"
+
+
+def test_a_stop_string_inside_a_draft_ends_the_output_where_plain_decoding_does():
+    params = SamplingParams(max_tokens=200, temperature=0, stop=("height\n\ndef",))
+    plain, _ = run({"a": params}, spec_type="none")
+    fast, backend = run({"a": params})
+    assert fast["a"].text == plain["a"].text and fast["a"].stop_string == "height\n\ndef"
+    assert backend.num_drafted_fed > 0
+
+
+@pytest.mark.parametrize("max_tokens", [1, 2, 7, 40])
+def test_max_tokens_holds_with_drafts(max_tokens):
+    params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
+    fast, _ = run({"a": params})
+    plain, _ = run({"a": params}, spec_type="none")
+    assert fast["a"].completion_tokens == max_tokens and fast["a"].text == plain["a"].text
+
+
+def test_log_probabilities_are_those_of_plain_decoding():
+    params = SamplingParams(max_tokens=60, temperature=0, logprobs=True, top_logprobs=2)
+    plain, _ = run({"a": params}, spec_type="none")
+    fast, backend = run({"a": params})
+    assert fast["a"].logprobs == plain["a"].logprobs and backend.num_drafted_fed > 0
+
+
+def test_a_grammar_checks_every_drafted_token():
+    """The grammar allows the file's text with "area" but never "surface": the drafted tokens
+    pass through the constraint row by row, and the output is plain decoding's."""
+    grammar = 'root ::= ( [a-z(), :*\\n] | "    " )+ "done."'
+    params = SamplingParams(max_tokens=200, temperature=0, grammar=grammar)
+    plain, _ = run({"a": params}, spec_type="none")
+    fast, backend = run({"a": params})
+    assert fast["a"].text == plain["a"].text and fast["a"].ok
+    assert fast["a"].draft_tokens_accepted > 0
+
+
+def test_a_shared_pool_counts_the_cells_a_rejected_draft_gives_back():
+    params = SamplingParams(max_tokens=200, temperature=0)
+    engine, backend = make_engine(pool=1024)
+    for request_id in "abc":
+        engine.add(engine.new_sequence(Request(prompt=f"Rewrite:\n{FILE}", sampling=params), request_id))
+
+    def cells_agree() -> None:
+        assert engine.pool.num_used == backend.num_cells_used
+        for seq in engine.scheduler.running:
+            assert len(backend.kv[seq.slot]) == seq.n_past
+
+    results = run_until_done(engine, after_each_step=cells_agree)
+    assert {result.text for result in results.values()} == {REPLIES[f"Rewrite:\n{FILE}"]}
+    assert backend.rewinds, "rejected drafts left the KV"
+
+
+def preempted_run(spec_type: str):
+    """A batch request parked (its KV to host memory) for an interactive one once it has 300
+    tokens out (drafting from its own output by then), then resumed: its result and the engine."""
+    engine, backend = make_engine(spec_type, num_slots=1, cache_ram_mib=64)
+    params = SamplingParams(max_tokens=450, temperature=0, ignore_eos=True)  # its bytes repeat after 256
+    batch = engine.new_sequence(Request(prompt="x", sampling=params), "batch")
+    engine.add(batch)
+    while len(batch.output_tokens) < 300:
+        engine.step()
+    urgent = Request(prompt="y", sampling=SamplingParams(max_tokens=5, temperature=0), priority=Priority.INTERACTIVE)
+    engine.add(engine.new_sequence(urgent, "urgent"))
+    return run_until_done(engine)["batch"], engine
+
+
+def test_a_preempted_drafting_sequence_resumes_with_the_plain_text():
+    plain, _ = preempted_run("none")
+    fast, engine = preempted_run("ngram-simple")
+    assert engine.stats.num_preempted == 1 and fast.draft_tokens_accepted > 0
+    assert fast.text == plain.text and fast.completion_tokens == 450
+
+
+def test_session_text_drafts_what_followed_the_latest_match():
+    text = SessionText([1, 2, 3, 4, 9, 1, 2, 3, 5, 6, 7, 1, 2], ngram=2)
+    assert text.draft(3) == [3, 5, 6], "the latest place [1, 2] occurred, not the first"
+    text.extend([3])
+    assert text.draft(2) == [5, 6]
+    assert SessionText([1, 2], ngram=2).draft(4) == [], "no earlier place"
+
+
+def test_the_shared_pool_follows_a_chain_and_forgets_its_oldest():
+    shared = SharedNgrams(ngram=2, capacity=3)
+    shared.note([1, 2, 3, 4, 5])
+    assert shared.draft([0, 1, 2], 5) == [3, 4, 5]
+    shared.note([7, 8, 9])
+    assert shared.draft([1, 2], 5) == [], "the oldest n-gram went"
+
+
+def test_the_step_cost_fit_finds_what_one_more_token_costs():
+    cost = StepCost()
+    assert cost.per_token() is None
+    for tokens in (1, 4, 8, 16, 1, 8):
+        cost.note(tokens, 0.010 + 0.002 * tokens)
+    assert cost.per_token() == pytest.approx(0.002)
+    assert cost.seconds(10) == pytest.approx(0.030)
+
+
+def test_drafts_stand_aside_when_each_token_costs_its_share_of_the_step():
+    """Where a step's cost is all per token (as on a busy CPU), a draft token pays only if it is
+    surely kept: at a 60% chance, four decoding sequences get no draft, and their drafts are
+    checked against what comes anyway (free), which raises the chance where they come true."""
+    engine, _ = make_engine(num_slots=4)
+    params = SamplingParams(max_tokens=120, temperature=0)
+    for request_id in "abcd":
+        engine.add(engine.new_sequence(Request(prompt=f"Rewrite:\n{FILE}", sampling=params), request_id))
+    while sum(seq.status.value == "decode" for seq in engine.scheduler.running) < 4:
+        engine.step()
+    engine.speculator.cost = StepCost()  # what this machine's steps cost: 4 ms a token, nothing fixed
+    for tokens in (1, 2, 4, 8, 12, 16):
+        engine.speculator.note_step(tokens, 0.004 * tokens)
+    plan = engine.schedule()
+    assert plan.num_decode_tokens == 4 and not any(chunk.entry.num_drafted for chunk in plan.chunks)
+    engine.update(engine.execute(plan))
+    run_until_done(engine)
