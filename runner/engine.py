@@ -372,7 +372,8 @@ class Engine:
             num_taken[seq] = len(seq.output_tokens) - num_before
         num_drafts_kept = self._settle_drafts(plan, num_taken)
         if self.speculator is not None:
-            self.speculator.note_step(plan.num_tokens, executed.decode_seconds)
+            # the decode and the sampling: verifying a draft's rows is host work too
+            self.speculator.note_step(plan.num_tokens, executed.decode_seconds + executed.sample_seconds)
         self._retire_ending([chunk.seq for chunk in plan.chunks] + [seq for seq, _ in executed.failed])
         self._outbox.num_tokens_decoded += plan.num_tokens
         if plan.chunks and not plan.num_decode_tokens:  # what prefilling costs, for whether a restore pays

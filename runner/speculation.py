@@ -42,6 +42,10 @@ from .sequence import Sequence
 SHARED_NGRAMS = 1 << 18  # n-grams the shared pool remembers (about 40 MB of Python objects at most)
 PRIOR_ACCEPTANCE = 0.6  # a new sequence's chance that a draft token is kept, until it has drafted
 ACCEPTANCE_MEMORY = 0.7  # weight of the past in a sequence's acceptance estimate, per verification
+# Most sequences decoding in a step for drafts to go in. llama.cpp splits a step whose sequences
+# hold unequal numbers of tokens into several micro-batches: 16 chats with drafts (98% kept) ran
+# at 0.66x of no drafts, Gemma 3 270M, 2 cores; 4 edit sessions gained 1.13x.
+MAX_DRAFTING_SEQUENCES = 4
 
 
 class SessionText:
@@ -211,7 +215,7 @@ class Speculator:
         room = max_batch_tokens - plan.num_tokens
         if free_cells is not None:
             room = min(room, free_cells - plan.num_tokens)
-        if not decoding or room <= 0:
+        if not decoding or room <= 0 or len(decoding) > MAX_DRAFTING_SEQUENCES:
             return plan
         candidates = {}
         for chunk in decoding:

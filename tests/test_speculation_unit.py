@@ -19,6 +19,14 @@ FILE = "def area(width, height):\n    return width * height\n\n" * 3
 REPLIES = {f"Rewrite:\n{FILE}": FILE.replace("area", "surface") + "done."}
 
 
+class GpuLikeCost(StepCost):
+    """Steps whose cost is mostly fixed (10 ms, 1 ms a token), as on a GPU: the fake's own
+    timings are microseconds of host work and would make the rule depend on this machine."""
+
+    def note(self, num_tokens: int, seconds: float) -> None:
+        super().note(num_tokens, 0.010 + 0.001 * num_tokens)
+
+
 def make_engine(spec_type: str = "ngram-simple", num_slots: int = 4, noisy: bool = False, pool: int | None = None,
                 **config) -> tuple[Engine, FakeBackend]:
     backend = FakeBackend(num_slots=num_slots, window=512 if pool is None else pool, n_batch=256, replies=REPLIES,
@@ -26,6 +34,8 @@ def make_engine(spec_type: str = "ngram-simple", num_slots: int = 4, noisy: bool
     size = {"slot_ctx": 512} if pool is None else {"kv_pool": pool}
     engine = Engine(RunnerConfig(parallel=num_slots, n_batch=256, threads=1, seed=0, spec_type=spec_type,
                                  **size, **config), backend)
+    if engine.speculator is not None:
+        engine.speculator.cost = GpuLikeCost()
     return engine, backend
 
 
@@ -84,6 +94,7 @@ def test_a_drafted_token_is_kept_as_often_as_the_model_gives_it():
     backend = FakeBackend(num_slots=1, window=64, n_batch=64, replies={"abcab": "cabc"})
     engine = Engine(RunnerConfig(parallel=1, slot_ctx=64, n_batch=64, threads=1, seed=0, spec_type="ngram-simple",
                                  spec_ngram_size=1), backend)
+    engine.speculator.cost = GpuLikeCost()
     trials, counts, drafted = 600, [0, 0, 0], 0
     for seed in range(trials):
         params = SamplingParams(max_tokens=4, temperature=20.0, top_k=2, top_p=1.0, min_p=0.0, seed=seed)
