@@ -385,6 +385,10 @@ def _stream_completion(base: str, body: dict, timeout_s: float) -> dict:
         "predicted_n": int(timings.get("predicted_n", -1)),
         "prompt_n": int(timings.get("prompt_n", -1)),
         "tokens_evaluated": int(final.get("tokens_evaluated", -1)),
+        "predicted_per_second": timings.get("predicted_per_second"),
+        # with --spec-type: draft tokens verified, and how many were kept
+        "draft_n": int(timings.get("draft_n", 0)),
+        "draft_n_accepted": int(timings.get("draft_n_accepted", 0)),
         "stop_type": final.get("stop_type"),
         "text": "".join(pieces),
     }
@@ -497,7 +501,10 @@ def run_llama_server(tools: LlamaTools, model_path, prompts: list[str], max_toke
     return _summary("llama-server" + (" prompt-cache" if prompt_cache else ""), [r["ttft_s"] for r in results],
                     sum(r["tokens_predicted"] for r in results),
                     sum(r["prompt_n"] for r in results), wall,
-                    parallel=parallel, command=" ".join(cmd), texts=[r["text"] for r in results])
+                    parallel=parallel, command=" ".join(cmd), texts=[r["text"] for r in results],
+                    decode_rates=[r["predicted_per_second"] for r in results],
+                    draft_tokens=sum(r["draft_n"] for r in results),
+                    draft_tokens_accepted=sum(r["draft_n_accepted"] for r in results))
 
 
 def _drive_clients(base: str, prompts: list[str], parallel: int, timeout_s: float,

@@ -45,7 +45,7 @@ def step_seconds(backend: LlamaBackend, contexts: list[list[int]], num_drafted: 
         backend.decode(entries)
         times.append(time.perf_counter() - started)
         for slot, context in enumerate(contexts):
-            backend.undo_failed_decode(slot, len(context) - 1)  # the step's tokens go again
+            backend.rewind_slot(slot, len(context) - 1)  # the step's tokens go again, as a rejected draft's
     return statistics.median(times)
 
 

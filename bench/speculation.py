@@ -14,8 +14,8 @@ write it back with a name changed; greedy, exactly --tokens tokens (ignore_eos).
 template and sent as raw text to both servers, so both see the same tokens.
 
 multiseq runs in process (the Runner, as batch-run and serve use it), once per --spec-types
-entry; llama-server (bench/peers.py builds it from the llama.cpp llama-cpp-python vendors) once
-without speculation and once per --server-spec entry. Reported per run: output tokens over the
+entry; llama-server (bench/peers.py builds and drives it: one streaming client per prompt, after
+a warm-up request) once without speculation and once per --server-spec entry. Reported per run: output tokens over the
 wall time of the whole set (prefill included, the same on both sides), the decode rate of each
 request (its tokens after the first, over the time after its first), draft tokens verified and
 accepted, and whether each text equals the same server's text without speculation.
@@ -31,11 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
-import tempfile
-import threading
 import time
-import urllib.request
 from pathlib import Path
 
 import peers  # bench/ is the script's own folder, first on sys.path
@@ -96,45 +92,13 @@ def multiseq_prompts(model: str, sessions: int) -> list[str]:
 
 def run_server(tools, model: str, prompts: list[str], tokens: int, threads: int, spec_type: str | None,
                draft_max: int) -> dict:
-    port = peers._free_port()
-    base = f"http://127.0.0.1:{port}"
+    """llama-server -np len(prompts), greedy, each prompt from its own client (bench/peers.py)."""
     spec = [] if spec_type is None else ["--spec-type", spec_type, "--spec-draft-n-max", str(draft_max)]
-    command = peers.server_command(tools, resolve(model).path, len(prompts), threads, SLOT_CTX, port, extra_args=spec)
-    with tempfile.TemporaryDirectory(prefix="multiseq-spec-") as tmp:
-        log_path = Path(tmp) / "server.log"
-        with open(log_path, "wb") as log_file:
-            process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        try:
-            peers._wait_healthy(process, base)
-            replies: list[dict | None] = [None] * len(prompts)
-
-            def ask(index: int) -> None:
-                body = {"prompt": prompts[index], "n_predict": tokens, "temperature": 0, "ignore_eos": True,
-                        "cache_prompt": False}
-                request = urllib.request.Request(base + "/completion", data=json.dumps(body).encode(),
-                                                 headers={"Content-Type": "application/json"})
-                with peers._HTTP.open(request, timeout=1200) as response:
-                    replies[index] = json.load(response)
-
-            started = time.perf_counter()
-            threads_ = [threading.Thread(target=ask, args=(index,)) for index in range(len(prompts))]
-            for thread in threads_:
-                thread.start()
-            for thread in threads_:
-                thread.join()
-            seconds = time.perf_counter() - started
-        except Exception as error:
-            raise RuntimeError(f"llama-server failed: {error}\n{peers._tail(log_path)}") from error
-        finally:
-            peers._stop(process)
-    if any(reply is None for reply in replies):
-        raise RuntimeError(f"llama-server left a request unanswered\n{peers._tail(log_path)}")
-    timings = [reply.get("timings", {}) for reply in replies]
-    return {"texts": [reply["content"] for reply in replies], "seconds": seconds,
-            "output_tokens": sum(reply["tokens_predicted"] for reply in replies),
-            "decode_rates": [timing.get("predicted_per_second") for timing in timings],
-            "drafted": sum(timing.get("draft_n", 0) for timing in timings),
-            "accepted": sum(timing.get("draft_n_accepted", 0) for timing in timings)}
+    figure = peers.run_llama_server(tools, resolve(model).path, prompts, tokens, len(prompts), threads, SLOT_CTX,
+                                    {"temperature": 0}, log=lambda _: None, extra_args=spec)
+    return {"texts": figure["texts"], "seconds": figure["wall_s"], "output_tokens": figure["generated_tokens"],
+            "decode_rates": figure["decode_rates"], "drafted": figure["draft_tokens"],
+            "accepted": figure["draft_tokens_accepted"]}
 
 
 # --- 16 distinct chats ----------------------------------------------------------------------

@@ -64,14 +64,11 @@ class RowSampling:
         if not self.uses_graph:
             return [False] * len(seqs)
         # A step that verifies drafts has several rows for a sequence: the host samples them all.
-        if any(chunk.entry.num_drafted for chunk in plan.chunks):
-            for slot in list(self._held):
-                self._release(slot)
-            return [False] * len(seqs)
-        in_step = {chunk.seq.slot for chunk in plan.chunks}
+        drafting = any(chunk.entry.num_drafted for chunk in plan.chunks)
+        in_step = set() if drafting else {chunk.seq.slot for chunk in plan.chunks}
         for slot in [slot for slot in self._held if slot not in in_step]:
             self._release(slot)
-        return [self._ensure_chain(seq) for seq in seqs]
+        return [False] * len(seqs) if drafting else [self._ensure_chain(seq) for seq in seqs]
 
     def _ensure_chain(self, seq: Sequence) -> bool:
         spec = seq.sampler.chain_spec

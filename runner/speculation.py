@@ -203,8 +203,6 @@ class Speculator:
         self.cost = StepCost()
         self.shared = SharedNgrams(self.ngram) if config.spec_type == "ngram-mod" else None
         self._drafting: dict[Sequence, _Drafting] = {}  # of the sequences decoding lately
-        self.num_drafted = 0
-        self.num_accepted = 0
 
     # --- before the decode ------------------------------------------------------------------
 
@@ -304,8 +302,6 @@ class Speculator:
         state = self._drafting.get(seq)
         if state is not None:
             state.note_verified(num_drafted, num_kept)
-        self.num_drafted += num_drafted
-        self.num_accepted += num_kept
 
 
 def verify_draft(rows: np.ndarray, sampler: SequenceSampler, first: Sampled, draft: Seq[int]) -> list[Sampled]:
@@ -318,8 +314,8 @@ def verify_draft(rows: np.ndarray, sampler: SequenceSampler, first: Sampled, dra
         if token != drafted:
             break
         ahead = [first.token, *(sampled.token for sampled in taken)]
-        with sampler.advanced(ahead):
-            [sampled] = sample_rows(rows[index + 1:index + 2].copy(), [sampler])
+        with sampler.advanced(ahead):  # each draft row is sampled once: scratch space, as sample_rows allows
+            [sampled] = sample_rows(rows[index + 1:index + 2], [sampler])
         taken.append(sampled)
         token = sampled.token
     return taken
