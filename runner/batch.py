@@ -33,6 +33,31 @@ class BatchEntry:
         return self.num_drafted + 1 if self.wants_output else 0
 
 
+def micro_batches(entry_lengths: list[tuple[int, int]], n_ubatch: int, stream_per_slot: bool) -> list[int]:
+    """The sizes of the micro-batches llama.cpp cuts a batch into, for entries given as (slot,
+    tokens) in batch order; each is a pass over the weights. With one KV stream (a shared pool,
+    or one slot), n_ubatch tokens each. With a stream per slot, a micro-batch takes the same
+    number of tokens from each slot of a run of consecutive slots (llama_batch_allocr::
+    split_equal, sequential): entries of unequal lengths, or a gap in the slots, cut a step in
+    several."""
+    if not stream_per_slot:
+        total = sum(length for _, length in entry_lengths)
+        return [n_ubatch] * (total // n_ubatch) + ([total % n_ubatch] if total % n_ubatch else [])
+    left = [length for _, length in entry_lengths]
+    slots = [slot for slot, _ in entry_lengths]
+    sizes = []
+    while any(left):
+        run: list[int] = []
+        for index, slot in enumerate(slots):
+            if left[index] and (not run or slot == slots[run[-1]] + 1):
+                run.append(index)
+        per_slot = min(min(left[index] for index in run), max(1, n_ubatch // len(run)))
+        for index in run:
+            left[index] -= per_slot
+        sizes.append(per_slot * len(run))
+    return sizes
+
+
 @dataclass(frozen=True)
 class ChunkRules:
     """How a backend wants prompts cut: chunks of at least `min_tokens` (or a prompt's whole

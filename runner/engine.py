@@ -137,7 +137,8 @@ class Engine:
         # go through its parser (and as nothing, llama.cpp's way, everywhere else).
         self._marker_bytes = self.tools.marker_tokens(backend)
         self.row_sampling = RowSampling(config.sampling, backend.graph_sampling)
-        self.speculator = Speculator(config, self.window) if config.spec_type != "none" else None
+        self.speculator = (Speculator(config, self.window, stream_per_slot=self.pool is None and config.parallel > 1)
+                           if config.spec_type != "none" else None)
         self._num_failed_decodes = 0  # decodes failed since the last one that succeeded
 
     def _clamped_n_discard(self) -> int:
@@ -373,7 +374,7 @@ class Engine:
         num_drafts_kept = self._settle_drafts(plan, num_taken)
         if self.speculator is not None:
             # the decode and the sampling: verifying a draft's rows is host work too
-            self.speculator.note_step(plan.num_tokens, executed.decode_seconds + executed.sample_seconds)
+            self.speculator.note_step(plan, executed.decode_seconds + executed.sample_seconds)
         self._retire_ending([chunk.seq for chunk in plan.chunks] + [seq for seq, _ in executed.failed])
         self._outbox.num_tokens_decoded += plan.num_tokens
         if plan.chunks and not plan.num_decode_tokens:  # what prefilling costs, for whether a restore pays

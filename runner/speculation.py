@@ -28,11 +28,12 @@ batch already keeps the cores busy.
 
 from __future__ import annotations
 
+import bisect
 from collections import OrderedDict
 from collections.abc import Sequence as Seq
 import numpy as np
 
-from .batch import BatchEntry
+from .batch import BatchEntry, micro_batches
 from .config import RunnerConfig
 from .errors import RequestFault, request_fault
 from .planning import Chunk, StepPlan
@@ -42,10 +43,6 @@ from .sequence import Sequence
 SHARED_NGRAMS = 1 << 18  # n-grams the shared pool remembers (about 40 MB of Python objects at most)
 PRIOR_ACCEPTANCE = 0.6  # a new sequence's chance that a draft token is kept, until it has drafted
 ACCEPTANCE_MEMORY = 0.7  # weight of the past in a sequence's acceptance estimate, per verification
-# Most sequences decoding in a step for drafts to go in. llama.cpp splits a step whose sequences
-# hold unequal numbers of tokens into several micro-batches: 16 chats with drafts (98% kept) ran
-# at 0.66x of no drafts, Gemma 3 270M, 2 cores; 4 edit sessions gained 1.13x.
-MAX_DRAFTING_SEQUENCES = 4
 
 
 class SessionText:
@@ -108,13 +105,20 @@ class SharedNgrams:
 
 
 class StepCost:
-    """What a decode costs against the tokens in its batch, fitted as steps run: seconds =
-    fixed + per_token * tokens (least squares with a fading memory, so the fit follows the load)."""
+    """What a step costs by the tokens in it, learnt as steps run. A step's cost is not a
+    straight line in its tokens: a lone token takes llama.cpp's matrix-vector path and several
+    take its tiled matrix products, so the first draft token costs more than the next ones
+    (SmolLM2, one slot, 2 cores: 8.4 ms for 1 token, 20.5 for 2, 42 for 8). So each size seen
+    keeps a fading average of its seconds; between sizes seen the cost is read off a straight
+    line, and beyond them it grows by the slope of a least-squares line over every step."""
 
-    MEMORY = 0.98
+    MEMORY = 0.98  # weight of the past in the line, per step
+    SIZE_MEMORY = 0.7  # weight of the past in a size's average, per step of that size
 
     def __init__(self) -> None:
         self._n = self._x = self._y = self._xx = self._xy = 0.0
+        self._by_size: dict[int, float] = {}
+        self._sizes: list[int] = []  # the sizes seen, in order
 
     def note(self, num_tokens: int, seconds: float) -> None:
         m = self.MEMORY
@@ -123,9 +127,32 @@ class StepCost:
         self._y = self._y * m + seconds
         self._xx = self._xx * m + num_tokens * num_tokens
         self._xy = self._xy * m + num_tokens * seconds
+        self._note_size(num_tokens, seconds)
+
+    def note_parts(self, sizes: list[int], seconds: float) -> None:
+        """A step of several micro-batches: its seconds shared among them as the current costs
+        share them (so that a size only ever seen inside such steps is learnt too)."""
+        if len(sizes) == 1:
+            self.note(sizes[0], seconds)
+            return
+        parts = [self.seconds(size) for size in sizes]
+        if None in parts:
+            return
+        scale = seconds / sum(parts)
+        for size, part in zip(sizes, parts):
+            self._note_size(size, part * scale)
+
+    def _note_size(self, num_tokens: int, seconds: float) -> None:
+        known = self._by_size.get(num_tokens)
+        if known is None:
+            bisect.insort(self._sizes, num_tokens)
+            self._by_size[num_tokens] = seconds
+        else:
+            self._by_size[num_tokens] = self.SIZE_MEMORY * known + (1 - self.SIZE_MEMORY) * seconds
 
     def per_token(self) -> float | None:
-        """Seconds one more token adds to a step; None until steps of different sizes were seen."""
+        """Seconds one more token adds to a step, on the least-squares line; None until steps
+        of different sizes were seen."""
         spread = self._n * self._xx - self._x * self._x
         if self._n < 2 or spread <= 1e-9 * max(1.0, self._xx * self._n):
             return None
@@ -133,14 +160,22 @@ class StepCost:
         return max(slope, 0.0)
 
     def seconds(self, num_tokens: int) -> float | None:
-        """The fitted cost of a step of num_tokens (None before any step)."""
-        if self._n == 0:
-            return None
+        """The cost of a step of num_tokens (None until steps of two sizes were seen)."""
+        known = self._by_size.get(num_tokens)
+        if known is not None:
+            return known
         slope = self.per_token()
-        mean_x, mean_y = self._x / self._n, self._y / self._n
         if slope is None:
-            return mean_y
-        return max(mean_y + slope * (num_tokens - mean_x), 1e-6)
+            return None
+        sizes, costs = self._sizes, self._by_size
+        above = bisect.bisect(sizes, num_tokens)
+        if above == 0:
+            return max(costs[sizes[0]] - slope * (sizes[0] - num_tokens), 1e-6)
+        if above == len(sizes):
+            return costs[sizes[-1]] + slope * (num_tokens - sizes[-1])
+        low, high = sizes[above - 1], sizes[above]
+        share = (num_tokens - low) / (high - low)
+        return costs[low] + share * (costs[high] - costs[low])
 
 
 class _Drafting:
@@ -195,11 +230,13 @@ class _Drafting:
 class Speculator:
     """Adds drafts to a step's plan, verifies them after the decode, and learns from both."""
 
-    def __init__(self, config: RunnerConfig, window: int) -> None:
+    def __init__(self, config: RunnerConfig, window: int, stream_per_slot: bool) -> None:
         self.ngram = config.spec_ngram_size
         self.draft_max = config.spec_draft_max
         self.draft_min = config.spec_draft_min
         self.window = window
+        self.n_ubatch = config.n_batch  # the backend makes micro-batches as large as its batch
+        self.stream_per_slot = stream_per_slot  # KV windows: unequal entries split a step
         self.cost = StepCost()
         self.shared = SharedNgrams(self.ngram) if config.spec_type == "ngram-mod" else None
         self._drafting: dict[Sequence, _Drafting] = {}  # of the sequences decoding lately
@@ -213,7 +250,7 @@ class Speculator:
         room = max_batch_tokens - plan.num_tokens
         if free_cells is not None:
             room = min(room, free_cells - plan.num_tokens)
-        if not decoding or room <= 0 or len(decoding) > MAX_DRAFTING_SEQUENCES:
+        if not decoding or room <= 0:
             return plan
         candidates = {}
         for chunk in decoding:
@@ -224,7 +261,7 @@ class Speculator:
             return plan
         lengths = self._worthwhile_lengths(plan, candidates, room)
         for chunk in decoding:
-            if chunk.seq.slot in candidates and lengths[chunk.seq.slot] < self.draft_min:
+            if chunk.seq.slot in candidates and lengths.get(chunk.seq.slot, 0) < self.draft_min:
                 self._drafting[chunk.seq].unsent = candidates[chunk.seq.slot]
         chunks = []
         for chunk in plan.chunks:
@@ -268,40 +305,84 @@ class Speculator:
         return draft
 
     def _worthwhile_lengths(self, plan: StepPlan, candidates: dict[int, list[int]], room: int) -> dict[int, int]:
-        """How many of each candidate's draft tokens to verify. The i-th token of a draft is
-        kept with chance acceptance**i; it goes in while that chance, times the step's cost per
-        token it yields, is more than what one token adds to the step (before any cost is known:
-        every token the room allows)."""
-        per_token = self.cost.per_token()
-        offers = []  # (chance the token is kept, slot)
+        """How many of each candidate's draft tokens to verify: the most likely tokens first, as
+        many as give the step the most tokens per second of its cost (none when plain decoding
+        gives more). The i-th token of a draft is kept with chance acceptance**i. Before any
+        cost is known, every token the room allows (so that larger steps' cost is learnt)."""
+        offers = self._offers(plan, candidates)[:room]
+        if self.stream_per_slot and len(plan.chunks) > 1:
+            return self._uniform(plan, candidates, room)
+        count = len(offers)
+        if self.cost.per_token() is not None:
+            expected = float(plan.num_decode_tokens)  # tokens the step yields without drafts
+            count, best_rate = 0, expected / self.cost.seconds(plan.num_tokens)
+            for index, (chance, _) in enumerate(offers):
+                expected += chance
+                rate = expected / self.cost.seconds(plan.num_tokens + index + 1)
+                if rate > best_rate:
+                    count, best_rate = index + 1, rate
+        return _first_offers(candidates, offers, count)
+
+    def _offers(self, plan: StepPlan, candidates: dict[int, list[int]]) -> list[tuple[float, int]]:
+        """Every draft token as (the chance it is kept, its slot), most likely first."""
+        offers = []
         for chunk in plan.chunks:
             draft = candidates.get(chunk.seq.slot)
             if draft:
                 acceptance = self._drafting[chunk.seq].acceptance
                 offers += [(acceptance ** (index + 1), chunk.seq.slot) for index in range(len(draft))]
         offers.sort(key=lambda offer: -offer[0])
-        lengths = dict.fromkeys(candidates, 0)
-        expected = float(plan.num_decode_tokens)  # tokens the step yields without drafts
-        num_tokens = plan.num_tokens
-        for chance, slot in offers[:room]:
-            if per_token is not None:
-                step = self.cost.seconds(num_tokens)
-                if chance * step <= per_token * expected:  # (expected + chance) / (step + per_token) would fall
-                    break
-            lengths[slot] += 1
-            expected += chance
-            num_tokens += 1
-        return lengths
+        return offers
+
+    def _uniform(self, plan: StepPlan, candidates: dict[int, list[int]], room: int) -> dict[int, int]:
+        """With a KV stream per slot, llama.cpp cuts entries of unequal lengths into several
+        micro-batches, each a pass over the weights; a draft there is one length for every
+        decoding sequence, which keeps the step whole, or none. (Pricing the cut steps by their
+        micro-batches' sizes lost: Gemma 3 270M, 4 edit sessions, 95-106 against 106-117 tok/s;
+        a micro-batch's cost jumps between sizes, 16 tokens of a sequence 64.5 ms, 17 82 ms.)"""
+        decoding = [chunk.seq for chunk in plan.chunks if not chunk.is_prefill and chunk.entry.wants_output]
+        if any(seq.slot not in candidates for seq in decoding):
+            return {}
+        most = min(min(len(candidates[seq.slot]) for seq in decoding), room // len(decoding))
+        options = [dict.fromkeys((seq.slot for seq in decoding), length) for length in range(1, most + 1)]
+        if self.cost.per_token() is None:  # before a cost is known: drafts are tried
+            return options[-1] if options else {}
+        acceptance = {seq.slot: self._drafting[seq].acceptance for seq in decoding}
+        best, best_rate = {}, self._rate(plan, {}, acceptance)
+        for lengths in options:
+            rate = self._rate(plan, lengths, acceptance)
+            if rate > best_rate:
+                best, best_rate = lengths, rate
+        return best
+
+    def _rate(self, plan: StepPlan, lengths: dict[int, int], acceptance: dict[int, float]) -> float:
+        """Tokens the step is expected to yield per second of its cost, with these drafts."""
+        expected = plan.num_decode_tokens + sum(
+            sum(acceptance[slot] ** (index + 1) for index in range(length)) for slot, length in lengths.items())
+        return expected / sum(self.cost.seconds(size) for size in self._micro_batches(plan, lengths))
+
+    def _micro_batches(self, plan: StepPlan, lengths: dict[int, int]) -> list[int]:
+        entries = [(chunk.seq.slot, len(chunk.entry.tokens) + lengths.get(chunk.seq.slot, 0)) for chunk in plan.chunks]
+        return micro_batches(entries, self.n_ubatch, self.stream_per_slot)
 
     # --- after the decode ---------------------------------------------------------------------
 
-    def note_step(self, num_tokens: int, seconds: float) -> None:
-        self.cost.note(num_tokens, seconds)
+    def note_step(self, plan: StepPlan, seconds: float) -> None:
+        """What a step cost (its decode and sampling), by the sizes of its micro-batches."""
+        self.cost.note_parts(self._micro_batches(plan, {}), seconds)
 
     def note_verified(self, seq: Sequence, num_drafted: int, num_kept: int) -> None:
         state = self._drafting.get(seq)
         if state is not None:
             state.note_verified(num_drafted, num_kept)
+
+
+def _first_offers(candidates: dict[int, list[int]], offers: list[tuple[float, int]], count: int) -> dict[int, int]:
+    """The draft lengths that the first `count` offers make."""
+    lengths = dict.fromkeys(candidates, 0)
+    for _, slot in offers[:count]:
+        lengths[slot] += 1
+    return lengths
 
 
 def verify_draft(rows: np.ndarray, sampler: SequenceSampler, first: Sampled, draft: Seq[int]) -> list[Sampled]:

@@ -12,6 +12,7 @@ import pytest
 from fakes import FakeBackend
 from helpers import run_until_done
 from multiseq import Engine, Priority, Request, RunnerConfig, SamplingParams
+from multiseq.batch import micro_batches
 from multiseq.speculation import SessionText, SharedNgrams, StepCost
 
 # The fake's reply repeats text of its prompt, as an agent rewriting a file does.
@@ -219,8 +220,114 @@ def test_drafts_stand_aside_when_each_token_costs_its_share_of_the_step():
         engine.step()
     engine.speculator.cost = StepCost()  # what this machine's steps cost: 4 ms a token, nothing fixed
     for tokens in (1, 2, 4, 8, 12, 16):
-        engine.speculator.note_step(tokens, 0.004 * tokens)
+        engine.speculator.cost.note(tokens, 0.004 * tokens)
     plan = engine.schedule()
     assert plan.num_decode_tokens == 4 and not any(chunk.entry.num_drafted for chunk in plan.chunks)
     engine.update(engine.execute(plan))
     run_until_done(engine)
+
+
+def test_micro_batches_are_counted_as_llama_cpp_cuts_a_batch():
+    """One KV stream: n_ubatch tokens a micro-batch. A stream per slot: a micro-batch takes as
+    many tokens from each slot of a run of consecutive slots, so unequal entries or a gap in
+    the slots cut the step."""
+    assert micro_batches([(0, 1), (1, 5), (3, 1)], 512, stream_per_slot=False) == [7]
+    assert micro_batches([(0, 300), (1, 300)], 512, stream_per_slot=False) == [512, 88]
+    assert micro_batches([(0, 3), (1, 3), (2, 3)], 512, stream_per_slot=True) == [9]
+    assert micro_batches([(0, 1), (1, 5), (2, 1)], 512, stream_per_slot=True) == [3, 4]
+    assert micro_batches([(0, 1), (1, 1), (3, 1)], 512, stream_per_slot=True) == [2, 1]
+    assert micro_batches([(0, 2), (1, 5), (2, 9)], 512, stream_per_slot=True) == [6, 6, 4]
+    assert micro_batches([(0, 100), (1, 100)], 64, stream_per_slot=True) == [64, 64, 64, 8]  # 32 of each at a time
+
+
+def _lengths_by_step(backend) -> list[dict[int, int]]:
+    return [{slot: length for slot, length, prefill in call.entries if not prefill} for call in backend.calls]
+
+
+class LearntCost(StepCost):
+    """A cost already learnt: `fixed` seconds a micro-batch and 1 ms a token."""
+
+    def __init__(self, fixed: float) -> None:
+        super().__init__()
+        self.fixed = fixed
+        for tokens in (1, 64):
+            self.note(tokens, 0)
+
+    def note(self, num_tokens: int, seconds: float) -> None:
+        super().note(num_tokens, self.fixed + 0.001 * num_tokens)
+
+
+def test_with_a_window_per_slot_drafts_never_cut_a_step_in_more_micro_batches():
+    """KV windows: llama.cpp decodes entries of unequal lengths as several micro-batches, each a
+    pass over the weights. Two sessions copying a file and one counting bytes (which has no
+    draft of its own) decode together: none drafts while the counter decodes, in one pass a
+    step. In a pool (one micro-batch whatever the lengths) the copying sessions draft beside
+    it. The texts are plain decoding's."""
+    counter = SamplingParams(max_tokens=200, temperature=0, ignore_eos=True)
+
+    def run_three(**config):
+        engine, backend = make_engine(num_slots=3, **config)
+        if engine.speculator is not None:
+            engine.speculator.cost = LearntCost(fixed=0.010)
+        for request_id in "ab":
+            engine.add(engine.new_sequence(Request(prompt=f"Rewrite:\n{FILE}", sampling=GREEDY), request_id))
+        engine.add(engine.new_sequence(Request(prompt="x", sampling=counter), "counter"))
+        return run_until_done(engine), backend
+
+    plain, _ = run_three(spec_type="none")
+    windows, window_backend = run_three()
+    pooled, pool_backend = run_three(pool=1536)
+    for results in (windows, pooled):
+        assert {key: result.text for key, result in results.items()} == {key: r.text for key, r in plain.items()}
+    assert all(len(set(lengths.values())) == 1 for lengths in _lengths_by_step(window_backend) if lengths)
+    assert windows["a"].draft_tokens == 0, "the counter had no draft while the copying sessions ran"
+    assert any(len(lengths) == 3 and len(set(lengths.values())) > 1 for lengths in _lengths_by_step(pool_backend)), \
+        "in a pool the copying sessions draft beside the counter"
+    assert pooled["a"].draft_tokens_accepted > 0
+
+
+def test_with_a_window_per_slot_sessions_that_all_copy_draft_the_same_length():
+    requests = {name: SamplingParams(max_tokens=max_tokens, temperature=0)
+                for name, max_tokens in (("a", 200), ("b", 150), ("c", 90))}
+    plain, _ = run(requests, spec_type="none")
+    fast, backend = run(requests)
+    assert {key: result.text for key, result in fast.items()} == {key: result.text for key, result in plain.items()}
+    steps = _lengths_by_step(backend)
+    assert all(len(set(lengths.values())) == 1 for lengths in steps if lengths), "equal entries in every step"
+    assert any(len(lengths) == 3 and min(lengths.values()) > 1 for lengths in steps), "all three drafted together"
+
+
+class CpuLikeCost(StepCost):
+    """SmolLM2's steps on one slot of a 2-core CPU: a lone token takes the matrix-vector path,
+    so the first draft token costs more than a whole step, and the next ones about half a step."""
+
+    CURVE = {1: 0.0084, 2: 0.0205, 3: 0.0209, 5: 0.0312, 9: 0.0497, 17: 0.083}
+
+    def __init__(self) -> None:
+        super().__init__()
+        for tokens, seconds in self.CURVE.items():
+            super().note(tokens, seconds)
+
+    def note(self, num_tokens: int, seconds: float) -> None:
+        pass
+
+
+def test_the_step_cost_is_read_per_size_between_and_beyond_the_sizes_seen():
+    cost = CpuLikeCost()
+    assert cost.seconds(2) == pytest.approx(0.0205), "a size seen is its own average"
+    assert cost.seconds(4) == pytest.approx((0.0209 + 0.0312) / 2), "between sizes seen, a straight line"
+    assert cost.seconds(21) > cost.seconds(17) > cost.seconds(16), "beyond them, the fitted slope"
+
+
+def test_a_draft_is_as_long_as_pays_on_a_cost_that_is_not_a_straight_line():
+    """With a CPU's cost curve a one-token draft never pays (it more than doubles the step for
+    less than one token more), while long drafts of a session that copies do: no step verifies
+    a single draft token, some verify eight or more, and the text is plain decoding's."""
+    plain, _ = run({"a": GREEDY}, spec_type="none")
+    engine, backend = make_engine(num_slots=1)
+    engine.speculator.cost = CpuLikeCost()
+    engine.add(engine.new_sequence(Request(prompt=f"Rewrite:\n{FILE}", sampling=GREEDY), "a"))
+    fast = run_until_done(engine)
+    assert fast["a"].text == plain["a"].text
+    drafts = [length - 1 for lengths in _lengths_by_step(backend) for length in lengths.values() if length > 1]
+    assert drafts and min(drafts) >= 2 and max(drafts) >= 8, drafts
