@@ -43,6 +43,7 @@ from .sequence import Sequence
 SHARED_NGRAMS = 1 << 18  # n-grams the shared pool remembers (about 40 MB of Python objects at most)
 PRIOR_ACCEPTANCE = 0.6  # a new sequence's chance that a draft token is kept, until it has drafted
 ACCEPTANCE_MEMORY = 0.7  # weight of the past in a sequence's acceptance estimate, per verification
+OWN_TEXT, SHARED_POOL = "own text", "shared pool"  # where a draft came from
 
 
 class SessionText:
@@ -183,7 +184,11 @@ class _Drafting:
 
     def __init__(self, seq: Sequence, ngram: int) -> None:
         self.text = SessionText(seq.prompt_tokens + seq.output_tokens, ngram)
-        self.acceptance = PRIOR_ACCEPTANCE
+        # How often draft tokens are kept, per source: the session's own text, or the pool the
+        # sessions share (whose chains guess more often wrong: one estimate would let them pull
+        # the session's own good drafts down).
+        self.estimates = {OWN_TEXT: PRIOR_ACCEPTANCE, SHARED_POOL: PRIOR_ACCEPTANCE}
+        self.source = OWN_TEXT  # of the latest draft found (sent or not)
         self.num_shared_noted = 0  # of its output tokens, how many the shared pool has learnt
         # A draft found but not worth verifying: the tokens that come next are checked against
         # it for free, so that a sequence whose drafts would be kept is found out.
@@ -214,17 +219,25 @@ class _Drafting:
             self.unsent = self.unsent[kept:]
             self.note_partial(kept)
 
+    @property
+    def acceptance(self) -> float:
+        """The chance that a token of the latest draft is kept, by its source's record."""
+        return self.estimates[self.source]
+
     def note_partial(self, num_kept: int) -> None:
         """Tokens of an unsent draft came true, and the rest is still open."""
         for _ in range(num_kept):
-            self.acceptance = ACCEPTANCE_MEMORY * self.acceptance + (1 - ACCEPTANCE_MEMORY)
+            self._note_rate(1.0)
 
     def note_verified(self, num_drafted: int, num_kept: int) -> None:
-        """A verification kept num_kept of num_drafted tokens: the kept ones were each a token
-        kept, the first rejected one a token lost."""
+        """A verification of the latest draft kept num_kept of num_drafted tokens: the kept
+        ones were each a token kept, the first rejected one a token lost."""
         trials = min(num_drafted, num_kept + 1)
-        rate = num_kept / trials
-        self.acceptance = ACCEPTANCE_MEMORY * self.acceptance + (1 - ACCEPTANCE_MEMORY) * rate
+        self._note_rate(num_kept / trials)
+
+    def _note_rate(self, rate: float) -> None:
+        estimate = self.estimates[self.source]
+        self.estimates[self.source] = ACCEPTANCE_MEMORY * estimate + (1 - ACCEPTANCE_MEMORY) * rate
 
 
 class Speculator:
@@ -299,9 +312,9 @@ class Speculator:
         if most < self.draft_min:
             return []
         state = self._state(seq)
-        draft = state.text.draft(most)
+        draft, state.source = state.text.draft(most), OWN_TEXT
         if not draft and self.shared is not None:
-            draft = self.shared.draft(state.text.tokens, most)
+            draft, state.source = self.shared.draft(state.text.tokens, most), SHARED_POOL
         return draft
 
     def _worthwhile_lengths(self, plan: StepPlan, candidates: dict[int, list[int]], room: int) -> dict[int, int]:

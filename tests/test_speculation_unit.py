@@ -13,7 +13,7 @@ from fakes import FakeBackend
 from helpers import run_until_done
 from multiseq import Engine, Priority, Request, RunnerConfig, SamplingParams
 from multiseq.batch import micro_batches
-from multiseq.speculation import SessionText, SharedNgrams, StepCost
+from multiseq.speculation import OWN_TEXT, SHARED_POOL, SessionText, SharedNgrams, StepCost, _Drafting
 
 # The fake's reply repeats text of its prompt, as an agent rewriting a file does.
 FILE = "def area(width, height):\n    return width * height\n\n" * 3
@@ -331,3 +331,20 @@ def test_a_draft_is_as_long_as_pays_on_a_cost_that_is_not_a_straight_line():
     assert fast["a"].text == plain["a"].text
     drafts = [length - 1 for lengths in _lengths_by_step(backend) for length in lengths.values() if length > 1]
     assert drafts and min(drafts) >= 2 and max(drafts) >= 8, drafts
+
+
+def test_drafts_from_the_shared_pool_that_fail_do_not_hold_back_the_sessions_own():
+    """Each source of drafts keeps its own record: shared-pool chains rejected at their first
+    token leave the estimate for drafts from the session's own text where it was."""
+    engine, _ = make_engine(spec_type="ngram-mod", num_slots=1)
+    seq = engine.new_sequence(Request(prompt=f"Rewrite:\n{FILE}", sampling=GREEDY), "a")
+    state = _Drafting(seq, ngram=4)
+    state.source = OWN_TEXT
+    state.note_verified(8, 8)
+    own = state.acceptance
+    state.source = SHARED_POOL
+    for _ in range(5):
+        state.note_verified(8, 0)
+    assert state.acceptance < 0.15
+    state.source = OWN_TEXT
+    assert state.acceptance == own > 0.6
