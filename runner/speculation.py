@@ -375,8 +375,14 @@ class Speculator:
         return expected / sum(self.cost.seconds(size) for size in self._micro_batches(plan, lengths))
 
     def _micro_batches(self, plan: StepPlan, lengths: dict[int, int]) -> list[int]:
+        """The sizes of the passes the step takes. With one KV stream the backend decodes
+        prompt chunks and decoding tokens apart (LlamaBackend.decode), each in n_ubatch pieces."""
         entries = [(chunk.seq.slot, len(chunk.entry.tokens) + lengths.get(chunk.seq.slot, 0)) for chunk in plan.chunks]
-        return micro_batches(entries, self.n_ubatch, self.stream_per_slot)
+        if self.stream_per_slot:
+            return micro_batches(entries, self.n_ubatch, True)
+        prompt = [entry for entry, chunk in zip(entries, plan.chunks) if chunk.is_prefill]
+        tokens = [entry for entry, chunk in zip(entries, plan.chunks) if not chunk.is_prefill]
+        return micro_batches(prompt, self.n_ubatch, False) + micro_batches(tokens, self.n_ubatch, False)
 
     # --- after the decode ---------------------------------------------------------------------
 

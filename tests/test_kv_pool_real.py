@@ -10,9 +10,11 @@ are left out, and the test says so when too few remain."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from multiseq import Request, SamplingParams
+from multiseq.batch import BatchEntry
 
 pytestmark = pytest.mark.model
 
@@ -91,3 +93,26 @@ def test_a_full_pool_parks_a_sequence_in_host_memory_and_it_goes_on_exactly(smol
     assert all(result.completion_tokens == 300 for result in results)
     assert_same_tokens_until_a_near_tie(results, alone, at_least=600)
     assert_ledger_matches_the_kv(pooled)
+
+
+def test_a_prompt_chunk_beside_decoding_tokens_gives_each_entry_its_rows(smollm, real_runner):
+    """In a pool, a step's prompt chunks and its decoding tokens go to llama.cpp as two decodes
+    (LlamaBackend.decode says why); the step's rows still come back in entry order. Each row
+    lies nearer the row its entry gives alone than any other entry's (the batch shape moves
+    the last bits, not which row is whose)."""
+    runner = real_runner(smollm, 3, kv_pool=3 * 512, autostart=False)
+    backend = runner.engine.backend
+    first, chunk, third = (backend.tokenize(text) for text in (SYSTEM + TICKETS[0], SYSTEM + TICKETS[1], TICKETS[2] * 3))
+    assert len(chunk) > 64
+    backend.decode([BatchEntry(0, first[:-1], 0, False), BatchEntry(2, third[:-1], 0, False)])
+    step = [BatchEntry(0, first[-1:], len(first) - 1, True), BatchEntry(1, chunk, 0, True),
+            BatchEntry(2, third[-1:], len(third) - 1, True)]
+    together = np.array(backend.decode(step))
+    alone = []
+    for entry in step:
+        backend.rewind_slot(entry.slot, entry.start_pos)
+        alone.append(np.array(backend.decode([entry])[0]))
+    assert together.shape == (3, backend.n_vocab)
+    for index, row in enumerate(together):
+        distances = [float(np.abs(row - reference).max()) for reference in alone]
+        assert int(np.argmin(distances)) == index, distances
