@@ -322,16 +322,19 @@ class Speculator:
         many as give the step the most tokens per second of its cost (none when plain decoding
         gives more). The i-th token of a draft is kept with chance acceptance**i. Before any
         cost is known, every token the room allows (so that larger steps' cost is learnt)."""
-        offers = self._offers(plan, candidates)[:room]
         if self.stream_per_slot and len(plan.chunks) > 1:
             return self._uniform(plan, candidates, room)
+        offers = self._offers(plan, candidates)[:room]
         count = len(offers)
         if self.cost.per_token() is not None:
+            # The drafts join the decoding tokens' pass; a pass of prompt chunks costs the same.
+            *prompt_passes, tokens = self._micro_batches(plan, {})
+            prompt_seconds = sum(self.cost.seconds(size) for size in prompt_passes)
             expected = float(plan.num_decode_tokens)  # tokens the step yields without drafts
-            count, best_rate = 0, expected / self.cost.seconds(plan.num_tokens)
+            count, best_rate = 0, expected / (prompt_seconds + self.cost.seconds(tokens))
             for index, (chance, _) in enumerate(offers):
                 expected += chance
-                rate = expected / self.cost.seconds(plan.num_tokens + index + 1)
+                rate = expected / (prompt_seconds + self.cost.seconds(tokens + index + 1))
                 if rate > best_rate:
                     count, best_rate = index + 1, rate
         return _first_offers(candidates, offers, count)
