@@ -633,7 +633,14 @@ class LlamaBackend:
         chunk_rows = None if chunk_rows is None else chunk_rows.copy()  # the next decode overwrites them
         seconds = self.last_decode_seconds
         tokens = [entry for entry in entries if entry.num_outputs == len(entry.tokens)]
-        token_rows = self._decode_once(tokens)
+        try:
+            token_rows = self._decode_once(tokens)
+        except (NoKvSlot, BackendError):
+            # As a single llama_decode that found no room: nothing of the step stays in the KV
+            # (the engine retries it with smaller prompt chunks, or sequence by sequence).
+            for entry in chunks:
+                self._cut_back(entry.slot, entry.start_pos)
+            raise
         self.last_decode_seconds += seconds
         if chunk_rows is None:
             return token_rows

@@ -15,6 +15,7 @@ import pytest
 
 from multiseq import Request, SamplingParams
 from multiseq.batch import BatchEntry
+from multiseq.errors import NoKvSlot
 
 pytestmark = pytest.mark.model
 
@@ -116,3 +117,20 @@ def test_a_prompt_chunk_beside_decoding_tokens_gives_each_entry_its_rows(smollm,
     for index, row in enumerate(together):
         distances = [float(np.abs(row - reference).max()) for reference in alone]
         assert int(np.argmin(distances)) == index, distances
+
+
+def test_a_step_whose_decoding_tokens_find_no_room_after_its_prompt_chunk_leaves_the_kv_as_it_was(smollm,
+                                                                                                   real_runner):
+    """The prompt chunk fills the pool's last cells, then the decoding token finds none: as with
+    one llama_decode that finds no room, NoKvSlot is raised and the chunk's cells are given
+    back, so that the engine can retry the step with a smaller chunk."""
+    runner = real_runner(smollm, 2, kv_pool=512, autostart=False)
+    backend = runner.engine.backend
+    tokens = backend.tokenize(SYSTEM * 8)
+    backend.decode([BatchEntry(0, tokens[:400], 0, False)])
+    step = [BatchEntry(0, tokens[400:401], 400, True), BatchEntry(1, tokens[:112], 0, True)]
+    with pytest.raises(NoKvSlot):
+        backend.decode(step)
+    assert backend.slot_pos_max(0) == 399 and backend.slot_pos_max(1) == -1
+    rows = backend.decode([step[0], BatchEntry(1, tokens[:100], 0, True)])
+    assert rows.shape == (2, backend.n_vocab)
