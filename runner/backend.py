@@ -507,7 +507,7 @@ def _rows_in_entry_order(entries: list[BatchEntry], chunk_rows: np.ndarray, toke
     row = chunk_row = token_row = 0
     for entry in entries:
         count = entry.num_outputs
-        if entry.num_outputs < len(entry.tokens):
+        if entry.is_prompt_chunk:
             rows[row:row + count] = chunk_rows[chunk_row:chunk_row + count]
             chunk_row += count
         else:
@@ -625,14 +625,14 @@ class LlamaBackend:
         flash attention's tiles with the other sequences' rows, so few blocks of cells are
         masked for the whole tile and skipped (SmolLM2, 3 decoding tokens beside a 96-token
         chunk: 457 against 360 ms as two calls, 290 with windows)."""
-        chunks = [entry for entry in entries if entry.num_outputs < len(entry.tokens)]
-        if self.pool_size is None or not chunks or len(chunks) == len(entries) or self.graph_sampling.has_chains:
+        chunks = [] if self.pool_size is None else [entry for entry in entries if entry.is_prompt_chunk]
+        if not chunks or len(chunks) == len(entries) or self.graph_sampling.has_chains:
             rows = self._decode_once(entries)
             return rows if rows is not None else np.empty((0, self.n_vocab), dtype=np.float32)
         chunk_rows = self._decode_once(chunks)
         chunk_rows = None if chunk_rows is None else chunk_rows.copy()  # the next decode overwrites them
         seconds = self.last_decode_seconds
-        tokens = [entry for entry in entries if entry.num_outputs == len(entry.tokens)]
+        tokens = [entry for entry in entries if not entry.is_prompt_chunk]
         try:
             token_rows = self._decode_once(tokens)
         except (NoKvSlot, BackendError):

@@ -32,6 +32,12 @@ class BatchEntry:
     def num_outputs(self) -> int:
         return self.num_drafted + 1 if self.wants_output else 0
 
+    @property
+    def is_prompt_chunk(self) -> bool:
+        """Tokens without a logits row each: a prompt chunk (a decoding slot's entry, its
+        newest token and any draft, has a row for every token)."""
+        return self.num_outputs < len(self.tokens)
+
 
 def micro_batches(entry_lengths: list[tuple[int, int]], n_ubatch: int, stream_per_slot: bool) -> list[int]:
     """The sizes of the micro-batches llama.cpp cuts a batch into, for entries given as (slot,

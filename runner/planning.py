@@ -47,11 +47,17 @@ class StepPlan:
 
     @property
     def num_decode_tokens(self) -> int:
-        return sum(1 for chunk in self.chunks if not chunk.is_prefill)
+        """Decoding sequences' newest tokens (a draft's tokens not counted)."""
+        return len(self.decoding_chunks)
 
     @property
     def num_prefill_tokens(self) -> int:
         return sum(chunk.num_tokens for chunk in self.chunks if chunk.is_prefill)
+
+    @property
+    def decoding_chunks(self) -> list[Chunk]:
+        """The chunks of sequences decoding (their newest token, and any draft)."""
+        return [chunk for chunk in self.chunks if not chunk.is_prefill]
 
     @property
     def output_seqs(self) -> list[Sequence]:

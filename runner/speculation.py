@@ -258,7 +258,7 @@ class Speculator:
 
     def with_drafts(self, plan: StepPlan, max_batch_tokens: int, free_cells: int | None) -> StepPlan:
         """The plan with drafts appended to decoding sequences' tokens where they pay."""
-        decoding = [chunk for chunk in plan.chunks if not chunk.is_prefill and chunk.entry.wants_output]
+        decoding = plan.decoding_chunks
         self._forget_others({chunk.seq for chunk in decoding})
         room = max_batch_tokens - plan.num_tokens
         if free_cells is not None:
@@ -356,7 +356,7 @@ class Speculator:
         decoding sequence, which keeps the step whole, or none. (Pricing the cut steps by their
         micro-batches' sizes lost: Gemma 3 270M, 4 edit sessions, 95-106 against 106-117 tok/s;
         a micro-batch's cost jumps between sizes, 16 tokens of a sequence 64.5 ms, 17 82 ms.)"""
-        decoding = [chunk.seq for chunk in plan.chunks if not chunk.is_prefill and chunk.entry.wants_output]
+        decoding = [chunk.seq for chunk in plan.decoding_chunks]
         if any(seq.slot not in candidates for seq in decoding):
             return {}
         most = min(min(len(candidates[seq.slot]) for seq in decoding), room // len(decoding))
@@ -383,8 +383,8 @@ class Speculator:
         entries = [(chunk.seq.slot, len(chunk.entry.tokens) + lengths.get(chunk.seq.slot, 0)) for chunk in plan.chunks]
         if self.stream_per_slot:
             return micro_batches(entries, self.n_ubatch, True)
-        prompt = [entry for entry, chunk in zip(entries, plan.chunks) if chunk.is_prefill]
-        tokens = [entry for entry, chunk in zip(entries, plan.chunks) if not chunk.is_prefill]
+        prompt = [entry for entry, chunk in zip(entries, plan.chunks) if chunk.entry.is_prompt_chunk]
+        tokens = [entry for entry, chunk in zip(entries, plan.chunks) if not chunk.entry.is_prompt_chunk]
         return micro_batches(prompt, self.n_ubatch, False) + micro_batches(tokens, self.n_ubatch, False)
 
     # --- after the decode ---------------------------------------------------------------------
