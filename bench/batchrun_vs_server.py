@@ -14,7 +14,8 @@ llama.cpp that llama-cpp-python vendors (bench/peers.py), -np N with N streaming
 from the first request to the last token (its start-up and model load not counted). Each
 round runs both systems for each sampling, one after the other, so that drifts of the
 machine's speed touch both. Generated tokens per second and multiseq / llama-server are
-printed per round; the last line is one JSON object.
+printed per round, then per sampling over all rounds (the ratio of the summed times, the
+median round, the spread); the last line is one JSON object.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -84,8 +86,26 @@ def main() -> None:
                                       "llama_server_tok_s": round(server, 1), "ratio": round(multiseq / server, 3)})
                 print(f"round {round_number + 1} {name}: batch-run {multiseq:.1f} tok/s, llama-server {server:.1f} "
                       f"tok/s, {multiseq / server:.2f}x", flush=True)
+    overall = {name: overall_ratios(rounds) for name, rounds in figures.items() if rounds}
+    for name, ratios in overall.items():
+        print(f"{name}, all {len(figures[name])} rounds: {ratios['whole_run']:.3f}x over the whole run, "
+              f"median round {ratios['median_round']:.3f}x, rounds {ratios['lowest_round']:.2f}-"
+              f"{ratios['highest_round']:.2f}x", flush=True)
     print(json.dumps({"model": args.model, "parallel": args.parallel, "prompts": args.prompts,
-                      "max_tokens": args.max_tokens, "threads": args.threads, "figures": figures}))
+                      "max_tokens": args.max_tokens, "threads": args.threads, "figures": figures,
+                      "overall": overall}))
+
+
+def overall_ratios(rounds: list[dict]) -> dict[str, float]:
+    """multiseq / llama-server over every round of one sampling: as one run (the same tokens in
+    each round, so the ratio of the rounds' summed times), the median round, and the spread.
+    llama-server's own rate moves by about 5% from round to round on a 2-core machine, which a
+    single round's ratio carries whole."""
+    ratios = sorted(figure["ratio"] for figure in rounds)
+    whole_run = sum(1 / figure["llama_server_tok_s"] for figure in rounds) / \
+        sum(1 / figure["multiseq_tok_s"] for figure in rounds)
+    return {"whole_run": round(whole_run, 3), "median_round": round(statistics.median(ratios), 3),
+            "lowest_round": ratios[0], "highest_round": ratios[-1]}
 
 
 if __name__ == "__main__":
