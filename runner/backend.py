@@ -407,8 +407,9 @@ class LlamaModel:
 
     def grammar_tokenizer(self):
         """llguidance's tokenizer over this vocabulary, for constrained requests: built at the
-        first one (1.2 s on a 262k vocabulary, 0.3 s on a 49k one), then shared by every runner on the model.
-        Every end-of-generation token ends a constrained document, as it ends generation."""
+        first one (1.2 s on a 262k vocabulary, 0.3 s on a 49k one), then shared by every runner
+        on the model. Every end-of-generation token ends a constrained document, as it ends
+        generation."""
         with self._grammar_tokenizer_lock:
             if self._grammar_tokenizer is None:
                 from llguidance import LLTokenizer
