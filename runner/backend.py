@@ -45,7 +45,6 @@ _log_callback = None  # kept referenced: llama.cpp calls it for the life of the 
 _capture_lock = threading.Lock()
 _capture: _LlamaLog | None = None  # what llama.cpp logs while a model loads or a context is created
 _PIECE_BUFFER_BYTES = 256
-_GRAMMAR_PIECE_BYTES = 16 * 1024  # llguidance's adapter's buffer: a longer token fails there too
 _DECODE_NO_KV_SLOT = 1
 _STATE_FLAGS = 0  # LLAMA_STATE_SEQ_FLAGS_NONE: the whole state, in host memory
 _UNTILED_ROWS_BELOW = 64  # GGML_FA_TILE_Q of ggml-cpu's flash attention
@@ -500,15 +499,11 @@ def _grammar_pieces(vocab, n_vocab: int) -> list[bytes]:
     written like one (<...>), marked with a leading 0xff. The adapter's own loop reads a
     token's attributes through a deprecated llama.cpp name, whose warning is raised and
     filtered once per token (and silencing it changes the process's warning filters while
-    other threads run): this loop takes 0.35 s on a 262k vocabulary, the adapter's 0.6 s."""
-    buffer = ctypes.create_string_buffer(_GRAMMAR_PIECE_BYTES + 1)
+    other threads run): this loop takes 0.4 s on a 262k vocabulary, the adapter's 0.6 s."""
     control, user_defined = llama.LLAMA_TOKEN_ATTR_CONTROL, llama.LLAMA_TOKEN_ATTR_USER_DEFINED
     pieces = []
     for token in range(n_vocab):
-        length = llama.llama_token_to_piece(vocab, token, buffer, _GRAMMAR_PIECE_BYTES, 0, True)
-        if length < 0:
-            raise BackendError(f"token {token}'s text is longer than {_GRAMMAR_PIECE_BYTES} bytes")
-        piece = buffer.raw[:length]
+        piece = _token_piece(vocab, token, render_special=True)
         attributes = llama.llama_vocab_get_attr(vocab, token)
         if attributes & control or (attributes & user_defined and piece.startswith(b"<") and piece.endswith(b">")):
             piece = b"\xff" + piece
