@@ -11,13 +11,14 @@ from .logprobs import TokenLogprob
 from .tools import Delta
 
 if TYPE_CHECKING:
-    from .tools.parsers import ParsedOutput, ToolCallParser
+    from .tools.reader import OutputParser
+    from .tools.types import ParsedOutput
 
 
 class OutputPieces:
     """One request's log probabilities, and its output's parse as it streams."""
 
-    def __init__(self, tool_parser: ToolCallParser | None, wants_logprobs: bool) -> None:
+    def __init__(self, tool_parser: OutputParser | None, wants_logprobs: bool) -> None:
         self.tool_parser = tool_parser
         self.logprobs: list[TokenLogprob] | None = [] if wants_logprobs else None
         self._num_logprobs_streamed = 0  # of self.logprobs, how many went out with text pieces

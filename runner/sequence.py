@@ -37,7 +37,7 @@ from .sampling import Sampled, SequenceSampler
 
 if TYPE_CHECKING:
     from .hostcache import HostEntry
-    from .tools.parsers import ToolCallParser
+    from .tools.reader import OutputParser
 
 CANCELLED_BEFORE_START = "Cancelled: the request was cancelled before it started"
 
@@ -85,7 +85,7 @@ class Sequence:
     def __init__(self, request_id: str, prompt_tokens: list[int], sampler: SequenceSampler, n_keep: int,
                  overflow: OverflowPolicy, max_tokens: int, prompt_tokens_dropped: int = 0,
                  submitted_at: float | None = None, priority: int = Priority.BATCH,
-                 tool_parser: ToolCallParser | None = None) -> None:
+                 tool_parser: OutputParser | None = None) -> None:
         self.id = request_id
         self.priority = priority
         self.prompt_tokens = prompt_tokens

@@ -14,6 +14,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+# Every output reader checks its stream against the whole text after each piece (the model
+# families' claims about their formats: runner/tools/reader.py), here and in the servers the
+# tests start; set before multiseq is imported.
+os.environ.setdefault("MULTISEQ_VERIFY_READER", "1")
+
 from fakes import FakeBackend
 from helpers import TEST_SEED, TEST_THREADS, serving
 from multiseq import Runner, RunnerConfig, SamplingParams

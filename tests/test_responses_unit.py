@@ -5,7 +5,6 @@ openai SDK's models), and the routes spoken to with the real openai client on th
 from __future__ import annotations
 
 import http.client
-import importlib.util
 import json
 
 import openai
@@ -390,9 +389,6 @@ def test_the_memory_store_forgets_the_least_recently_used_beyond_its_capacity():
 
 # --- the routes, with the official client on the fake backend -------------------------------------
 
-# The engine parses the calls a model writes once runner/tools has its parsers.
-needs_tool_parsers = pytest.mark.skipif(importlib.util.find_spec("multiseq.tools.parsers") is None,
-                                        reason="the tool-call parsers are not in runner/tools yet")
 PARIS_CALL = '{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}]}'
 
 
@@ -471,7 +467,6 @@ def test_a_probe_of_one_output_token_is_incomplete_not_an_error(serve):
     assert response.output_text == "H" and response.max_output_tokens == 1
 
 
-@needs_tool_parsers
 def test_a_forced_tool_call_is_a_function_call_item_with_json_arguments(serve):
     client, _, _ = serve({"Weather in Paris?<assistant>": PARIS_CALL})
     response = client.responses.create(model=MODEL, input="Weather in Paris?", tools=[WEATHER_TOOL],
@@ -482,7 +477,6 @@ def test_a_forced_tool_call_is_a_function_call_item_with_json_arguments(serve):
     assert response.status == "completed" and response.tool_choice == "required"
 
 
-@needs_tool_parsers
 def test_a_function_call_and_its_output_go_round_to_the_model(serve):
     client, _, backend = serve({"Weather in Paris?<assistant>": PARIS_CALL, '"sunny"}}<assistant>': "It is sunny."})
     first = client.responses.create(model=MODEL, input="Weather in Paris?", tools=[WEATHER_TOOL],
@@ -525,7 +519,6 @@ def test_every_streamed_event_comes_in_order_and_the_final_response_matches(serv
         item.model_dump(exclude={"id"}) for item in whole.output]
 
 
-@needs_tool_parsers
 def test_a_streamed_tool_call(serve):
     client, _, _ = serve({"Weather in Paris?<assistant>": PARIS_CALL})
     with client.responses.stream(model=MODEL, input="Weather in Paris?", tools=[WEATHER_TOOL],

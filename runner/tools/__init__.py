@@ -6,8 +6,7 @@ model wrote into calls; the three APIs only translate at their doors.
 """
 
 from .family import Family, ParseContext
-from .parsers import ToolCallParser, parse_output
-from .reading import output_parser, read_output
+from .reading import ToolCallParser, output_parser, parse_output, read_output
 from .types import (ArgumentsDelta, ChoiceMode, Delta, ParsedOutput, ReasoningDelta, TextDelta, Tool, ToolCall,
                     ToolCallStart, ToolChoice, ToolFormat)
 

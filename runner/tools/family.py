@@ -19,11 +19,12 @@ that was never closed, or that cannot be read, is given back as content with `er
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .types import ArgumentsDelta, Delta, ParsedOutput, ReasoningDelta, TextDelta, Tool, ToolCall, ToolCallStart
+from .stops import stops_of
+from .types import Tool
 
 CUT_OFF = "the model's tool call was cut off before it ended"
 
@@ -63,6 +64,12 @@ class ParseContext:
     # the output starts as reasoning.
     reasoning_open: bool = False
     variant: str | None = None  # a family's sub-format, where it has several (DeepSeek's)
+    # Where the text given starts: None at the output's start; else a state the family's own
+    # parse returned in an `Open` (the reader reads a stream on from there).
+    state: Hashable = None
+    # Whether the model may reason at all (the template says: Qwen3 does, Qwen 2.5 does not),
+    # for the families whose reasoning depends on the model (hermes, llama3, generic).
+    reasons: bool = True
 
     def schema_of(self, name: str) -> Mapping[str, Any]:
         """The JSON schema of a function's arguments (an empty object's when not offered)."""
@@ -70,10 +77,41 @@ class ParseContext:
         return tool.schema if tool is not None else {}
 
 
+# The states most families resume in: plain content, plain reasoning (its opener read), both
+# in the middle of the output (not at its start, where an opener or a bare call may stand).
+CONTENT = "content"
+REASONING = "reasoning"
+
+
+@dataclass(frozen=True)
+class Open:
+    """What a parse of a growing output left open: the two claims the reader goes on from
+    (runner/tools/reader.py), made by the family about its own format.
+
+    Resume: the segments came from the text before `at`, and the text from `at` reads (with
+    `state` as the context's state) into the segments that follow them, whatever comes after;
+    its last error, where it has one, is the whole text's.
+
+    `repeats`: how many of the last segments came from the text after `at` (the calls of a
+    block that has not closed, read as they close): the parse from `at` gives them again.
+
+    Stops (when not None): text appended after the text parsed, as long as no stop appears in
+    the text from `at` that was not there before, changes nothing but `grows`: with Text or
+    Thought, it is more content or reasoning (less an end that may begin a stop); with None,
+    no segment comes of it (a call whose end has not come)."""
+
+    at: int
+    state: Hashable = None
+    grows: type[Text] | type[Thought] | None = None
+    stops: tuple[str, ...] | None = None
+    repeats: int = 0
+
+
 @dataclass(frozen=True)
 class FamilyParse:
     segments: tuple[Segment, ...]
     error: str | None = None  # why text that began a call is content (only when it is)
+    open: Open | None = None  # while the output grows: where its reader goes on from (None: from the start)
 
 
 ParseFunction = Callable[[str, ParseContext], FamilyParse]
@@ -131,6 +169,9 @@ class Family:
     # None: any id. The server's ids are made so, and a client's are renamed for the template.
     call_id_length: int | None = None
     variant_call_syntax: Mapping[str, CallSyntax] = field(default_factory=dict)  # by sub-format, where it differs
+    # Whether content keeps the whitespace that comes right before a call ("Sure. " then a call:
+    # "Sure. " or "Sure."); the JSON-call formats drop it, the others keep the text as written.
+    keeps_space_before_calls: bool = True
 
     def matches(self, template: str) -> bool:
         return any(all(part in template for part in fingerprint) for fingerprint in self.fingerprints)
@@ -154,130 +195,12 @@ class Family:
         return start >= 0 and closer not in prompt[start:] and not prompt[start + len(opener):].strip()
 
 
-def legacy_parse(tool_format: str) -> ParseFunction:
-    """A parse for a family read by the first streaming parser (whole texts only: the engine
-    streams through that parser itself, see `new_parser`)."""
-    def parse(text: str, context: ParseContext) -> FamilyParse:
-        from .parsers import parse_output  # the module imports this one's types
-        parsed = parse_output(tool_format, text, lambda index: "", parse_reasoning=context.reasoning_open
-                              or text.lstrip().startswith("<think>"))
-        segments: list[Segment] = [Thought(parsed.reasoning)] if parsed.reasoning else []
-        segments += [Call(call.name, call.arguments) for call in parsed.tool_calls]
-        if parsed.content:
-            segments.append(Text(parsed.content))
-        return FamilyParse(tuple(segments), parsed.error)
-    return parse
-
-
-def new_parser(family: Family, call_id: Callable[[int], str], context: ParseContext, reasons: bool | None = None):
-    """The streaming parser of one output in the family's format (feed, close, result).
-    `reasons`: whether the first parser looks for reasoning (None: where the family has it; the
-    engine says, from the model's template: Qwen3 reasons, Qwen 2.5 does not)."""
-    if family.legacy_format is not None:
-        from .parsers import ToolCallParser
-        thinks = family.reasoning is not None if reasons is None else reasons
-        return ToolCallParser(family.legacy_format, call_id, parse_reasoning=thinks,
-                              reasoning_open=thinks and context.reasoning_open)
-    return OutputParser(family, call_id, context)
-
-
-class OutputParser:
-    """A family's parse, fed as the text streams: deltas out, and at the end the whole result.
-
-    The same interface as ToolCallParser: feed(text) -> deltas, close() -> deltas, result().
-    Every feed parses the whole text so far; outputs are short enough (a parse of a 16 kB
-    output is well under a millisecond for the regular-expression families) and it keeps each
-    family's parse a plain function of the text."""
-
-    def __init__(self, family: Family, call_id: Callable[[int], str], context: ParseContext) -> None:
-        self.family = family
-        self._call_id = call_id
-        self._context = context
-        self._text_parts: list[str] = []
-        self._content = ""  # streamed so far
-        self._reasoning = ""
-        self._calls: list[ToolCall] = []
-        self._error: str | None = None
-        self._closed = False
-
-    def feed(self, text: str) -> list[Delta]:
-        if not text:
-            return []
-        self._text_parts.append(text)
-        return self._advance(final=False)
-
-    def close(self) -> list[Delta]:
-        if self._closed:
-            return []
-        self._closed = True
-        return self._advance(final=True)
-
-    def result(self) -> ParsedOutput:
-        return ParsedOutput(content=self._content or None, reasoning=self._reasoning or None,
-                            tool_calls=tuple(self._calls), error=self._error)
-
-    def _advance(self, final: bool) -> list[Delta]:
-        text = "".join(self._text_parts)
-        self._text_parts = [text]
-        context = ParseContext(final=final, tools=self._context.tools, reasoning_open=self._context.reasoning_open,
-                               variant=self._context.variant)
-        parsed = self.family.parse(text, context)
-        self._error = parsed.error
-        segments = parsed.segments
-        if final and parsed.error == CUT_OFF:
-            segments = self._without_cut_off_call(segments)
-        content, reasoning, calls = _joined(segments)
-        deltas: list[Delta] = []
-        reasoning = _settled(reasoning, final)
-        if len(reasoning) > len(self._reasoning) and reasoning.startswith(self._reasoning):
-            deltas.append(ReasoningDelta(reasoning[len(self._reasoning):]))
-            self._reasoning = reasoning
-        content = _settled(content, final)
-        if len(content) > len(self._content) and content.startswith(self._content):
-            deltas.append(TextDelta(content[len(self._content):]))
-            self._content = content
-        for call in calls[len(self._calls):]:
-            index = len(self._calls)
-            self._calls.append(ToolCall(self._call_id(index), call.name, call.arguments))
-            deltas += [ToolCallStart(index, self._calls[-1].id, call.name), ArgumentsDelta(index, call.arguments)]
-        return deltas
-
-
-    def _without_cut_off_call(self, segments: Sequence[Segment]) -> Sequence[Segment]:
-        """A call cut off by the end of the output (max_tokens) was a call, not text: its raw
-        text (the last segment, holding the family's markers) never reaches the content; the
-        error says it was cut off."""
-        if segments and isinstance(segments[-1], Text) and any(
-                marker in segments[-1].text for marker in self.family.markers):
-            return segments[:-1]
-        return segments
-
-
-def _joined(segments: Sequence[Segment]) -> tuple[str, str, list[Call]]:
-    content = "".join(segment.text for segment in segments if isinstance(segment, Text))
-    reasoning = "".join(segment.text for segment in segments if isinstance(segment, Thought))
-    return content, reasoning, [segment for segment in segments if isinstance(segment, Call)]
-
-
-def _settled(text: str, final: bool) -> str:
-    """Text without its edges' whitespace; while the output grows, whitespace at its end may
-    be followed by more text or by nothing, so it waits."""
-    text = text.lstrip()
-    return text.rstrip() if final else text[:len(text.rstrip())]
-
-
 # --- helpers the families share ------------------------------------------------------------------
 
 def held_back(text: str, markers: Sequence[str]) -> int:
     """How many characters at the end of `text` may be the start of one of `markers` (they wait
     for more text before they can be shown)."""
-    longest = 0
-    for marker in markers:
-        for size in range(min(len(marker) - 1, len(text)), longest, -1):
-            if text.endswith(marker[:size]):
-                longest = size
-                break
-    return longest
+    return stops_of(tuple(marker for marker in markers if marker)).held(text)
 
 
 def settled_text(text: str, context: ParseContext, markers: Sequence[str]) -> str:
@@ -285,38 +208,90 @@ def settled_text(text: str, context: ParseContext, markers: Sequence[str]) -> st
     return text if context.final else text[:len(text) - held_back(text, markers)]
 
 
-def split_reasoning(text: str, context: ParseContext, opener: str, closer: str,
-                    markers: Sequence[str] = ()) -> tuple[list[Segment], str | None]:
-    """Reasoning at the start of an output: (the reasoning segments, the text after its end).
+def then(first: FamilyParse, offset: int, second: FamilyParse) -> FamilyParse:
+    """`first`'s segments, then `second`'s, which were read from the text at `offset` on (its
+    Open is moved there); the error is the last one."""
+    opened = second.open
+    if opened is not None and offset:
+        opened = replace(opened, at=opened.at + offset)
+    return FamilyParse(first.segments + second.segments, second.error or first.error, opened)
+
+
+def leading_reasoning(text: str, context: ParseContext, opener: str, closers: Sequence[str],
+                      also_ending: Sequence[str] = (), held: Sequence[str] = ()) -> tuple[FamilyParse, int | None]:
+    """A reasoning block at the start of the output: (its parse, where the text after it starts;
+    None while the block has not ended).
 
     The block is open when the prompt opened it or the output starts with `opener` (after
-    whitespace). The text after it is None while its end has not come (the reasoning so far is
-    in the segments, less what may begin `closer`). `markers`: markers of calls that may also
-    end an unclosed block (some models call without closing their thinking)."""
-    stripped = text.lstrip()
-    inside = context.reasoning_open
-    if stripped.startswith(opener):
-        inside, text = True, stripped[len(opener):]
-    elif not stripped and not context.final:
-        return [], None  # may still open: wait
-    elif not inside and not context.final and opener.startswith(stripped):
-        return [], None
-    if not inside:
-        return [], text
-    end = text.find(closer)
-    if end >= 0:
-        return [Thought(text[:end])], text[end + len(closer):]
-    return [Thought(settled_text(text, context, (closer, *markers)))], ("" if context.final else None)
+    whitespace); any of `closers` ends it (and is dropped); any of `also_ending` ends it too but
+    stays in the text after it (a model that starts its answer or its call without closing its
+    thinking); text that may begin one of `held` waits too. In the state REASONING the text is
+    inside the block from its first character; in any state but None (the output's start and
+    REASONING), the block is behind: all of the text is after it."""
+    if context.state == REASONING:
+        start = 0
+    elif context.state is not None:
+        return FamilyParse(()), 0
+    else:
+        begins = skip_space(text, 0)
+        if text.startswith(opener, begins):
+            start = begins + len(opener)
+        elif not context.final and opener.startswith(text[begins:]):
+            return FamilyParse(()), None  # nothing yet, or the start of the opener: wait
+        elif context.reasoning_open:
+            start = 0
+        else:
+            return FamilyParse(()), 0
+    ends = (*closers, *also_ending)
+    end, closer = first_found(text, ends, start)
+    if closer is not None:
+        return FamilyParse((Thought(text[start:end]),)), end + len(closer) if closer in closers else end
+    if context.final:
+        return FamilyParse((Thought(text[start:]),)), len(text)
+    stops = (*ends, *held)
+    at = len(text) - held_back(text[start:], stops)
+    return FamilyParse((Thought(text[start:at]),), open=Open(at, REASONING, Thought, stops)), None
+
+
+def first_found(text: str, markers: Sequence[str], start: int = 0) -> tuple[int, str | None]:
+    """The first of `markers` in `text` from `start`: (where, which), or (-1, None); of two at
+    one place, the longer."""
+    best, found = -1, None
+    for marker in markers:
+        at = text.find(marker, start)
+        if at >= 0 and (best < 0 or at < best or at == best and len(marker) > len(found)):
+            best, found = at, marker
+    return best, found
+
+
+ENDED = "ended"  # the state after the end of the turn: nothing that follows is read
+
+
+def read_turn(text: str, context: ParseContext, end_tokens: Sequence[str],
+              read: Callable[[str, ParseContext], FamilyParse]) -> FamilyParse:
+    """`read`'s parse of the text up to the first of `end_tokens` (the family's end of turn):
+    where the model wrote one, the output has ended there (the context becomes final) and
+    nothing after it is read. While the turn goes on, an end token stops the reader too."""
+    if context.state == ENDED:
+        return FamilyParse((), open=Open(len(text), ENDED, None, ()))
+    end, _ = first_found(text, end_tokens)
+    if end < 0:  # the text that may begin an end token waits
+        parsed = read(text if context.final else text[:len(text) - held_back(text, end_tokens)], context)
+        opened = parsed.open
+        if opened is not None and opened.stops is not None:
+            opened = replace(opened, stops=(*opened.stops, *end_tokens))
+        return FamilyParse(parsed.segments, parsed.error, opened)
+    parsed = read(text[:end], replace(context, final=True))
+    return FamilyParse(parsed.segments, parsed.error, None if context.final else Open(len(text), ENDED, None, ()))
 
 
 def until_turn_end(text: str, context: ParseContext, end_tokens: Sequence[str]) -> tuple[str, ParseContext]:
     """The text up to the first of `end_tokens` (the family's end of turn) where the model wrote
     one: the output has ended there, so the context becomes final."""
-    ends = [index for index in (text.find(token) for token in end_tokens) if index >= 0]
-    if not ends:
+    end, _ = first_found(text, end_tokens)
+    if end < 0:
         return text, context
-    return text[:min(ends)], ParseContext(final=True, tools=context.tools, reasoning_open=context.reasoning_open,
-                                          variant=context.variant)
+    return text[:end], replace(context, final=True)
 
 
 def arguments_json(value: Any) -> str:

@@ -8,12 +8,19 @@ whether the output starts inside a reasoning block the template opened.
 
 from __future__ import annotations
 
+import os
 import secrets
 from collections.abc import Callable, Iterable, Sequence
 
 from .families import detect, family_named
-from .family import Family, ParseContext, new_parser
-from .types import ParsedOutput, Tool
+from .family import Family, ParseContext
+from .reader import OutputParser
+from .types import ParsedOutput, Tool, ToolFormat
+
+
+# Every reader checks its stream against the whole text after each piece (the families' claims
+# about their formats, reader.py): for the tests, which set it; quadratic, never for serving.
+VERIFY = os.environ.get("MULTISEQ_VERIFY_READER") == "1"
 
 
 def new_call_id(index: int) -> str:
@@ -31,15 +38,35 @@ def family_of(family: Family | str | None = None, template: str | None = None) -
 
 def output_parser(family: Family | str | None = None, *, template: str | None = None, tools: Sequence[Tool] = (),
                   prompt: str = "", variant: str | None = None,
-                  call_id: Callable[[int], str] = new_call_id, reasons: bool | None = None):
+                  call_id: Callable[[int], str] = new_call_id, reasons: bool | None = None) -> OutputParser:
     """A streaming parser of one output: `feed(piece)` and `close()` return deltas
     (TextDelta, ReasoningDelta, ToolCallStart, ArgumentsDelta), then `result()` the ParsedOutput.
     `reasons`: whether the model reasons, where the template says (None: where its family does)."""
     chosen = family_of(family, template)
+    thinks = chosen.reasoning is not None if reasons is None else reasons
     context = ParseContext(final=False, tools={tool.name: tool for tool in tools},
                            reasoning_open=chosen.opens_reasoning(prompt),
-                           variant=variant or chosen.variant_of(template))
-    return new_parser(chosen, call_id, context, reasons)
+                           variant=variant or chosen.variant_of(template), reasons=thinks)
+    return OutputParser(chosen, call_id, context, verify=VERIFY)
+
+
+def ToolCallParser(tool_format: ToolFormat | str, call_id: Callable[[int], str], parse_reasoning: bool = True,  # noqa: N802
+                   reasoning_open: bool = False) -> OutputParser:
+    """The reader of one output in one of the JSON-call formats, by its ToolFormat name (the
+    first formats multiseq read: hermes, llama3, mistral, generic). `parse_reasoning`: the model
+    may reason; `reasoning_open`: its prompt opened the block."""
+    family = family_named(ToolFormat(tool_format).value)
+    context = ParseContext(final=False, reasoning_open=parse_reasoning and reasoning_open, reasons=parse_reasoning)
+    return OutputParser(family, call_id, context, verify=VERIFY)
+
+
+def parse_output(tool_format: ToolFormat | str, text: str, call_id: Callable[[int], str],
+                 parse_reasoning: bool = True) -> ParsedOutput:
+    """A whole output in one of the JSON-call formats, read at once."""
+    parser = ToolCallParser(tool_format, call_id, parse_reasoning)
+    parser.feed(text)
+    parser.close()
+    return parser.result()
 
 
 def read_output(output: str | Iterable[str], family: Family | str | None = None, *, template: str | None = None,

@@ -15,8 +15,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..family import (CUT_OFF, STRICT_JSON, Call, FamilyParse, ParseContext, Segment, Text, Thought, arguments_json,
-                      settled_text, skip_space)
+from ..family import (CONTENT, CUT_OFF, STRICT_JSON, Call, FamilyParse, Open, ParseContext, Segment, Text, arguments_json,
+                      held_back, skip_space)
 
 UNREADABLE = "the model's tool call could not be read"
 
@@ -41,15 +41,26 @@ class Unreadable:
 
 
 # A section reader: (text, start of its opening marker, that marker, context) -> Calls or
-# Unreadable, or None while the output grows and the section has not ended.
+# Unreadable, or None while the output grows and the section has not ended. Its `stops`
+# attribute, where it has one, names the strings without which a section that has not ended
+# stays so (its closer): the reader then reads the section again only when one comes.
 SectionReader = Callable[[str, int, str, ParseContext], "Calls | Unreadable | None"]
+
+
+def section_reader(stops: tuple[str, ...]) -> Callable[[SectionReader], SectionReader]:
+    """Gives a section reader the strings without which its section stays unended."""
+    def mark(read: SectionReader) -> SectionReader:
+        read.stops = stops
+        return read
+    return mark
 
 
 def content_and_calls(text: str, context: ParseContext, openers: Sequence[str], read_section: SectionReader,
                       hidden: Sequence[str] = ()) -> FamilyParse:
     """Content with call sections in it: every section that one of `openers` starts is read by
     `read_section`. `hidden`: markers that wrap content (response markers, end-of-turn tokens)
-    and are dropped from it."""
+    and are dropped from it. The text is read in the middle of content (the state CONTENT is
+    where it resumes)."""
     segments: list[Segment] = []
     error: str | None = None
     position = 0
@@ -57,18 +68,20 @@ def content_and_calls(text: str, context: ParseContext, openers: Sequence[str], 
     while True:
         start, opener = first_of(text, openers, position)
         if opener is None:
-            # Markers dropped first: what waits is the start of a marker in what is left. Nothing
-            # left adds no segment, so that a section cut off by the end stays the last one.
-            rest = settled_text(without(text[position:], hidden), context, waiting_for)
+            # What waits is the start of a marker. Nothing left adds no segment, so that a
+            # section cut off by the end stays the last one.
+            at = len(text) if context.final else len(text) - held_back(text[position:], waiting_for)
+            rest = without(text[position:at], hidden)
             if rest:
                 segments.append(Text(rest))
-            return FamilyParse(tuple(segments), error)
+            return FamilyParse(tuple(segments), error, Open(at, CONTENT, Text, waiting_for))
         segments.append(Text(without(text[position:start], hidden)))
         section = read_section(text, start, opener, context)
         if section is None:  # not ended yet: everything from here waits
-            return FamilyParse(tuple(segments), error)
+            return FamilyParse(tuple(segments), error, Open(start, CONTENT, None, getattr(read_section, "stops", None)))
         if isinstance(section, Unreadable):
-            segments.append(Text(text[start:section.end]))  # the raw text, as the model wrote it
+            if section.error != CUT_OFF:  # a call cut off by the end of the output was a call: dropped
+                segments.append(Text(text[start:section.end]))  # the raw text, as the model wrote it
             error = section.error
         else:
             segments.extend(section.calls)
@@ -78,6 +91,7 @@ def content_and_calls(text: str, context: ParseContext, openers: Sequence[str], 
 def closed_section(closer: str, read_body: Callable[[str, ParseContext], tuple[Call, ...] | None]) -> SectionReader:
     """A reader of sections that `closer` ends: the body between the markers read by `read_body`
     (None: not calls). A section never closed is cut off."""
+    @section_reader((closer,))
     def read(text: str, start: int, opener: str, context: ParseContext) -> Calls | Unreadable | None:
         body_start = start + len(opener)
         end = text.find(closer, body_start)
@@ -90,10 +104,17 @@ def closed_section(closer: str, read_body: Callable[[str, ParseContext], tuple[C
     return read
 
 
+# A JSON list or object ends at a closing bracket: until one comes, a section that a JSON value
+# ends has not ended (where the value is not JSON, the text waits for the next bracket, or for
+# the end, to be given back).
+JSON_ENDS = ("}", "]")
+
+
 def json_section(read_value: Callable[[Any, ParseContext], tuple[Call, ...] | None],
                  opener_keeps: int = 0) -> SectionReader:
     """A reader of sections with no closing marker: the JSON value after the opener ends it.
     `opener_keeps`: how many of the opener's last characters begin the value (a "[")."""
+    @section_reader(JSON_ENDS)
     def read(text: str, start: int, opener: str, context: ParseContext) -> Calls | Unreadable | None:
         found = json_value_at(text, start + len(opener) - opener_keeps)
         if isinstance(found, JsonCutOff):
@@ -267,35 +288,6 @@ def without(text: str, markers: Sequence[str]) -> str:
     if not markers:
         return text
     return re.sub("|".join(re.escape(marker) for marker in sorted(markers, key=len, reverse=True)), "", text)
-
-
-def leading_reasoning(text: str, context: ParseContext, opener: str, closers: Sequence[str],
-                      also_ending: Sequence[str] = ()) -> tuple[list[Segment], str | None]:
-    """A reasoning block at the start of the output: (its segments, the text after it).
-
-    The block is open when the prompt opened it or the output starts with `opener`; any of
-    `closers` ends it (and is dropped); any of `also_ending` ends it too but stays in the text
-    after it (a model that starts its answer or its call without closing its thinking). The
-    text after it is None while the block has not ended."""
-    stripped = text.lstrip()
-    inside = context.reasoning_open
-    if stripped.startswith(opener):
-        inside, text = True, stripped[len(opener):]
-    elif not context.final and opener.startswith(stripped):
-        return [], None  # nothing yet, or the start of the opener: wait
-    if not inside:
-        return [], text
-    end, closer = first_of(text, (*closers, *also_ending))
-    if closer is not None:
-        rest = text[end + len(closer):] if closer in closers else text[end:]
-        return [Thought(text[:end])], rest
-    if context.final:
-        return [Thought(text)], ""
-    return [Thought(settled_text(text, context, (*closers, *also_ending)))], None
-
-
-def with_reasoning(reasoning: list[Segment], parsed: FamilyParse) -> FamilyParse:
-    return FamilyParse((*reasoning, *parsed.segments), parsed.error)
 
 
 def json_list_calls(body: str, context: ParseContext) -> tuple[Call, ...] | None:

@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import ast
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..family import (CUT_OFF, Call, FamilyParse, ParseContext, Segment, Text, Thought, arguments_json, may_begin,
-                      property_schema, settled_text, skip_space, typed_value)
+from ..family import (CONTENT, CUT_OFF, REASONING, Call, FamilyParse, Open, ParseContext, Segment, Text, Thought,
+                      arguments_json, held_back, may_begin, property_schema, read_turn, skip_space, then, typed_value)
 
 
 @dataclass(frozen=True)
@@ -55,59 +55,69 @@ class XmlCallSyntax:
                 self.parameter_close, *reasoning, *self.reasoning_tags, *self.end_tokens)
 
 
+# The state of a body that starts at a line's start (where a bare function tag opens a call).
+BODY = "body"
+
+
 def parse_xml_calls(syntax: XmlCallSyntax, text: str, context: ParseContext) -> FamilyParse:
-    text = _before_end_token(text, syntax.end_tokens)
-    segments, body = _split_reasoning(syntax, text, context)
+    return read_turn(text, context, syntax.end_tokens, lambda turn, within: _parse_turn(syntax, turn, within))
+
+
+def _parse_turn(syntax: XmlCallSyntax, text: str, context: ParseContext) -> FamilyParse:
+    reasoning, body = _split_reasoning(syntax, text, context)
     if body is None:
-        return FamilyParse(tuple(segments))
-    body_segments, error = _read_body(syntax, body, context)
-    return FamilyParse(tuple(segments + body_segments), error)
+        return reasoning
+    return then(reasoning, body, _read_body(syntax, text[body:], context, line_start=context.state != CONTENT))
 
 
 # --- reasoning -------------------------------------------------------------------------------------
 
-def _before_end_token(text: str, end_tokens: Sequence[str]) -> str:
-    ends = [index for index in (text.find(token) for token in end_tokens) if index >= 0]
-    return text[:min(ends)] if ends else text
-
-
-def _split_reasoning(syntax: XmlCallSyntax, text: str, context: ParseContext) -> tuple[list[Segment], str | None]:
-    """(the reasoning, the text after it); None after it while the reasoning's end is unknown."""
-    if syntax.reasoning is None:
-        return [], text
-    opener, _ = syntax.reasoning
-    stripped = text.lstrip()
-    inside = context.reasoning_open
-    if stripped.startswith(opener):
-        inside, text = True, stripped[len(opener):]
-    elif not context.final and opener.startswith(stripped):
-        return [], None  # may still open (or is the reasoning's first characters): wait
-    if not inside:
-        return [], text
-    end, after = _reasoning_end(syntax, text, context.final)
+def _split_reasoning(syntax: XmlCallSyntax, text: str, context: ParseContext) -> tuple[FamilyParse, int | None]:
+    """(the reasoning, where the text after it starts: None while the reasoning's end is unknown)."""
+    if syntax.reasoning is None or context.state not in (None, REASONING):
+        return FamilyParse(()), 0
+    if context.state == REASONING:
+        start = 0
+    else:
+        opener, _ = syntax.reasoning
+        begins = skip_space(text, 0)
+        if text.startswith(opener, begins):
+            start = begins + len(opener)
+        elif not context.final and opener.startswith(text[begins:]):
+            return FamilyParse(()), None  # may still open (or is the reasoning's first characters): wait
+        elif context.reasoning_open:
+            start = 0
+        else:
+            return FamilyParse(()), 0
+    end, after = _reasoning_end(syntax, text, start, context.final)
     if after is not None:
-        return [Thought(_without_tags(text[:end], syntax.reasoning_tags))], text[after:]
-    held = (*syntax.reasoning_ends, *syntax.reasoning_tags, *syntax.end_tokens)
-    thought = _without_tags(settled_text(text[:end], context, held), syntax.reasoning_tags)
-    return [Thought(thought)], ("" if context.final else None)
+        return FamilyParse((Thought(_without_tags(text[start:end], syntax.reasoning_tags)),)), after
+    if context.final:
+        return FamilyParse((Thought(_without_tags(text[start:end], syntax.reasoning_tags)),)), len(text)
+    held = (*syntax.reasoning_ends, *syntax.reasoning_tags)
+    at = end - held_back(text[start:end], held)
+    thought = Thought(_without_tags(text[start:at], syntax.reasoning_tags))
+    # Up to a call opener that may begin a call, the reasoning waits for what follows it.
+    opened = Open(at, REASONING, Thought, held) if end == len(text) else Open(at, REASONING)
+    return FamilyParse((thought,), open=opened), None
 
 
-def _reasoning_end(syntax: XmlCallSyntax, text: str, final: bool) -> tuple[int, int | None]:
+def _reasoning_end(syntax: XmlCallSyntax, text: str, start: int, final: bool) -> tuple[int, int | None]:
     """Where the reasoning ends and where the text after it starts (None: not yet known; the
     reasoning is then known up to the end). Its close marker ends it; so does a call opener
     followed by a function tag (the call stays in the text after), but not one the reasoning
     only mentions ("I should use <tool_call> here")."""
     closer, opener = syntax.reasoning_ends
-    close = text.find(closer)
+    close = text.find(closer, start)
     limit = len(text) if close < 0 else close
-    start = text.find(opener, 0, limit)
-    while start >= 0:
-        tag = skip_space(text, start + len(opener))
+    found = text.find(opener, start, limit)
+    while found >= 0:
+        tag = skip_space(text, found + len(opener))
         if text.startswith(syntax.function_open, tag):
-            return start, start
+            return found, found
         if not final and may_begin(text, tag, (syntax.function_open,)):
-            return start, None  # may be a call: the reasoning is known up to its opener
-        start = text.find(opener, start + 1, limit)
+            return found, None  # may be a call: the reasoning is known up to its opener
+        found = text.find(opener, found + 1, limit)
     return (close, close + len(closer)) if close >= 0 else (len(text), None)
 
 
@@ -131,12 +141,14 @@ class _Block:
     problem: str | None = None
 
 
-def _read_body(syntax: XmlCallSyntax, body: str, context: ParseContext) -> tuple[list[Segment], str | None]:
-    """Content and calls after the reasoning."""
+def _read_body(syntax: XmlCallSyntax, body: str, context: ParseContext, line_start: bool) -> FamilyParse:
+    """Content and calls after the reasoning. `line_start`: the body's first character starts
+    a line (where a bare function tag opens a call)."""
     segments: list[Segment] = []
     error = None
     text_from = search_from = 0
-    while (start := _next_block(syntax, body, search_from)) is not None:
+    waits = _Waits(syntax, body, line_start)
+    while (start := _next_block(syntax, body, search_from, line_start)) is not None:
         bare = not body.startswith(syntax.block_open, start)
         block = _read_block(syntax, body, start, bare, context)
         if bare and block.end is None:
@@ -144,43 +156,78 @@ def _read_body(syntax: XmlCallSyntax, body: str, context: ParseContext) -> tuple
                 search_from = start + 1
                 continue
             if not context.final:
-                return _with_text(segments, body[text_from:start]), None
-            return _with_text(segments, body[text_from:]), CUT_OFF
-        segments = _with_text(segments, body[text_from:start]) + block.calls
+                at, opened = waits.block(start)
+                return FamilyParse(tuple(_with_text(segments, body[text_from:at])), error, opened)
+            return FamilyParse(tuple(_with_text(segments, body[text_from:start])), CUT_OFF)
+        at, opened = waits.block(start, repeats=len(block.calls))
+        segments = _with_text(segments, body[text_from:start if block.end is not None or context.final else at])
+        segments += block.calls
         if block.end is not None:
             text_from = search_from = block.end
             continue
         if block.problem is None:  # the output ended (or may still end) inside the block
             if not context.final:
-                return segments, None
-            leftover = body[block.unread:]
-            # An opener and nothing after it gives nothing (the marker never reaches content);
-            # after whole calls, what is left of the block (a call cut off, or its closer cut
-            # short: `</tool_ca`) is markup, dropped too. Otherwise the block as written is the
-            # last segment, and the reader drops it as a cut-off call.
-            dropped = leftover.strip() == syntax.block_open or bool(block.calls)
-            return _with_text(segments, "" if dropped else leftover), CUT_OFF
+                return FamilyParse(tuple(segments), error, opened)
+            # A call cut off by the end of the output was a call: dropped, markup and all (after
+            # whole calls, what is left of the block: a call cut off, or its closer cut short).
+            return FamilyParse(tuple(segments), CUT_OFF)
         close = body.find(syntax.block_close, block.unread)
         if close < 0:
-            if not context.final:
-                return segments, None  # where the unreadable block ends is not known yet
-            return _with_text(segments, body[block.unread:]), block.problem
+            if not context.final:  # where the unreadable block ends is not known yet
+                return FamilyParse(tuple(segments), error, replace(opened, stops=(syntax.block_close,)))
+            return FamilyParse(tuple(_with_text(segments, body[block.unread:])), block.problem)
         end = close + len(syntax.block_close)
         segments = _with_text(segments, body[block.unread:end])
         error, text_from, search_from = block.problem, end, end
-    held = (syntax.block_open, *((syntax.function_open,) if syntax.bare_function else ()), *syntax.end_tokens)
-    return _with_text(segments, settled_text(body[text_from:], context, held)), error
+    if context.final:
+        return FamilyParse(tuple(_with_text(segments, body[text_from:])), error)
+    at, opened = waits.content(text_from)
+    return FamilyParse(tuple(_with_text(segments, body[text_from:at])), error, opened)
+
+
+class _Waits:
+    """Where a body that has not ended is read on from (family.Open): plain content, or a block
+    that has not ended."""
+
+    def __init__(self, syntax: XmlCallSyntax, body: str, line_start: bool) -> None:
+        self.syntax = syntax
+        self.body = body
+        self.line_start = line_start
+        bare_start = ("\n" + syntax.function_open,) if syntax.bare_function else ()
+        self.content_stops = (syntax.block_open, *bare_start)
+
+    def content(self, start: int) -> tuple[int, Open]:
+        """The end of the settled content from `start`, and the Open after it."""
+        text = self.body[start:]
+        if self.syntax.bare_function and self.line_start and start == 0 and "\n" not in text:
+            # The body's first line: a function tag at its start opens a call (no newline before it).
+            at = len(text) - held_back("\n" + text, self.content_stops)
+            return max(at, 0), Open(0, BODY, Text) if at <= 0 else Open(at, CONTENT, Text, self.content_stops)
+        at = start + len(text) - held_back(text, self.content_stops)
+        return at, Open(at, CONTENT, Text, self.content_stops)
+
+    def block(self, start: int, repeats: int = 0) -> tuple[int, Open]:
+        """A block from `start` that has not ended (its `repeats` calls read so far): where the
+        content before it ends, and the Open that reads it again from its start when what ends
+        a function or the block comes. A bare function tag is read from the newline before it
+        (or, at the body's start, as the body's start)."""
+        stops = (self.syntax.function_close, self.syntax.block_close)
+        if self.body.startswith(self.syntax.block_open, start):
+            return start, Open(start, CONTENT, None, stops, repeats)
+        if start > 0:
+            return start - 1, Open(start - 1, CONTENT, None, stops, repeats)
+        return 0, Open(0, BODY if self.line_start else CONTENT, None, stops, repeats)
 
 
 def _with_text(segments: list[Segment], text: str) -> list[Segment]:
     return segments + [Text(text)] if text else segments
 
 
-def _next_block(syntax: XmlCallSyntax, body: str, start: int) -> int | None:
+def _next_block(syntax: XmlCallSyntax, body: str, start: int, line_start: bool) -> int | None:
     found = [index for index in [body.find(syntax.block_open, start)] if index >= 0]
     if syntax.bare_function:
         bare = body.find(syntax.function_open, start)
-        while bare > 0 and body[bare - 1] != "\n":  # a bare function tag starts a line
+        while bare >= 0 and (body[bare - 1] != "\n" if bare > 0 else not line_start):  # a bare function tag starts a line
             bare = body.find(syntax.function_open, bare + 1)
         found += [bare] if bare >= 0 else []
     return min(found) if found else None

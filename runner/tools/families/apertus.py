@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..family import Call, CallSyntax, Family, FamilyParse, ParseContext
-from ._marked_calls import arguments_of, closed_section, content_and_calls, leading_reasoning, named_calls, with_reasoning
+from ..family import Call, CallSyntax, Family, FamilyParse, ParseContext, leading_reasoning, then
+from ._marked_calls import arguments_of, closed_section, content_and_calls, named_calls
 
 CALLS, END_CALLS = "<|tools_prefix|>", "<|tools_suffix|>"
 INNER, END_INNER = "<|inner_prefix|>", "<|inner_suffix|>"
@@ -42,10 +42,10 @@ _read_calls = closed_section(END_CALLS, _list_calls)
 
 
 def parse(text: str, context: ParseContext) -> FamilyParse:
-    reasoning, rest = leading_reasoning(text, context, INNER, (END_INNER,), also_ending=(CALLS,))
-    if rest is None:
-        return FamilyParse(tuple(reasoning))
-    return with_reasoning(reasoning, content_and_calls(rest, context, (CALLS,), _read_calls, hidden=(END_OF_TURN,)))
+    reasoning, body = leading_reasoning(text, context, INNER, (END_INNER,), also_ending=(CALLS,))
+    if body is None:
+        return reasoning
+    return then(reasoning, body, content_and_calls(text[body:], context, (CALLS,), _read_calls, hidden=(END_OF_TURN,)))
 
 
 FAMILY = Family(

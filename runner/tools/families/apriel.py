@@ -13,8 +13,8 @@ before hermes in detection.
 from __future__ import annotations
 
 
-from ..family import CallSyntax, Family, FamilyParse, ParseContext
-from ._marked_calls import closed_section, content_and_calls, json_list_calls, leading_reasoning, with_reasoning
+from ..family import CallSyntax, Family, FamilyParse, ParseContext, leading_reasoning, then
+from ._marked_calls import closed_section, content_and_calls, json_list_calls
 
 CALLS, END_CALLS = "<tool_calls>", "</tool_calls>"
 REASONING_STEPS = "Here are my reasoning steps:"  # what Apriel 1.6's generation prompt ends with
@@ -28,13 +28,12 @@ _read_calls = closed_section(END_CALLS, json_list_calls)
 
 def parse(text: str, context: ParseContext) -> FamilyParse:
     if context.reasoning_open:
-        reasoning, rest = leading_reasoning(text, context, REASONING_STEPS, (FINAL_RESPONSE,), also_ending=(CALLS,))
+        reasoning, body = leading_reasoning(text, context, REASONING_STEPS, (FINAL_RESPONSE,), also_ending=(CALLS,))
     else:
-        reasoning, rest = leading_reasoning(text, context, THINKING, (END_THINKING,), also_ending=(CALLS,))
-    if rest is None:
-        return FamilyParse(tuple(reasoning))
-    return with_reasoning(reasoning, content_and_calls(
-        rest, context, (CALLS,), _read_calls, hidden=(FINAL_RESPONSE, END_FINAL_RESPONSE, END_OF_TURN)))
+        reasoning, body = leading_reasoning(text, context, THINKING, (END_THINKING,), also_ending=(CALLS,))
+    if body is None:
+        return reasoning
+    return then(reasoning, body, content_and_calls(text[body:], context, (CALLS,), _read_calls, hidden=(FINAL_RESPONSE, END_FINAL_RESPONSE, END_OF_TURN)))
 
 
 FAMILY = Family(

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import json
 
-from ..family import Call, CallSyntax, Family, FamilyParse, ParseContext
-from ._marked_calls import closed_section, content_and_calls, leading_reasoning, named_calls, with_reasoning
+from ..family import Call, CallSyntax, Family, FamilyParse, ParseContext, leading_reasoning, then
+from ._marked_calls import closed_section, content_and_calls, named_calls
 
 THINKING, END_THINKING = "<|START_THINKING|>", "<|END_THINKING|>"
 ACTION, END_ACTION = "<|START_ACTION|>", "<|END_ACTION|>"
@@ -36,11 +36,11 @@ _read_action = closed_section(END_ACTION, _action_calls)
 
 
 def parse(text: str, context: ParseContext) -> FamilyParse:
-    reasoning, rest = leading_reasoning(text, context, THINKING, (END_THINKING,), also_ending=(ACTION, RESPONSE, TEXT))
-    if rest is None:
-        return FamilyParse(tuple(reasoning))
+    reasoning, body = leading_reasoning(text, context, THINKING, (END_THINKING,), also_ending=(ACTION, RESPONSE, TEXT))
+    if body is None:
+        return reasoning
     # The response markers wrap the content; the turn's tokens, where they show, are not text.
-    return with_reasoning(reasoning, content_and_calls(rest, context, (ACTION,), _read_action,
+    return then(reasoning, body, content_and_calls(text[body:], context, (ACTION,), _read_action,
                                                        hidden=(RESPONSE, END_RESPONSE, TEXT, END_TEXT, *TURN_MARKERS)))
 
 

@@ -55,7 +55,7 @@ def parse(text: str, context: ParseContext) -> FamilyParse:
         if isinstance(found, JsonCutOff):
             if not context.final:
                 return FamilyParse(nonempty(segments), error)
-            return FamilyParse(nonempty(segments + [Text(text[opener.start():])]), CUT_OFF)
+            return FamilyParse(nonempty(segments), CUT_OFF)
         if isinstance(found, JsonBroken):
             return FamilyParse(nonempty(segments + [Text(text[opener.start():])]), UNREADABLE)
         value, end = found

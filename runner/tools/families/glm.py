@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import re
 
-from ..family import (CUT_OFF, Call, CallSyntax, Family, FamilyParse, ParseContext, Segment, Text, arguments_json,
-                      property_schema, settled_text, skip_space, split_reasoning, typed_value)
+from ..family import (CONTENT, CUT_OFF, Call, CallSyntax, Family, FamilyParse, Open, ParseContext, Segment, Text,
+                      arguments_json, held_back, leading_reasoning, property_schema, skip_space, then, typed_value)
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
@@ -53,32 +53,42 @@ class _Malformed(Exception):
         self.reason = reason
 
 
+# After a call that cannot be read, the rest of the output is content as written.
+RAW = "raw"
+
+
 def parse(text: str, context: ParseContext) -> FamilyParse:
+    if context.state == RAW:
+        return FamilyParse((Text(text),), open=Open(len(text), RAW, Text, ()))
     # Where the prompt opened the reasoning the model may still write <think> itself: text that
     # may be its start waits like the closer's.
-    segments, rest = split_reasoning(text, context, THINK_OPEN, THINK_CLOSE, (THINK_OPEN, CALL_OPEN))
-    if rest is None:
-        return FamilyParse(tuple(segments))
-    return _parse_body(rest, context, list(segments))
+    reasoning, body = leading_reasoning(text, context, THINK_OPEN, (THINK_CLOSE,), held=(THINK_OPEN, CALL_OPEN))
+    if body is None:
+        return reasoning
+    return then(reasoning, body, _parse_body(text[body:], context))
 
 
-def _parse_body(text: str, context: ParseContext, segments: list[Segment]) -> FamilyParse:
+def _parse_body(text: str, context: ParseContext) -> FamilyParse:
     """Content and calls after the reasoning."""
+    segments: list[Segment] = []
     position = 0
     while True:
         start = text.find(CALL_OPEN, position)
         if start < 0:
-            segments.append(Text(_content(settled_text(text[position:], context, CONTENT_HOLD))))
-            return FamilyParse(tuple(segments))
+            at = len(text) if context.final else len(text) - held_back(text[position:], CONTENT_HOLD)
+            segments.append(Text(_content(text[position:at])))
+            return FamilyParse(tuple(segments), open=Open(at, CONTENT, Text, CONTENT_HOLD))
         segments.append(Text(_content(text[position:start])))
         try:
             call, position = _read_call(text, start + len(CALL_OPEN), context)
         except _Pending:
-            return FamilyParse(tuple(segments))
+            return FamilyParse(tuple(segments), open=Open(start, CONTENT, None, (CALL_CLOSE, CALL_OPEN)))
         except _Malformed as problem:
+            if problem.reason == CUT_OFF:  # a call cut off by the end of the output was a call: dropped
+                return FamilyParse(tuple(segments), CUT_OFF)
             # The raw text of the call (and all after it) is content, unchanged.
             segments.append(Text(text[start:]))
-            return FamilyParse(tuple(segments), problem.reason)
+            return FamilyParse(tuple(segments), problem.reason, Open(len(text), RAW, Text, ()))
         segments.append(call)
 
 

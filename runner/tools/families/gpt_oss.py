@@ -115,7 +115,7 @@ def _read_message(text: str, start: int, context: ParseContext) -> Step:
     if header.function is not None:
         step = _read_call(text, body, header.function, context)
         if step.error == CUT_OFF:  # the call as written, its header's markers included: dropped whole
-            return Step([Text(text[begins:])], step.next, CUT_OFF)
+            return Step([], step.next, CUT_OFF)
         return step
     if header.is_builtin_call:
         return _skip_builtin_call(text, body)

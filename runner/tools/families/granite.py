@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..family import Call, CallSyntax, Family, FamilyParse, ParseContext
-from ._marked_calls import content_and_calls, json_section, leading_reasoning, named_calls, with_reasoning
+from ..family import Call, CallSyntax, Family, FamilyParse, ParseContext, leading_reasoning, then
+from ._marked_calls import content_and_calls, json_section, named_calls
 
 CALLS = "<|tool_call|>"
 THINK, END_THINK = "<think>", "</think>"
@@ -28,11 +28,11 @@ _read_calls = json_section(_calls_of)
 
 
 def parse(text: str, context: ParseContext) -> FamilyParse:
-    reasoning, rest = leading_reasoning(text, context, THINK, (END_THINK,), also_ending=(CALLS,))
-    if rest is None:
-        return FamilyParse(tuple(reasoning))
+    reasoning, body = leading_reasoning(text, context, THINK, (END_THINK,), also_ending=(CALLS,))
+    if body is None:
+        return reasoning
     # The answer's <response> markers wrap content: dropped, as the end-of-text token.
-    return with_reasoning(reasoning, content_and_calls(rest, context, (CALLS,), _read_calls,
+    return then(reasoning, body, content_and_calls(text[body:], context, (CALLS,), _read_calls,
                                                        hidden=(RESPONSE, END_RESPONSE, END_OF_TEXT)))
 
 

@@ -1,18 +1,79 @@
 """Hermes 2 Pro and Qwen 2.5 / Qwen3 (non-Coder): <tool_call>{"name": ..., "arguments": {...}}</tool_call>,
-reasoning in <think>...</think> (Qwen3)."""
+reasoning in <think>...</think> (Qwen3).
 
-from ..family import Family, legacy_parse
+    <think>The user wants the weather.</think>
+    Let me look.
+    <tool_call>
+    {"name": "get_weather", "arguments": {"city": "Paris"}}
+    </tool_call>
+
+The closing tag may be missing, or cut short, where the output ends right after a whole call.
+Qwen3's templates may open <think> in the prompt: where the model reasons (its template says)
+and its output opens no block, the text before the first </think> waits until a </think>, a
+call or the end says whether it was reasoning.
+"""
+
+from __future__ import annotations
+
+from ..family import CONTENT, Family, FamilyParse, Open, ParseContext, Text, skip_space, then
+from ._json_calls import (RAW, THINK_CLOSE, THINK_OPEN, Body, Malformed, Pending, Progress, call_object,
+                          content_until, lead, read_raw)
+
+CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
+UNCLOSED = f"the model's tool call is not closed by {CALL_CLOSE}"
+
+
+def parse(text: str, context: ParseContext) -> FamilyParse:
+    blocks = ((THINK_OPEN, THINK_CLOSE),) if context.reasons else ()
+    reasoning, body = lead(text, context, blocks, settles=(CALL_OPEN,))
+    if body is None:
+        return reasoning
+    return then(reasoning, body, _body(text[body:], context))
+
+
+def _body(text: str, context: ParseContext) -> FamilyParse:
+    if context.state == RAW:
+        return read_raw(text, context)
+    body = Body(text, context)
+    position = 0
+    while True:
+        found, marker = content_until(text, position, (CALL_OPEN,), context)
+        body.add_text(text[position:found])
+        if marker is None:
+            return body.parse(Open(found, CONTENT, Text, (CALL_OPEN,)))
+        after = body.group(found, found + len(CALL_OPEN), _call_block, CONTENT, (CALL_CLOSE,))
+        if isinstance(after, FamilyParse):
+            return after
+        position = after
+
+
+def _call_block(text: str, position: int, final: bool, progress: Progress) -> int:
+    """After <tool_call>: one call object, then </tool_call> (or the end of the output)."""
+    call, position = call_object(text, position, final)
+    position = skip_space(text, position)
+    if text.startswith(CALL_CLOSE, position):
+        position += len(CALL_CLOSE)
+    elif CALL_CLOSE.startswith(text[position:]):
+        if not final:
+            raise Pending
+        position = len(text)  # cut short (or left out) at the end of the output
+    else:
+        raise Malformed(UNCLOSED)
+    progress.add(call, position)
+    return position
+
 
 FAMILY = Family(
     name="hermes",
     description='<tool_call>{"name": ..., "arguments": {...}}</tool_call> (Hermes 2 Pro, Qwen 2.5, Qwen3)',
-    parse=legacy_parse("hermes"),
+    parse=parse,
     # The JSON call's own key, quoted as the template writes it: a template that holds
     # <tool_call> but writes another body (XML, say) is left to the other fingerprints or to
     # what it renders.
     fingerprints=(("<tool_call>", '"arguments"'),),
-    markers=("<tool_call>", "</tool_call>", "<think>", "</think>"),
-    reasoning=("<think>", "</think>"),
+    markers=(CALL_OPEN, CALL_CLOSE, THINK_OPEN, THINK_CLOSE),
+    reasoning=(THINK_OPEN, THINK_CLOSE),
     priority=80,  # after the families whose templates also write <tool_call> (Qwen3-Coder's XML, GLM)
     legacy_format="hermes",
+    keeps_space_before_calls=False,
 )

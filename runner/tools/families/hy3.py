@@ -17,9 +17,9 @@ The turn ends at the end-of-sentence token.
 
 from __future__ import annotations
 
-from ..family import (CUT_OFF, Call, CallSyntax, Family, FamilyParse, ParseContext, arguments_json, may_begin,
-                      property_schema, until_turn_end)
-from ._marked_calls import Calls, Unreadable, content_and_calls, leading_reasoning, skip_space, with_reasoning
+from ..family import (CUT_OFF, Call, CallSyntax, Family, FamilyParse, ParseContext, leading_reasoning, then, arguments_json, may_begin,
+                      property_schema, read_turn)
+from ._marked_calls import Calls, Unreadable, content_and_calls, skip_space
 from ._xml_calls import parameter_value
 
 HYTK = ":opensource"  # the template's suffix of every special token
@@ -45,13 +45,16 @@ UNREADABLE = "the model's tool call could not be read"
 
 
 def parse(text: str, context: ParseContext) -> FamilyParse:
-    text, context = until_turn_end(text, context, END_TOKENS)
+    return read_turn(text, context, END_TOKENS, _parse_turn)
+
+
+def _parse_turn(text: str, context: ParseContext) -> FamilyParse:
     # The end tokens never occur in the turn (cut above): passed so that their start waits.
-    reasoning, rest = leading_reasoning(text, context, THINK_OPEN, (THINK_CLOSE,),
+    reasoning, body = leading_reasoning(text, context, THINK_OPEN, (THINK_CLOSE,),
                                         also_ending=(CALLS_OPEN, *END_TOKENS))
-    if rest is None:
-        return FamilyParse(tuple(reasoning))
-    return with_reasoning(reasoning, content_and_calls(rest, context, (CALLS_OPEN,), _read_block,
+    if body is None:
+        return reasoning
+    return then(reasoning, body, content_and_calls(text[body:], context, (CALLS_OPEN,), _read_block,
                                                        hidden=(*END_TOKENS, REASONING_MODE)))
 
 

@@ -179,6 +179,8 @@ def _parse_k2(text: str, context: ParseContext) -> FamilyParse:
         except _Pending:
             return FamilyParse(tuple(segments))
         except _Malformed as problem:  # its raw text (and all after it) is content, unchanged
+            if problem.reason == CUT_OFF:  # a call cut off by the end of the output was a call: dropped
+                return FamilyParse(tuple(segments), CUT_OFF)
             raw = problem.raw if problem.raw is not None else body[start:]
             return FamilyParse(tuple(segments) + (Text(raw),), problem.reason)
 
@@ -269,6 +271,8 @@ def _parse_k3(text: str, context: ParseContext) -> FamilyParse:
         except _Pending:
             return FamilyParse(tuple(segments))
         except _Malformed as problem:  # its raw text (and all after it) is content, unchanged
+            if problem.reason == CUT_OFF:  # a call cut off by the end of the output was a call: dropped
+                return FamilyParse(tuple(segments), CUT_OFF)
             raw = problem.raw if problem.raw is not None else body[start:]
             return FamilyParse(tuple(segments) + (Text(raw),), problem.reason)
 

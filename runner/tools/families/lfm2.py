@@ -15,8 +15,8 @@ import json
 import math
 from typing import Any
 
-from ..family import Call, Family, FamilyParse, ParseContext, arguments_json
-from ._marked_calls import closed_section, content_and_calls, leading_reasoning, named_calls, with_reasoning
+from ..family import Call, Family, FamilyParse, ParseContext, leading_reasoning, then, arguments_json
+from ._marked_calls import closed_section, content_and_calls, named_calls
 
 CALL, END_CALL = "<|tool_call_start|>", "<|tool_call_end|>"
 THINK, END_THINK = "<think>", "</think>"
@@ -105,10 +105,10 @@ _read_calls = closed_section(END_CALL, _calls)
 
 
 def parse(text: str, context: ParseContext) -> FamilyParse:
-    reasoning, rest = leading_reasoning(text, context, THINK, (END_THINK,))
-    if rest is None:
-        return FamilyParse(tuple(reasoning))
-    return with_reasoning(reasoning, content_and_calls(rest, context, (CALL,), _read_calls, hidden=(END_OF_TURN,)))
+    reasoning, body = leading_reasoning(text, context, THINK, (END_THINK,))
+    if body is None:
+        return reasoning
+    return then(reasoning, body, content_and_calls(text[body:], context, (CALL,), _read_calls, hidden=(END_OF_TURN,)))
 
 
 FAMILY = Family(

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import re
 
-from ..family import (CUT_OFF, Call, CallSyntax, Family, FamilyParse, ParseContext, arguments_json, property_schema,
-                      until_turn_end)
-from ._marked_calls import Calls, Unreadable, content_and_calls, leading_reasoning, skip_space, with_reasoning
+from ..family import (CUT_OFF, Call, CallSyntax, Family, FamilyParse, ParseContext, leading_reasoning, then, arguments_json, property_schema,
+                      read_turn)
+from ._marked_calls import Calls, Unreadable, content_and_calls, skip_space
 from ._xml_calls import parameter_value
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
@@ -34,12 +34,15 @@ _TAG_NAME = re.compile(r'([^"<>\n]*)"\s*>')  # the rest of a tag after its openi
 
 
 def parse(text: str, context: ParseContext) -> FamilyParse:
-    text, context = until_turn_end(text, context, END_TOKENS)
+    return read_turn(text, context, END_TOKENS, _parse_turn)
+
+
+def _parse_turn(text: str, context: ParseContext) -> FamilyParse:
     # The end tokens never occur in the turn (cut above): passed so that their start waits.
-    reasoning, rest = leading_reasoning(text, context, THINK_OPEN, (THINK_CLOSE,), also_ending=END_TOKENS)
-    if rest is None:
-        return FamilyParse(tuple(reasoning))
-    return with_reasoning(reasoning, content_and_calls(rest, context, (FUNCTION_OPEN,), _read_function,
+    reasoning, body = leading_reasoning(text, context, THINK_OPEN, (THINK_CLOSE,), also_ending=END_TOKENS)
+    if body is None:
+        return reasoning
+    return then(reasoning, body, content_and_calls(text[body:], context, (FUNCTION_OPEN,), _read_function,
                                                        hidden=END_TOKENS))
 
 

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import json
 
-from ..family import Call, CallSyntax, Family, FamilyParse, ParseContext, until_turn_end
-from ._marked_calls import closed_section, content_and_calls, leading_reasoning, named_calls, skip_space, with_reasoning
+from ..family import Call, CallSyntax, Family, FamilyParse, ParseContext, leading_reasoning, then, read_turn
+from ._marked_calls import closed_section, content_and_calls, named_calls, skip_space
 
 CALLS, END_CALLS = "<tool_calls>", "</tool_calls>"
 THINK, END_THINK = "<think>", "</think>"
@@ -53,12 +53,15 @@ _read_block = closed_section(END_CALLS, _calls_in_block)
 
 
 def parse(text: str, context: ParseContext) -> FamilyParse:
-    text, context = until_turn_end(text, context, (END_OF_TURN,))
+    return read_turn(text, context, (END_OF_TURN,), _parse_turn)
+
+
+def _parse_turn(text: str, context: ParseContext) -> FamilyParse:
     # A block of calls also ends thinking the model did not close.
-    reasoning, rest = leading_reasoning(text, context, THINK, (END_THINK,), also_ending=(CALLS,))
-    if rest is None:
-        return FamilyParse(tuple(reasoning))
-    return with_reasoning(reasoning, content_and_calls(rest, context, (CALLS,), _read_block,
+    reasoning, body = leading_reasoning(text, context, THINK, (END_THINK,), also_ending=(CALLS,))
+    if body is None:
+        return reasoning
+    return then(reasoning, body, content_and_calls(text[body:], context, (CALLS,), _read_block,
                                                        hidden=(END_OF_TURN, START_OF_TURN)))
 
 

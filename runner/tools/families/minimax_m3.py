@@ -22,9 +22,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..family import (CUT_OFF, Call, CallSyntax, Family, FamilyParse, ParseContext, Segment, Text, arguments_json,
-                      nonempty, property_schema, settled_text, until_turn_end)
-from ._marked_calls import UNREADABLE, leading_reasoning, skip_space, with_reasoning, without
+from ..family import (CUT_OFF, Call, CallSyntax, Family, FamilyParse, ParseContext, leading_reasoning, then, Segment, Text, arguments_json,
+                      nonempty, property_schema, settled_text, read_turn)
+from ._marked_calls import UNREADABLE, skip_space, without
 from ._xml_calls import parameter_value, schema_types
 
 NS = "]<]minimax[>["
@@ -55,11 +55,14 @@ class _Block:
 
 
 def parse(text: str, context: ParseContext) -> FamilyParse:
-    text, context = until_turn_end(text, context, (END_OF_TURN, START_OF_TURN))
-    reasoning, rest = leading_reasoning(text, context, THINK, (END_THINK,), also_ending=(BLOCK_OPEN,))
-    if rest is None:
-        return FamilyParse(tuple(reasoning))
-    return with_reasoning(reasoning, _answer(rest, context))
+    return read_turn(text, context, (END_OF_TURN, START_OF_TURN), _parse_turn)
+
+
+def _parse_turn(text: str, context: ParseContext) -> FamilyParse:
+    reasoning, body = leading_reasoning(text, context, THINK, (END_THINK,), also_ending=(BLOCK_OPEN,))
+    if body is None:
+        return reasoning
+    return then(reasoning, body, _answer(text[body:], context))
 
 
 def _answer(text: str, context: ParseContext) -> FamilyParse:

@@ -5,19 +5,90 @@ with [CALL_ID]id before [ARGS] where the model writes its call's id (Mistral Sma
     Checking.[TOOL_CALLS]get_weather[CALL_ID]a1b2c3d4e[ARGS]{"city": "Paris"}[TOOL_CALLS]get_time[ARGS]{}
 
 Reasoning (Magistral, Ministral 3 Reasoning) in [THINK]...[/THINK] at the start of the output,
-control tokens; Magistral Small 2506 wrote <think>...</think> as text.
+control tokens; Magistral Small 2506 wrote <think>...</think> as text. Mistral's templates never
+open the block in the prompt: text the output starts with is content.
 """
 
-from ..family import Family, legacy_parse
+from __future__ import annotations
+
+from ..family import CONTENT, Call, Family, FamilyParse, Open, ParseContext, Text, then
+from ._json_calls import (JSON_CLOSERS, NO_NAME, RAW, THINK_CLOSE, THINK_OPEN, Body, Malformed, Pending, Progress,
+                          arguments_at, call_array, content_until, lead, next_char, read_raw, skip_json_space)
+
+CALLS = "[TOOL_CALLS]"
+ARGS = "[ARGS]"
+CALL_ID = "[CALL_ID]"
+THINK, END_THINK = "[THINK]", "[/THINK]"
+NO_ARGS = f"the model's tool call has no {ARGS} after the function name"
+NAME_PUNCTUATION = "_-."
+
+
+def parse(text: str, context: ParseContext) -> FamilyParse:
+    # [THINK] is a control token (Magistral, Ministral 3 Reasoning): never text, always reasoning.
+    blocks = ((THINK, END_THINK), *(((THINK_OPEN, THINK_CLOSE),) if context.reasons else ()))
+    reasoning, body = lead(text, context, blocks, settles=(), prompt_may_open=False)
+    if body is None:
+        return reasoning
+    return then(reasoning, body, _body(text[body:], context))
+
+
+def _body(text: str, context: ParseContext) -> FamilyParse:
+    if context.state == RAW:
+        return read_raw(text, context)
+    body = Body(text, context)
+    position = 0
+    while True:
+        found, marker = content_until(text, position, (CALLS,), context)
+        body.add_text(text[position:found])
+        if marker is None:
+            return body.parse(Open(found, CONTENT, Text, (CALLS,)))
+        after = body.group(found, found + len(CALLS), _calls, CONTENT, JSON_CLOSERS)
+        if isinstance(after, FamilyParse):
+            return after
+        position = after
+
+
+def _calls(text: str, position: int, final: bool, progress: Progress) -> int:
+    """After [TOOL_CALLS]: a JSON array of call objects, or `name[CALL_ID]id[ARGS]{...}`."""
+    position = skip_json_space(text, position)
+    if next_char(text, position) == "[":
+        return call_array(text, position, final, progress)
+    name, position = _word(text, position, NAME_PUNCTUATION)
+    if text.startswith(CALL_ID, position):
+        _, position = _word(text, position + len(CALL_ID), "")  # the call's id: ours are the server's
+    elif not final and CALL_ID.startswith(text[position:]):
+        raise Pending
+    if not text.startswith(ARGS, position):
+        if ARGS.startswith(text[position:]):
+            raise Pending  # (at the end of the output: cut off)
+        raise Malformed(NO_ARGS)
+    if not name:
+        raise Malformed(NO_NAME)
+    arguments, position = arguments_at(text, position + len(ARGS), final)
+    progress.add(Call(name, arguments), position)
+    return position
+
+
+def _word(text: str, position: int, punctuation: str) -> tuple[str, int]:
+    """Letters, digits and `punctuation` from `position`, and where they end; Pending where the
+    text ends in them."""
+    start = position
+    while position < len(text) and (text[position].isalnum() or text[position] in punctuation):
+        position += 1
+    if position == len(text):
+        raise Pending
+    return text[start:position], position
+
 
 FAMILY = Family(
     name="mistral",
     description='[TOOL_CALLS][{"name": ..., "arguments": {...}}] or [TOOL_CALLS]name[ARGS]{...} (Mistral, Devstral)',
-    parse=legacy_parse("mistral"),
+    parse=parse,
     fingerprints=(("[TOOL_CALLS]",),),
-    markers=("[TOOL_CALLS]", "[ARGS]", "[CALL_ID]", "[THINK]", "[/THINK]"),
-    reasoning=("[THINK]", "[/THINK]"),
+    markers=(CALLS, ARGS, CALL_ID, THINK, END_THINK),
+    reasoning=(THINK, END_THINK),
     priority=85,
     legacy_format="mistral",
+    keeps_space_before_calls=False,
     call_id_length=9,  # Mistral's templates refuse any other id ("alphanumeric strings with length 9")
 )

@@ -9,8 +9,8 @@ reasoning in <think>...</think> (its generation prompt opens the block when thin
 from __future__ import annotations
 
 
-from ..family import CallSyntax, Family, FamilyParse, ParseContext
-from ._marked_calls import closed_section, content_and_calls, json_list_calls, leading_reasoning, with_reasoning
+from ..family import CallSyntax, Family, FamilyParse, ParseContext, leading_reasoning, then
+from ._marked_calls import closed_section, content_and_calls, json_list_calls
 
 CALLS, END_CALLS = "<TOOLCALL>", "</TOOLCALL>"
 THINK, END_THINK = "<think>", "</think>"
@@ -21,10 +21,10 @@ _read_calls = closed_section(END_CALLS, json_list_calls)
 
 
 def parse(text: str, context: ParseContext) -> FamilyParse:
-    reasoning, rest = leading_reasoning(text, context, THINK, (END_THINK,), also_ending=(CALLS,))
-    if rest is None:
-        return FamilyParse(tuple(reasoning))
-    return with_reasoning(reasoning, content_and_calls(rest, context, (CALLS,), _read_calls, hidden=(END_OF_TURN,)))
+    reasoning, body = leading_reasoning(text, context, THINK, (END_THINK,), also_ending=(CALLS,))
+    if body is None:
+        return reasoning
+    return then(reasoning, body, content_and_calls(text[body:], context, (CALLS,), _read_calls, hidden=(END_OF_TURN,)))
 
 
 FAMILY = Family(

@@ -15,8 +15,8 @@ its own ids. With reasoning_effort low or minimal the template writes an empty r
 
 from __future__ import annotations
 
-from ..family import Call, CallSyntax, Family, FamilyParse, ParseContext, held_back, json_object_text
-from ._marked_calls import closed_section, content_and_calls, leading_reasoning, with_reasoning
+from ..family import Call, CallSyntax, Family, FamilyParse, ParseContext, leading_reasoning, then, json_object_text
+from ._marked_calls import closed_section, content_and_calls
 
 BEGIN, END, ASSISTANT = "<|begin|>", "<|end|>", "assistant"
 THINK, CONTENT, TOOL_CALLS, CALLS_END = "<|think|>", "<|content|>", "<|tool_calls|>", "<|calls|>"
@@ -30,19 +30,11 @@ HEADER = BEGIN + ASSISTANT
 
 def parse(text: str, context: ParseContext) -> FamilyParse:
     # A message that starts the answer or the calls also ends reasoning the model never closed.
-    reasoning, rest = leading_reasoning(text, context, THINK, (END,), also_ending=(CONTENT, TOOL_CALLS, CALL_BEGIN))
-    if rest is None:
-        return FamilyParse(tuple(reasoning))
-    rest = _without_headers(rest, context)
-    return with_reasoning(reasoning, content_and_calls(rest, context, (CALL_BEGIN,), _read_call, hidden=FRAMES))
-
-
-def _without_headers(text: str, context: ParseContext) -> str:
-    """The text without its messages' headers (`<|begin|>assistant`); while the output grows,
-    without a header's start at its end either (the frames dropped from content are single
-    tokens, and the header is a token and a word)."""
-    text = text.replace(HEADER, "")
-    return text[:len(text) - held_back(text, (HEADER,))] if not context.final else text
+    reasoning, body = leading_reasoning(text, context, THINK, (END,), also_ending=(CONTENT, TOOL_CALLS, CALL_BEGIN))
+    if body is None:
+        return reasoning
+    return then(reasoning, body, content_and_calls(text[body:], context, (CALL_BEGIN,), _read_call,
+                                                   hidden=(HEADER, *FRAMES)))
 
 
 def _call(body: str, context: ParseContext) -> tuple[Call, ...] | None:
