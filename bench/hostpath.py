@@ -30,8 +30,16 @@ which prefills the prompts, is left out), split into phases:
 - detok+stops: Sequence.append_token() (detokenizing, stop strings, max_tokens, the sampler's
   accept)
 - update other: the rest of Engine.update() (KV accounting, text pieces, retiring, stats)
+- read: reading each new piece into content, reasoning and calls (the family's reader, in
+  OutputPieces.parse; part of update, not counted in update other)
 - delivery: Engine.take_output() and Deliveries.deliver() (pieces and results to the handles)
 - other: what is left of Runner.step() (its locks, its queued commands)
+
+With --readers (say `none,qwen3-xml`), every case runs once per reader: `none` submits plain
+prompts (no reader); a family's name submits chats to an engine whose tool format is that
+family, whose prompt ends inside the family's reasoning block (the zero-cost chat format
+writes the family's opener at the end of the prompt), so every piece goes through the family's
+reader, as a reasoning model's chat does.
 
 The phases are measured by wrapping those methods on the runner's instances (and
 Sequence.append_token on its class, for the run only); no engine code is changed. Each
@@ -83,6 +91,7 @@ from multiseq import Request, Runner, RunnerConfig, SamplingParams
 from multiseq.backend import _BatchBuffers as LlamaBatch  # the real backend's llama_batch filler
 from multiseq.batch import BatchEntry, ChunkRules
 from multiseq.grammar import tokenizer_from_pieces
+from multiseq.pieces import OutputPieces
 from multiseq.sequence import Sequence
 
 VOCABS = {49152: "SmolLM2", 151936: "Qwen", 262144: "Gemma 3"}
@@ -102,7 +111,7 @@ EOS_MARGIN = 20.0  # the EOS logit stands this far below a row's least likely ot
 PROMPT_BUDGET = 64  # tokens of a request's prompt, chat-rendered or not, at most
 MODEL_NAME = "zero-cost"
 
-PHASES = ("schedule", "batch", "sample", "detok+stops", "update other", "delivery", "other")
+PHASES = ("schedule", "batch", "sample", "detok+stops", "read", "update other", "delivery", "other")
 
 
 # --- the zero-cost backend -----------------------------------------------------------------------
@@ -174,8 +183,10 @@ class ZeroCostBackend:
     counted (each slot's length), so prefix reuse and shifting behave as on a real context; a
     slot's state cannot be saved."""
 
-    def __init__(self, num_slots: int, vocab: int, window: int, n_batch: int, seed: int = 0) -> None:
+    def __init__(self, num_slots: int, vocab: int, window: int, n_batch: int, seed: int = 0,
+                 reasoning_opener: str = "") -> None:
         self.num_slots = num_slots
+        self.reasoning_opener = reasoning_opener  # what the chat format writes at the end of a prompt
         self._batch = LlamaBatch(n_batch)
         self.n_vocab = vocab
         self.window = window
@@ -208,7 +219,8 @@ class ZeroCostBackend:
                     options: dict | None = None) -> str:
         if tools:
             raise ValueError("the zero-cost backend's chat format has no tools")
-        return "".join(f"<{message['role']}>{message['content']}" for message in messages) + "<assistant>"
+        return ("".join(f"<{message['role']}>{message['content']}" for message in messages) + "<assistant>"
+                + self.reasoning_opener)
 
     def token_bytes(self, token: int) -> bytes:
         return self.pieces[token]
@@ -276,6 +288,7 @@ class Case:
     vocab: int
     sampling: str  # "greedy" or "sampled"
     steps: int
+    reader: str | None = None  # a family whose reader reads every piece (None: plain prompts, no reader)
 
     def __post_init__(self) -> None:
         if self.sampling not in SAMPLINGS:
@@ -299,11 +312,19 @@ class Case:
                               seed=BASE_SEED + index)
 
     def requests(self) -> list[Request]:
-        return [Request(prompt=self.prompt(index), sampling=self.sampling_params(index), id=f"r{index}")
-                for index in range(self.slots)]
+        if self.reader is None:
+            return [Request(prompt=self.prompt(index), sampling=self.sampling_params(index), id=f"r{index}")
+                    for index in range(self.slots)]
+        return [Request(messages=({"role": "user", "content": self.prompt(index)},),
+                        sampling=self.sampling_params(index), id=f"r{index}") for index in range(self.slots)]
 
     def backend(self) -> ZeroCostBackend:
-        return ZeroCostBackend(self.slots, self.vocab, self.window, self.n_batch)
+        opener = ""
+        if self.reader is not None:
+            from multiseq.tools.families import family_named
+            reasoning = family_named(self.reader).reasoning
+            opener = reasoning[0] if reasoning else ""
+        return ZeroCostBackend(self.slots, self.vocab, self.window, self.n_batch, reasoning_opener=opener)
 
     @property
     def window(self) -> int:
@@ -317,7 +338,7 @@ class Case:
     def config(self) -> RunnerConfig:
         """No host cache: the zero-cost backend has no state to save."""
         return RunnerConfig(parallel=self.slots, slot_ctx=self.window, n_batch=self.n_batch, threads=1,
-                            seed=BASE_SEED, cache_ram_mib=0)
+                            seed=BASE_SEED, cache_ram_mib=0, tool_format=self.reader)
 
 
 # --- phases of a step ----------------------------------------------------------------------------
@@ -351,7 +372,8 @@ class PhaseClock:
             "batch": raw["plan"] + raw["execute"] - raw["sample"],
             "sample": raw["sample"],
             "detok+stops": raw["append_token"],
-            "update other": raw["update"] - raw["append_token"],
+            "read": raw["read"],
+            "update other": raw["update"] - raw["append_token"] - raw["read"],
             "delivery": raw["take_output"] + raw["deliver"],
         }
         phases["other"] = max(0.0, total - sum(phases.values()))
@@ -385,10 +407,13 @@ def instrumented(runner: Runner) -> Iterator[PhaseClock]:
     runner._deliveries.deliver = clock.timed("deliver", runner._deliveries.deliver)
     append_token = Sequence.append_token
     Sequence.append_token = clock.timed("append_token", append_token)
+    read = OutputPieces.parse
+    OutputPieces.parse = clock.timed("read", read)
     try:
         yield clock
     finally:
         Sequence.append_token = append_token
+        OutputPieces.parse = read
         for name in ("schedule", "execute", "update", "take_output"):
             delattr(engine, name)
         del engine.scheduler.plan
@@ -634,11 +659,12 @@ def _vocab_label(vocab: int) -> str:
 
 def phase_table(reports: list[CaseReport]) -> str:
     """Host milliseconds per decode step by phase, with the sampling references."""
-    header = ["slots", "vocab", "sampling", *PHASES, "total", "tok/s", "read floor", "chain fill", "chain apply"]
+    header = ["slots", "vocab", "sampling", "reader", *PHASES, "total", "tok/s", "read floor", "chain fill",
+              "chain apply"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for report in reports:
         run = report.run
-        cells = [str(run.case.slots), _vocab_label(run.case.vocab), run.case.sampling,
+        cells = [str(run.case.slots), _vocab_label(run.case.vocab), run.case.sampling, run.case.reader or "none",
                  *(f"{run.phase_ms[phase]:.3f}" for phase in PHASES), f"{run.total_ms:.3f}",
                  f"{run.tokens_per_second:,.0f}", f"{report.read_floor_ms:.3f}", f"{report.chain.fill_ms:.3f}",
                  f"{report.chain.apply_ms:.3f}"]
@@ -705,6 +731,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=64, help="decode steps measured: tokens per request (default 64)")
     parser.add_argument("--compare-steps", type=int, default=2,
                         help="steps of rows the sampling references run over (default 2)")
+    parser.add_argument("--readers", type=_readers, default=[None], metavar="none|FAMILY,...",
+                        help="run each case with no reader (none) and/or each family's reader (default none)")
     parser.add_argument("--server", action="store_true", help="also serve each case over HTTP")
     parser.add_argument("--stream-interval", type=_intervals, default=[None], metavar="auto|SECONDS",
                         help="with --server: serve's --stream-interval, comma-separated to compare (default auto)")
@@ -719,16 +747,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def _readers(text: str) -> list[str | None]:
+    from multiseq.tools.families import family_names
+    values = [part.strip() for part in text.split(",") if part.strip()]
+    unknown = [value for value in values if value != "none" and value not in family_names()]
+    if not values or unknown:
+        raise argparse.ArgumentTypeError(f"readers must be none or family names ({', '.join(family_names())}), "
+                                         f"got {text!r}")
+    return [None if value == "none" else value for value in values]
+
+
 def cases(args: argparse.Namespace) -> list[Case]:
-    return [Case(slots, vocab, sampling, args.steps)
-            for slots in args.slots for vocab in args.vocab for sampling in args.sampling]
+    return [Case(slots, vocab, sampling, args.steps, reader)
+            for slots in args.slots for vocab in args.vocab for sampling in args.sampling for reader in args.readers]
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     reports = []
     for case in cases(args):
-        print(f"{case.slots} slots, vocab {case.vocab}, {case.sampling} ...", file=sys.stderr, flush=True)
+        print(f"{case.slots} slots, vocab {case.vocab}, {case.sampling}, reader {case.reader or 'none'} ...",
+              file=sys.stderr, flush=True)
         reports.append(measure(case, args.compare_steps))
     print("Host milliseconds per decode step (zero-cost backend; read floor and llama.cpp chain on the same rows)\n")
     print(phase_table(reports))

@@ -1,8 +1,8 @@
-"""The Llama family (read by multiseq.tools.parsers): Llama 3.1-3.3's templates are detected,
-llama.cpp's expected parse (tests/test-chat.cpp) and CanIToolCall's recorded Llama outputs come
-out the same whole and one character at a time -- Llama 3's JSON calls, bare or after
-<|python_tag|> (which may follow text), and Llama 4's pythonic `[f(a=1), g()]` -- and a cut-off
-call is never a call."""
+"""The Llama family: Llama 3.1-3.3's templates are detected, llama.cpp's expected parse
+(tests/test-chat.cpp) and CanIToolCall's recorded Llama outputs come out the same whole and one
+character at a time -- Llama 3's JSON calls, bare or after <|python_tag|> (which may follow
+text), Llama 3.1's built-in tools (`brave_search.call(query=...)`), and Llama 4's pythonic
+`[f(a=1), g()]` -- and a cut-off call is never a call."""
 
 from __future__ import annotations
 
@@ -62,6 +62,16 @@ CASES = [  # (where the expected parse comes from, output, content, calls)
     ("llama/l4-vllm-pythonic-python-start-end", "<|python_start|>[get_weather(city='LA', metric='C')]<|python_end|>",
      None, [("get_weather", {"city": "LA", "metric": "C"})]),
     ("llama/l4-bug-leading-underscore-identifier", "[search(_limit=5)]", None, [("search", {"_limit": 5})]),
+    # Llama 3.1's built-in tools, as llama.cpp's tests write and read them.
+    ("test-chat.cpp code_interpreter", "<|python_tag|>code_interpreter.call(code=\"print('hey')\")", None,
+     [("code_interpreter", {"code": "print('hey')"})]),
+    ("test-chat.cpp python", "<|python_tag|>python.call(code=\"print('hey')\")", None,
+     [("python", {"code": "print('hey')"})]),
+    ("built-in brave_search after text", 'Let me search. <|python_tag|>brave_search.call(query="weather in Paris")',
+     "Let me search.", [("brave_search", {"query": "weather in Paris"})]),
+    ("built-in wolfram_alpha, two arguments",
+     '<|python_tag|>wolfram_alpha.call(query="integrate x^2", precision=3 )', None,
+     [("wolfram_alpha", {"query": "integrate x^2", "precision": 3})]),
 ]
 
 
@@ -80,6 +90,8 @@ def test_a_leading_bracket_that_begins_no_call_is_content(text):
 
 
 @pytest.mark.parametrize("text", [
+    '<|python_tag|>brave_search.call(query="weather in',
+    '<|python_tag|>brave_search.ca',
     '{"name": "create_event", "parameters": {"title": "Standup", "duration_minutes": 15,',
     '[get_weather(city="San Francisco"), get_weather(city="Seattle',
     "<|python_start|>[get_weather(city='LA'",

@@ -278,11 +278,24 @@ def read_turn(text: str, context: ParseContext, end_tokens: Sequence[str],
     if end < 0:  # the text that may begin an end token waits
         parsed = read(text if context.final else text[:len(text) - held_back(text, end_tokens)], context)
         opened = parsed.open
-        if opened is not None and opened.stops is not None:
-            opened = replace(opened, stops=(*opened.stops, *end_tokens))
-        return FamilyParse(parsed.segments, parsed.error, opened)
+        if opened is None or opened.stops is None:
+            return parsed
+        return _holding_end_tokens(text, parsed, replace(opened, stops=(*opened.stops, *end_tokens)))
     parsed = read(text[:end], replace(context, final=True))
     return FamilyParse(parsed.segments, parsed.error, None if context.final else Open(len(text), ENDED, None, ()))
+
+
+def _holding_end_tokens(text: str, parsed: FamilyParse, opened: Open) -> FamilyParse:
+    """Where plain text grows, what waits is the end that may begin one of the stops, the end
+    tokens' among them, taken together: text held back for a marker of the body and then for
+    an end token (`<` and `<`, where `<<` begins neither) is plain text up to the one end."""
+    segments = parsed.segments
+    if opened.grows is not None:
+        at = len(text) - held_back(text[opened.at:], opened.stops)
+        if at > opened.at:
+            segments = (*segments, opened.grows(text[opened.at:at]))
+            opened = replace(opened, at=at)
+    return FamilyParse(segments, parsed.error, opened)
 
 
 def until_turn_end(text: str, context: ParseContext, end_tokens: Sequence[str]) -> tuple[str, ParseContext]:

@@ -95,13 +95,14 @@ def expect(text: str, position: int, char: str, what: str) -> int:
     return position + 1
 
 
-def scan_value(text: str, position: int, final: bool) -> tuple[JsonValue, int]:
+def scan_value(text: str, position: int, final: bool, scalar_end: re.Pattern[str] = SCALAR_END) -> tuple[JsonValue, int]:
     """One JSON value whole (after whitespace), and where it ends. Where it ends is found by
-    tracking strings and nesting; json validates it once it is whole."""
+    tracking strings and nesting (a number or a literal ends at `scalar_end`); json validates
+    it once it is whole."""
     start = skip_json_space(text, position)
     first = next_char(text, start)
     if first not in '{["':
-        found = SCALAR_END.search(text, start)
+        found = scalar_end.search(text, start)
         if found is None and not final:
             raise Pending  # a number may go on
         end = len(text) if found is None else found.start()

@@ -34,10 +34,16 @@ class Calls:
 @dataclass(frozen=True)
 class Unreadable:
     """A section that is not a call (cut off, or not in the format): its raw text, up to `end`,
-    is given back as content, and `error` says why."""
+    is given back as content, and `error` says why. `rest_is_text`: no call can follow it (its
+    text runs on to the end of the output, all of it content)."""
 
     error: str
     end: int
+    rest_is_text: bool = False
+
+
+# The state after a section whose text runs on to the end of the output: all of it content.
+RAW = "raw"
 
 
 # A section reader: (text, start of its opening marker, that marker, context) -> Calls or
@@ -61,6 +67,8 @@ def content_and_calls(text: str, context: ParseContext, openers: Sequence[str], 
     `read_section`. `hidden`: markers that wrap content (response markers, end-of-turn tokens)
     and are dropped from it. The text is read in the middle of content (the state CONTENT is
     where it resumes)."""
+    if context.state == RAW:
+        return FamilyParse((Text(text),) if text else (), open=Open(len(text), RAW, Text, ()))
     segments: list[Segment] = []
     error: str | None = None
     position = 0
@@ -80,6 +88,9 @@ def content_and_calls(text: str, context: ParseContext, openers: Sequence[str], 
         if section is None:  # not ended yet: everything from here waits
             return FamilyParse(tuple(segments), error, Open(start, CONTENT, None, getattr(read_section, "stops", None)))
         if isinstance(section, Unreadable):
+            if section.rest_is_text:
+                segments.append(Text(text[start:]))
+                return FamilyParse(tuple(segments), section.error, Open(len(text), RAW, Text, ()))
             if section.error != CUT_OFF:  # a call cut off by the end of the output was a call: dropped
                 segments.append(Text(text[start:section.end]))  # the raw text, as the model wrote it
             error = section.error
@@ -120,7 +131,7 @@ def json_section(read_value: Callable[[Any, ParseContext], tuple[Call, ...] | No
         if isinstance(found, JsonCutOff):
             return Unreadable(CUT_OFF, len(text)) if context.final else None
         if isinstance(found, JsonBroken):
-            return Unreadable(UNREADABLE, len(text))  # not JSON: what follows is not a call either
+            return Unreadable(UNREADABLE, len(text), rest_is_text=True)  # not JSON: what follows is not a call either
         value, end = found
         calls = read_value(value, context)
         if calls is None:

@@ -15,7 +15,7 @@ import json
 import re
 
 from ..family import CUT_OFF, Call, CallSyntax, Family, FamilyParse, ParseContext, arguments_json, json_object_text
-from ._marked_calls import UNREADABLE, Calls, Unreadable, content_and_calls, first_of
+from ._marked_calls import UNREADABLE, Calls, Unreadable, content_and_calls, first_of, section_reader
 
 FUNCTION, END_FUNCTION = "<function=", "</function>"
 PYTHON_TAG = "<|python_tag|>"
@@ -30,7 +30,9 @@ def _read_function(text: str, start: int, opener: str, context: ParseContext) ->
     if name is None:
         if not context.final and _NAME_SO_FAR.match(text, name_start):
             return None  # the name is still coming
-        return Unreadable(CUT_OFF if _NAME_SO_FAR.match(text, name_start) else UNREADABLE, len(text))
+        if _NAME_SO_FAR.match(text, name_start):
+            return Unreadable(CUT_OFF, len(text))
+        return Unreadable(UNREADABLE, len(text), rest_is_text=True)
     end = text.find(END_FUNCTION, name.end())
     if end < 0:
         return Unreadable(CUT_OFF, len(text)) if context.final else None
@@ -63,6 +65,8 @@ def _code_arguments(code: str) -> str:
     return arguments_json(json.loads(written)) if written else arguments_json({"code": code.strip()})
 
 
+# A function comes when </function> closes it; the code after the tag at an end token.
+@section_reader((END_FUNCTION, END_OF_MESSAGE, END_OF_TURN))
 def _read_section(text: str, start: int, opener: str, context: ParseContext) -> Calls | Unreadable | None:
     reader = _read_python if opener == PYTHON_TAG else _read_function
     return reader(text, start, opener, context)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from ..family import (CUT_OFF, Call, CallSyntax, Family, FamilyParse, ParseContext, leading_reasoning, then, arguments_json, may_begin,
                       property_schema, read_turn)
-from ._marked_calls import Calls, Unreadable, content_and_calls, skip_space
+from ._marked_calls import Calls, Unreadable, content_and_calls, skip_space, section_reader
 from ._xml_calls import parameter_value
 
 HYTK = ":opensource"  # the template's suffix of every special token
@@ -66,6 +66,7 @@ class _Broken(Exception):
     """The text is not a call block in the format."""
 
 
+@section_reader((CALLS_CLOSE,))  # a block's calls come when it closes (or the output ends)
 def _read_block(text: str, start: int, opener: str, context: ParseContext) -> Calls | Unreadable | None:
     """The call block from `start`: its calls, unreadable text, or None while it goes on."""
     try:

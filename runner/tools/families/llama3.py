@@ -5,6 +5,12 @@ Llama 3 writes a call as a JSON object, bare at the start of its output or after
 
     <|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}
 
+Llama 3.1's built-in tools (brave_search, wolfram_alpha, code_interpreter, python) are called
+after the tag in a syntax of their own, keyword arguments whose values are JSON, read as a
+call of that tool with those arguments (as llama.cpp reads them):
+
+    <|python_tag|>brave_search.call(query="weather in Paris")
+
 Llama 4 writes a Python list of calls with keyword arguments (its "pythonic" format), bare at the
 start or between <|python_start|> and <|python_end|>:
 
@@ -20,11 +26,18 @@ from typing import Any
 
 from ..family import CONTENT, Call, Family, FamilyParse, Open, ParseContext, Text, skip_space, then
 from ._json_calls import (BODY, JSON_CLOSERS, RAW, THINK_CLOSE, THINK_OPEN, Body, Malformed, Pending, Progress,
-                          call_object, content_until, in_body, lead, read_raw)
+                          call_object, content_until, in_body, lead, read_raw, scan_value)
 
 PYTHON_TAG = "<|python_tag|>"
 PYTHON_START, PYTHON_END = "<|python_start|>", "<|python_end|>"  # Llama 4 (its calls may also be written bare)
 CALL_MARKERS = (PYTHON_TAG, PYTHON_START)
+
+# Llama 3.1's built-in tools after the tag: `NAME.call(KEY=VALUE, ...)`.
+BUILTIN_CALL = re.compile(r"\s*(\w+)\s*\.\s*call\(")
+BUILTIN_CALL_PREFIX = re.compile(r"\s*(?:\w+\s*(?:\.\s*(?:c(?:a(?:l(?:l)?)?)?)?)?)?")
+BUILTIN_ARGUMENT = re.compile(r"\s*(\w+)\s*=\s*")
+BUILTIN_SCALAR_END = re.compile(r"[\s,)]")  # where a number or a literal among the arguments ends
+NOT_BUILTIN = "the model's call of a built-in tool is not NAME.call(KEY=VALUE, ...) with JSON values"
 
 # Llama 4's pythonic calls: `[name(` begins them, and a text that may still grow into that waits.
 PYTHONIC_START = re.compile(r"\[\s*[A-Za-z_][\w.]*\s*\(")
@@ -76,11 +89,42 @@ def _body(text: str, context: ParseContext) -> FamilyParse:
         body.add_text(text[position:found])
         if marker is None:
             return body.parse(Open(found, CONTENT, Text, CALL_MARKERS))
-        read = _json_calls if marker == PYTHON_TAG else _python_start_calls
+        read = _tagged_calls if marker == PYTHON_TAG else _python_start_calls
         after = body.group(found, found + len(marker), read, CONTENT, JSON_CLOSERS)
         if isinstance(after, FamilyParse):
             return after
         position = after
+
+
+def _tagged_calls(text: str, position: int, final: bool, progress: Progress) -> int:
+    """After <|python_tag|>: a built-in tool's call, or JSON call objects."""
+    builtin = BUILTIN_CALL.match(text, position)
+    if builtin is not None:
+        return _builtin_call(text, builtin, final, progress)
+    if BUILTIN_CALL_PREFIX.fullmatch(text, position) and text[position:].strip():
+        raise Pending  # a tool's name, or the start of `.call(` (at the end of the output: cut off)
+    return _json_calls(text, position, final, progress)
+
+
+def _builtin_call(text: str, found: re.Match[str], final: bool, progress: Progress) -> int:
+    """`NAME.call(KEY=VALUE, ...)` from its match up to `(`: the call and where it ends."""
+    arguments: dict[str, Any] = {}
+    position = found.end()
+    while (argument := BUILTIN_ARGUMENT.match(text, position)) is not None and argument.end() < len(text):
+        value, position = scan_value(text, argument.end(), final, BUILTIN_SCALAR_END)
+        arguments[argument.group(1)] = value.value
+        position = skip_space(text, position)
+        if not text.startswith(",", position):
+            break
+        position += 1
+    position = skip_space(text, position)
+    if position == len(text):
+        raise Pending
+    if text[position] != ")":
+        raise Malformed(NOT_BUILTIN)
+    position += 1
+    progress.add(Call(found.group(1), json.dumps(arguments, ensure_ascii=False)), position)
+    return position
 
 
 def _json_calls(text: str, position: int, final: bool, progress: Progress) -> int:

@@ -18,7 +18,7 @@ import re
 
 from ..family import (CUT_OFF, Call, CallSyntax, Family, FamilyParse, ParseContext, leading_reasoning, then, arguments_json, property_schema,
                       read_turn)
-from ._marked_calls import Calls, Unreadable, content_and_calls, skip_space
+from ._marked_calls import Calls, Unreadable, content_and_calls, skip_space, section_reader
 from ._xml_calls import parameter_value
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
@@ -54,6 +54,7 @@ class _Broken(Exception):
     """The text is not a call in the format."""
 
 
+@section_reader((FUNCTION_CLOSE,))  # a call comes when it closes (or the output ends)
 def _read_function(text: str, start: int, opener: str, context: ParseContext) -> Calls | Unreadable | None:
     """One <function ...>...</function> from `start`: its call, unreadable text, or None while
     it has not ended."""
