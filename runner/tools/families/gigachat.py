@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import re
 
-from ..family import CUT_OFF, CallSyntax, Family, FamilyParse, ParseContext, Segment, Text, held_back, nonempty
-from ._marked_calls import UNREADABLE, JsonBroken, JsonCutOff, json_value_at, named_calls
+from ..family import (CONTENT, CUT_OFF, ENDED, CallSyntax, Family, FamilyParse, Open, ParseContext, Segment, Text,
+                      held_back, nonempty)
+from ._marked_calls import JSON_ENDS, UNREADABLE, JsonBroken, JsonCutOff, json_value_at, named_calls
 
 MESSAGE_SEP, ROLE_SEP, FUNCTION_CALL = "<|message_sep|>", "<|role_sep|>", "<|function_call|>"
 CALL_ROLE = "function call"
@@ -31,9 +32,19 @@ V3_OPEN = MESSAGE_SEP + "\n\n" + CALL_ROLE + ROLE_SEP + "\n"  # as the 3.0 templ
 # A call's opening: 3.1's token, or 3.0's message separator and the call's role.
 _OPENER = re.compile(re.escape(FUNCTION_CALL) + "|" + re.escape(MESSAGE_SEP) + r"\s*" + CALL_ROLE
                      + r"\s*" + re.escape(ROLE_SEP))
+# Content goes on until one of these: 3.1's call token, or a message's end (3.0's call, or the
+# output's end).
+CONTENT_STOPS = (FUNCTION_CALL, MESSAGE_SEP)
+# After a call that is not JSON, the rest of the output is content as written.
+RAW = "raw"
 
 
 def parse(text: str, context: ParseContext) -> FamilyParse:
+    # Nothing depends on where the output starts: the output's start reads as content does.
+    if context.state == ENDED:
+        return FamilyParse((), open=Open(len(text), ENDED, None, ()))
+    if context.state == RAW:
+        return FamilyParse(nonempty([Text(text)]), open=Open(len(text), RAW, Text, ()))
     segments: list[Segment] = []
     error = None
     position = 0
@@ -41,23 +52,30 @@ def parse(text: str, context: ParseContext) -> FamilyParse:
         opener = _OPENER.search(text, position)
         turn_end = text.find(MESSAGE_SEP, position)
         if turn_end >= 0 and (opener is None or turn_end < opener.start()):
+            segments.append(Text(text[position:turn_end]))
             if not context.final and _may_open_call(text[turn_end:]):
-                return FamilyParse(nonempty(segments + [Text(text[position:turn_end])]), error)
+                # 3.0's call opening may still come: nothing comes of the text from the
+                # separator until its <|role_sep|> does (or it turns out the output's end).
+                return FamilyParse(nonempty(segments), error, Open(turn_end, CONTENT, None, (ROLE_SEP,)))
             # The message ends, no call after it: the output has ended there.
-            return FamilyParse(nonempty(segments + [Text(text[position:turn_end])]), error)
+            return FamilyParse(nonempty(segments), error, Open(len(text), ENDED, None, ()))
         if opener is None:
-            tail = text[position:]
-            if not context.final:
-                tail = tail[:len(tail) - held_back(tail, (FUNCTION_CALL, MESSAGE_SEP))]
-            return FamilyParse(nonempty(segments + [Text(tail)]), error)
+            # Text that may begin a marker waits.
+            at = len(text) if context.final else len(text) - held_back(text[position:], CONTENT_STOPS)
+            segments.append(Text(text[position:at]))
+            return FamilyParse(nonempty(segments), error, Open(at, CONTENT, Text, CONTENT_STOPS))
         segments.append(Text(text[position:opener.start()]))
         found = json_value_at(text, opener.end())
         if isinstance(found, JsonCutOff):
-            if not context.final:
-                return FamilyParse(nonempty(segments), error)
-            return FamilyParse(nonempty(segments), CUT_OFF)
+            if context.final:  # a call cut off by the end of the output: dropped
+                return FamilyParse(nonempty(segments), CUT_OFF)
+            # Read again from the opener when a bracket may have closed the JSON (text that
+            # turns out not to be JSON waits for one too, or for the end).
+            return FamilyParse(nonempty(segments), error, Open(opener.start(), CONTENT, None, JSON_ENDS))
         if isinstance(found, JsonBroken):
-            return FamilyParse(nonempty(segments + [Text(text[opener.start():])]), UNREADABLE)
+            # Not JSON: the call's raw text and everything after it are content.
+            segments.append(Text(text[opener.start():]))
+            return FamilyParse(nonempty(segments), UNREADABLE, Open(len(text), RAW, Text, ()))
         value, end = found
         calls = named_calls(value, "name", ("arguments", "parameters")) if isinstance(value, dict) else None
         if calls is None:

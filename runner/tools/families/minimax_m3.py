@@ -22,8 +22,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..family import (CUT_OFF, Call, CallSyntax, Family, FamilyParse, ParseContext, leading_reasoning, then, Segment, Text, arguments_json,
-                      nonempty, property_schema, settled_text, read_turn)
+from ..family import (CONTENT, CUT_OFF, Call, CallSyntax, Family, FamilyParse, Open, ParseContext, Segment, Text,
+                      arguments_json, held_back, leading_reasoning, nonempty, property_schema, read_turn, then)
 from ._marked_calls import UNREADABLE, skip_space, without
 from ._xml_calls import parameter_value, schema_types
 
@@ -33,6 +33,13 @@ INVOKE_OPEN, INVOKE_CLOSE = NS + '<invoke name="', NS + "</invoke>"
 THINK, END_THINK = "<mm:think>", "</mm:think>"
 END_OF_TURN, START_OF_TURN, START_OF_DOCUMENT = "[e~[", "]~b]", "]~!b["
 ITEM = "item"
+# Dropped from content: a bare </mm:think> (a turn without reasoning) is no text.
+HIDDEN = (END_THINK,)
+# Content goes on, as written, until one of these: a call block, a marker dropped from it, the
+# end of the turn (cut by read_turn), or the start of a document (held while it may come).
+CONTENT_STOPS = (BLOCK_OPEN, END_THINK, END_OF_TURN, START_OF_TURN, START_OF_DOCUMENT)
+# A block that has not ended is read again when one of its calls, or the block, may have closed.
+BLOCK_STOPS = (INVOKE_CLOSE, BLOCK_CLOSE)
 
 _TAG = re.compile(r"([^<>/\s]+)>")  # an element's opening tag, after the namespace token and "<"
 _NAME = re.compile(r'([^"<>\n]+)">')
@@ -66,30 +73,34 @@ def _parse_turn(text: str, context: ParseContext) -> FamilyParse:
 
 
 def _answer(text: str, context: ParseContext) -> FamilyParse:
-    """Content and call blocks. A bare </mm:think> (a turn without reasoning) is no text."""
+    """Content and call blocks (in the state CONTENT, or at the answer's start: they read alike)."""
     segments: list[Segment] = []
     error = None
     position = 0
-    hidden = (END_THINK,)
-    waiting_for = (BLOCK_OPEN, END_THINK, END_OF_TURN, START_OF_TURN, START_OF_DOCUMENT)
     while (start := text.find(BLOCK_OPEN, position)) >= 0:
-        segments.append(Text(without(text[position:start], hidden)))
+        segments.append(Text(without(text[position:start], HIDDEN)))
         block = _read_block(text, start + len(BLOCK_OPEN), context)
         segments += block.calls
-        if block.end is None and block.problem is None:  # not ended yet: what follows waits
-            return FamilyParse(nonempty(segments), error)
-        if block.problem is not None:  # the text not read as calls, as the model wrote it
-            # (after whole calls, what is left of a block cut off is markup, dropped: a call cut
-            # off, or the block's close cut short, `]<]minimax[>[</tool_ca`; a block cut off
-            # before any whole call is its raw text, the last segment, dropped by the reader)
-            if not (block.problem == CUT_OFF and block.calls):
+        if block.end is None and block.problem is None:
+            if context.final:  # whole calls, only the block's close left out at the end: read
+                return FamilyParse(nonempty(segments), error)
+            # Not ended yet: read again from its opener (its calls so far come again).
+            return FamilyParse(nonempty(segments), error,
+                               Open(start, CONTENT, None, BLOCK_STOPS, repeats=len(block.calls)))
+        if block.problem is not None:
+            # A call cut off by the end of the output is dropped (the whole calls before it
+            # stand); a block that cannot be read is content, its raw text as the model wrote
+            # it (from the end of its last whole call).
+            if block.problem != CUT_OFF:
                 segments.append(Text(text[block.unread if block.calls else start:block.end or len(text)]))
             error = block.problem
-        if block.end is None:
+        if block.end is None:  # the output ended in the block
             return FamilyParse(nonempty(segments), error)
         position = block.end
-    segments.append(Text(settled_text(without(text[position:], hidden), context, waiting_for)))
-    return FamilyParse(nonempty(segments), error)
+    # Text that may begin a marker waits (a whole </mm:think> never does: no end of it begins one).
+    at = len(text) if context.final else len(text) - held_back(text[position:], CONTENT_STOPS)
+    segments.append(Text(without(text[position:at], HIDDEN)))
+    return FamilyParse(nonempty(segments), error, Open(at, CONTENT, Text, CONTENT_STOPS))
 
 
 def _read_block(text: str, position: int, context: ParseContext) -> _Block:

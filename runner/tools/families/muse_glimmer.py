@@ -22,9 +22,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ..family import (CUT_OFF, Call, CallSyntax, Family, FamilyParse, ParseContext, Segment, Text, Thought,
-                      arguments_json, may_begin, property_schema, settled_text, until_turn_end)
-from ._marked_calls import JsonBroken, JsonCutOff, arguments_of, json_value_at, skip_space
+from ..family import (CONTENT, CUT_OFF, REASONING, Call, CallSyntax, Family, FamilyParse, Open, ParseContext, Segment,
+                      Text, Thought, arguments_json, first_found, held_back, may_begin, property_schema, read_turn)
+from ._marked_calls import JSON_ENDS, JsonBroken, JsonCutOff, arguments_of, json_value_at, skip_space
 from ._xml_calls import parameter_value
 
 START, MESSAGE, END_OF_MESSAGE, END_OF_TURN = "<|start|>", "<|message|>", "<|eom|>", "<|eot|>"
@@ -37,6 +37,12 @@ MARKERS = (START, MESSAGE, END_OF_MESSAGE, END_OF_TURN, CALLS_OPEN, CALLS_CLOSE,
 REASONING_RECIPIENT, ANSWER_RECIPIENT = "self", "user"
 BODY_ENDS = (END_OF_MESSAGE, END_OF_TURN, START)  # a text message runs until one of them
 UNREADABLE = "the model's tool call could not be read"
+
+# Where a parse goes on from, besides the output's start (None): inside the body of an answer
+# (CONTENT) or of a reasoning message (REASONING), at a message's header, or just after a
+# message (where its <|eom|> may follow).
+HEADER = "header"
+AFTER_MESSAGE = "after message"
 
 _HEADER = re.compile(r"\s*(?:to=([^\s<]+))?\s*" + re.escape(MESSAGE))
 _RECIPIENT_SO_FAR = re.compile(r"\s*to=[^\s<]*\s*")
@@ -58,30 +64,66 @@ class _Broken(Exception):
 
 
 def parse(text: str, context: ParseContext) -> FamilyParse:
-    text, context = until_turn_end(text, context, (END_OF_TURN,))
+    return read_turn(text, context, (END_OF_TURN,), _parse_turn)
+
+
+def _parse_turn(text: str, context: ParseContext) -> FamilyParse:
+    """The messages from where the text starts: a header (the output's start, where the prompt
+    may have opened a reasoning message), a body, or just after a message."""
     segments: list[Segment] = []
     error = None
     position = 0
-    # A prompt that ended inside a reasoning message: the output starts in its body.
-    header: _Header | str | None = _Header(REASONING_RECIPIENT, 0) if context.reasoning_open else None
-    while position < len(text) or header is not None:
-        if header is None:
-            header = _header_at(text, position, context.final)
-        if header == "wait":
-            break
+    state = context.state
+    if state is None:
+        # A prompt that ended inside a reasoning message: the output starts in its body.
+        state = REASONING if context.reasoning_open else HEADER
+    while True:
+        if state in (CONTENT, REASONING):  # a text message's body, up to its end
+            end, _ = first_found(text, BODY_ENDS, position)
+            piece = Thought if state == REASONING else Text
+            if end < 0:
+                # Text that may begin a message's end waits.
+                at = len(text) if context.final else len(text) - held_back(text[position:], BODY_ENDS)
+                segments.append(piece(text[position:at]))
+                return _parse(segments, error, context, Open(at, state, piece, BODY_ENDS))
+            segments.append(piece(text[position:end]))
+            position, state = end, AFTER_MESSAGE
+            continue
+        header_at, header_state = position, state
+        if state == AFTER_MESSAGE:
+            after = _after_message(text, position)
+            if after == position and not context.final and _may_end_message(text, position):
+                # Its <|eom|> (after spaces) may still come, which the header does not read.
+                return _parse(segments, error, context, Open(position, AFTER_MESSAGE))
+            if after != position:
+                header_at, header_state = after, HEADER
+            position = after
+        if position == len(text):  # the next message has not begun
+            return _parse(segments, error, context, Open(header_at, header_state))
+        header = _header_at(text, position, context.final)
+        if header == "wait":  # read again from the header at every piece, until it is whole
+            return _parse(segments, error, context, Open(header_at, header_state))
         if header == "bare":  # a message the model wrote without a header: the answer
             header = _Header(None, _past_start(text, position))
         if header.recipient in (None, ANSWER_RECIPIENT, REASONING_RECIPIENT):
-            piece, position = _text_body(text, header.body, context)
-            segments.append(Thought(piece) if header.recipient == REASONING_RECIPIENT else Text(piece))
-        else:
-            position, problem = _call_message(text, position, header, context, segments)
-            error = problem or error
-        if position is None:
-            break
-        position, header = _after_message(text, position), None
-    return FamilyParse(tuple(segment for segment in segments if not isinstance(segment, (Text, Thought))
-                             or segment.text), error)
+            position, state = header.body, REASONING if header.recipient == REASONING_RECIPIENT else CONTENT
+            continue
+        end, problem, stops = _call_message(text, position, header, context, segments)
+        error = problem or error
+        if end is None:  # not ended yet: read again from its header when one of `stops` comes
+            return _parse(segments, error, context, Open(header_at, header_state, None, stops))
+        position, state = end, AFTER_MESSAGE
+
+
+def _parse(segments: list[Segment], error: str | None, context: ParseContext, opened: Open) -> FamilyParse:
+    kept = tuple(segment for segment in segments if not isinstance(segment, (Text, Thought)) or segment.text)
+    return FamilyParse(kept, error, None if context.final else opened)
+
+
+def _may_end_message(text: str, position: int) -> bool:
+    """Whether the text from `position` (spaces, and the start of <|eom|>) may still grow into
+    the end of a message that `_after_message` reads."""
+    return may_begin(text, skip_space(text, position), (END_OF_MESSAGE,))
 
 
 def _header_at(text: str, position: int, final: bool) -> _Header | str:
@@ -115,14 +157,6 @@ def _may_be_header(text: str) -> bool:
     return (not recipient and "to=".startswith(rest)) or MESSAGE.startswith(rest)
 
 
-def _text_body(text: str, start: int, context: ParseContext) -> tuple[str, int | None]:
-    """A text message's body from `start` and where it ends (None: it has not)."""
-    ends = [index for index in (text.find(marker, start) for marker in BODY_ENDS) if index >= 0]
-    if ends:
-        return text[start:min(ends)], min(ends)
-    return settled_text(text[start:], context, BODY_ENDS), (len(text) if context.final else None)
-
-
 def _after_message(text: str, position: int) -> int:
     """Past the end of a message (its <|eom|>, and whitespace before it)."""
     after = skip_space(text, position)
@@ -130,25 +164,37 @@ def _after_message(text: str, position: int) -> int:
 
 
 def _call_message(text: str, start: int, header: _Header, context: ParseContext,
-                  segments: list[Segment]) -> tuple[int | None, str | None]:
+                  segments: list[Segment]) -> tuple[int | None, str | None, tuple[str, ...] | None]:
     """A message addressed to a tool, from its header's start: its calls (onto `segments`),
-    where it ends (None: not yet), and why it is content (None: it is not)."""
+    where it ends (None: not yet, and then the strings without which it stays so), and why it
+    is content (None: it is not)."""
     try:
         calls, end = _calls_at(text, header.body, header.recipient, context)
     except _Waiting:
         if not context.final:
-            return None, None
-        segments.append(Text(text[start:]))  # the raw text, as the model wrote it
-        return len(text), CUT_OFF
+            return None, None, _closers(text, header.body)
+        return len(text), CUT_OFF, None  # a call cut off by the end of the output: dropped
     except _Broken:
-        ends = [index for index in (text.find(marker, header.body) for marker in BODY_ENDS) if index >= 0]
-        if not ends and not context.final:
-            return None, None  # where the unreadable message ends is not known yet
-        end = min(ends) if ends else len(text)
-        segments.append(Text(text[start:end]))
-        return end, UNREADABLE
+        end, _ = first_found(text, BODY_ENDS, header.body)
+        if end < 0 and not context.final:
+            return None, None, BODY_ENDS  # where the unreadable message ends is not known yet
+        end = end if end >= 0 else len(text)
+        segments.append(Text(text[start:end]))  # the raw text, as the model wrote it
+        return end, UNREADABLE, None
     segments.extend(calls)
-    return end, None
+    return end, None, None
+
+
+def _closers(text: str, body: int) -> tuple[str, ...] | None:
+    """What may end a call's body that has not ended: the bracket that may close its JSON, or
+    the markup's close; a message's end, where it turns out to be no call (None: what the body
+    is, is not known yet)."""
+    begins = skip_space(text, body)
+    if text.startswith("{", begins):
+        return (*JSON_ENDS, *BODY_ENDS)
+    if text.startswith(CALLS_OPEN, begins):
+        return (CALLS_CLOSE, *BODY_ENDS)
+    return None
 
 
 def _calls_at(text: str, position: int, recipient: str, context: ParseContext) -> tuple[list[Call], int]:
