@@ -276,26 +276,33 @@ def read_turn(text: str, context: ParseContext, end_tokens: Sequence[str],
         return FamilyParse((), open=Open(len(text), ENDED, None, ()))
     end, _ = first_found(text, end_tokens)
     if end < 0:  # the text that may begin an end token waits
-        parsed = read(text if context.final else text[:len(text) - held_back(text, end_tokens)], context)
+        cut = len(text) if context.final else len(text) - held_back(text, end_tokens)
+        parsed = read(text[:cut], context)
         opened = parsed.open
         if opened is None or opened.stops is None:
             return parsed
-        return _holding_end_tokens(text, parsed, replace(opened, stops=(*opened.stops, *end_tokens)))
+        return _holding_end_tokens(text, cut, parsed, end_tokens)
     parsed = read(text[:end], replace(context, final=True))
     return FamilyParse(parsed.segments, parsed.error, None if context.final else Open(len(text), ENDED, None, ()))
 
 
-def _holding_end_tokens(text: str, parsed: FamilyParse, opened: Open) -> FamilyParse:
-    """Where plain text grows, what waits is the end that may begin one of the stops, the end
-    tokens' among them, taken together: text held back for a marker of the body and then for
-    an end token (`<` and `<`, where `<<` begins neither) is plain text up to the one end."""
+def _holding_end_tokens(text: str, cut: int, parsed: FamilyParse, end_tokens: Sequence[str]) -> FamilyParse:
+    """The parse of the text before `cut` (the start of an end token's start), with the end
+    tokens among its stops. Where plain text grows, what waits is the end that may begin one
+    of the stops, taken together: text held back for a marker of the body and then for an end
+    token (`<` and `<`, where `<<` begins neither) is plain text up to the one end. (Only where
+    the family held back no more than its stops say: otherwise its claim stands as it is, and
+    the reader parses again at the next piece.)"""
+    opened = parsed.open
+    stops = (*opened.stops, *end_tokens)
     segments = parsed.segments
-    if opened.grows is not None:
-        at = len(text) - held_back(text[opened.at:], opened.stops)
+    family_held = text[opened.at:cut]
+    if opened.grows is not None and held_back(family_held, opened.stops) == len(family_held):
+        at = len(text) - held_back(text[opened.at:], stops)
         if at > opened.at:
             segments = (*segments, opened.grows(text[opened.at:at]))
             opened = replace(opened, at=at)
-    return FamilyParse(segments, parsed.error, opened)
+    return FamilyParse(segments, parsed.error, replace(opened, stops=stops))
 
 
 def until_turn_end(text: str, context: ParseContext, end_tokens: Sequence[str]) -> tuple[str, ParseContext]:

@@ -31,6 +31,11 @@ reasoning (llama.cpp's reading too: a model may call without closing its thinkin
 The text itself says which form a call has (a V3.1 call has JSON right after the separator,
 a DSML section is its own markup), so the parse needs no variant: it reads every form whatever
 `context.variant` says ("deepseek-v3" ... "deepseek-v41", the names of `variants` below).
+
+As the output streams, a parse goes on from reasoning (family.REASONING) or content
+(family.CONTENT) until a `</think>`, something that may open a call section, or the end of the
+turn; a section that has not ended is read again from its opener when something that may end
+one of its calls, or the section, comes.
 """
 
 from __future__ import annotations
@@ -39,8 +44,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..family import (CUT_OFF, STRICT_JSON, Call, CallSyntax, Family, FamilyParse, ParseContext, Segment, Text,
-                      Thought, arguments_json, held_back, property_schema, skip_space, typed_value, until_turn_end)
+from ..family import (CONTENT, CUT_OFF, REASONING, STRICT_JSON, Call, CallSyntax, Family, FamilyParse, Open,
+                      ParseContext, Segment, Text, Thought, arguments_json, held_back, property_schema, read_turn,
+                      skip_space, then, typed_value)
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 CALLS_BEGIN, CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
@@ -62,8 +68,16 @@ _PARAMETER_CLOSE = re.compile(rf"</{DSML}\s*parameter>")
 _SECTION_OPEN = re.compile(re.escape(CALLS_BEGIN) + "|" + _DSML_OPEN.pattern)
 _FENCE = re.compile(r"```(?:json)?")
 
-# What may begin a call section or end the turn: text ending with the start of one waits.
-_OPENER_STARTS = (CALLS_BEGIN, "<" + DSML, END_OF_SENTENCE)
+# What may begin a call section (every DSML block's tag starts with <｜DSML｜): content and
+# reasoning stream on until one of these comes (the end of the turn is read_turn's).
+SECTION_STARTS = (CALLS_BEGIN, "<" + DSML)
+REASONING_STOPS = (THINK_CLOSE, *SECTION_STARTS)
+# What ends a call or a section that has not ended: until one comes, it stays so (a call is read
+# whole only where its end marker is, and a section ends only at its closer). DSML's tags are
+# matched with their spacing; they all end so: </｜DSML｜invoke>, <｜DSML｜invoke name="x"/>, and
+# the block's </｜DSML｜tool_calls> (function_calls, calls).
+MARKED_SECTION_STOPS = (CALL_END, CALLS_END)
+DSML_SECTION_STOPS = ("invoke>", "/>", "calls>")
 
 
 @dataclass
@@ -78,76 +92,95 @@ class _Section:
 
 
 def parse(text: str, context: ParseContext) -> FamilyParse:
-    text, context = until_turn_end(text, context, (END_OF_SENTENCE,))
-    segments, rest = _split_reasoning(text, context)
-    if rest is None:
-        return FamilyParse(tuple(segments))
-    error = _read_answer(rest, context, segments)
-    return FamilyParse(tuple(segments), error)
+    return read_turn(text, context, (END_OF_SENTENCE,), _parse_turn)
+
+
+def _parse_turn(text: str, context: ParseContext) -> FamilyParse:
+    reasoning, body = _reasoning(text, context)
+    if body is None:
+        return reasoning
+    return then(reasoning, body, _read_answer(text[body:], context))
 
 
 # --- reasoning ----------------------------------------------------------------------------------
 
-def _split_reasoning(text: str, context: ParseContext) -> tuple[list[Segment], str | None]:
-    """The reasoning at the start (segments) and the text after it (None while it goes on).
+def _reasoning(text: str, context: ParseContext) -> tuple[FamilyParse, int | None]:
+    """The reasoning at the start: (its parse, where the answer starts; None while it goes on).
 
-    Like family.split_reasoning, but a call section ends the block as `</think>` does."""
-    stripped = text.lstrip()
-    inside = context.reasoning_open
-    if stripped.startswith(THINK_OPEN):
-        inside, text = True, stripped[len(THINK_OPEN):]
-    elif not context.final and THINK_OPEN.startswith(stripped):
-        return [], None  # nothing yet, or the start of <think>: wait
-    if not inside:
-        return [], text
-    close = text.find(THINK_CLOSE)
-    section = _SECTION_OPEN.search(text)
-    if section is not None and (close < 0 or section.start() < close):
-        return [Thought(text[:section.start()])], text[section.start():]  # the section is the answer's
+    Like family.leading_reasoning, but a call section (a pattern: DSML's tags have spacing)
+    ends the block as `</think>` does, and stays in the answer."""
+    if context.state == REASONING:  # read on from inside the block
+        start = 0
+    elif context.state is not None:  # the block is behind
+        return FamilyParse(()), 0
+    else:
+        begins = skip_space(text, 0)
+        if text.startswith(THINK_OPEN, begins):
+            start = begins + len(THINK_OPEN)
+        elif not context.final and THINK_OPEN.startswith(text[begins:]):
+            return FamilyParse((), open=Open(0)), None  # nothing yet, or the start of <think>: wait
+        elif context.reasoning_open:
+            start = 0
+        else:
+            return FamilyParse(()), 0
+    close = text.find(THINK_CLOSE, start)
+    section = _SECTION_OPEN.search(text, start, close if close >= 0 else len(text))
+    if section is not None:
+        return FamilyParse((Thought(text[start:section.start()]),)), section.start()  # the section is the answer's
     if close >= 0:
-        return [Thought(text[:close])], text[close + len(THINK_CLOSE):]
+        return FamilyParse((Thought(text[start:close]),)), close + len(THINK_CLOSE)
     if context.final:
-        return [Thought(text)], ""
-    return [Thought(text[:_may_begin_marker(text, (THINK_CLOSE, *_OPENER_STARTS))])], None
+        return FamilyParse((Thought(text[start:]),)), len(text)
+    opened = _plain(text, start, REASONING, Thought, REASONING_STOPS)
+    return FamilyParse((Thought(text[start:opened.at]),), open=opened), None
 
 
-def _may_begin_marker(text: str, markers: tuple[str, ...]) -> int:
-    """Where the end of `text` that may begin a marker (or a DSML block's opening tag) starts."""
-    cut = len(text) - held_back(text, markers)
-    partial = _DSML_OPEN_SO_FAR.search(text)
+def _plain(text: str, start: int, state: str, grows: type[Text] | type[Thought], stops: tuple[str, ...]) -> Open:
+    """Where plain content or reasoning from `start` goes on from: the end that may begin one
+    of `stops` waits; so does a DSML block's opening tag not yet whole (`<｜DSML｜ tool_ca`,
+    its spacing free), which no stop string can say: it is read again at every piece."""
+    partial = _DSML_OPEN_SO_FAR.search(text, start)
     if partial and any(block.startswith(partial.group(1)) for block in _DSML_BLOCKS):
-        cut = min(cut, partial.start())
-    return cut
+        return Open(partial.start(), state)
+    return Open(len(text) - held_back(text[start:], stops), state, grows, stops)
 
 
 # --- the answer: content and call sections ------------------------------------------------------
 
-def _read_answer(text: str, context: ParseContext, segments: list[Segment]) -> str | None:
-    """Content and calls after the reasoning, onto `segments`; the error, if any."""
+def _read_answer(text: str, context: ParseContext) -> FamilyParse:
+    """Content and calls after the reasoning (the state CONTENT: read on from the middle of it)."""
+    segments: list[Segment] = []
     error = None
     position = 0
     while True:
         opener = _SECTION_OPEN.search(text, position)
         if opener is None:
-            tail = text[position:]
-            _add_text(segments, tail if context.final else tail[:_may_begin_marker(tail, _OPENER_STARTS)])
-            return error
+            if context.final:
+                _add_text(segments, text[position:])
+                return FamilyParse(tuple(segments), error)
+            opened = _plain(text, position, CONTENT, Text, SECTION_STARTS)
+            _add_text(segments, text[position:opened.at])
+            return FamilyParse(tuple(segments), error, opened)
         _add_text(segments, text[position:opener.start()])
-        read = (_read_marked_section if opener.group() == CALLS_BEGIN else _read_dsml_section)(text, opener.end(),
-                                                                                           context)
+        marked = opener.group() == CALLS_BEGIN
+        read = (_read_marked_section if marked else _read_dsml_section)(text, opener.end(), context)
         segments.extend(read.calls)
-        if read.failure is not None and not context.final:
-            return error  # a call not yet closed (or not readable, which only the end settles): wait
+        if not context.final and (read.failure is not None or read.end is None):
+            # A call not yet closed (or not readable, which only the end settles), or a section
+            # whose closer has not come: the section is read again, from its opener, when
+            # something that ends a call or the section comes.
+            stops = MARKED_SECTION_STOPS if marked else DSML_SECTION_STOPS
+            return FamilyParse(tuple(segments), error, Open(opener.start(), CONTENT, None, stops, len(read.calls)))
         if read.failure is not None:
             error = read.failure
-            if not read.calls:  # nothing of it was a call: the model's text, as it wrote it
-                _add_text(segments, text[opener.start():read.end])
-            elif read.failure != CUT_OFF:  # a call that cannot be read: its text, as it was written
-                _add_text(segments, text[read.failed_at:read.end])
-            # A section cut off after its first calls: the rest is left out (the corpus expects
-            # that too), half of the markup of a call that will not run.
+            # A call cut off by the end of the output was a call: dropped, and the rest of its
+            # section with it (half of the markup of a call that will not run). One that cannot
+            # be read is the model's text, as it wrote it (the whole section where nothing of it
+            # was a call).
+            if read.failure != CUT_OFF:
+                _add_text(segments, text[read.failed_at if read.calls else opener.start():read.end])
         if read.end is None:
-            return error
+            return FamilyParse(tuple(segments), error)
         position = read.end
 
 

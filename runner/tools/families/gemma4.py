@@ -16,8 +16,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ..family import (CUT_OFF, STRICT_JSON, Call, Family, FamilyParse, ParseContext, Segment, Text, Thought,
-                      arguments_json, settled_text, skip_space)
+from ..family import (CONTENT, CUT_OFF, REASONING, STRICT_JSON, Call, Family, FamilyParse, Open, ParseContext, Segment,
+                      Text, Thought, arguments_json, held_back, skip_space)
 
 CALL_OPEN = "<|tool_call>"
 CALL_CLOSE = "<tool_call|>"
@@ -28,6 +28,9 @@ THOUGHT = "thought"  # the channel's name, written after its opener
 # Markers that may interrupt content: a call, a thought channel, and a stray end of a channel
 # (dropped: llama.cpp's tests have the model write one after an empty thought).
 CONTENT_MARKERS = (CALL_OPEN, CHANNEL_OPEN, CHANNEL_CLOSE)
+THOUGHT_MARKERS = (CHANNEL_CLOSE,)  # what ends the thought channel (nothing else is read in it)
+# A call has ended only at its closer (a whole call the output ends after is read at the end).
+CALL_MARKERS = (CALL_CLOSE,)
 
 UNREADABLE = "the model's tool call is not in Gemma's call:NAME{...} notation"
 CALL_HEAD = re.compile(r"\s*call:([\w.\-]+)(?=\s*\{)")
@@ -39,25 +42,41 @@ class _NotNotation(ValueError):
 
 
 def parse(text: str, context: ParseContext) -> FamilyParse:
+    """Content with thought channels and calls in it. The state says where the text starts: the
+    output's start (None: where the prompt may have opened the thought channel), inside a
+    thought channel (REASONING), or in content (CONTENT); a parse of a growing output goes on
+    from the end of the settled text, or from the marker of what has not ended."""
     segments: list[Segment] = []
     error: str | None = None
     position: int | None = 0
-    if context.reasoning_open:  # the prompt wrote `<|channel>thought\n`: the output starts as reasoning
-        position = _read_thought(text, 0, context, segments, named=False)
+    opened: Open | None = None
+    if context.state == REASONING:
+        position, opened = _read_thought(text, 0, context, segments)
+    elif context.state is None and context.reasoning_open:
+        # The prompt wrote `<|channel>thought\n`: the output starts as reasoning.
+        start = _after_channel_name(text, 0, context, named=False)
+        if start is None:
+            return FamilyParse((), open=Open(0))  # the model may write the opener again itself: wait
+        position, opened = _read_thought(text, start, context, segments)
     while position is not None:
         marker_at, marker = _first_marker(text, position)
         if marker is None:
-            _add_text(segments, settled_text(text[position:], context, CONTENT_MARKERS))
-            break
+            at = len(text) if context.final else len(text) - held_back(text[position:], CONTENT_MARKERS)
+            _add_text(segments, text[position:at])
+            return FamilyParse(tuple(segments), error, Open(at, CONTENT, Text, CONTENT_MARKERS))
         _add_text(segments, text[position:marker_at])
         if marker == CHANNEL_CLOSE:
             position = marker_at + len(marker)
-        elif marker == CHANNEL_OPEN:
-            position = _read_thought(text, marker_at + len(marker), context, segments, named=True)
+            continue
+        if marker == CHANNEL_OPEN:
+            start = _after_channel_name(text, marker_at + len(marker), context, named=True)
+            if start is None:  # the channel's name not yet whole: read again from its opener
+                return FamilyParse(tuple(segments), error, Open(marker_at, CONTENT))
+            position, opened = _read_thought(text, start, context, segments)
         else:
-            position, problem = _read_call(text, marker_at, context, segments)
-            error = error or problem
-    return FamilyParse(tuple(segments), error)
+            position, problem, opened = _read_call(text, marker_at, context, segments)
+            error = problem or error  # the last one (a stream keeps the last error a parse gave)
+    return FamilyParse(tuple(segments), error, opened)
 
 
 def _first_marker(text: str, start: int) -> tuple[int, str | None]:
@@ -72,18 +91,18 @@ def _add_text(segments: list[Segment], text: str) -> None:
 
 # --- reasoning -----------------------------------------------------------------------------------
 
-def _read_thought(text: str, start: int, context: ParseContext, segments: list[Segment], named: bool) -> int | None:
-    """The thought channel from `start` (after its opener) to <channel|>: where the text after it
-    starts, or None when the output ended (or may still go on) inside it."""
-    start = _after_channel_name(text, start, context, named)
-    if start is None:
-        return None
+def _read_thought(text: str, start: int, context: ParseContext,
+                  segments: list[Segment]) -> tuple[int | None, Open | None]:
+    """The thought channel from `start` (past its opener and name) to <channel|>: (where the
+    text after it starts, None; or None and where the reading goes on from, while it has not
+    ended)."""
     end = text.find(CHANNEL_CLOSE, start)
     if end < 0:
-        segments.append(Thought(settled_text(text[start:], context, (CHANNEL_CLOSE,))))
-        return None
+        at = len(text) if context.final else len(text) - held_back(text[start:], THOUGHT_MARKERS)
+        segments.append(Thought(text[start:at]))
+        return None, Open(at, REASONING, Thought, THOUGHT_MARKERS)
     segments.append(Thought(text[start:end]))
-    return end + len(CHANNEL_CLOSE)
+    return end + len(CHANNEL_CLOSE), None
 
 
 def _after_channel_name(text: str, start: int, context: ParseContext, named: bool) -> int | None:
@@ -104,9 +123,11 @@ def _after_channel_name(text: str, start: int, context: ParseContext, named: boo
 
 # --- calls ---------------------------------------------------------------------------------------
 
-def _read_call(text: str, start: int, context: ParseContext, segments: list[Segment]) -> tuple[int | None, str | None]:
-    """The call whose <|tool_call> is at `start`: (where the text after it starts, or None while
-    it has not ended; the error when it is given back as content or dropped)."""
+def _read_call(text: str, start: int, context: ParseContext,
+               segments: list[Segment]) -> tuple[int | None, str | None, Open | None]:
+    """The call whose <|tool_call> is at `start`: (where the text after it starts, or None
+    where the reading stops: the output ended, or the call has not; the error when it is given
+    back as content or dropped; while it has not ended, the reading goes on from its opener)."""
     body_start = start + len(CALL_OPEN)
     end = _call_end(text, body_start)
     if end >= 0:
@@ -114,20 +135,17 @@ def _read_call(text: str, start: int, context: ParseContext, segments: list[Segm
             segments.append(_call(text[body_start:end]))
         except _NotNotation:
             segments.append(Text(text[start:end + len(CALL_CLOSE)]))  # the raw text, as the model wrote it
-            return end + len(CALL_CLOSE), UNREADABLE
-        return end + len(CALL_CLOSE), None
+            return end + len(CALL_CLOSE), UNREADABLE, None
+        return end + len(CALL_CLOSE), None, None
     if not context.final:
-        return None, None  # the call goes on: it waits
+        return None, None, Open(start, CONTENT, None, CALL_MARKERS)  # the call goes on: it waits
     try:  # the output ended after a whole call whose <tool_call|> it never wrote
         segments.append(_call(text[body_start:]))
-        return None, None
+        return None, None, None
     except _NotNotation:
         pass
-    # Cut off. After whole calls it was one more call, and a bare opener is no text: neither is
-    # content. Otherwise its raw text is.
-    if not any(isinstance(segment, Call) for segment in segments) and text[body_start:].strip():
-        segments.append(Text(text[start:]))
-    return None, CUT_OFF
+    # Cut off: a call all the same (the model was writing one), dropped, its markers and all.
+    return None, CUT_OFF, None
 
 
 def _call_end(text: str, start: int) -> int:

@@ -20,15 +20,21 @@ was not asked for: it is dropped, as llama.cpp does.
 
 Marker strings inside a call's JSON strings are text (the model's tokenizer writes them as plain
 tokens there), so a call's body is read as JSON first and ends where its object closes.
+
+The output is read part by part, a header and then the body it opens. As it streams, a parse
+goes on from the part not yet ended, whose kind is the state: a body of text grows until its
+end marker comes; a header, a call's body or a built-in call's body is read again from its
+start when something that may end it comes.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from collections.abc import Hashable
+from dataclasses import dataclass, replace
 
-from ..family import (CUT_OFF, Call, CallSyntax, Family, FamilyParse, ParseContext, Segment, Text, Thought,
-                      json_object_text, settled_text)
+from ..family import (CONTENT, CUT_OFF, REASONING, Call, CallSyntax, Family, FamilyParse, Open, ParseContext,
+                      Segment, Text, Thought, held_back, json_object_text, skip_space)
 
 START, END, MESSAGE, CHANNEL = "<|start|>", "<|end|>", "<|message|>", "<|channel|>"
 CONSTRAIN, CALL, RETURN = "<|constrain|>", "<|call|>", "<|return|>"
@@ -46,12 +52,23 @@ BARE_TEXT_ENDS = (END, RETURN, START, CHANNEL)
 
 # A header ends at <|message|>; before it, an end marker or a new message's start makes it one
 # the model never finished (garbled: dropped).
-HEADER_END = re.compile("|".join(re.escape(marker) for marker in (MESSAGE, END, RETURN, CALL, START)))
+HEADER_ENDS = (MESSAGE, END, RETURN, CALL, START)
+HEADER_END = re.compile("|".join(re.escape(marker) for marker in HEADER_ENDS))
 RECIPIENT = re.compile(r"to=([^\s<]+)")
 CHANNEL_NAME = re.compile(r"\s*([^\s<]*)")
 # The pieces of JSON text that decide where an object ends: whole strings (possessive, so a
 # long string is one step), brackets, and a string's opening quote that never closed.
 JSON_PIECE = re.compile(r'"(?:[^"\\]++|\\.)*+"|[{}\[\]]|"')
+# What may settle a call's body that has not ended: the bracket that closes its JSON object, a
+# call's end, or the next message's start.
+CALL_BODY_STOPS = ("}", "]", *CALL_ENDS, START)
+
+# Where a text starts (ParseContext.state), besides None (the output's start), REASONING (an
+# analysis message's body) and CONTENT (the body of a message the user sees):
+BETWEEN = "between"  # where a message (its header, or text with none) may begin
+BARE = "bare"  # text with no header
+BUILTIN = "builtin"  # the body of a built-in tool's call (skipped)
+# ("call", NAME): the body of a call of the function NAME
 
 
 @dataclass(frozen=True)
@@ -74,67 +91,78 @@ class Header:
 
 @dataclass
 class Step:
-    """One message read: its segments and where the next begins (None: nothing more to read
-    now: the output ended, or what follows waits for more text)."""
+    """One part of the output read (a header, or a body): its segments, and where the next part
+    begins and what it is (`next` None: nothing more to read now: the output ended, or what
+    follows waits for more text, and `open` says where the reading goes on from)."""
 
     segments: list[Segment]
     next: int | None
+    state: Hashable = BETWEEN
     error: str | None = None
+    open: Open | None = None
 
 
 def parse(text: str, context: ParseContext) -> FamilyParse:
     segments: list[Segment] = []
     error = None
-    position: int | None = 0
-    if context.reasoning_open:  # the prompt wrote `<|channel|>analysis<|message|>` for the model
-        position = _take(_read_text_body(text, 0, Thought, MESSAGE_ENDS, context), segments)
-    while position is not None and position < len(text):
-        step = _read_message(text, position, context)
-        position = _take(step, segments)
+    state = context.state
+    if state is None:  # the prompt may have written `<|channel|>analysis<|message|>` for the model
+        state = REASONING if context.reasoning_open else BETWEEN
+    position = 0
+    while True:
+        step = _read(text, position, state, context)
+        segments.extend(segment for segment in step.segments
+                        if not isinstance(segment, (Text, Thought)) or segment.text)
         error = step.error or error
-    return FamilyParse(tuple(segments), error)
+        if step.next is None:
+            return FamilyParse(tuple(segments), error, step.open)
+        position, state = step.next, step.state
 
 
-def _take(step: Step, segments: list[Segment]) -> int | None:
-    segments.extend(segment for segment in step.segments if not isinstance(segment, (Text, Thought)) or segment.text)
-    return step.next
+def _read(text: str, start: int, state: Hashable, context: ParseContext) -> Step:
+    """The part of the output at `start` that `state` says it is."""
+    if state == BETWEEN:
+        return _read_header(text, start, context)
+    if state == REASONING:
+        return _read_text_body(text, start, state, Thought, MESSAGE_ENDS, context)
+    if state == CONTENT:
+        return _read_text_body(text, start, state, Text, MESSAGE_ENDS, context)
+    if state == BARE:
+        return _read_text_body(text, start, state, Text, BARE_TEXT_ENDS, context, keep_end=(START, CHANNEL))
+    if state == BUILTIN:
+        return _skip_builtin_call(text, start, context)
+    _, name = state
+    step = _read_call(text, start, name, context)
+    if step.error == CUT_OFF:  # the call as written, its header's markers included: dropped whole
+        return Step([], None, error=CUT_OFF)
+    return step
 
 
-def _read_message(text: str, start: int, context: ParseContext) -> Step:
-    rest = text[start:].lstrip()
-    begins = len(text) - len(rest)
-    if not rest:
-        return Step([], None)  # whitespace between messages, or after the last
-    if not context.final and any(opener.startswith(rest) for opener in HEADER_STARTS):
-        return Step([], None)  # text that may begin a header: wait
-    if not rest.startswith(HEADER_STARTS):
-        return _read_text_body(text, start, Text, BARE_TEXT_ENDS, context, keep_end=(START, CHANNEL))
-    header, body = _read_header(text, begins)
-    if header is None:
-        return Step([], body)  # unfinished (dropped at the end: no call was made) or garbled
-    if header.function is not None:
-        step = _read_call(text, body, header.function, context)
-        if step.error == CUT_OFF:  # the call as written, its header's markers included: dropped whole
-            return Step([], step.next, CUT_OFF)
-        return step
-    if header.is_builtin_call:
-        return _skip_builtin_call(text, body)
-    kind = Thought if header.channel == REASONING_CHANNEL else Text
-    return _read_text_body(text, body, kind, MESSAGE_ENDS, context)
-
-
-def _read_header(text: str, start: int) -> tuple[Header | None, int | None]:
-    """The header that begins at `start` and where its body begins; (None, where reading goes
-    on) for a header that is not finished or never will be."""
-    opening = len(START) if text.startswith(START, start) else 0
-    found = HEADER_END.search(text, start + opening)
-    if found is None:
-        return None, None  # not finished: more text, or (at the end) a header the model never ended
+def _read_header(text: str, start: int, context: ParseContext) -> Step:
+    """A message's header, from `start` (whitespace may come first): the body it opens is the
+    next part; text with no header is a bare body."""
+    begins = skip_space(text, start)
+    waits = Step([], None, open=Open(start, BETWEEN))  # read again from here at the next piece
+    if begins == len(text):
+        return waits  # whitespace between messages, or after the last
+    if not context.final and any(opener.startswith(text[begins:]) for opener in HEADER_STARTS):
+        return waits  # text that may begin a header
+    if not text.startswith(HEADER_STARTS, begins):
+        return Step([], start, BARE)
+    opening = len(START) if text.startswith(START, begins) else 0
+    found = HEADER_END.search(text, begins + opening)
+    if found is None:  # not finished: more text, or (at the end) a header the model never ended
+        return Step([], None, open=Open(start, BETWEEN, None, HEADER_ENDS))
     if found.group() == START:
-        return None, found.start()  # garbled: a new message begins before this one's <|message|>
+        return Step([], found.start())  # garbled: a new message begins before this one's <|message|>
     if found.group() != MESSAGE:
-        return None, found.end()  # garbled: ended without a body (`<|channel|>??<|end|>`)
-    return _header_of(text[start + opening:found.start()]), found.end()
+        return Step([], found.end())  # garbled: ended without a body (`<|channel|>??<|end|>`)
+    header = _header_of(text[begins + opening:found.start()])
+    if header.function is not None:
+        return Step([], found.end(), ("call", header.function))
+    if header.is_builtin_call:
+        return Step([], found.end(), BUILTIN)
+    return Step([], found.end(), REASONING if header.channel == REASONING_CHANNEL else CONTENT)
 
 
 def _header_of(header: str) -> Header:
@@ -148,12 +176,14 @@ def _header_of(header: str) -> Header:
     return Header(name, recipient.group(1) if recipient else None)
 
 
-def _read_text_body(text: str, start: int, kind: type[Text] | type[Thought], ends: tuple[str, ...],
-                    context: ParseContext, keep_end: tuple[str, ...] = ()) -> Step:
-    """A body of text up to its end marker; `keep_end`: end markers that begin the next message."""
+def _read_text_body(text: str, start: int, state: Hashable, kind: type[Text] | type[Thought],
+                    ends: tuple[str, ...], context: ParseContext, keep_end: tuple[str, ...] = ()) -> Step:
+    """A body of text up to its end marker; `keep_end`: end markers that begin the next message.
+    Until one comes, more text is more of the body."""
     end, marker = _first_of(text, start, ends)
     if end < 0:  # not ended: all of it so far, less what may begin its end
-        return Step([kind(settled_text(text[start:], context, ends))], None)
+        at = len(text) if context.final else len(text) - held_back(text[start:], ends)
+        return Step([kind(text[start:at])], None, open=Open(at, state, kind, ends))
     return Step([kind(text[start:end])], end if marker in keep_end else end + len(marker))
 
 
@@ -161,44 +191,47 @@ def _read_call(text: str, start: int, name: str, context: ParseContext) -> Step:
     """A call's body: the JSON object of its arguments, then its end (<|call|>, <|end|>) or the
     output's. One that is no JSON object is given back as content (its body as written; the
     header's markers are left out) with `error` saying why; one cut off by the end of the output
-    is given back as its body with CUT_OFF (the caller makes it the whole call as written, so
-    that it is dropped)."""
-    body = len(text) - len(text[start:].lstrip())
+    comes back with CUT_OFF (the caller drops it, header and all). Until it ends it is read
+    again from its start, with the name (its header is behind)."""
+    waits = Step([], None, open=Open(start, ("call", name), None, CALL_BODY_STOPS))
+    body = skip_space(text, start)
+    if body == len(text) and not context.final:
+        return replace(waits, open=Open(start, ("call", name)))  # its first character says what it is
     if text.startswith("{", body):
-        step = _read_json_call(text, start, body, name, context)
+        step = _read_json_call(text, start, body, name, context, waits)
         if step is not None:
             return step
     end, marker = _first_of(text, start, CALL_ENDS)
     if end < 0:
-        if not context.final:
-            return Step([], None)
-        return Step([Text(text[start:])], len(text), CUT_OFF)
+        return Step([], None, error=CUT_OFF) if context.final else waits
     arguments = json_object_text(text[start:end])
     if arguments is None:
         why = f"the model's call of {name} has arguments that are not a JSON object"
-        return Step([Text(text[start:end])], end + len(marker), why)
+        return Step([Text(text[start:end])], end + len(marker), error=why)
     return Step([Call(name, arguments)], end + len(marker))
 
 
-def _read_json_call(text: str, start: int, body: int, name: str, context: ParseContext) -> Step | None:
+def _read_json_call(text: str, start: int, body: int, name: str, context: ParseContext, waits: Step) -> Step | None:
     """The call when its body is a JSON object followed by its end; None when it is not (the
     body is then read up to the first end marker)."""
     closed = _json_object_end(text, body)
     if closed is None:  # the object has not closed: more text, or a call cut off
-        return Step([Text(text[start:])], len(text), CUT_OFF) if context.final else Step([], None)
+        return Step([], None, error=CUT_OFF) if context.final else waits
     arguments = json_object_text(text[body:closed])
     if arguments is None:
         return None
-    after = len(text) - len(text[closed:].lstrip())
+    after = skip_space(text, closed)
+    # What follows the object decides, character by character: read again at every piece.
+    undecided = replace(waits, open=Open(start, ("call", name)))
     if after == len(text):  # the output ended after the object (its stop token, <|call|>, cut)
-        return Step([Call(name, arguments)], len(text)) if context.final else Step([], None)
+        return Step([Call(name, arguments)], len(text)) if context.final else undecided
     end_marker = next((marker for marker in CALL_ENDS if text.startswith(marker, after)), None)
     if end_marker is not None:
         return Step([Call(name, arguments)], after + len(end_marker))
     if text.startswith(START, after):  # the next message begins without this one's end
         return Step([Call(name, arguments)], after)
     if not context.final and any(marker.startswith(text[after:]) for marker in (*CALL_ENDS, START)):
-        return Step([], None)
+        return undecided
     return None
 
 
@@ -219,10 +252,13 @@ def _json_object_end(text: str, start: int) -> int | None:
     return None
 
 
-def _skip_builtin_call(text: str, start: int) -> Step:
+def _skip_builtin_call(text: str, start: int, context: ParseContext) -> Step:
     """A call of a built-in tool that was not offered: nothing to show (llama.cpp drops it too)."""
     end, marker = _first_of(text, start, CALL_ENDS)
-    return Step([], None if end < 0 else end + len(marker))
+    if end < 0:
+        at = len(text) if context.final else len(text) - held_back(text[start:], CALL_ENDS)
+        return Step([], None, open=Open(at, BUILTIN, None, CALL_ENDS))
+    return Step([], end + len(marker))
 
 
 def _first_of(text: str, start: int, markers: tuple[str, ...]) -> tuple[int, str]:

@@ -23,17 +23,24 @@ else as JSON):
 
 (again one line). Which of the two an output is: the template's variant where it is known,
 else the output's own tokens (<|open|>/<|close|> are K3's).
+
+As the output streams, a parse goes on from where the last one settled, the state saying the
+format (where the tokens told it) and the place: reasoning and content grow until a marker may
+come; a section of calls (a tools element) that has not ended is read again from its opener
+when something that may end one of its calls, or it, comes.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Hashable, Mapping
+from dataclasses import replace
 from typing import Any
 
-from ..family import (CUT_OFF, STRICT_JSON, Call, CallSyntax, Family, FamilyParse, ParseContext, Segment, Text,
-                      Thought, property_schema, settled_text, typed_value)
+from ..family import (CONTENT, CUT_OFF, REASONING, STRICT_JSON, Call, CallSyntax, Family, FamilyParse, Open,
+                      ParseContext, Segment, Text, Thought, held_back, may_begin, property_schema, skip_space, then,
+                      typed_value)
 
 # --- Kimi K2's tokens ---
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
@@ -76,11 +83,27 @@ STRAY = (*K2_STRAY, *K3_STRAY)
 # output whose format is known only from its tokens streams as it reads whole).
 HOLD = (SECTION_BEGIN, CALL_BEGIN, THINK_OPEN, TOOLS_OPEN, THINKING_OPEN, *STRAY)
 
+# An output whose format is known only from its tokens (no template said) is read as K2's until
+# its first token tells: until then the start of any token of either format waits, so that the
+# token is read where it comes (HOLD begins with all of them but <|sep|>).
+UNDECIDED_HOLD = (*HOLD, SEP)
+
 MALFORMED = "the model's tool call is not in Kimi's format"
+
+# Where a text starts (ParseContext.state) is a pair: the format (K2 or K3; None while neither's
+# tokens have come) and the place: None (the output's start), family.REASONING, family.CONTENT,
+# or RAW (after a call that could not be read: all of the rest is content, as written).
+K2, K3 = "k2", "k3"
+RAW = "raw"
 
 
 class _Pending(Exception):
-    """The text so far ends inside a call or a tag: more text decides it."""
+    """The text so far ends inside a call or a tag: more text decides it. `stops`: the strings
+    without which it stays so (None: any text may decide it)."""
+
+    def __init__(self, stops: tuple[str, ...] | None = None) -> None:
+        super().__init__()
+        self.stops = stops
 
 
 class _Malformed(Exception):
@@ -92,24 +115,36 @@ class _Malformed(Exception):
         self.raw = raw  # the text given back as content (where the caller knows it better)
 
 
-def _unfinished(context: ParseContext) -> Exception:
-    return _Malformed(CUT_OFF) if context.final else _Pending()
+def _unfinished(context: ParseContext, stops: tuple[str, ...] | None = None) -> Exception:
+    return _Malformed(CUT_OFF) if context.final else _Pending(stops)
 
 
 def parse(text: str, context: ParseContext) -> FamilyParse:
-    if _is_k3(text, context.variant):
-        return _parse_k3(text, context)
-    return _parse_k2(text, context)
+    known, place = context.state if context.state is not None else (None, None)
+    form = _format(text, context.variant, known)
+    if form == K3:
+        parsed = _parse_k3(text, context, place)
+    else:
+        parsed = _parse_k2(text, context, place, known=form == K2)
+    opened = parsed.open
+    if opened is not None:
+        opened = replace(opened, state=(form, opened.state))
+    return FamilyParse(parsed.segments, parsed.error, opened)
 
 
-def _is_k3(text: str, variant: str | None) -> bool:
+def _format(text: str, variant: str | None, known: str | None) -> str | None:
     """The template's variant says; without one, the first of either format's tokens in the
-    output (a choice that later text never changes)."""
+    output (a choice that later text never changes: once made, the state keeps it). None while
+    there is none (the text before the first token reads alike in both)."""
     if variant:
-        return "k3" in variant.lower()
+        return K3 if "k3" in variant.lower() else K2
+    if known is not None:
+        return known
     k3_at = _first(text, K3_TOKENS)[0]
     k2_at = _first(text, K2_TOKENS)[0]
-    return k3_at >= 0 and (k2_at < 0 or k3_at < k2_at)
+    if k3_at >= 0 and (k2_at < 0 or k3_at < k2_at):
+        return K3
+    return K2 if k2_at >= 0 else None
 
 
 # --- shared pieces ----------------------------------------------------------------------------
@@ -130,59 +165,116 @@ def _waits_for(rest: str, markers: tuple[str, ...], context: ParseContext) -> bo
     return not context.final and any(marker.startswith(rest) for marker in markers)
 
 
-def _reasoning(text: str, context: ParseContext, opener: str, closers: tuple[str, ...], consumed: str,
-               segments: list[Segment], prefix: str = "") -> str | None:
-    """The reasoning at the start of the output into `segments`; the text after it, or None
-    while its end has not come. The block ends at `consumed` (its closer, dropped) or at the first
-    of the other `closers` (the next element, kept: a model may skip the closer)."""
-    stripped = text.lstrip()
-    if prefix and stripped.startswith(prefix):  # the turn's own header, where the prompt left it out
-        stripped = stripped[len(prefix):].lstrip()
-    elif prefix and _waits_for(stripped, (prefix,), context):
-        return None
-    inside = context.reasoning_open
-    if stripped.startswith(opener):
-        inside, text = True, stripped[len(opener):]
-    elif not inside:
-        return None if _waits_for(stripped, (opener,), context) else stripped
+def _reasoning(text: str, context: ParseContext, place: Hashable, opener: str, closers: tuple[str, ...],
+               consumed: str, hold: tuple[str, ...], prefix: str = "",
+               starts: tuple[str, ...] = ()) -> tuple[FamilyParse, int | None]:
+    """The reasoning at the start of the output: (its parse, where the text after it starts;
+    None while its end has not come). The block ends at `consumed` (its closer, dropped) or at
+    the first of the other `closers` (the next element, kept: a model may skip the closer).
+    While the output's start may still become `prefix` (the turn's own header, where the prompt
+    left it out), the opener or one of `starts`, it waits: read on from inside the block, the
+    opener would be reasoning."""
+    if place == REASONING:
+        start = 0
+    elif place is not None:  # the block is behind
+        return FamilyParse(()), 0
     else:
-        text = stripped
-    end, closer = _first(text, closers)
-    if end < 0:
-        segments.append(Thought(settled_text(text, context, HOLD)))
-        return "" if context.final else None
-    segments.append(Thought(text[:end]))
-    return text[end + len(closer):] if closer == consumed else text[end:]
+        begins = skip_space(text, 0)
+        if prefix and text.startswith(prefix, begins):
+            begins, prefix = skip_space(text, begins + len(prefix)), ""
+        if not context.final and may_begin(text, begins, (prefix, opener, *starts) if prefix else (opener, *starts)):
+            return FamilyParse((), open=Open(0)), None
+        if text.startswith(opener, begins):
+            start = begins + len(opener)
+        elif context.reasoning_open:
+            start = begins
+        else:
+            return FamilyParse(()), begins
+    end, closer = _first(text, closers, start)
+    if end >= 0:
+        return FamilyParse((Thought(text[start:end]),)), end + len(closer) if closer == consumed else end
+    if context.final:
+        return FamilyParse((Thought(text[start:]),)), None
+    at = len(text) - held_back(text[start:], hold)
+    return FamilyParse((Thought(text[start:at]),), open=Open(at, REASONING, Thought, hold)), None
+
+
+def _content(text: str, position: int, context: ParseContext, segments: list[Segment],
+             hold: tuple[str, ...]) -> FamilyParse:
+    """The content from `position` to the end (less what may begin a marker, while the output
+    grows), the stray tags dropped: more text is more content until one of `hold` comes."""
+    at = len(text) if context.final else len(text) - held_back(text[position:], hold)
+    segments.append(Text(_without(text[position:at], STRAY)))
+    return FamilyParse(tuple(segments), open=Open(at, CONTENT, Text, hold))
+
+
+def _raw(text: str) -> FamilyParse:
+    """The text after a call that could not be read: all of it content, as written."""
+    return FamilyParse((Text(text),) if text else (), open=Open(len(text), RAW, Text, ()))
+
+
+# A reader of calls: (text, where they start, context, the segments to add them to) -> where
+# the text after them starts; _Pending while they have not ended, _Malformed where they cannot.
+CallsReader = Callable[[str, int, ParseContext, list[Segment]], int]
+
+
+def _calls(text: str, start: int, context: ParseContext, segments: list[Segment],
+           read: CallsReader) -> int | FamilyParse:
+    """The calls that `read` reads at `start` (onto `segments`): where the text after them
+    starts, or the parse where they do not end here. Calls not yet ended are read again from
+    `start` (those read already come again) when something that may end them comes; a call
+    cut off by the end of the output is dropped; one that cannot be read is content, its raw
+    text and all after it."""
+    before = len(segments)
+    try:
+        return read(text, start, context, segments)
+    except _Pending as pending:
+        return FamilyParse(tuple(segments), open=Open(start, CONTENT, None, pending.stops, len(segments) - before))
+    except _Malformed as problem:
+        if problem.reason == CUT_OFF:  # a call cut off by the end of the output was a call: dropped
+            return FamilyParse(tuple(segments), CUT_OFF)
+        raw = problem.raw if problem.raw is not None else text[start:]
+        return FamilyParse(tuple(segments) + (Text(raw),), problem.reason, Open(len(text), RAW, Text, ()))
 
 
 # --- Kimi K2 ----------------------------------------------------------------------------------
 
-def _parse_k2(text: str, context: ParseContext) -> FamilyParse:
-    segments: list[Segment] = []
+def _parse_k2(text: str, context: ParseContext, place: Hashable, known: bool) -> FamilyParse:
+    """K2's reading; also of an output whose format is not `known` yet (no token of either
+    came), which waits at its start for K3's opening tags too, and holds back the start of any
+    token of either format."""
+    if place == RAW:
+        return _raw(text)
+    hold = HOLD if known else UNDECIDED_HOLD
     # K2-Thinking may call tools from inside its reasoning, without closing it.
-    body = _reasoning(text, context, THINK_OPEN, (THINK_CLOSE, SECTION_BEGIN, CALL_BEGIN), THINK_CLOSE, segments)
+    reasoning, body = _reasoning(text, context, place, THINK_OPEN, (THINK_CLOSE, SECTION_BEGIN, CALL_BEGIN),
+                                 THINK_CLOSE, hold, starts=() if known else (MESSAGE_OPEN, THINKING_OPEN))
     if body is None:
-        return FamilyParse(tuple(segments))
+        return reasoning
+    return then(reasoning, body, _k2_body(text[body:], context, hold))
+
+
+def _k2_body(text: str, context: ParseContext, hold: tuple[str, ...]) -> FamilyParse:
+    segments: list[Segment] = []
     position = 0
     while True:
-        start, marker = _first(body, (SECTION_BEGIN, CALL_BEGIN), position)
+        start, marker = _first(text, (SECTION_BEGIN, CALL_BEGIN), position)
         if start < 0:
-            segments.append(Text(_without(settled_text(body[position:], context, HOLD), STRAY)))
-            return FamilyParse(tuple(segments))
-        segments.append(Text(_without(body[position:start], STRAY)))
-        try:
-            if marker == SECTION_BEGIN:
-                position = _read_k2_section(body, start, context, segments)
-            else:  # a call without its section (K2-Thinking, inside its reasoning)
-                call, position = _read_k2_call(body, start, context)
-                segments.append(call)
-        except _Pending:
-            return FamilyParse(tuple(segments))
-        except _Malformed as problem:  # its raw text (and all after it) is content, unchanged
-            if problem.reason == CUT_OFF:  # a call cut off by the end of the output was a call: dropped
-                return FamilyParse(tuple(segments), CUT_OFF)
-            raw = problem.raw if problem.raw is not None else body[start:]
-            return FamilyParse(tuple(segments) + (Text(raw),), problem.reason)
+            return _content(text, position, context, segments, hold)
+        segments.append(Text(_without(text[position:start], STRAY)))
+        # A call may come without its section (K2-Thinking, inside its reasoning).
+        read = _read_k2_section if marker == SECTION_BEGIN else _read_k2_bare_call
+        after = _calls(text, start, context, segments, read)
+        if isinstance(after, FamilyParse):
+            return after
+        position = after
+
+
+def _read_k2_bare_call(text: str, start: int, context: ParseContext, segments: list[Segment]) -> int:
+    """One call without its section, into `segments`; the position after it."""
+    call, position = _read_k2_call(text, start, context)
+    segments.append(call)
+    return position
 
 
 def _read_k2_section(text: str, start: int, context: ParseContext, segments: list[Segment]) -> int:
@@ -194,7 +286,7 @@ def _read_k2_section(text: str, start: int, context: ParseContext, segments: lis
         found, marker = _first(text, (CALL_BEGIN, SECTION_END), position)
         if found < 0:
             if not context.final:
-                raise _Pending()
+                raise _Pending((CALL_BEGIN, SECTION_END))
             if calls:
                 return len(text)  # the section never closed, but its calls did
             raise _Malformed(CUT_OFF, text[start:])
@@ -217,7 +309,9 @@ def _read_k2_call(text: str, start: int, context: ParseContext) -> tuple[Call, i
     head = start + len(CALL_BEGIN)
     arguments_at = text.find(ARGUMENTS_BEGIN, head)
     if arguments_at < 0:
-        raise _unfinished(context) if not _first(text, (CALL_BEGIN, CALL_END), head)[1] else _Malformed(MALFORMED)
+        if _first(text, (CALL_BEGIN, CALL_END), head)[1]:
+            raise _Malformed(MALFORMED)
+        raise _unfinished(context, (ARGUMENTS_BEGIN, CALL_BEGIN, CALL_END))
     call_id = text[head:arguments_at].strip()
     if "<|" in call_id:  # another marker came before this call's arguments
         raise _Malformed(MALFORMED)
@@ -226,9 +320,10 @@ def _read_k2_call(text: str, start: int, context: ParseContext) -> tuple[Call, i
     try:
         arguments, json_end = STRICT_JSON.raw_decode(text, json_start)
     except ValueError:
-        # Unfinished JSON may hold the end marker's text in a string: only the end decides.
+        # Unfinished JSON may hold the end marker's text in a string: only the end decides. An
+        # object is whole only at a closing brace; anything else may be decided by any text.
         if not context.final:
-            raise _Pending() from None
+            raise _Pending(("}",) if text.startswith("{", json_start) else None) from None
         raise _Malformed(MALFORMED if CALL_END in text[json_start:] else CUT_OFF) from None
     if not name or not isinstance(arguments, dict):
         raise _Malformed(MALFORMED)
@@ -239,7 +334,7 @@ def _read_k2_call(text: str, start: int, context: ParseContext) -> tuple[Call, i
     if _first(text, (CALL_BEGIN, SECTION_END), after)[0] == after or (context.final and after == len(text)):
         return call, after
     if _waits_for(text[after:], (CALL_END, CALL_BEGIN, SECTION_END), context):
-        raise _Pending()
+        raise _Pending()  # what follows the object decides, character by character
     raise _Malformed(MALFORMED)
 
 
@@ -252,29 +347,29 @@ def _name_of_id(call_id: str) -> str:
 
 # --- Kimi K3 ----------------------------------------------------------------------------------
 
-def _parse_k3(text: str, context: ParseContext) -> FamilyParse:
-    segments: list[Segment] = []
+def _parse_k3(text: str, context: ParseContext, place: Hashable) -> FamilyParse:
+    if place == RAW:
+        return _raw(text)
     # The reasoning ends at its closer, or at the next element where the model skipped it.
-    body = _reasoning(text, context, THINKING_OPEN, (THINKING_CLOSE, RESPONSE_OPEN, TOOLS_OPEN), THINKING_CLOSE,
-                      segments, prefix=MESSAGE_OPEN)
+    reasoning, body = _reasoning(text, context, place, THINKING_OPEN, (THINKING_CLOSE, RESPONSE_OPEN, TOOLS_OPEN),
+                                 THINKING_CLOSE, HOLD, prefix=MESSAGE_OPEN)
     if body is None:
-        return FamilyParse(tuple(segments))
+        return reasoning
+    return then(reasoning, body, _k3_body(text[body:], context))
+
+
+def _k3_body(text: str, context: ParseContext) -> FamilyParse:
+    segments: list[Segment] = []
     position = 0
     while True:
-        start = body.find(TOOLS_OPEN, position)
+        start = text.find(TOOLS_OPEN, position)
         if start < 0:
-            segments.append(Text(_without(settled_text(body[position:], context, HOLD), STRAY)))
-            return FamilyParse(tuple(segments))
-        segments.append(Text(_without(body[position:start], STRAY)))
-        try:
-            position = _read_k3_tools(body, start, context, segments)
-        except _Pending:
-            return FamilyParse(tuple(segments))
-        except _Malformed as problem:  # its raw text (and all after it) is content, unchanged
-            if problem.reason == CUT_OFF:  # a call cut off by the end of the output was a call: dropped
-                return FamilyParse(tuple(segments), CUT_OFF)
-            raw = problem.raw if problem.raw is not None else body[start:]
-            return FamilyParse(tuple(segments) + (Text(raw),), problem.reason)
+            return _content(text, position, context, segments, HOLD)
+        segments.append(Text(_without(text[position:start], STRAY)))
+        after = _calls(text, start, context, segments, _read_k3_tools)
+        if isinstance(after, FamilyParse):
+            return after
+        position = after
 
 
 def _read_k3_tools(text: str, start: int, context: ParseContext, segments: list[Segment]) -> int:
@@ -284,7 +379,7 @@ def _read_k3_tools(text: str, start: int, context: ParseContext, segments: list[
         found, marker = _first(text, (K3_CALL_OPEN, TOOLS_CLOSE), position)
         if found < 0:
             if not context.final:
-                raise _Pending()
+                raise _Pending((K3_CALL_OPEN, TOOLS_CLOSE))
             if calls:
                 return len(text)
             raise _Malformed(CUT_OFF, text[start:])
@@ -328,7 +423,7 @@ def _read_k3_call(text: str, start: int, context: ParseContext) -> tuple[Call, i
             arguments.update(value)
             position = value_end + len(JSON_CLOSE)
         elif _waits_for(text[position:], (K3_CALL_CLOSE, ARGUMENT_OPEN, JSON_OPEN), context) or position == len(text):
-            raise _unfinished(context)
+            raise _unfinished(context)  # the next tag decides, character by character
         else:
             raise _Malformed(MALFORMED)
 
@@ -338,7 +433,7 @@ def _open_tag_attributes(text: str, position: int, context: ParseContext) -> tup
     content starts (after <|sep|>)."""
     end = text.find(SEP, position)
     if end < 0:
-        raise _unfinished(context)
+        raise _unfinished(context, (SEP,))
     attributes = {key: _unescape(value) for key, value in re.findall(r'([\w-]+)="([^"]*)"', text[position:end])}
     return attributes, end + len(SEP)
 
@@ -359,9 +454,9 @@ def _element_end(text: str, start: int, closer: str, context: ParseContext) -> i
         if following.startswith(following_tags):
             return position
         if _waits_for(following, following_tags, context):
-            raise _Pending()
+            raise _Pending()  # what follows the closer decides, character by character
         position = text.find(closer, position + 1)
-    raise _unfinished(context)
+    raise _unfinished(context, (closer,))
 
 
 def _typed(raw: str, declared: str | None, schema: Mapping[str, Any]) -> Any:
