@@ -25,12 +25,13 @@ runs it between two steps; the caller waits until it ran.
 
 Runner is the front; the parts live next to it: the inbox, its lock, the requests' handles and
 the worker thread in multiseq.inbox; the handles' delivery, the listeners and the published
-snapshot in multiseq.delivery; the step itself, under the engine lock, in multiseq.stepping.
+snapshot in multiseq.delivery; the step itself, under the engine lock, in multiseq.stepping;
+the worker's loop and the engine's failure in multiseq.worker_loop; a request's way in
+(submit) in multiseq.intake; cancels in multiseq.cancelling.
 """
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -41,18 +42,16 @@ import numpy as np
 from .batch import Backend
 from .config import DEFAULT_SLOT_CTX, KV_POOL_AUTO, RunnerConfig
 from .delivery import PUBLISH_INTERVAL_S, Deliveries, RequestHandle, SnapshotPublisher  # noqa: F401 - re-exported
+from .cancelling import Cancelling
 from .engine import Engine, TextPiece
-from .errors import EngineFailure, first_line
 from .hostcache import PrefixHolding, SharedPrefix
-from .inbox import Command, Inbox
+from .inbox import Inbox
+from .intake import Intake
 from .kvsizing import default_pool
 from .request import Request, Result
 from .stats import RunnerSnapshot, RunStats
 from .stepping import Stepper
-
-logger = logging.getLogger("multiseq.runner")
-
-_IDLE_STEP_SECONDS = 0.001
+from .worker_loop import WorkerLoop
 
 
 class Runner:
@@ -70,9 +69,11 @@ class Runner:
         self._deliveries = Deliveries(self._inbox.lock, self._inbox.handles)
         self._publisher = SnapshotPublisher(self.engine)
         self._stepper = Stepper(self.engine, self._lock, self._inbox, self._deliveries, self._publisher)
-        self._autostart = autostart
+        self._worker = WorkerLoop(self.engine, self._lock, self._inbox, self._stepper, self._deliveries)
+        self._intake = Intake(self.engine, self._lock, self._inbox, self._deliveries, self._stepper, self._worker,
+                              autostart)
+        self._cancelling = Cancelling(self.engine, self._lock, self._inbox, self._stepper)
         self._closed = False
-        self._failure: str | None = None  # why the engine stopped, once it has
 
     @classmethod
     def on_model(cls, model, config: RunnerConfig, autostart: bool = True) -> Runner:
@@ -117,34 +118,7 @@ class Runner:
         A request that cannot run (bad prompt, a prompt that cannot fit, a duplicate id) gets
         its error result on the handle right away; nothing else is disturbed. Tokenizing runs
         on the calling thread and never waits for a step."""
-        admission = self._inbox.admit(
-            request.id, lambda request_id: RequestHandle(request_id, stream, on_finish, on_piece))
-        handle = admission.handle
-        if admission.is_duplicate:
-            self._reject(handle, f"request id {handle.id!r} is already waiting or running")
-            return handle
-        if self._failure is not None:  # nothing steps the engine any more
-            self._inbox.forget(handle.id)
-            self._deliveries.fail_remaining([handle], self.failure_message)
-            return handle
-        # Tokenizing, rendering a chat and compiling a constraint read only the model and the
-        # config, and take a while: steps and other requests go on meanwhile. A cancel, a
-        # cancel_all or a close that comes now is noted, and applied once the request is queued.
-        try:
-            seq = self.engine.new_sequence(request, handle.id)
-        except Exception as error:  # noqa: BLE001 - any failure here belongs to this request alone
-            self._inbox.forget(handle.id)
-            self._reject(handle, error)
-            return handle
-        has_worker = self._inbox.post_request(seq)
-        if not has_worker:  # no worker drains the inbox: queue it now (a step() may be running)
-            with self._lock:
-                self._stepper.apply_inbox()
-        if self._autostart:
-            self._inbox.start_worker(self._loop)
-        if self._failure is not None:  # the engine stopped while the request was posted
-            self._deliveries.fail_remaining(self._inbox.take_handles(), self.failure_message)
-        return handle
+        return self._intake.submit(request, stream, on_finish, on_piece)
 
     @property
     def tool_family(self) -> dict[str, Any]:
@@ -157,19 +131,11 @@ class Runner:
         """Why the engine stopped (None while it runs): a failure that was no one request's.
         Every request then ended with an error, and new ones end with one at once; a server
         answers /health with 503, and a supervisor should start a new one."""
-        return self._failure
+        return self._worker.failure
 
     @property
     def failure_message(self) -> str:
-        return f"the engine stopped: {self._failure}"
-
-    def _reject(self, handle: RequestHandle, error: str | Exception) -> None:
-        """End a request that could not even be queued. What the request asked for
-        (ValueError) or what the model cannot do with it (BackendError) is the caller's error,
-        said as is; anything else is a bug, logged, and said as one."""
-        with self._lock:  # the engine's counters belong to whoever holds its lock
-            self.engine.record_rejection()
-        self._deliveries.reject(handle, error)
+        return self._worker.failure_message
 
     def count_prompt_tokens(self, request: Request) -> int:
         """How many tokens the request's prompt comes to (a chat rendered with its tools), without
@@ -232,39 +198,26 @@ class Runner:
         "cancelled". Nothing more is emitted for it once this returns, which may mean waiting
         for the step being scheduled (an event loop calls cancel_soon instead). Returns False
         (and logs) when the id is unknown or already finished."""
-        if self._inbox.cancel_if_tokenizing(request_id):
-            return True
-        with self._lock:
-            self._stepper.apply_inbox()  # a request posted but not yet queued is in the engine first
-            found = self.engine.abort(request_id)
-            self._stepper.settle()
-        if not found:
-            logger.info("cancel(%r): no such waiting or running request", request_id)
-        return found
+        return self._cancelling.cancel(request_id)
 
     def cancel_soon(self, request_id: str) -> bool:
         """Cancel one request as cancel() does, without waiting: the worker applies it before
         its next step (or before it applies the step running now), so a piece or two may still
         come. Safe on an event loop. Returns whether the request was known (waiting, running,
         or being tokenized)."""
-        return self._inbox.post_cancel(request_id)
+        return self._cancelling.cancel_soon(request_id)
 
     def cancel_all(self) -> int:
         """Cancel everything at once: waiting requests are drained with a Cancelled error and
         running ones stop at the next step boundary. No request waiting at the time of the call
         is admitted afterwards; requests submitted after it returns run normally.
         Returns how many requests were cancelled."""
-        with self._lock:
-            num_tokenizing = self._inbox.cancel_tokenizing()
-            self._stepper.apply_inbox()
-            count = self.engine.abort_all() + num_tokenizing
-            self._stepper.settle()
-            return count
+        return self._cancelling.cancel_all()
 
     def cancel_all_soon(self) -> None:
         """cancel_all() without waiting (safe on an event loop): the worker applies it before
         its next step; requests submitted after this call run normally."""
-        self._inbox.post_cancel_all()
+        self._cancelling.cancel_all_soon()
 
     @property
     def num_waiting(self) -> int:
@@ -308,13 +261,7 @@ class Runner:
         """Run `work` (which may use the engine and its backend) on the thread that steps the
         engine, between two steps, and return its value (or raise its exception). Without a
         worker thread it runs here, once no step() in another thread is running."""
-        command = Command(work)
-        if self._inbox.is_worker_thread():  # it would wait for itself
-            raise RuntimeError("the runner's own thread (an on_finish callback) cannot wait for a step to end")
-        has_worker = self._inbox.post_command(command)
-        if not has_worker:
-            self._stepper.run_commands()
-        return command.outcome()
+        return self._worker.between_steps(work)
 
     def reset_stats(self) -> None:
         with self._lock:
@@ -328,8 +275,7 @@ class Runner:
         worker = self._inbox.close()
         if worker is not None:
             worker.join()
-        while self._failure is None and self._has_work():  # without a worker (autostart off), finish here
-            self.step()
+        self._worker.finish_here()  # without a worker (autostart off), the work left is done here
         self.backend.close()
         self._closed = True
 
@@ -344,45 +290,14 @@ class Runner:
     def start(self) -> None:
         """Start the worker thread (submit() does it unless the runner was made with
         autostart=False, which lets a caller queue requests, or call step(), before anything runs)."""
-        self._inbox.start_worker(self._loop)
-
-    def _has_work(self) -> bool:
-        with self._lock:
-            return self.engine.has_work or self._inbox.has_posted()
-
-    def _loop(self) -> None:
-        while self._inbox.wait_for_work():
-            if not self.step():
-                time.sleep(_IDLE_STEP_SECONDS)  # work exists but none could be planned yet
-            if self._failure is not None:
-                return
+        self._inbox.start_worker(self._worker.run)
 
     def step(self) -> bool:
         """Apply the inbox and run the queued commands, then one step of the engine, and deliver
         what it produced; False when there was nothing to decode. The worker calls this;
         without a worker, a caller may. A failure of a step that is no one request's (one
         request's faults fail that request inside the step) stops the engine: see failure."""
-        if self._failure is not None:
-            return False
-        try:
-            return self._stepper.step()
-        except Exception as error:  # noqa: BLE001 - said to every request and to /health, never lost
-            self._stop(error)
-            return False
-
-    def _stop(self, error: Exception) -> None:
-        """The step loop cannot go on: every request ends with the reason, new ones are refused
-        with it, and the commands waiting for a step are told."""
-        reason = (first_line(error) if isinstance(error, EngineFailure)  # a bug's own words stay in the log
-                  else f"internal error ({type(error).__name__}; the log has its traceback)")
-        logger.error("the engine stopped: %s", reason, exc_info=error)
-        self._failure = reason
-        self._inbox.stop(RuntimeError(self.failure_message))
-        try:
-            self._stepper.fail_all(self.failure_message)
-        except Exception:  # noqa: BLE001 - the handles are ended below whatever the engine's state
-            logger.exception("failing the requests in the engine failed")
-        self._deliveries.fail_remaining(self._inbox.take_handles(), self.failure_message)
+        return self._worker.step()
 
 
 def _llama_backend(model, config: RunnerConfig, owns_model: bool) -> Backend:

@@ -2,7 +2,8 @@
 
 Pure Python over Sequence objects; it never touches the model. It moves sequences between
 the waiting queue and the slots (their own state changes through Sequence's methods), and
-hands the running ones to its StepPlanner (runner.planning) to plan each step.
+hands the running ones to its StepPlanner (runner.planning) to plan each step; where each
+admitted sequence goes, and the prefix it starts from, its SlotChooser (runner.slot_choice) says.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ from .config import OverflowPolicy
 from .hostcache import HostCache, HostEntry
 from .kvpool import CellLedger
 from .planning import StepPlan, StepPlanner
-from .prefix import MIN_COPY_TOKENS, PrefixIndex, common_prefix_length, worth_waiting_for
+from .prefix import PrefixIndex
 from .sequence import Sequence, SequenceStatus
+from .slot_choice import IdleEviction, Placement, SlotChooser
 from .waiting import WaitingQueue
 
 # How far into the queue admission looks for a request that can start now, when the ones
@@ -84,27 +86,6 @@ def _check_prompt_fits(num_prompt: int, window: int) -> None:
 
 
 @dataclass(frozen=True)
-class Placement:
-    """Where an admitted prompt goes: its slot, and the prefix it starts from, found in
-    `source_slot`'s KV (the slot itself when nothing needs copying), or in a state saved to
-    host memory (`host_entry`; source_slot None). A preempted sequence's placement always
-    names its parked state, and source_slot is its slot when that still holds it."""
-
-    slot: int
-    source_slot: int | None
-    num_cached: int
-    host_entry: HostEntry | None = None
-
-
-@dataclass(frozen=True)
-class IdleEviction:
-    """A free slot whose kept prefix goes, to make room in a shared KV pool."""
-
-    slot: int
-    tokens: np.ndarray  # what its KV held
-
-
-@dataclass(frozen=True)
 class Admission:
     """A sequence given a slot, the prefix it starts from, and what the slot held before;
     in a shared KV pool, the other free slots whose kept prefixes must go first for room."""
@@ -131,6 +112,9 @@ class Shift:
 
 
 class Scheduler:
+    """The waiting queue and the slots: admission (by priority, then age), preemption, release,
+    and each step's plan and shifts. Used by the engine on its own thread."""
+
     def __init__(self, num_slots: int, max_batch_tokens: int, window: int, n_discard: int = 0,
                  prefix_cache: bool = True, chunk_rules: ChunkRules = ChunkRules(),
                  isolate_prefill: bool = False, host_cache: HostCache | None = None,
@@ -150,6 +134,7 @@ class Scheduler:
         self.waiting = WaitingQueue()
         self.slots: list[Sequence | None] = [None] * num_slots
         self.pool = pool  # the cells of a KV pool the slots share; None: a window each
+        self.chooser = SlotChooser(self.slots, self.prefixes, self.waiting, chunk_rules, prefix_cache, self.host_cache)
 
     # --- queries -------------------------------------------------------------------------
 
@@ -199,8 +184,8 @@ class Scheduler:
             free = [slot for slot, holder in enumerate(self.slots) if holder is None]
             if not free:
                 break
-            placement = self._place_parked(seq, free, copy_sources) if seq.parked is not None else \
-                self._place(seq, free, copy_sources)
+            placement = self.chooser.place_parked(seq, free, copy_sources) if seq.parked is not None else \
+                self.chooser.place(seq, free, copy_sources)
             if placement is None:
                 continue
             idle_evictions = ()
@@ -230,16 +215,6 @@ class Scheduler:
         """Pool cells the running sequences will take for prompt tokens not yet computed."""
         return sum(seq.num_prompt_remaining for seq in self.running if seq.status is SequenceStatus.PREFILLING)
 
-    def _place_parked(self, seq: Sequence, free: list[int], copy_sources: set[int]) -> Placement:
-        """A preempted sequence's slot: one that still holds its KV (nothing to restore), else
-        the least recently used, where its parked KV is restored."""
-        tokens = seq.parked.tokens
-        for slot in free:
-            if np.array_equal(self.prefixes.kept(slot), tokens):
-                return Placement(slot, slot, len(tokens), seq.parked)
-        targets = [slot for slot in free if slot not in copy_sources] or free
-        return Placement(self.prefixes.least_recently_used(targets), None, len(tokens), seq.parked)
-
     def preemptions(self, now: float) -> list[Sequence]:
         """Running sequences to preempt now: for each waiting sequence that no free slot will
         take, in admission order, the lowest-priority decoding sequence below it (the most
@@ -253,7 +228,7 @@ class Scheduler:
         free = self.num_free_slots
         victims: list[Sequence] = []
         for seq in self.waiting.in_admission_order(now, self.num_slots):
-            if self._waits_for_prefill(seq):  # a slot freed for it would go to another
+            if self.chooser.waits_for_prefill(seq):  # a slot freed for it would go to another
                 continue
             if free > 0:
                 free -= 1
@@ -284,75 +259,16 @@ class Scheduler:
         self.waiting.put_back(seq)
         return computed
 
-    def _place(self, seq: Sequence, free: list[int], copy_sources: set[int]) -> Placement | None:
-        """The slot for seq and the prefix it reuses; None to wait for one being prefilled."""
-        if not self.prefix_cache:
-            return Placement(free[0], free[0], 0)
-        prompt = seq.prompt_array
-        resident, in_flight = self._prefixes_for(prompt)
-        best = max(range(self.num_slots), key=resident.__getitem__)
-        if worth_waiting_for(in_flight, resident[best]):
-            return None
-        own = max(free, key=lambda slot: (resident[slot], -self.prefixes.last_used(slot)))
-        oldest = self.prefixes.least_recently_used(free)  # an empty slot, else the LRU prefix to evict
-        if resident[best] >= resident[own] + MIN_COPY_TOKENS:
-            placement = Placement(oldest, best, resident[best])
-        elif resident[own] >= MIN_COPY_TOKENS:
-            placement = Placement(own, own, resident[own])
-        else:  # too little in common to be worth evicting another prompt for (a BOS, a template header)
-            placement = Placement(oldest, oldest, resident[oldest])
-        return self._restored_instead(placement, prompt, [slot for slot in free if slot not in copy_sources])
-
-    def _prefixes_for(self, prompt: np.ndarray) -> tuple[list[int], int]:
-        """How much of the prompt each slot's KV holds (reusable by the chunk rules), and the
-        most that a prompt still being prefilled will hold."""
-        reusable = self.chunk_rules.reusable
-        resident = [0] * self.num_slots
-        in_flight = 0
-        for slot, holder in enumerate(self.slots):
-            if holder is None:
-                resident[slot] = reusable(common_prefix_length(self.prefixes.kept(slot), prompt), len(prompt))
-                continue
-            shared = common_prefix_length(holder.prompt_array, prompt)
-            resident[slot] = reusable(min(shared, holder.num_reusable_prompt_tokens), len(prompt))
-            if holder.status is SequenceStatus.PREFILLING:
-                in_flight = max(in_flight, reusable(shared, len(prompt)))
-        return resident, in_flight
-
     def longest_held(self, prompt: np.ndarray) -> tuple[int, int, int]:
         """The slot whose KV holds the longest reusable prefix of `prompt`, that prefix's
         length, and the most that a prompt still being prefilled, or waiting to be, will hold."""
-        resident, in_flight = self._prefixes_for(prompt)
-        reusable = self.chunk_rules.reusable
-        for seq in self.waiting:
-            in_flight = max(in_flight, reusable(common_prefix_length(seq.prompt_array, prompt), len(prompt)))
-        slot = max(range(self.num_slots), key=resident.__getitem__)
-        return slot, resident[slot], in_flight
+        return self.chooser.longest_held(prompt)
 
     def kv_tokens(self, slot: int) -> np.ndarray:
         """The tokens the slot's KV holds at their own positions, from position 0 (between
         two steps): a running sequence's, or the prefix a free slot keeps."""
         holder = self.slots[slot]
         return self.prefixes.kept(slot) if holder is None else holder.reusable_kv_tokens(self.keeps_generated)
-
-    def _waits_for_prefill(self, seq: Sequence) -> bool:
-        """Whether admission would hold seq back for a prefix another slot is prefilling."""
-        if not self.prefix_cache or seq.parked is not None:
-            return False
-        resident, in_flight = self._prefixes_for(seq.prompt_array)
-        return worth_waiting_for(in_flight, max(resident))
-
-    def _restored_instead(self, placement: Placement, prompt: np.ndarray, targets: list[int]) -> Placement:
-        """A placement that restores a saved state from host memory, where one holds a longer
-        prefix than any slot and restoring it costs less than computing what it adds."""
-        if self.host_cache is None or not targets:
-            return placement
-        entry, shared = self.host_cache.best_match(prompt)
-        num_cached = self.chunk_rules.reusable(shared, len(prompt))
-        gain = num_cached - placement.num_cached
-        if entry is None or gain < MIN_COPY_TOKENS or not self.host_cache.costs.restoring_pays(entry.num_bytes, gain):
-            return placement
-        return Placement(self.prefixes.least_recently_used(targets), None, num_cached, entry)
 
     def release(self, seq: Sequence, keeps_prefix: bool, now: float) -> int:
         """Take a finished sequence out of its slot or out of the queue. Returns how many

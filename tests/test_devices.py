@@ -15,6 +15,7 @@ from fakes import FakeBackend
 from multiseq import Request, Runner, RunnerConfig, SamplingParams, backend as llama_backend, models
 from multiseq.cli import main as cli_main
 from multiseq.cli.job import OpenedRunner
+from multiseq.llama_log import flash_attention_used
 from multiseq.loading import open_model
 from multiseq.config import FlashAttention, SplitMode
 
@@ -106,10 +107,10 @@ def test_placement_in_words():
 
 def test_flash_attention_as_llama_cpp_reports_it():
     asked_auto = ["llama_context: flash_attn            = auto\n"]
-    assert llama_backend._flash_attention_used(asked_auto + ["resolve_fused_ops: Flash Attention enabled\n"]) == "enabled"
-    assert llama_backend._flash_attention_used(
+    assert flash_attention_used(asked_auto + ["resolve_fused_ops: Flash Attention enabled\n"]) == "enabled"
+    assert flash_attention_used(
         asked_auto + ["resolve_fused_ops: Flash Attention not supported, set to disabled\n"]) == "disabled"
-    assert llama_backend._flash_attention_used(["llama_context: flash_attn            = disabled\n"]) == "disabled"
+    assert flash_attention_used(["llama_context: flash_attn            = disabled\n"]) == "disabled"
 
 
 def test_the_no_gpu_notice_is_said_once(monkeypatch, caplog):

@@ -1,7 +1,7 @@
 """Imports go one way, and nowhere in a circle.
 
 Layers, top to bottom: the command line (multiseq.cli), the server, multiseq.ray and
-multiseq.ray_serve; below them
+multiseq.ray_serve (with its ray_serve_* parts); below them
 multiseq.formats (request bodies, prompt files, result records, the batch loop); the engine (every
 other module of multiseq: multiseq.engine, multiseq.runner, multiseq.tools...); at the bottom
 multiseq.models. Exactly one module imports llama_cpp, and
@@ -22,7 +22,9 @@ PACKAGE_DIRS = [
     ("multiseq.cli", ROOT / "cli"),
     ("multiseq.models", ROOT / "models"),
 ]
-TOP = ("multiseq.cli", "multiseq.server", "multiseq.ray", "multiseq.ray_serve")
+TOP = ("multiseq.cli", "multiseq.server", "multiseq.ray", "multiseq.ray_serve", "multiseq.ray_serve_calls",
+       "multiseq.ray_serve_gateway", "multiseq.ray_serve_relay", "multiseq.ray_serve_replica",
+       "multiseq.ray_serve_routers")
 UI_AND_HTTP = ("click", "rich", "fastapi", "starlette", "uvicorn", "httpx", "prometheus_client", "aiohttp")
 
 

@@ -19,15 +19,10 @@ from multiseq.server import ServerSettings, create_app
 from multiseq.server.errors import ApiError
 from multiseq.server.stream import (ArgumentsPart, CallBegins, ChoiceEnds, ReasoningPart, StreamFails, TextPart,
                                      UsageKnown)
-from multiseq.server.messages import (
-    PING,
-    MessagesRequest,
-    error_response,
-    message_events,
-    message_of,
-    translate_request,
-    with_pings,
-)
+from multiseq.server.messages_errors import error_response
+from multiseq.server.messages_output import message_of
+from multiseq.server.messages_request import MessagesRequest, translate_request
+from multiseq.server.messages_stream import PING, message_events, with_pings
 from pydantic import TypeAdapter
 
 MODEL = "fake-model"

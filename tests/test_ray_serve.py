@@ -27,7 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 
 from helpers import read_until, wait_until  # noqa: E402
 from multiseq import RunnerConfig  # noqa: E402
-from multiseq import ray_serve  # noqa: E402
+from multiseq import ray_serve, ray_serve_gateway, ray_serve_relay  # noqa: E402
 from multiseq.server.app import ServerSettings  # noqa: E402
 
 MODEL = "smollm2-135m"
@@ -361,7 +361,7 @@ def relayed_then_failed(path: str, batches: list[list[dict]]) -> Sent:
     sent = Sent()
 
     async def run() -> None:
-        relay = ray_serve._Relay(sent, path)
+        relay = ray_serve_relay.Relay(sent, path)
         for batch in batches:
             await relay.forward(batch)
         await relay.fail()
@@ -410,7 +410,7 @@ def test_metrics_of_the_replicas_merge_into_one_exposition_with_a_label_each():
         Histogram("multiseq_ttft_seconds", "TTFT", buckets=(0.1, 1.0), registry=registry).observe(0.5)
         return generate_latest(registry).decode()
 
-    merged = ray_serve.merge_metrics({"a": exposition(5), "b": exposition(7), "c": None}).decode()
+    merged = ray_serve_gateway.merge_metrics({"a": exposition(5), "b": exposition(7), "c": None}).decode()
     assert merged.count("# TYPE multiseq_generation_tokens_total counter") == 1
     assert merged.count("# TYPE multiseq_ttft_seconds histogram") == 1
     assert 'multiseq_generation_tokens_total{replica="a"} 5.0' in merged
@@ -420,8 +420,8 @@ def test_metrics_of_the_replicas_merge_into_one_exposition_with_a_label_each():
 
 
 def test_health_is_degraded_while_a_replica_is_missing_or_failing():
-    assert ray_serve.health_report({"a": "ok", "b": "ok"}, 2)["status"] == "ok"
-    assert ray_serve.health_report({"a": "ok"}, 2)["status"] == "degraded"
-    assert ray_serve.health_report({"a": "ok", "b": None}, 2)["replicas"]["b"] == {"status": "unreachable"}
-    assert ray_serve.health_report({"a": "loading"}, 2)["status"] == "unavailable"
-    assert ray_serve.health_report({}, 2)["status"] == "loading"
+    assert ray_serve_gateway.health_report({"a": "ok", "b": "ok"}, 2)["status"] == "ok"
+    assert ray_serve_gateway.health_report({"a": "ok"}, 2)["status"] == "degraded"
+    assert ray_serve_gateway.health_report({"a": "ok", "b": None}, 2)["replicas"]["b"] == {"status": "unreachable"}
+    assert ray_serve_gateway.health_report({"a": "loading"}, 2)["status"] == "unavailable"
+    assert ray_serve_gateway.health_report({}, 2)["status"] == "loading"

@@ -21,15 +21,10 @@ from multiseq.server.response_store import (
 )
 from multiseq.server.stream import (ArgumentsPart, CallBegins, ChoiceEnds, ReasoningPart, StreamFails, TextPart,
                                      UsageKnown)
-from multiseq.server.responses import (
-    EventTranslator,
-    chat_body,
-    chat_messages,
-    chat_param,
-    normalize_input,
-    parse_request,
-    response_from_completion,
-)
+from multiseq.server.responses_events import EventTranslator
+from multiseq.server.responses_input import chat_messages, normalize_input
+from multiseq.server.responses_output import response_from_completion
+from multiseq.server.responses_request import chat_body, chat_param, parse_request
 from openai.types.responses import Response, ResponseStreamEvent
 
 MODEL = "fake-model"

@@ -9,8 +9,8 @@ import pytest
 from multiseq.chat_template import JinjaRenderer
 from multiseq.formats.fields import ItemError
 from multiseq.formats.tool_fields import template_options
-from multiseq.server.messages import translate_request
-from multiseq.server.responses import parse_request
+from multiseq.server.messages_request import translate_request
+from multiseq.server.responses_request import parse_request
 
 THINKING_TEMPLATE = ("{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}<assistant>"
                      "{% if enable_thinking is defined and not enable_thinking %}<think></think>{% else %}<think>"
