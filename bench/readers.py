@@ -119,7 +119,7 @@ def main() -> None:
     families = [family for family in all_families() if not wanted or family.name in wanted]
     lengths = [int(value) for value in args.pieces.split(",")]
     figures = []
-    print(f"| family | pieces | median us | p99 us | max us | total s |")
+    print("| family | pieces | median us | p99 us | max us | total s |")
     print("|---|---:|---:|---:|---:|---:|")
     for family in sorted(families, key=lambda family: family.name):
         for length in lengths:

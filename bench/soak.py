@@ -113,7 +113,7 @@ class FaultInjector:
             if kind == "sampler row":
                 seq.sampler.adjust = _raise
             elif kind == "detokenizer":
-                seq.assembler.feed = _raise
+                seq.pieces.assembler.feed = _raise
             elif kind == "constraint accept":
                 seq.sampler.accept = _raise
             else:

@@ -13,7 +13,8 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
-from .engine import Engine, StepOutput, TextPiece
+from .engine import Engine
+from .step_output import StepOutput, TextPiece
 from .errors import BackendError, RequestFault
 from .request import Result
 from .scheduler import PromptDoesNotFit

@@ -36,7 +36,8 @@ import numpy as np
 
 from .config import SamplingParams
 from .errors import ConstraintError, first_line
-from .schema import SchemaCheck, Translation, schema_grammar
+from .schema import Translation, schema_grammar
+from .schema_check import SchemaCheck
 
 __all__ = ["COMPILE_TIMEOUT_S", "ConstraintError", "TokenConstraint", "check_constraint", "translate"]
 

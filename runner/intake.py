@@ -9,7 +9,8 @@ import threading
 from collections.abc import Callable
 
 from .delivery import Deliveries, RequestHandle
-from .engine import Engine, TextPiece
+from .engine import Engine
+from .step_output import TextPiece
 from .inbox import Inbox
 from .request import Request, Result
 from .stepping import Stepper

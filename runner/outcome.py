@@ -37,7 +37,7 @@ def result_of(seq: Sequence, parse: bool = True) -> Result:
         logprobs=None if seq.pieces.logprobs is None else tuple(seq.pieces.logprobs),
         schema_error=seq.schema_error,
         approximated=seq.sampler.approximated,
-        stop_string=seq.assembler.matched_stop,
+        stop_string=seq.pieces.assembler.matched_stop,
         draft_tokens=seq.num_drafted,
         draft_tokens_accepted=seq.num_draft_accepted,
         **tools,

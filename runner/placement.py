@@ -17,7 +17,7 @@ import numpy as np
 from .batch import Backend
 from .hostcache import MIN_SAVE_TOKENS, HostCache, PrefixHolding, SharedPrefix
 from .scheduler import Admission, IdleEviction, Placement, Scheduler
-from .sequence import Sequence, SequenceStatus
+from .sequence import Sequence, SequenceStatus, reusable_kv_tokens
 from .stats import StatsRecorder
 
 logger = logging.getLogger("multiseq.runner")
@@ -112,7 +112,7 @@ class KvPlacement:
         if not seq.can_be_preempted or self.scheduler.host_cache is None:
             return False
         state = self.backend.save_slot(seq.slot)
-        parked = None if state is None else self.host_cache.park(seq.reusable_kv_tokens(with_generated=True), state)
+        parked = None if state is None else self.host_cache.park(reusable_kv_tokens(seq, with_generated=True), state)
         if parked is None:
             return False
         logger.info("%s: preempting %s (priority %d) after %d tokens", why, seq.id, seq.priority,

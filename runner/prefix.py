@@ -75,3 +75,4 @@ class PrefixIndex:
     @property
     def num_kept_tokens(self) -> int:
         return sum(len(tokens) for tokens in self._kept)
+

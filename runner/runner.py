@@ -43,7 +43,8 @@ from .batch import Backend
 from .config import DEFAULT_SLOT_CTX, KV_POOL_AUTO, RunnerConfig
 from .delivery import PUBLISH_INTERVAL_S, Deliveries, RequestHandle, SnapshotPublisher  # noqa: F401 - re-exported
 from .cancelling import Cancelling
-from .engine import Engine, TextPiece
+from .engine import Engine
+from .step_output import TextPiece
 from .hostcache import PrefixHolding, SharedPrefix
 from .inbox import Inbox
 from .intake import Intake
@@ -175,7 +176,7 @@ class Runner:
         """Keep a prefix's KV that another runner exported in host memory: a request whose
         prompt starts with it restores it instead of prefilling. False when it is not kept
         (host memory is off or too small, or already holds it). Waits for the step under way."""
-        return self.between_steps(lambda: self.engine.import_prefix(shared))
+        return self.between_steps(lambda: self.engine.host_cache.import_shared(shared))
 
     def run_batch(self, requests: Iterable[Request]) -> list[Result]:
         """Run requests to completion and return their results in input order.
@@ -255,7 +256,7 @@ class Runner:
     def clear_prefix_cache(self) -> None:
         """Forget the prompt prefixes kept in idle slots and clear their KV; returns once done
         (between two steps: never while a decode runs)."""
-        self.between_steps(self.engine.clear_prefix_cache)
+        self.between_steps(self.engine.placement.clear)
 
     def between_steps(self, work: Callable[[], Any]) -> Any:
         """Run `work` (which may use the engine and its backend) on the thread that steps the

@@ -19,7 +19,7 @@ from .hostcache import HostCache, HostEntry
 from .kvpool import CellLedger
 from .planning import StepPlan, StepPlanner
 from .prefix import PrefixIndex
-from .sequence import Sequence, SequenceStatus
+from .sequence import Sequence, SequenceStatus, reusable_kv_tokens
 from .slot_choice import IdleEviction, Placement, SlotChooser
 from .waiting import WaitingQueue
 
@@ -268,7 +268,7 @@ class Scheduler:
         """The tokens the slot's KV holds at their own positions, from position 0 (between
         two steps): a running sequence's, or the prefix a free slot keeps."""
         holder = self.slots[slot]
-        return self.prefixes.kept(slot) if holder is None else holder.reusable_kv_tokens(self.keeps_generated)
+        return self.prefixes.kept(slot) if holder is None else reusable_kv_tokens(holder, self.keeps_generated)
 
     def release(self, seq: Sequence, keeps_prefix: bool, now: float) -> int:
         """Take a finished sequence out of its slot or out of the queue. Returns how many
@@ -276,7 +276,7 @@ class Scheduler:
         slot's KV must be cleared)."""
         if seq.slot is not None and self.slots[seq.slot] is seq:
             self.slots[seq.slot] = None
-            kept = seq.reusable_kv_tokens(self.keeps_generated) if self.prefix_cache and keeps_prefix else _NONE
+            kept = reusable_kv_tokens(seq, self.keeps_generated) if self.prefix_cache and keeps_prefix else _NONE
             self.prefixes.keep(seq.slot, kept, now)
             return len(kept)
         if seq in self.waiting:

@@ -29,7 +29,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .config import OverflowPolicy, SamplingParams
-from .detok import TextAssembler
 from .pieces import OutputPieces
 from .errors import RequestFault
 from .request import FinishReason, Priority
@@ -94,12 +93,10 @@ class Sequence:
         self.overflow = overflow
         self.max_tokens = max_tokens  # the request's, or what its window leaves when it asked for none
         self.prompt_tokens_dropped = prompt_tokens_dropped
-        self.assembler = TextAssembler(sampler.params.stop)
         self.status = SequenceStatus.WAITING
         self.ending: Ending | None = None  # set once the sequence must end; applied by finish()
         self.slot: int | None = None
         self.output_tokens: list[int] = []
-        self.text_parts: list[str] = []
         self.num_prefilled = 0  # prompt tokens in the slot's KV (reused or decoded)
         self.num_cached = 0  # prompt tokens reused from a prefix already computed (a slot's KV or host memory)
         self.num_restored = 0  # of those, how many were restored from host memory
@@ -110,7 +107,6 @@ class Sequence:
         self.num_drafted = 0  # draft tokens verified for it (speculative decoding)
         self.num_draft_accepted = 0  # of those, how many came true and were output
         self.is_window_exhausted = False  # the window filled up and could not slide
-        self.has_reached_stop_string = False
         self.schema_error: str | None = None  # why the finished output does not validate
         self.submitted_at = time.perf_counter() if submitted_at is None else submitted_at
         self.admitted_at: float | None = None
@@ -118,8 +114,8 @@ class Sequence:
         self.first_token_at: float | None = None
         self.finished_at: float | None = None
         self.parked: HostEntry | None = None  # preempted: its slot's KV, saved to resume from
-        # The log probabilities behind its text, and what its output parses into (with tools).
-        self.pieces = OutputPieces(tool_parser, sampler.params.logprobs)
+        # Its text, the log probabilities behind it, and what it parses into (with tools).
+        self.pieces = OutputPieces(tool_parser, sampler.params.logprobs, sampler.params.stop)
 
     # --- derived state -------------------------------------------------------------------
 
@@ -137,21 +133,6 @@ class Sequence:
         if self._prompt_array is None:
             self._prompt_array = np.asarray(self.prompt_tokens, dtype=np.int32)
         return self._prompt_array
-
-    @property
-    def num_reusable_prompt_tokens(self) -> int:
-        """Leading prompt tokens the slot's KV holds at their own positions: what another
-        request may reuse. A generation shift moves everything after n_keep."""
-        return min(self.num_prefilled, self.num_intact_prompt)
-
-    def reusable_kv_tokens(self, with_generated: bool) -> np.ndarray:
-        """The tokens the slot's KV holds at their own positions, from position 0: the prompt
-        and (with_generated) the generated tokens fed back, unless a shift moved them (then
-        only the prompt tokens before the shifted part)."""
-        num_generated_in_kv = self.n_past - len(self.prompt_tokens)
-        if not with_generated or self.tokens_shifted_out or num_generated_in_kv <= 0:
-            return self.prompt_array[:self.num_reusable_prompt_tokens]
-        return np.asarray(self.prompt_tokens + self.output_tokens[:num_generated_in_kv], dtype=np.int32)
 
     @property
     def last_token(self) -> int:
@@ -183,7 +164,7 @@ class Sequence:
 
     @property
     def text(self) -> str:
-        return "".join(self.text_parts)
+        return self.pieces.text
 
     # --- transitions -----------------------------------------------------------------------
 
@@ -286,12 +267,10 @@ class Sequence:
         if self.pieces.logprobs is not None and sampled.logprob is not None:
             self.pieces.logprobs.append(sampled.logprob)
         try:
-            text, self.has_reached_stop_string = self.assembler.feed(piece)
+            text = self.pieces.take_bytes(piece)
         except Exception as error:
             raise RequestFault("detokenizing its output", error) from error
-        if text:
-            self.text_parts.append(text)
-        if self.has_reached_stop_string or self.sampler.is_constraint_complete:
+        if self.pieces.has_reached_stop_string or self.sampler.is_constraint_complete:
             self._end(FinishReason.STOP)
         elif len(self.output_tokens) >= self.max_tokens:
             self._end(FinishReason.LENGTH)
@@ -326,11 +305,9 @@ class Sequence:
         assert self.ending is not None, "only a sequence with an ending finishes"
         reason = self.ending.reason
         releases_held_text = ((self.is_running or self.parked is not None) and reason is not FinishReason.CANCELLED
-                              and not self.has_reached_stop_string)
+                              and not self.pieces.has_reached_stop_string)
         try:
-            text = self.assembler.flush() if releases_held_text else ""
-            if text:
-                self.text_parts.append(text)
+            text = self.pieces.release_held() if releases_held_text else ""
             if reason is FinishReason.STOP:
                 self.schema_error = self.sampler.output_error(self.text)
         except Exception as error:
@@ -345,3 +322,21 @@ class Sequence:
         self.ending = Ending(FinishReason.ERROR, error)
         self.status = SequenceStatus.FAILED
         self.finished_at = self.finished_at or now
+
+
+# --- what a sequence's slot holds, for others to reuse ------------------------------------------
+
+def reusable_prompt_length(seq: Sequence) -> int:
+    """Leading prompt tokens the sequence's slot KV holds at their own positions: what another
+    request may reuse. A generation shift moves everything after n_keep."""
+    return min(seq.num_prefilled, seq.num_intact_prompt)
+
+
+def reusable_kv_tokens(seq: Sequence, with_generated: bool) -> np.ndarray:
+    """The tokens the sequence's slot KV holds at their own positions, from position 0: the
+    prompt and (with_generated) the generated tokens fed back, unless a shift moved them (then
+    only the prompt tokens before the shifted part)."""
+    num_generated_in_kv = seq.n_past - len(seq.prompt_tokens)
+    if not with_generated or seq.tokens_shifted_out or num_generated_in_kv <= 0:
+        return seq.prompt_array[:reusable_prompt_length(seq)]
+    return np.asarray(seq.prompt_tokens + seq.output_tokens[:num_generated_in_kv], dtype=np.int32)

@@ -13,7 +13,7 @@ import numpy as np
 from .batch import ChunkRules
 from .hostcache import HostCache, HostEntry
 from .prefix import MIN_COPY_TOKENS, PrefixIndex, common_prefix_length, worth_waiting_for
-from .sequence import Sequence, SequenceStatus
+from .sequence import Sequence, SequenceStatus, reusable_prompt_length
 from .waiting import WaitingQueue
 
 
@@ -93,7 +93,7 @@ class SlotChooser:
                 resident[slot] = reusable(common_prefix_length(self.prefixes.kept(slot), prompt), len(prompt))
                 continue
             shared = common_prefix_length(holder.prompt_array, prompt)
-            resident[slot] = reusable(min(shared, holder.num_reusable_prompt_tokens), len(prompt))
+            resident[slot] = reusable(min(shared, reusable_prompt_length(holder)), len(prompt))
             if holder.status is SequenceStatus.PREFILLING:
                 in_flight = max(in_flight, reusable(shared, len(prompt)))
         return resident, in_flight

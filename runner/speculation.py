@@ -460,3 +460,26 @@ def first_rows(plan: StepPlan) -> list[int] | None:
             rows.append(row)
             row += chunk.entry.num_outputs
     return rows
+
+
+def settle_drafts(plan: StepPlan, num_taken: dict[Sequence, int], backend, stats,
+                  speculator: Speculator | None) -> int:
+    """After a step's tokens were taken (`num_taken`: how many each sequence took), the draft
+    positions whose tokens were not taken leave the slot's KV: its newest token and the draft
+    tokens that came true stay (the last token taken is decoded next step). Returns how many
+    draft tokens came true."""
+    num_drafts_kept = 0
+    for chunk in plan.chunks:
+        num_drafted = chunk.entry.num_drafted
+        if not num_drafted:
+            continue
+        seq = chunk.seq
+        num_kept = max(num_taken.get(seq, 0) - 1, 0)
+        seq.record_draft(num_drafted, num_kept)
+        stats.note_draft(num_drafted, num_kept)
+        num_drafts_kept += num_kept
+        if speculator is not None:
+            speculator.note_verified(seq, num_drafted, num_kept)
+        if num_kept < num_drafted and not backend.rewind_slot(seq.slot, seq.n_past):
+            seq.fail("its KV lost positions while a rejected draft was removed", overriding=True)
+    return num_drafts_kept

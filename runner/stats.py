@@ -295,7 +295,7 @@ def _slot_snapshot(slot: int, seq: Sequence | None, window: int, now: float, num
         context_used=seq.n_past,
         window=window,
         tokens_per_s=rate,
-        text_tail="".join(seq.text_parts[-_TAIL_PIECES:])[-_TAIL_CHARS:],
+        text_tail="".join(seq.pieces.text_parts[-_TAIL_PIECES:])[-_TAIL_CHARS:],
         is_slid=seq.is_truncated,
         cached_tokens=seq.num_cached,
         draft_tokens=seq.num_drafted,

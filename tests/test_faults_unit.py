@@ -16,7 +16,7 @@ import pytest
 
 from fakes import FakeBackend
 from multiseq import FinishReason, Request, SamplingParams
-from multiseq.engine import MAX_FAILED_DECODES_IN_A_ROW
+from multiseq.execution import MAX_FAILED_DECODES_IN_A_ROW
 from multiseq.errors import BackendError, NoKvSlot
 from multiseq.server import ServerSettings, create_app
 from multiseq.sequence import Sequence
@@ -117,7 +117,7 @@ def raising_grammar_accept(seq: Sequence) -> None:
 
 
 def raising_detokenizer(seq: Sequence) -> None:
-    seq.assembler.feed = injected
+    seq.pieces.assembler.feed = injected
 
 
 @pytest.mark.parametrize("inject, stage", [
@@ -165,7 +165,7 @@ def test_a_tool_parser_that_raises_fails_its_request_alone_and_frees_its_slot(ma
 
 def test_a_fault_while_a_sequence_is_finished_fails_it_and_still_frees_its_slot(make_runner, baseline):
     def raising_flush(seq: Sequence) -> None:
-        seq.assembler.flush = injected
+        seq.pieces.assembler.flush = injected
 
     results, _ = run_eight(make_runner, raising_flush)
     assert_only_the_faulty_one_failed(results, baseline, "while finishing its output")

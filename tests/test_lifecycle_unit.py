@@ -110,10 +110,10 @@ def sequence_state(seq) -> dict:
     """Everything a sequence and its sampler hold, as comparable values."""
     state = {name: copy.deepcopy(value) for name, value in vars(seq).items()
              if name not in ("sampler", "assembler", "_prompt_array", "pieces")}
-    state["pieces"] = {name: copy.deepcopy(value) for name, value in vars(seq.pieces).items()}
+    state["pieces"] = {name: copy.deepcopy(value) for name, value in vars(seq.pieces).items() if name != "assembler"}
     state["sampler"] = {name: copy.deepcopy(value) for name, value in vars(seq.sampler).items()
                         if name not in ("token_bytes", "constraint", "banned", "bias_ids", "bias_values")}
-    state["assembler"] = (seq.assembler._stops.held,)
+    state["assembler"] = (seq.pieces.assembler._stops.held,)
     return state
 
 

@@ -24,7 +24,8 @@ from multiseq.formats.resume import record_succeeded
 from multiseq.formats.summary import RunTally
 from multiseq.errors import ConstraintError
 from multiseq.grammar import TokenConstraint
-from multiseq.schema import SchemaCheck, schema_grammar
+from multiseq.schema import schema_grammar
+from multiseq.schema_check import SchemaCheck
 
 # Each case: a schema with a keyword the grammar cannot enforce, what the result names as
 # approximated, a reply that follows the approximated grammar but breaks the keyword, and one

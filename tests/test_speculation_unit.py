@@ -102,7 +102,7 @@ def test_a_drafted_token_is_kept_as_often_as_the_model_gives_it():
         seq = engine.new_sequence(Request(prompt="abcab", sampling=params), f"s{seed}")
         engine.add(seq)
         run_until_done(engine)
-        engine.clear_prefix_cache()
+        engine.placement.clear()
         for index, scripted in enumerate(b"cab"):
             counts[index] += seq.output_tokens[index] == scripted
         drafted += seq.num_drafted > 0

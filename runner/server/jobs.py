@@ -25,7 +25,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from ..formats.reader import PromptItem
-from ..engine import TextPiece
+from ..step_output import TextPiece
 from ..request import Result
 from ..runner import Runner
 
