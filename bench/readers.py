@@ -13,8 +13,8 @@ of N pieces of 5 characters: prose with a newline every 80 characters, holding n
 family's markers. With `--text reasoning` (the default) the prompt opened the family's
 reasoning block, so the whole output is reasoning (families without reasoning read it as
 content); with `--text content` the reasoning is left closed. With `--text call`, the output is
-one call in the family's own syntax (the one its grammar writes), its one string argument the
-prose: what an agent writing a file costs.
+one call in the family's own syntax (the one its grammar writes; for the JSON-call formats, the
+one their templates write), its content argument the prose: what an agent writing a file costs.
 
 Every feed is timed on its own (time.perf_counter_ns). Reported per family and length: the
 median and the 99th percentile of the last quarter's feeds (where a reader that re-reads the
@@ -37,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from multiseq.tools import Tool  # noqa: E402
 from multiseq.tools.families import all_families  # noqa: E402
 from multiseq.tools.reading import output_parser  # noqa: E402
+from multiseq.tools.writing import written  # noqa: E402
 
 PIECE_CHARS = 5
 LINE_CHARS = 80
@@ -63,19 +64,18 @@ def prose(num_chars: int) -> str:
 
 
 def call_text(family, body: str) -> str | None:
-    """One call of write_file in the family's own call syntax (the one its grammar writes), the
-    content argument `body`; None for a family with no call syntax."""
-    syntax = family.call_syntax
-    if syntax is None or syntax.parameter_open is not None and "{string}" in syntax.parameter_open:
-        return None
-    head = syntax.block_open + syntax.call_open.replace("{name}", TOOL.name).replace("{index}", "0")
-    if syntax.parameter_open is not None:
-        parameters = "".join(syntax.parameter_open.replace("{key}", key) + value
-                             + syntax.parameter_close.replace("{key}", key)
-                             for key, value in (("path", "notes.txt"), ("content", body)))
-        return head + parameters + syntax.call_close + syntax.block_close
-    arguments = json.dumps({"path": "notes.txt", "content": body})
-    return head + arguments + syntax.call_close + syntax.block_close
+    """One call of write_file with `body` as its content, in the family's own call syntax (the
+    one its grammar writes) or, for the JSON-call formats, as their templates write it; None
+    for a family with neither."""
+    arguments = {"path": "notes.txt", "content": body}
+    legacy = {"hermes": lambda: f"<tool_call>\n{json.dumps({'name': TOOL.name, 'arguments': arguments})}\n</tool_call>",
+              "llama3": lambda: f"<|python_tag|>{json.dumps({'name': TOOL.name, 'parameters': arguments})}",
+              "mistral": lambda: f"[TOOL_CALLS]{TOOL.name}[ARGS]{json.dumps(arguments)}",
+              "generic": lambda: json.dumps({"tool_calls": [{"name": TOOL.name, "arguments": arguments}]})}
+    if family.name in legacy:
+        return legacy[family.name]()
+    syntax = family.call_syntax or next(iter(family.variant_call_syntax.values()), None)
+    return None if syntax is None else written(syntax, [(TOOL.name, arguments)])
 
 
 def output_for(family, kind: str, num_pieces: int) -> tuple[str, str] | None:

@@ -10,17 +10,21 @@ from pathlib import Path
 
 import pytest
 
-from multiseq.tools import TextDelta, output_parser, read_output
+from multiseq.chat_template import JinjaRenderer
+from multiseq.tools import ChoiceMode, TextDelta, Tool, ToolChoice, output_parser, read_output
 from multiseq.tools.families import detect, family_named
+from multiseq.tools.families.gemma4 import CALL_CLOSE, CALL_OPEN, QUOTE
 from multiseq.tools.family import CUT_OFF
+from test_family_grammars_unit import family_accepts
+from multiseq.tools.writing import written
 
 TEMPLATES = Path(__file__).parent / "data" / "llama.cpp-templates"
 FAMILY = family_named("gemma4")
 THINKING_OFF = "<|turn>model\n<|channel>thought\n<channel|>"  # the template's generation prompt
 
 
-def read(text: str, prompt: str = THINKING_OFF, pieces: bool = False):
-    return read_output(list(text) if pieces else text, "gemma4", prompt=prompt)
+def read(text: str, prompt: str = THINKING_OFF, pieces: bool = False, tools=()):
+    return read_output(list(text) if pieces else text, "gemma4", prompt=prompt, tools=tools)
 
 
 def summary(parsed) -> tuple:
@@ -148,3 +152,89 @@ def test_no_marker_is_ever_streamed_as_content():
         assert not any(marker in shown for marker in FAMILY.markers), shown
     parser.close()
     assert summary(parser.result()) == ("I will check.Done.", "hm", [("f", {"a": "x"})])
+
+
+# --- constrained calls (the family's CallSyntax) -------------------------------------------------
+
+CONTROL = (CALL_OPEN, CALL_CLOSE, QUOTE, "<|channel>", "<channel|>")  # Gemma 4's control tokens
+DAY = {"type": "object", "properties": {"day": {"type": "integer"}, "month": {"type": "string"}}, "required": ["day"]}
+WEATHER = Tool("get_weather", None, {"type": "object", "$defs": {"Day": DAY}, "properties": {
+    "city": {"type": "string"}, "days": {"type": "integer", "minimum": 1}, "metric": {"type": "boolean"},
+    "note": {"type": ["string", "null"]}, "tags": {"type": "array", "items": {"type": "string"}},
+    "Units": {"type": "object", "properties": {"temp": {"enum": ["c", "f"]}, "wind speed": {"type": "number"},
+                                               "a:b": {"type": "string"}}, "required": ["temp"]},
+    "when": {"anyOf": [{"$ref": "#/$defs/Day"}, {"type": "null"}]}, "extra": {"type": "object"}},
+    "required": ["city"]})
+CLOCK = Tool("now")
+TRICKY = 'Zürich "old town" <b>&amp;</b>\n\tline 2 — 東京 \\ {x:1} [y], z:'
+MARKED = TRICKY + " <tool_call|> <|tool_call>"  # the markers as text (as control tokens, no text holds them)
+
+
+REQUIRED = ToolChoice(ChoiceMode.REQUIRED)
+
+
+def constrained(text: str, tools=(WEATHER, CLOCK), choice=REQUIRED, control=CONTROL,
+                prompt: str = THINKING_OFF):
+    """Whether the family's grammar accepts `text`, and the text read back."""
+    return family_accepts(text, FAMILY, tools, choice, control, prompt=prompt), read(text, prompt=prompt)
+
+
+@pytest.mark.parametrize("control, text", [(CONTROL, TRICKY), ((), MARKED)], ids=["control-tokens", "text"])
+@pytest.mark.parametrize("calls", [
+    lambda text: [("get_weather", {
+        "city": text, "days": 3, "metric": False, "note": None, "tags": [text, ""],
+        "Units": {"temp": "c", "wind speed": 2.5, "a:b": "x"}, "when": {"day": 1, "month": "May"},
+        "extra": {"deep": {"list": [1, True, None, text, {}], "key with space": []}}})],
+    lambda text: [("get_weather", {"city": "Paris", "when": None}), ("now", {}),
+                  ("get_weather", {"city": "", "Units": {"temp": "f"}})],
+], ids=["every-kind", "several"])
+def test_a_constrained_call_reads_back_as_itself(calls, control, text):
+    calls = calls(text)
+    output = written(FAMILY.call_syntax, calls)
+    accepted, parsed = constrained(output, control=control)
+    assert accepted, output
+    assert summary(parsed) == (None, None, calls) and parsed.error is None
+
+
+def test_the_grammar_writes_a_call_as_the_template_writes_it_back():
+    arguments = {"city": 'Paris "Nice" <b>', "days": 3, "metric": True, "tags": ["a", "b c"],
+                 "Units": {"wind speed": 2.5, "temp": "c"}, "when": {"month": "May", "day": 1}}
+    messages = ({"role": "user", "content": "Weather?"},
+                {"role": "assistant", "tool_calls": [{"type": "function", "function": {"name": "get_weather",
+                                                                                        "arguments": arguments}}]})
+    rendered = JinjaRenderer((TEMPLATES / "google-gemma-4-31B-it.jinja").read_text(), "gemma", "<bos>", "<eos>",
+                             add_bos=True).render(messages)
+    text = written(FAMILY.call_syntax, [("get_weather", arguments)])
+    assert "<|turn>model\n" + text + "<|tool_response>" in rendered
+    assert text == ('<|tool_call>call:get_weather{city:<|"|>Paris "Nice" <b><|"|>,days:3,metric:true,'
+                    'tags:[<|"|>a<|"|>,<|"|>b c<|"|>],Units:{temp:<|"|>c<|"|>,wind speed:2.5},'
+                    'when:{day:1,month:<|"|>May<|"|>}}<tool_call|>')
+    assert constrained(text)[0]
+
+
+@pytest.mark.parametrize("arguments", [
+    'days:3,city:<|"|>Paris<|"|>',  # keys not in the order of their names
+    'city:"Paris"', 'city:<|"|>Paris<|"|>,days:"3"', 'city:<|"|>Paris<|"|>, days:3', 'city:<|"|>Paris<|"|>,days:0',
+    'days:3', 'city:<|"|>Paris<|"|>,town:1', ',city:<|"|>Paris<|"|>', 'city:<|"|>Paris<|"|>,',
+    'city:<|"|>Paris<|"|>,Units:{wind speed:1}', 'city:<|"|>Paris<|"|>,Units:{temp:<|"|>k<|"|>}',
+    'city:<|"|>Paris<|"|>,Units:{"temp":<|"|>c<|"|>}', 'city:<|"|>Paris<|"|>,metric:True',
+    'city:<|"|>Paris<|"|>,when:{month:<|"|>May<|"|>}', 'city:<|"|>Paris<|"|>,tags:[1]',
+])
+def test_the_grammar_refuses_what_does_not_follow_the_notation_or_the_schema(arguments):
+    assert not constrained(CALL_OPEN + "call:get_weather{" + arguments + "}" + CALL_CLOSE)[0]
+
+
+def test_auto_a_named_function_and_reasoning():
+    call = CALL_OPEN + 'call:get_weather{city:<|"|>Paris<|"|>}' + CALL_CLOSE
+    auto = ToolChoice(ChoiceMode.AUTO)
+    # `auto`: free text until <|tool_call>, a control token free text never holds.
+    assert constrained("Let me check. " + call, choice=auto)[0] and constrained(HELLO, choice=auto)[0]
+    assert not constrained("Let me check. " + call.replace("city", "town"), choice=auto)[0]
+    assert constrained("<|channel>thought\nThe user wants it.<channel|>" + call, prompt="<|turn>model\n")[0]
+    assert constrained(call, choice=ToolChoice(ChoiceMode.FUNCTION, "get_weather"))[0]
+    assert not constrained(CALL_OPEN + "call:now{}" + CALL_CLOSE, choice=ToolChoice(ChoiceMode.FUNCTION, "get_weather"))[0]
+
+
+def test_a_key_the_notation_cannot_write_leaves_the_calls_unconstrained():
+    quoted = Tool("say", None, {"type": "object", "properties": {'a <|"|> key': {"type": "string"}}})
+    assert family_accepts("anything", FAMILY, (quoted,), ToolChoice(ChoiceMode.REQUIRED), CONTROL) is None

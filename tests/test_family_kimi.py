@@ -9,9 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from multiseq.tools import TextDelta, Tool, output_parser, read_output
+from multiseq.chat_template import JinjaRenderer
+from multiseq.tools import ChoiceMode, TextDelta, Tool, ToolChoice, output_parser, read_output
 from multiseq.tools.families import detect
 from multiseq.tools.family import CUT_OFF
+from test_family_grammars_unit import family_accepts
+from multiseq.tools.writing import written
 
 TEMPLATES = Path(__file__).parent / "data" / "llama.cpp-templates"
 K2_PROMPT = "<|im_assistant|>assistant<|im_middle|>"  # Kimi-K2-Thinking's: the model opens <think> itself
@@ -169,3 +172,111 @@ def _streamed_content(text: str, template_name: str, prompt: str) -> str:
     """The content deltas of the text fed one character at a time, without closing the stream."""
     parser = output_parser(template=template(template_name), tools=TOOLS, prompt=prompt)
     return "".join(delta.text for piece in text for delta in parser.feed(piece) if isinstance(delta, TextDelta))
+
+
+# --- Kimi K3's constrained calls (the kimi-k3 CallSyntax) ----------------------------------------
+
+K3 = detect(template("Kimi-K3.jinja"))
+K3_CONTROL = ("<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>")  # Kimi K3's control tokens
+K3_NO_THINKING = '<|open|>message role="assistant"<|sep|><|open|>response<|sep|>'  # its prompt, thinking off
+THINK_END = "<|close|>think<|sep|><|open|>response<|sep|>"
+WEATHER = Tool("get_weather", parameters={"type": "object", "properties": {
+    "city": {"type": "string"}, "days": {"type": "integer", "minimum": 1}, "metric": {"type": "boolean"},
+    "note": {"anyOf": [{"type": "string"}, {"type": "null"}]}, "units": {"type": "object", "properties": {
+        "temp": {"enum": ["c", "f"]}, "detail": {"type": "object"}}, "required": ["temp"]},
+    "tags": {"type": "array", "items": {"type": "string"}}, 'odd "key" & more': {"type": "number"}},
+    "required": ["city"]})
+CLOCK = Tool("now")
+K3_TOOLS = (WEATHER, CLOCK)
+TRICKY = 'Zürich "old town" <b>&amp;</b>\n\tline 2 — 東京 \\ {"x": 1} [y] </argument>'  # no control token
+
+
+REQUIRED = ToolChoice(ChoiceMode.REQUIRED)
+
+
+def k3_constrained(text: str, prompt: str = K3_PROMPT, choice=REQUIRED, control=K3_CONTROL):
+    """Whether the kimi-k3 grammar (as the server builds it for the prompt) accepts `text`, and
+    the text read back, whole and one character at a time alike."""
+    accepted = family_accepts(text, K3, K3_TOOLS, choice, control, variant="kimi-k3", prompt=prompt)
+    whole = read_output(text, template=template("Kimi-K3.jinja"), tools=K3_TOOLS, prompt=prompt)
+    assert summary(read_output(list(text), template=template("Kimi-K3.jinja"), tools=K3_TOOLS, prompt=prompt)) == \
+        summary(whole)
+    return accepted, whole
+
+
+K3_CALLS = [
+    [("get_weather", {"city": TRICKY, "days": 3, "metric": False, "note": None,
+                      "units": {"temp": "c", "detail": {"deep": [1, 2.5, None]}}, "tags": [TRICKY, ""],
+                      'odd "key" & more': -1.5})],
+    [("get_weather", {"city": "", "note": "a note"}), ("now", {}), ("get_weather", {"city": "Paris", "days": 7})],
+]
+
+
+@pytest.mark.parametrize("control", [K3_CONTROL, ()], ids=["control-tokens", "text"])
+@pytest.mark.parametrize("prompt, before, reasoning, content", [
+    (K3_PROMPT, "I should call it" + THINK_END + "On it.", "I should call it", "On it."),
+    (K3_PROMPT, THINK_END, None, None),
+    (K3_NO_THINKING, "Checking\nnow.", None, "Checking\nnow."),
+    (K3_NO_THINKING, "", None, None),
+], ids=["thinking", "empty-thinking", "no-thinking", "no-content"])
+@pytest.mark.parametrize("calls", K3_CALLS, ids=["every-kind", "several"])
+def test_k3_a_constrained_call_reads_back_as_itself(calls, prompt, before, reasoning, content, control):
+    text = before + written(K3.syntax_for("kimi-k3"), calls)
+    accepted, parsed = k3_constrained(text, prompt, control=control)
+    assert accepted, text
+    assert summary(parsed) == (content, reasoning, calls, None)
+
+
+def test_k3_the_grammar_writes_a_turn_as_the_template_writes_it_back():
+    arguments = {"city": 'Paris "Nice" <b>', "days": 3, "metric": True, "note": None,
+                 "units": {"temp": "c", "detail": {"a": [1, 2]}}, "tags": ["a"], 'odd "key" & more': 2.5}
+    assistant = {"role": "assistant", "reasoning_content": "Weather needed.", "content": "On it.", "tool_calls": [
+        {"type": "function", "function": {"name": "get_weather", "arguments": arguments}},
+        {"type": "function", "function": {"name": "now", "arguments": {}}}]}
+    renderer = JinjaRenderer(template("Kimi-K3.jinja"), "kimi-k3", "", "", add_bos=False)
+    user = ({"role": "user", "content": "Weather?"},)
+    prompt, rendered = renderer.render(user), renderer.render((*user, assistant))
+    assert prompt.endswith(K3_PROMPT) and rendered.startswith(prompt)
+    turn = rendered[len(prompt):].split("<|end_of_msg|>")[0]
+    calls = [("get_weather", arguments), ("now", {})]
+    # The grammar's calls (numbered from 0 here; the template numbers them from 1, any number reads).
+    ours = "Weather needed." + THINK_END + "On it." + written(K3.syntax_for("kimi-k3"), calls)
+    assert turn == ours.replace('index="1"', 'index="2"').replace('index="0"', 'index="1"')
+    accepted, parsed = k3_constrained(turn)
+    assert accepted and summary(parsed) == ("On it.", "Weather needed.", calls, None)
+
+
+CALL_HEAD = '<|close|>response<|sep|><|open|>tools<|sep|><|open|>call tool="get_weather" index="1"<|sep|>'
+CALL_TAIL = "<|close|>call<|sep|><|close|>tools<|sep|><|close|>message<|sep|>"
+CITY = '<|open|>argument key="city" type="string"<|sep|>Paris<|close|>argument<|sep|>'
+
+
+@pytest.mark.parametrize("arguments", [
+    '<|open|>argument key="city" type="number"<|sep|>3<|close|>argument<|sep|>',  # a type its schema does not allow
+    CITY + '<|open|>argument key="days" type="string"<|sep|>3<|close|>argument<|sep|>',
+    CITY + '<|open|>argument key="days" type="integer"<|sep|>3<|close|>argument<|sep|>',  # the template says number
+    CITY + '<|open|>argument key="days" type="number"<|sep|>0<|close|>argument<|sep|>',
+    CITY + '<|open|>argument key="metric" type="boolean"<|sep|>True<|close|>argument<|sep|>',
+    CITY + '<|open|>argument key="note" type="number"<|sep|>1<|close|>argument<|sep|>',
+    CITY + '<|open|>argument key="units" type="object"<|sep|>{"temp": "k"}<|close|>argument<|sep|>',
+    CITY + '<|open|>argument key="town" type="string"<|sep|>x<|close|>argument<|sep|>',
+    CITY + '<|open|>argument key="odd "key" & more" type="number"<|sep|>1<|close|>argument<|sep|>',
+    '<|open|>argument key="days" type="number"<|sep|>3<|close|>argument<|sep|>' + CITY,  # not in the schema's order
+    "",  # the required one missing
+])
+def test_k3_the_grammar_refuses_what_does_not_follow_the_syntax_or_the_schema(arguments):
+    assert not k3_constrained(CALL_HEAD + arguments + CALL_TAIL, K3_NO_THINKING)[0]
+    assert k3_constrained(CALL_HEAD + CITY + CALL_TAIL, K3_NO_THINKING)[0]
+
+
+def test_k3_forced_calls_close_the_think_and_response_elements_and_auto_is_free():
+    call = CALL_HEAD + CITY + CALL_TAIL
+    assert k3_constrained("Thought." + THINK_END + call)[0]
+    assert not k3_constrained(call)[0]  # the prompt opened the think element: it closes first
+    assert not k3_constrained("<|open|>tools<|sep|>" + call.split("<|open|>tools<|sep|>")[1], K3_NO_THINKING)[0]
+    assert k3_constrained(call, K3_NO_THINKING, ToolChoice(ChoiceMode.FUNCTION, "get_weather"))[0]
+    assert not k3_constrained(call.replace("get_weather", "now").replace(CITY, ""), K3_NO_THINKING,
+                              ToolChoice(ChoiceMode.FUNCTION, "get_weather"))[0]
+    assert not k3_constrained(call.replace(CALL_TAIL, CALL_TAIL.replace("<|close|>call<|sep|>", "")), K3_NO_THINKING)[0]
+    # `auto`: the response's closer is a control token free text cannot hold: no grammar.
+    assert k3_constrained("Sunny.", K3_NO_THINKING, ToolChoice(ChoiceMode.AUTO))[0] is None

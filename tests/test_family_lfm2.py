@@ -6,7 +6,11 @@ from __future__ import annotations
 import pytest
 
 from marked_family_checks import calls_of, detected, read_everywhere, streamed
+from test_family_grammars_unit import family_accepts
+from multiseq.tools.writing import written
 
+from multiseq.tools import ChoiceMode, Tool, ToolChoice, read_output
+from multiseq.tools.families import family_named
 from multiseq.tools.family import CUT_OFF
 
 FAMILY = "lfm2"
@@ -92,3 +96,77 @@ def test_what_is_not_a_call_of_literals_is_content(body):
     text = START + body + END
     parsed = read_everywhere(text, FAMILY)
     assert parsed.tool_calls == () and parsed.error and parsed.content == text
+
+
+# --- constrained calls (the family's CallSyntax) -------------------------------------------------
+
+CONTROL = (START, END, "<think>", "</think>", "<|im_end|>")  # LFM2's control tokens
+WEATHER = Tool("get_weather", None, {"type": "object", "properties": {
+    "city": {"type": "string"}, "days": {"type": "integer", "minimum": 1}, "metric": {"type": "boolean"},
+    "units": {"type": "object", "properties": {"temp": {"enum": ["c", "f"]}, "detail": {"type": "object"}},
+              "required": ["temp"]},
+    "note": {"type": ["string", "null"]}}, "required": ["city"]})
+SEARCH = Tool("search", None, {"type": "object", "properties": {"query": {"type": "string"}, "limit": {"type": "integer"}}})
+CLOCK = Tool("now")
+# Any text but a control token's (nor the section's closer as text: the reader ends the section at the first one).
+TRICKY = 'Zürich "old town" <b>&amp;</b>\n\tline 2 — 東京 \\ {x} [y] \'z\' <|im_start|>)]'
+
+
+REQUIRED = ToolChoice(ChoiceMode.REQUIRED)
+
+
+def constrained(text: str, tools=(WEATHER, SEARCH, CLOCK), choice=REQUIRED, control=CONTROL):
+    """Whether the family's grammar accepts `text`, and the text read back."""
+    return family_accepts(text, family_named(FAMILY), tools, choice, control), read_output(text, FAMILY, tools=tools)
+
+
+@pytest.mark.parametrize("control", [CONTROL, ()], ids=["control-tokens", "text"])
+@pytest.mark.parametrize("calls", [
+    [("get_weather", {"city": TRICKY, "days": 3, "metric": False, "units": {"temp": "c", "detail": {"wind": [1, 2.5]}},
+                      "note": None})],
+    [("get_weather", {"city": "Paris", "units": {"temp": "f"}}), ("search", {"limit": 2}), ("now", {})],
+    [("search", {}), ("search", {"query": "a, b", "limit": 1}), ("get_weather", {"city": "", "note": "n"})],
+])
+def test_a_constrained_call_reads_back_as_itself(calls, control):
+    text = written(family_named(FAMILY).call_syntax, calls)
+    accepted, parsed = constrained(text, control=control)
+    assert accepted, text
+    assert calls_of(parsed) == calls and parsed.content is None and parsed.error is None
+
+
+def test_the_syntax_is_keyword_arguments_with_json_values():
+    assert written(family_named(FAMILY).call_syntax, [("get_weather", {"city": 'a "b"', "days": 2}), ("now", {})]) == (
+        START + '[get_weather(city="a \\"b\\"", days=2), now()]' + END)
+
+
+@pytest.mark.parametrize("body", [
+    "get_weather(city='Paris')",  # a string not JSON
+    'get_weather(, city="Paris")', 'get_weather(city="Paris",)', 'get_weather(city="Paris" days=3)',
+    'get_weather(days=3, city="Paris")',  # not in the schema's order
+    "get_weather(days=3)", 'get_weather(city="Paris", days=0)', 'get_weather(city="Paris", metric=True)',
+    'get_weather(city="Paris", units={"temp": "k"})', 'get_weather(city="Paris", town="x")', "search(, limit=1)",
+    'get_weather(city="Paris"),now()', "get_time()",
+])
+def test_the_grammar_refuses_what_does_not_follow_the_syntax_or_the_schema(body):
+    assert not constrained(START + "[" + body + "]" + END)[0]
+
+
+def test_auto_a_named_function_and_reasoning():
+    call = START + '[search(query="x")]' + END
+    auto = ToolChoice(ChoiceMode.AUTO)
+    assert constrained("Let me look. " + call, choice=auto)[0] and constrained("No call needed.", choice=auto)[0]
+    assert constrained("<think>The user wants x.</think>" + call)[0]
+    assert constrained(call, choice=ToolChoice(ChoiceMode.FUNCTION, "search"))[0]
+    assert not constrained(START + "[now()]" + END, choice=ToolChoice(ChoiceMode.FUNCTION, "search"))[0]
+
+
+def test_names_and_keys_that_are_not_python_identifiers_are_written_in_the_json_form():
+    tools = (Tool("get-weather", None, {"type": "object", "properties": {"city": {"type": "string"}}}),
+             Tool("convert", None, {"type": "object", "properties": {"from": {"type": "string"}}}), CLOCK)
+    calls = [("get-weather", {"city": "Paris"}), ("convert", {"from": "EUR"}), ("now", {})]
+    text = written(family_named(FAMILY).call_syntax.fallback, calls)
+    assert text == (START + '[{"name": "get-weather", "arguments": {"city": "Paris"}}, {"name": "convert", "arguments": '
+                    '{"from": "EUR"}}, {"name": "now", "arguments": {}}]' + END)
+    accepted, parsed = constrained(text, tools=tools)
+    assert accepted and calls_of(parsed) == calls
+    assert not constrained(START + '[convert(from="EUR")]' + END, tools=tools)[0]

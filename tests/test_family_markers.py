@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from multiseq.tools import Tool, read_output
 from multiseq.tools.families import all_families, family_named
-from test_family_syntax_unit import written
+from multiseq.tools.writing import written
 
 NOTE = Tool("note", None, {"type": "object", "properties": {"text": {"type": "string"}, "n": {"type": "integer"}},
                            "required": ["text"]})

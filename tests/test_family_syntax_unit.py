@@ -16,8 +16,8 @@ import pytest
 
 from multiseq.tools import ChoiceMode, Tool, ToolChoice, read_output
 from multiseq.tools.families import all_families
-from multiseq.tools.family import CallSyntax
 from multiseq.tools.grammars import family_grammar
+from multiseq.tools.writing import written
 from test_family_grammars_unit import TOKENIZER
 
 WEATHER = Tool("get_weather", None, {"type": "object", "properties": {
@@ -27,23 +27,6 @@ CALLS = [("get_weather", {"city": "Paris <b> & \"Nice\"", "days": 3, "units": {"
 
 CASES = [(family, variant) for family in all_families() if family.legacy_format is None
          for variant in (None, *family.variant_call_syntax) if family.syntax_for(variant) is not None]
-
-
-def written(syntax: CallSyntax, calls: list[tuple[str, dict]]) -> str:
-    """The calls as the syntax writes them (strings raw in parameter blocks, the rest JSON)."""
-    parts = []
-    for index, (name, arguments) in enumerate(calls):
-        opening = syntax.call_open.replace("{name}", name).replace("{index}", str(index))
-        if syntax.parameter_open is None:
-            body = json.dumps(arguments, ensure_ascii=False)
-        else:
-            body = "".join(
-                syntax.parameter_open.replace("{key}", key).replace("{string}", str(isinstance(value, str)).lower())
-                + (value if isinstance(value, str) else json.dumps(value, ensure_ascii=False))
-                + syntax.parameter_close.replace("{key}", key)
-                for key, value in arguments.items())
-        parts.append(opening + body + syntax.call_close)
-    return syntax.block_open + syntax.separator.join(parts) + syntax.block_close
 
 
 @pytest.mark.parametrize("family, variant", CASES, ids=[f"{family.name}-{variant}" for family, variant in CASES])

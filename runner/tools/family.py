@@ -142,8 +142,33 @@ class CallSyntax:
     # `parameter_open` holds {key}, and may hold {string} ("true" for a value written as raw
     # text, "false" for JSON: DeepSeek's DSML); string values are raw text, others JSON.
     # `parameter_close` may hold {key} too (MiniMax M3 closes a parameter with its name).
+    # `parameter_open` may hold {type}: the value's JSON type as Kimi K3's template names it
+    # (string, number for integers too, boolean, null, object, array), one alternative per type
+    # the parameter's schema allows.
     parameter_open: str | None = None
     parameter_close: str = ""
+    # Between two parameters written (LFM2's ", "): none before the first one written, one
+    # before every later one, whichever optional parameters are left out.
+    parameter_separator: str = ""
+    # Every value as JSON, strings too (LFM2's Python-style keyword arguments: JSON's strings,
+    # numbers, objects and arrays are Python literals, its true/false/null read as such).
+    values_as_json: bool = False
+    # Values in an object notation whose strings are raw text between this marker (Gemma 4's
+    # <|"|>): numbers, booleans and null as JSON, objects {key:value,...} with bare keys (a key
+    # a bare one cannot hold between the marker) and arrays [value,...], no spaces.
+    string_quote: str = ""
+    sorts_keys: bool = False  # parameters and object keys in the order of their names (a template's dictsort)
+    # Replacements in a name or key written inside an attribute (Kimi K3's `key="..."`: & and ").
+    attribute_escapes: tuple[tuple[str, str], ...] = ()
+    # Regexes a function's name and a parameter's key must match to be written (LFM2's Python
+    # identifiers); where one does not, the calls are written in `fallback` (LFM2: the JSON form
+    # its reader also takes), or not constrained where there is none.
+    name_pattern: str | None = None
+    key_pattern: str | None = None
+    fallback: CallSyntax | None = None
+    # Where the output's content is an element the calls follow (Kimi K3's response): a forced
+    # call may come after content (none at all too) closed by this.
+    content_close: str = ""
 
 
 @dataclass(frozen=True)

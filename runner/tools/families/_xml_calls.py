@@ -95,7 +95,9 @@ def _split_reasoning(syntax: XmlCallSyntax, text: str, context: ParseContext) ->
     if context.final:
         return FamilyParse((Thought(_without_tags(text[start:end], syntax.reasoning_tags)),)), len(text)
     held = (*syntax.reasoning_ends, *syntax.reasoning_tags)
-    at = end - held_back(text[start:end], held)
+    # What waits is what may begin a marker at the end of the text (not before a call opener, which
+    # is known to follow it).
+    at = min(end, len(text) - held_back(text[start:], held))
     thought = Thought(_without_tags(text[start:at], syntax.reasoning_tags))
     # Up to a call opener that may begin a call, the reasoning waits for what follows it.
     opened = Open(at, REASONING, Thought, held) if end == len(text) else Open(at, REASONING)

@@ -16,8 +16,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ..family import (CONTENT, CUT_OFF, REASONING, STRICT_JSON, Call, Family, FamilyParse, Open, ParseContext, Segment,
-                      Text, Thought, arguments_json, held_back, skip_space)
+from ..family import (CONTENT, CUT_OFF, REASONING, STRICT_JSON, Call, CallSyntax, Family, FamilyParse, Open,
+                      ParseContext, Segment, Text, Thought, arguments_json, held_back, skip_space)
 
 CALL_OPEN = "<|tool_call>"
 CALL_CLOSE = "<tool_call|>"
@@ -269,4 +269,10 @@ FAMILY = Family(
     # The opener with the channel's name: a prompt that ends with it opened the channel for the model.
     reasoning=(CHANNEL_OPEN + THOUGHT, CHANNEL_CLOSE),
     priority=40,
+    # Constrained calls as the template writes them back: keys in the order of their names, bare
+    # (between <|"|> where a bare key cannot hold them), strings between <|"|>, nested objects and
+    # arrays in the same notation (the reader takes no JSON string inside). `auto` is free text
+    # until <|tool_call>, a control token free text never holds.
+    call_syntax=CallSyntax(call_open=CALL_OPEN + "call:{name}{", call_close="}" + CALL_CLOSE, parameter_open="{key}:",
+                           parameter_separator=",", string_quote=QUOTE, sorts_keys=True, name_pattern=r"[\w.\-]+"),
 )

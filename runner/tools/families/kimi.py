@@ -490,10 +490,11 @@ FAMILY = _KimiFamily(
     reasoning=(THINK_OPEN, THINK_CLOSE),
     priority=40,
     variants={"kimi-k3": (OPEN, CLOSE, END_OF_MESSAGE), "kimi-k2": (SECTION_BEGIN,)},
-    # Calls are constrained in K2's syntax only. K3's calls sit after its response element, whose
-    # closing control tokens a grammar's free text cannot hold (its calls are read as written).
-    variant_call_syntax={
-        "kimi-k2": CallSyntax(block_open=SECTION_BEGIN, block_close=SECTION_END, call_close=CALL_END,
-                              call_open=CALL_BEGIN + "functions.{name}:{index}" + ARGUMENTS_BEGIN),
-    },
+    variant_call_syntax={"kimi-k2": CallSyntax(block_open=SECTION_BEGIN, block_close=SECTION_END, call_close=CALL_END,
+                                               call_open=CALL_BEGIN + "functions.{name}:{index}" + ARGUMENTS_BEGIN),
+                         "kimi-k3": CallSyntax(  # forced calls only: free text cannot hold the response's closer
+        reasoning=(THINKING_OPEN, THINKING_CLOSE + RESPONSE_OPEN), content_close=RESPONSE_CLOSE, constrains_auto=False,
+        block_open=TOOLS_OPEN, block_close=TOOLS_CLOSE + MESSAGE_CLOSE, call_close=K3_CALL_CLOSE, call_open=K3_CALL_OPEN
+        + 'tool="{name}" index="{index}"' + SEP, parameter_open=ARGUMENT_OPEN + 'key="{key}" type="{type}"' + SEP,
+        parameter_close=ARGUMENT_CLOSE, attribute_escapes=(("&", "&amp;"), ('"', "&quot;")))},
 )

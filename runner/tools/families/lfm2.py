@@ -12,16 +12,19 @@ from __future__ import annotations
 
 import ast
 import json
+import keyword
 import math
 from typing import Any
 
-from ..family import Call, Family, FamilyParse, ParseContext, leading_reasoning, then, arguments_json
+from ..family import Call, CallSyntax, Family, FamilyParse, ParseContext, arguments_json, leading_reasoning, then
 from ._marked_calls import closed_section, content_and_calls, named_calls
 
 CALL, END_CALL = "<|tool_call_start|>", "<|tool_call_end|>"
 THINK, END_THINK = "<think>", "</think>"
 END_OF_TURN = "<|im_end|>"
 _JSON_LITERALS = {"true": True, "false": False, "null": None}
+# A name Python reads as a keyword argument's (ASCII: Python reads others in their NFKC form).
+_IDENTIFIER = r"(?!(?:" + "|".join(keyword.kwlist) + r")(?![A-Za-z0-9_]))[A-Za-z_][A-Za-z0-9_]*"
 
 
 class _NotALiteral(ValueError):
@@ -120,4 +123,13 @@ FAMILY = Family(
     markers=(CALL, END_CALL, THINK, END_THINK, END_OF_TURN),
     reasoning=(THINK, END_THINK),
     priority=60,
+    # Constrained calls as keyword arguments whose values are JSON (a string double-quoted, its
+    # escapes Python's too), `, ` between arguments and calls. A function's name or a key that is
+    # not a Python identifier (`get-weather`, `from`) cannot be written so: such calls are written
+    # in the JSON form the reader also takes, [{"name": ..., "arguments": {...}}].
+    call_syntax=CallSyntax(block_open=CALL + "[", block_close="]" + END_CALL, call_open="{name}(", call_close=")",
+                           separator=", ", parameter_open="{key}=", parameter_separator=", ", values_as_json=True,
+                           name_pattern=_IDENTIFIER + r"(?:\." + _IDENTIFIER + ")*", key_pattern=_IDENTIFIER,
+                           fallback=CallSyntax(block_open=CALL + "[", block_close="]" + END_CALL, separator=", ",
+                                               call_open='{"name": "{name}", "arguments": ', call_close="}")),
 )
