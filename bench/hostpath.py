@@ -30,16 +30,20 @@ which prefills the prompts, is left out), split into phases:
 - detok+stops: Sequence.append_token() (detokenizing, stop strings, max_tokens, the sampler's
   accept)
 - update other: the rest of Engine.update() (KV accounting, text pieces, retiring, stats)
-- read: reading each new piece into content, reasoning and calls (the family's reader, in
-  OutputPieces.parse; part of update, not counted in update other)
+- read: reading the output into content, reasoning and calls on the step's thread (the family's
+  reader, in OutputPieces.deltas_until and parsed; part of update, not counted in update
+  other). A streaming server's pieces are read on its event loop's thread as it writes them
+  (see --server); here, as there, the step's thread reads an output once, when it ends
 - delivery: Engine.take_output() and Deliveries.deliver() (pieces and results to the handles)
 - other: what is left of Runner.step() (its locks, its queued commands)
 
-With --readers (say `none,qwen3-xml`), every case runs once per reader: `none` submits plain
-prompts (no reader); a family's name submits chats to an engine whose tool format is that
-family, whose prompt ends inside the family's reasoning block (the zero-cost chat format
-writes the family's opener at the end of the prompt), so every piece goes through the family's
-reader, as a reasoning model's chat does.
+With --readers (say `qwen3-xml:off,qwen3-xml`), every case runs once per reader: a family's
+name submits chats to an engine whose tool format is that family, whose prompt ends inside the
+family's reasoning block (the zero-cost chat format writes the family's opener at the end of
+the prompt), so every piece goes through the family's reader, as a reasoning model's chat
+does; `FAMILY:off` submits the same chats with reading off (--reasoning-format none), the
+baseline to compare with; `none` submits plain prompts. Every piece is handed to a consumer
+(on_piece), as a streaming server's are.
 
 The phases are measured by wrapping those methods on the runner's instances (and
 Sequence.append_token on its class, for the run only); no engine code is changed. Each
@@ -288,7 +292,8 @@ class Case:
     vocab: int
     sampling: str  # "greedy" or "sampled"
     steps: int
-    reader: str | None = None  # a family whose reader reads every piece (None: plain prompts, no reader)
+    reader: str | None = None  # a family whose chats are submitted (None: plain prompts, no reader)
+    reads: bool = True  # its reader reads them (False: the same chats, reading off)
 
     def __post_init__(self) -> None:
         if self.sampling not in SAMPLINGS:
@@ -338,7 +343,12 @@ class Case:
     def config(self) -> RunnerConfig:
         """No host cache: the zero-cost backend has no state to save."""
         return RunnerConfig(parallel=self.slots, slot_ctx=self.window, n_batch=self.n_batch, threads=1,
-                            seed=BASE_SEED, cache_ram_mib=0, tool_format=self.reader)
+                            seed=BASE_SEED, cache_ram_mib=0, tool_format=self.reader,
+                            reasoning_format="auto" if self.reads else "none")
+
+    @property
+    def reader_label(self) -> str:
+        return "none" if self.reader is None else self.reader if self.reads else f"{self.reader}:off"
 
 
 # --- phases of a step ----------------------------------------------------------------------------
@@ -407,13 +417,14 @@ def instrumented(runner: Runner) -> Iterator[PhaseClock]:
     runner._deliveries.deliver = clock.timed("deliver", runner._deliveries.deliver)
     append_token = Sequence.append_token
     Sequence.append_token = clock.timed("append_token", append_token)
-    read = OutputPieces.parse
-    OutputPieces.parse = clock.timed("read", read)
+    deltas_until, parsed = OutputPieces.deltas_until, OutputPieces.parsed
+    OutputPieces.deltas_until = clock.timed("read", deltas_until)
+    OutputPieces.parsed = clock.timed("read", parsed)
     try:
         yield clock
     finally:
         Sequence.append_token = append_token
-        OutputPieces.parse = read
+        OutputPieces.deltas_until, OutputPieces.parsed = deltas_until, parsed
         for name in ("schedule", "execute", "update", "take_output"):
             delattr(engine, name)
         del engine.scheduler.plan
@@ -435,11 +446,17 @@ class EngineRun:
         return self.case.slots * 1000.0 / self.total_ms if self.total_ms else float("inf")
 
 
+def _consume(piece) -> None:
+    """Takes each piece as a server's on_piece does: hands it over (a server's event loop then
+    reads what it parses into, on its own thread, when it writes the stream)."""
+
+
 def run_engine(case: Case) -> EngineRun:
     """Run the case's requests through a hand-stepped Runner and time each step's phases."""
     runner = Runner(case.config(), backend=case.backend(), autostart=False)
     try:
-        handles = [runner.submit(request, stream=True) for request in case.requests()]
+        # Every piece goes to a consumer, as a streaming server's do.
+        handles = [runner.submit(request, stream=True, on_piece=_consume) for request in case.requests()]
         steps: list[dict[str, float]] = []
         totals: list[float] = []
         with instrumented(runner) as clock:
@@ -664,7 +681,7 @@ def phase_table(reports: list[CaseReport]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for report in reports:
         run = report.run
-        cells = [str(run.case.slots), _vocab_label(run.case.vocab), run.case.sampling, run.case.reader or "none",
+        cells = [str(run.case.slots), _vocab_label(run.case.vocab), run.case.sampling, run.case.reader_label,
                  *(f"{run.phase_ms[phase]:.3f}" for phase in PHASES), f"{run.total_ms:.3f}",
                  f"{run.tokens_per_second:,.0f}", f"{report.read_floor_ms:.3f}", f"{report.chain.fill_ms:.3f}",
                  f"{report.chain.apply_ms:.3f}"]
@@ -731,8 +748,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=64, help="decode steps measured: tokens per request (default 64)")
     parser.add_argument("--compare-steps", type=int, default=2,
                         help="steps of rows the sampling references run over (default 2)")
-    parser.add_argument("--readers", type=_readers, default=[None], metavar="none|FAMILY,...",
-                        help="run each case with no reader (none) and/or each family's reader (default none)")
+    parser.add_argument("--readers", type=_readers, default=[(None, False)], metavar="none|FAMILY|FAMILY:off,...",
+                        help="run each case with plain prompts (none), a family's chats read (FAMILY) or not "
+                             "(FAMILY:off) (default none)")
     parser.add_argument("--server", action="store_true", help="also serve each case over HTTP")
     parser.add_argument("--stream-interval", type=_intervals, default=[None], metavar="auto|SECONDS",
                         help="with --server: serve's --stream-interval, comma-separated to compare (default auto)")
@@ -747,26 +765,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def _readers(text: str) -> list[str | None]:
+def _readers(text: str) -> list[tuple[str | None, bool]]:
+    """(family, whether it reads) per value: none, FAMILY or FAMILY:off."""
     from multiseq.tools.families import family_names
     values = [part.strip() for part in text.split(",") if part.strip()]
-    unknown = [value for value in values if value != "none" and value not in family_names()]
+    unknown = [value for value in values if value != "none" and value.removesuffix(":off") not in family_names()]
     if not values or unknown:
-        raise argparse.ArgumentTypeError(f"readers must be none or family names ({', '.join(family_names())}), "
+        raise argparse.ArgumentTypeError(f"readers must be none, FAMILY or FAMILY:off ({', '.join(family_names())}), "
                                          f"got {text!r}")
-    return [None if value == "none" else value for value in values]
+    return [(None, False) if value == "none" else (value.removesuffix(":off"), not value.endswith(":off"))
+            for value in values]
 
 
 def cases(args: argparse.Namespace) -> list[Case]:
-    return [Case(slots, vocab, sampling, args.steps, reader)
-            for slots in args.slots for vocab in args.vocab for sampling in args.sampling for reader in args.readers]
+    return [Case(slots, vocab, sampling, args.steps, reader, reads)
+            for slots in args.slots for vocab in args.vocab for sampling in args.sampling
+            for reader, reads in args.readers]
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     reports = []
     for case in cases(args):
-        print(f"{case.slots} slots, vocab {case.vocab}, {case.sampling}, reader {case.reader or 'none'} ...",
+        print(f"{case.slots} slots, vocab {case.vocab}, {case.sampling}, reader {case.reader_label} ...",
               file=sys.stderr, flush=True)
         reports.append(measure(case, args.compare_steps))
     print("Host milliseconds per decode step (zero-cost backend; read floor and llama.cpp chain on the same rows)\n")

@@ -50,16 +50,15 @@ TOOL = Tool("write_file", "Write a file.", {"type": "object", "properties": {
 def prose(num_chars: int) -> str:
     """Words, a newline every LINE_CHARS characters, no marker of any family."""
     out: list[str] = []
-    line = 0
-    index = 0
-    while sum(map(len, out)) < num_chars:
+    line = length = index = 0
+    while length < num_chars:
         word = WORDS[index % len(WORDS)] + " "
         index += 1
         if line + len(word) > LINE_CHARS:
             out.append("\n")
-            line = 0
+            line, length = 0, length + 1
         out.append(word)
-        line += len(word)
+        line, length = line + len(word), length + len(word)
     return "".join(out)[:num_chars]
 
 

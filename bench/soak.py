@@ -104,8 +104,8 @@ class FaultInjector:
         runner.engine.new_sequence = self._tampered
         runner.backend.decode = self._decode_unless_poisoned
 
-    def _tampered(self, request, request_id):
-        seq = self._new_sequence(request, request_id)
+    def _tampered(self, request, request_id, **options):
+        seq = self._new_sequence(request, request_id, **options)
         text = request.prompt if request.prompt is not None else str(request.messages[-1].get("content"))
         marker = re.search(FAULT_MARKER + r"(\d+)", text)
         if marker is not None:

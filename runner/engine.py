@@ -230,16 +230,16 @@ class Engine:
         seq.fail(str(fault), overriding=True)
 
     def _emit(self, seq: Sequence, text: str, is_last: bool) -> None:
-        """Hand out a piece of text (and, with tools, what it parses into). The last piece of a
-        request closes its parse, releasing held-back text; a cancelled request's does not
-        (nothing is emitted for a request after cancel() returned), and a failed one's parse
-        is not asked again (it may be what failed): nothing but the error comes after it."""
-        if is_last and seq.ending.reason is FinishReason.ERROR:
-            deltas = None if seq.pieces.tool_parser is None else ()
-        else:
-            deltas = seq.pieces.parse(text, close=is_last and seq.ending.reason is not FinishReason.CANCELLED)
-        if text or deltas:
-            self._outbox.pieces.append(TextPiece(seq.id, text, seq.pieces.take_unstreamed_logprobs(), deltas))
+        """Hand out a piece of text (and, with tools, its reading: what it parses into, read
+        when asked). The last piece of a request closes its reading, releasing held-back text;
+        a cancelled request's does not (nothing is emitted for a request after cancel()
+        returned), and a failed one's reading is not asked again (it may be what failed):
+        nothing but the error comes after it."""
+        pieces = seq.pieces
+        is_read = pieces.is_read and not (is_last and seq.ending.reason in (FinishReason.ERROR, FinishReason.CANCELLED))
+        if text or (is_read and is_last):
+            self._outbox.pieces.append(TextPiece(seq.id, text, pieces.take_unstreamed_logprobs(),
+                                                 pieces if is_read else None, len(pieces.text_parts), is_last))
 
     def _retire_ending(self, seqs: list[Sequence]) -> None:
         for seq in seqs:

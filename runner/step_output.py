@@ -3,9 +3,11 @@ output that is read, what they read into), and the results of the requests that 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 from .logprobs import TokenLogprob
+from .pieces import OutputPieces
 from .request import Result
 from .tools import Delta
 
@@ -19,10 +21,20 @@ class TextPiece:
     request_id: str
     text: str
     logprobs: tuple[TokenLogprob, ...] = ()
-    # With tools (or a model that reasons): the text parsed into content, reasoning and calls
-    # as it streams (runner.tools.types' deltas), text that may begin a call held back; None
-    # for a request whose output is plain text.
-    deltas: tuple[Delta, ...] | None = None
+    # With tools (or a model that reasons): the output the piece is part of (read when its
+    # deltas are first asked: runner.pieces), how many of its parts were made up to the piece,
+    # and whether the piece ends it; None for an output of plain text.
+    output: OutputPieces | None = None
+    num_parts: int = 0
+    is_last: bool = False
+
+    @functools.cached_property
+    def deltas(self) -> tuple[Delta, ...] | None:
+        """The text parsed into content, reasoning and calls (runner.tools.types' deltas), text
+        that may begin a call held back; None for a request whose output is plain text. Read on
+        the asking thread, at the first ask: the deltas of the output up to this piece that no
+        earlier piece's ask was handed."""
+        return None if self.output is None else self.output.deltas_until(self.num_parts, close=self.is_last)
 
 
 @dataclass

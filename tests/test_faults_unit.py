@@ -59,8 +59,8 @@ def run_eight(make_runner, inject=None, backend: FakeBackend | None = None, call
     if inject is not None:
         new_sequence = runner.engine.new_sequence
 
-        def tampered(request: Request, request_id: str) -> Sequence:
-            seq = new_sequence(request, request_id)
+        def tampered(request: Request, request_id: str, **options) -> Sequence:
+            seq = new_sequence(request, request_id, **options)
             if request_id == FAULTY:
                 inject(seq)
             return seq

@@ -110,7 +110,8 @@ def sequence_state(seq) -> dict:
     """Everything a sequence and its sampler hold, as comparable values."""
     state = {name: copy.deepcopy(value) for name, value in vars(seq).items()
              if name not in ("sampler", "assembler", "_prompt_array", "pieces")}
-    state["pieces"] = {name: copy.deepcopy(value) for name, value in vars(seq.pieces).items() if name != "assembler"}
+    state["pieces"] = {name: copy.deepcopy(value) for name, value in vars(seq.pieces).items()
+                       if name not in ("assembler", "_lock")}
     state["sampler"] = {name: copy.deepcopy(value) for name, value in vars(seq.sampler).items()
                         if name not in ("token_bytes", "constraint", "banned", "bias_ids", "bias_values")}
     state["assembler"] = (seq.pieces.assembler._stops.held,)

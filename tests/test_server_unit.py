@@ -140,16 +140,20 @@ def test_models_health_and_metrics(server):
 
 def test_metrics_of_a_shared_kv_pool_count_cells_once_and_what_sharing_saves(make_runner, serve_app):
     backend = FakeBackend(num_slots=4, window=2048, n_batch=64, pool_size=2048)
-    runner = make_runner(backend, kv_pool=2048)
+    runner = make_runner(backend, autostart=False, kv_pool=2048)
     base = serve_app(create_app(runner, ServerSettings(model_name=MODEL)))
     client = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
     system = "You are a careful assistant who answers briefly. " * 4
 
     async def together() -> None:  # at once: the later prompts take the first one's cells in other slots
-        await asyncio.gather(*(client.completions.create(model=MODEL, prompt=system + question, max_tokens=3,
-                                                         temperature=0) for question in ("one", "two", "three")))
+        asked = asyncio.gather(*(client.completions.create(model=MODEL, prompt=system + question, max_tokens=3,
+                                                           temperature=0) for question in ("one", "two", "three")))
+        while runner.num_waiting < 3:  # all three queued before anything runs, however fast this machine is
+            await asyncio.sleep(0.01)
+        runner.start()
+        await asked
 
-    asyncio.run(together())
+    asyncio.run(asyncio.wait_for(together(), 30))
     metrics = get(base, "/metrics")[1].decode()
     values = {line.split()[0]: float(line.split()[1]) for line in metrics.splitlines()
               if line.startswith("multiseq_kv") and not line.startswith("#")}

@@ -12,7 +12,7 @@ import pytest
 
 from fakes import FakeBackend
 from multiseq import FinishReason, Request, SamplingParams
-from multiseq.tools import ChoiceMode, Tool, ToolChoice, ToolFormat
+from multiseq.tools import ChoiceMode, ReasoningDelta, TextDelta, Tool, ToolCallStart, ToolChoice, ToolFormat
 from multiseq.tools.prompts import generic_messages
 from multiseq.server import ServerSettings, create_app
 
@@ -142,3 +142,70 @@ def test_a_batch_file_line_with_tools_gets_its_calls(fake_job, tmp_path, read_js
     message = line["response"]["body"]["choices"][0]["message"]
     assert line["response"]["body"]["choices"][0]["finish_reason"] == "tool_calls"
     assert json.loads(message["tool_calls"][0]["function"]["arguments"]) == {"city": "Paris"}
+
+
+def test_an_output_no_one_reads_piece_by_piece_is_read_once_at_its_end_to_the_same_result(make_runner):
+    """A caller of pieces (on_piece) gets each piece's deltas, read as the output streams; a
+    caller of the result alone gets the output read once, whole, when it ends: the same
+    content, reasoning and calls (the family's reader: qwen3-xml)."""
+    reply = ("<think>The user wants the weather.</think>\nLet me check.\n<tool_call>\n<function=get_weather>\n"
+             "<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>")
+    messages = ({"role": "user", "content": "Weather?"},)
+    fake = FakeBackend(num_slots=2, window=512, n_batch=256, replies={"<user>Weather?<assistant>": reply})
+    runner = make_runner(fake, tool_format="qwen3-xml")
+    ask = Request(messages=messages, sampling=SamplingParams(max_tokens=200, temperature=0))
+    deltas = []
+    streamed = runner.submit(ask, on_piece=lambda piece: deltas.extend(piece.deltas or ())).result(timeout=30)
+    whole = runner.submit(ask).result(timeout=30)
+    assert len(deltas) > 3, "the pieces were read as they came"
+    for result in (streamed, whole):
+        assert (result.text, result.reasoning) == ("Let me check.", "The user wants the weather.")
+        assert [(call.name, json.loads(call.arguments)) for call in result.tool_calls] == [
+            ("get_weather", {"city": "Paris"})]
+
+
+def test_a_consumer_that_asks_only_some_pieces_gets_every_delta_once_in_order(make_runner):
+    """A consumer that took several pieces at once and asks only the last (a stream that fell
+    behind) gets what all of them parse into: together the deltas are the whole output's, each
+    once, in order, whichever pieces were asked."""
+    reply = ("<think>Weather, then time.</think>Checking both.\n<tool_call>\n<function=get_weather>\n"
+             "<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n"
+             "<function=get_time>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>")
+    fake = FakeBackend(num_slots=2, window=512, n_batch=256, replies={"<user>Both?<assistant>": reply})
+    runner = make_runner(fake, tool_format="qwen3-xml")
+    ask = Request(messages=({"role": "user", "content": "Both?"},), sampling=SamplingParams(max_tokens=300,
+                                                                                            temperature=0))
+
+    def collected(asked_every: int) -> list:
+        pieces = []
+        result = runner.submit(ask, on_piece=pieces.append).result(timeout=30)  # nothing read yet
+        asked = [piece for index, piece in enumerate(pieces) if index % asked_every == 0 or piece is pieces[-1]]
+        return result, [delta for piece in asked for delta in piece.deltas]
+
+    every, every_deltas = collected(1)
+    some, some_deltas = collected(7)
+    for result, deltas in ((every, every_deltas), (some, some_deltas)):
+        assert "".join(delta.text for delta in deltas if isinstance(delta, TextDelta)) == result.text == "Checking both."
+        assert "".join(delta.text for delta in deltas if isinstance(delta, ReasoningDelta)) == result.reasoning
+        assert [delta.name for delta in deltas if isinstance(delta, ToolCallStart)] == ["get_weather", "get_time"]
+
+
+def test_pieces_asked_together_are_read_as_one_text_and_none_before_it_is_asked():
+    """The reading happens on the asking thread, when asked: the step only keeps the text."""
+    from multiseq.pieces import OutputPieces
+    from multiseq.step_output import TextPiece
+    from multiseq.tools import output_parser
+
+    parser = output_parser("qwen3-xml", prompt="<think>\n")
+    fed = []
+    feed = parser.feed
+    parser.feed = lambda text: fed.append(text) or feed(text)
+    output = OutputPieces(parser, wants_logprobs=False)
+    pieces = []
+    for token in (b"Two ", b"cities.", b"</think>", b"Paris ", b"first."):
+        pieces.append(TextPiece("r", output.take_bytes(token), (), output, len(output.text_parts)))
+    assert fed == [], "nothing is read before a piece is asked"
+    assert pieces[3].deltas == (ReasoningDelta("Two cities."), TextDelta("Paris"))
+    assert fed == ["Two cities.</think>Paris "], "the four pieces were read as one text"
+    assert pieces[3].deltas is pieces[3].deltas and pieces[0].deltas == ()  # handed out once
+    assert output.parsed().content == "Paris first."

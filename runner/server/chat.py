@@ -178,7 +178,9 @@ async def start_completion(request: HttpRequest, body: dict[str, Any], is_chat: 
     item = dataclasses.replace(item, request=dataclasses.replace(item.request, overflow=state.settings.overflow,
                                                                  priority=Priority.INTERACTIVE))
     state.metrics.requests.labels(api).inc()
-    return CompletionCall(state, await state.submit(runner, item))
+    # Only a stream's pieces are read as they come (each piece's deltas); a whole answer's
+    # output is read once, when it ends.
+    return CompletionCall(state, await state.submit(runner, item, streams=body.get("stream") is True))
 
 
 async def start_chat(request: HttpRequest, body: dict[str, Any], api: str = "chat") -> CompletionCall:

@@ -144,8 +144,10 @@ def _joined_runs(events: list[PieceEvent | ResultEvent]) -> list[PieceEvent | Re
 class Job:
     """The runner requests of one HTTP request (one per choice) and the events they produce."""
 
-    def __init__(self, runner: Runner, item: PromptItem, dispatcher: LoopDispatcher, body_id: str) -> None:
+    def __init__(self, runner: Runner, item: PromptItem, dispatcher: LoopDispatcher, body_id: str,
+                 streams: bool = True) -> None:
         self.runner = runner
+        self.streams = streams  # its pieces are streamed (else only its results are awaited)
         self.item = item
         self.body_id = body_id
         # Bounded: MAX_QUEUED_EVENTS pieces, and room for every choice's result beyond them.
@@ -167,9 +169,10 @@ class Job:
             request = dataclasses.replace(request, id=self.request_ids[choice])
             self.num_dispatched += 1
             before_each()
+            on_piece = (lambda piece, choice=choice: self._hand_over(PieceEvent(choice, piece, time.perf_counter()))) \
+                if self.streams else None
             self._handles.append(self.runner.submit(
-                request, on_piece=lambda piece, choice=choice: self._hand_over(PieceEvent(choice, piece, time.perf_counter())),
-                on_finish=lambda result, choice=choice: self._hand_over(ResultEvent(choice, result))))
+                request, on_piece=on_piece, on_finish=lambda result, choice=choice: self._hand_over(ResultEvent(choice, result))))
 
     def _hand_over(self, event: PieceEvent | ResultEvent) -> None:
         """On the runner's thread: pass the event on to the loop, with the rest of its step."""
@@ -246,10 +249,12 @@ def _joined(run: list[PieceEvent]) -> PieceEvent:
         return run[0]
     first = run[0]
     pieces = [event.piece for event in run]
-    deltas = None if all(piece.deltas is None for piece in pieces) else \
-        tuple(delta for piece in pieces for delta in piece.deltas or ())
+    # The last piece's reading reads the run's text at once (what the earlier ones parse into
+    # comes with it: none of them was asked).
+    last = pieces[-1]
     piece = TextPiece(first.piece.request_id, "".join(piece.text for piece in pieces),
-                      tuple(logprob for piece in pieces for logprob in piece.logprobs), deltas)
+                      tuple(logprob for piece in pieces for logprob in piece.logprobs), last.output, last.num_parts,
+                      last.is_last)
     return PieceEvent(first.choice, piece, first.at)
 
 

@@ -166,7 +166,7 @@ class ServerState:
                                 f"{json.dumps(self.settings.model_name)}.", INVALID_REQUEST, "model",
                            "model_not_found")
 
-    async def submit(self, runner: Runner, item: PromptItem) -> Job:
+    async def submit(self, runner: Runner, item: PromptItem, streams: bool = True) -> Job:
         """Queue a request's choices, or 503 when the queue is full. Tokenizing runs in the
         prepare pool, so a long prompt never stalls other clients' streams."""
         if item.n > self.settings.max_queue:  # it could never be queued: busy is no answer
@@ -180,7 +180,8 @@ class ServerState:
             raise ApiError(503, f"The server is busy: {waiting} requests are waiting for a slot (at most "
                                 f"{self.settings.max_queue}). Retry later.", OVERLOADED, code="queue_full",
                            headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
-        job = Job(runner, item, self.dispatcher(runner, asyncio.get_running_loop()), response_id(item.is_chat))
+        job = Job(runner, item, self.dispatcher(runner, asyncio.get_running_loop()), response_id(item.is_chat),
+                  streams)
         self._count_dispatching(item.n)
 
         def undo(_) -> None:  # the client was told it timed out: what was queued meanwhile goes

@@ -120,7 +120,7 @@ class OutputParser:
             raise ValueError("feed() after close(): the output has ended")
         self._unsettled.append(text)
         deltas: list[Delta] = []
-        if not self._skip(text, deltas):
+        if not self._skipped(text, deltas):
             self._parse(final=False, deltas=deltas)
         if self._verify:
             self._whole.append(text)
@@ -137,6 +137,10 @@ class OutputParser:
             self._check_against_whole(final=True)
         return deltas
 
+    @property
+    def is_closed(self) -> bool:
+        return self._closed
+
     def result(self) -> ParsedOutput:
         """The whole output, parsed: what the deltas add up to."""
         if not self._closed:
@@ -151,18 +155,24 @@ class OutputParser:
 
     # --- skipping and parsing -----------------------------------------------------------------
 
-    def _skip(self, text: str, deltas: list[Delta]) -> bool:
-        """Whether `text` could be taken without a parse (no stop in it: see the module's docstring)."""
-        if self._stops is None:
+    def _skipped(self, text: str, deltas: list[Delta]) -> bool:
+        """Whether `text` could be taken without a parse (no stop in it: see the module's
+        docstring). The one path every piece of plain text takes: kept to a few string searches."""
+        stops = self._stops
+        if stops is None:
             return False
-        window = self._pending + text
-        if self._stops.occur_in(window):
+        window = self._pending + text if self._pending else text
+        if stops.occur_in(window):
             return False
-        held = self._stops.held(window)
-        if self._grows is not None:
-            stream = self._content if self._grows is Text else self._reasoning
-            stream.take(window[:len(window) - held], deltas)
-        self._pending = window[len(window) - held:] if held else ""
+        held = stops.held(window)
+        if held:
+            self._pending = window[len(window) - held:]
+            window = window[:len(window) - held]
+        else:
+            self._pending = ""
+        grows = self._grows
+        if grows is not None and window:
+            (self._content if grows is Text else self._reasoning).take(window, deltas)
         return True
 
     def _parse(self, final: bool, deltas: list[Delta]) -> None:

@@ -24,14 +24,18 @@ class Stops:
         self._longest = max((len(stop) for stop in stops), default=0)
 
     def occur_in(self, text: str) -> bool:
-        return self.pattern is not None and self.pattern.search(text) is not None
+        pattern = self.pattern
+        return pattern is not None and pattern.search(text) is not None
 
     def held(self, text: str) -> int:
         """How many characters at the end of `text` may begin a stop (the longest such end)."""
-        if self._a_first is None:
+        a_first = self._a_first
+        if a_first is None:
             return 0
-        start = max(len(text) - self._longest + 1, 0)
-        if self._a_first.search(text, start) is None:
+        start = len(text) - self._longest + 1
+        if start < 0:
+            start = 0
+        if a_first.search(text, start) is None:
             return 0
         best = len(text)
         for first in self._firsts:
