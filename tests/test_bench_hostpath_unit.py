@@ -36,8 +36,8 @@ def test_every_phase_is_reported_and_the_phases_add_up_to_the_step(sampling):
     assert run.num_steps == STEPS, "one measured step per decoded token, the prefill step left out"
     assert list(run.phase_ms) == list(hostpath.PHASES)
     measured = [phase for phase in hostpath.PHASES if phase != "other"]
-    assert all(run.phase_ms[phase] > 0 for phase in measured), run.phase_ms
-    assert run.phase_ms["other"] >= 0
+    assert all(run.phase_ms[phase] > 0 for phase in measured if phase != "read"), run.phase_ms
+    assert run.phase_ms["other"] >= 0 and run.phase_ms["read"] == 0, "plain prompts: no reader"
     assert sum(run.phase_ms[phase] for phase in measured) <= run.total_ms
     assert sum(run.phase_ms.values()) == pytest.approx(run.total_ms)
     assert run.total_ms < 1000, "a step of 2 rows over 1,024 tokens takes far less than a second"
@@ -117,3 +117,14 @@ def test_bad_arguments_are_refused_naming_the_option(capsys):
     with pytest.raises(SystemExit):
         hostpath.parse_args(["--stream-interval", "-0.1"])
     assert "--stream-interval" in capsys.readouterr().err
+
+
+def test_a_familys_reader_reads_the_chats_and_off_it_reads_nothing():
+    """--readers FAMILY submits chats whose prompt opens the family's reasoning: their outputs
+    are read (here once each, at their end, as nothing asks the pieces); FAMILY:off the same
+    chats, not read."""
+    on = hostpath.run_engine(hostpath.Case(slots=2, vocab=VOCAB, sampling="greedy", steps=STEPS, reader="qwen3-xml"))
+    off = hostpath.run_engine(hostpath.Case(slots=2, vocab=VOCAB, sampling="greedy", steps=STEPS, reader="qwen3-xml",
+                                            reads=False))
+    assert on.phase_ms["read"] > 0 and off.phase_ms["read"] == 0
+    assert on.case.reader_label == "qwen3-xml" and off.case.reader_label == "qwen3-xml:off"
