@@ -92,11 +92,11 @@ import numpy as np
 
 import load  # bench/ is the script's own folder, first on sys.path
 from multiseq import Request, Runner, RunnerConfig, SamplingParams
-from multiseq.backend import _BatchBuffers as LlamaBatch  # the real backend's llama_batch filler
-from multiseq.batch import BatchEntry, ChunkRules
-from multiseq.grammar import tokenizer_from_pieces
-from multiseq.pieces import OutputPieces
-from multiseq.sequence import Sequence
+from multiseq.llama.backend import _BatchBuffers as LlamaBatch  # the real backend's llama_batch filler
+from multiseq.llama.batch import BatchEntry, ChunkRules
+from multiseq.sampling.grammar import tokenizer_from_pieces
+from multiseq.loop.pieces import OutputPieces
+from multiseq.loop.sequence import Sequence
 
 VOCABS = {49152: "SmolLM2", 151936: "Qwen", 262144: "Gemma 3"}
 SAMPLINGS = ("greedy", "sampled")
@@ -178,7 +178,7 @@ def vocabulary(vocab: int, seed: int = 0) -> Vocabulary:
 
 
 class ZeroCostBackend:
-    """The engine's Backend (runner.batch.Backend) with a model that costs nothing: decode()
+    """The engine's Backend (runner.llama.batch.Backend) with a model that costs nothing: decode()
     returns at once a [rows, vocab] view of a prepared logits matrix (as the real backend
     returns a view of llama.cpp's output buffer, nothing is copied), whose rows cycle through
     a few distributions by step and row. Tokens are byte tokens and words (token_pieces); a

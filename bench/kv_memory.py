@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import peers  # noqa: E402
 
 from multiseq import models  # noqa: E402
-from multiseq.backend import LlamaModel  # noqa: E402
+from multiseq.llama.backend import LlamaModel  # noqa: E402
 
 _HTTP = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 TURN_TOKENS = 300

@@ -10,7 +10,7 @@ Eight short chat prompts, rendered with the model's chat template, each answered
 exactly 48 tokens (end-of-generation tokens banned: ignore_eos), once with an f16/f16 KV cache
 (the reference) and once per quantized type (`--types`, K and V alike), flash attention on.
 
-multiseq: runner/backend.py's LlamaBackend driven directly, one slot, the prompt in one decode
+multiseq: runner/llama/backend.py's LlamaBackend driven directly, one slot, the prompt in one decode
 and then one token per decode. Reported per type: how many of the 8 answers are the f16 answer
 token for token; and, teacher-forced along f16's answer (the same prompt and the same tokens,
 fed in the same decodes, to the f16 and the quantized context), KL(p_f16 || p_quant) of the
@@ -43,8 +43,8 @@ import numpy as np
 
 import peers  # bench/ is the script's own folder, first on sys.path
 
-from multiseq.backend import LlamaBackend
-from multiseq.batch import BatchEntry
+from multiseq.llama.backend import LlamaBackend
+from multiseq.llama.batch import BatchEntry
 from multiseq.loading import open_model
 from multiseq.models import resolve
 

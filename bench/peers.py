@@ -28,7 +28,7 @@ a flat dict of figures (tokens/s over wall time, TTFT p50/p95, ...).
 Only stdlib, numpy and multiseq's cache folder are used, except for ``open_reference_llama``, which
 creates llama-cpp-python's own ``Llama``: that class is the peer being
 measured, so it is imported here, where only the benchmark uses it (the
-library itself reaches llama.cpp through runner/backend.py alone).
+library itself reaches llama.cpp through runner/llama/backend.py alone).
 """
 
 from __future__ import annotations

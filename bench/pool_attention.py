@@ -7,7 +7,7 @@ Usage (from the repository root, in the project's virtual environment; nothing e
     python bench/pool_attention.py
     python bench/pool_attention.py --model gemma3-270m --history 3000 --rounds 8
 
-Each of --slots sequences holds --history tokens (runner/engine.py as text, each from its own
+Each of --slots sequences holds --history tokens (runner/loop/engine.py as text, each from its own
 offset): a 500-token prompt computed alone, then the rest decoded together --interleave
 tokens per sequence per step (1: as decoding writes them). In the "pool, one run each" layout
 the rest is computed sequence by sequence instead. Then, alternating between the three
@@ -34,8 +34,8 @@ import statistics
 import time
 from pathlib import Path
 
-from multiseq.backend import LlamaBackend
-from multiseq.batch import BatchEntry
+from multiseq.llama.backend import LlamaBackend
+from multiseq.llama.batch import BatchEntry
 from multiseq.loading import open_model
 
 TEXT_FILE = Path(__file__).resolve().parent.parent / "runner" / "engine.py"

@@ -26,7 +26,7 @@ Greedy, up to --max-tokens, no ignore_eos. For each system: schemas refused, out
 by themselves, how many of those validate against their schema, outputs returned as valid that
 do not validate, and the wall time from the first request to the last result (model loading and a
 warm-up request excluded; multiseq's compiling of the schemas included, as llama-server's is).
-Outputs are validated by multiseq.schema_check.SchemaCheck for both systems (jsonschema: the
+Outputs are validated by multiseq.sampling.schema_check.SchemaCheck for both systems (jsonschema: the
 schema's draft, formats checked where jsonschema can, a repeated key is invalid). multiseq returns
 an output that does not validate as failed (schema_error); llama-server returns every output
 that ended as a success.
@@ -55,9 +55,9 @@ import peers  # bench/ is the script's own folder, first on sys.path
 
 from multiseq import FinishReason, Request, Runner, RunnerConfig, SamplingParams
 from multiseq.formats.reader import parse_jsonl_line
-from multiseq.backend import LlamaModel
+from multiseq.llama.backend import LlamaModel
 from multiseq.loading import open_model
-from multiseq.schema_check import SchemaCheck
+from multiseq.sampling.schema_check import SchemaCheck
 
 ALL_SYSTEMS = ("multiseq", "llama-server")
 SAMPLE = Path(__file__).resolve().parent / "jsonschemabench_sample.jsonl"

@@ -7,7 +7,7 @@ Usage (from the repository root, in the project's virtual environment):
     python bench/spec_cost.py --models smollm2-135m --slots 1,4 --max-draft 16 --repeats 9
 
 For each model and each number of decoding slots (--slots), every slot holds the same
-~1,000-token context (runner/detok.py as a prompt). A step decodes one token per slot and, on
+~1,000-token context (runner/loop/detok.py as a prompt). A step decodes one token per slot and, on
 the first slot only, k draft tokens (k = 0..--max-draft); the draft positions are removed again
 after each step (llama_memory_seq_rm), as a rejected draft is. The median decode time of
 --repeats steps is reported per k, with its ratio to k = 0: the ceiling of speculation is the
@@ -26,8 +26,8 @@ import statistics
 import time
 from pathlib import Path
 
-from multiseq.backend import LlamaBackend
-from multiseq.batch import BatchEntry
+from multiseq.llama.backend import LlamaBackend
+from multiseq.llama.batch import BatchEntry
 from multiseq.loading import open_model
 
 CONTEXT_FILE = Path(__file__).resolve().parent.parent / "runner" / "detok.py"

@@ -7,8 +7,8 @@ Usage (from the repository root, in the project's virtual environment):
     python bench/speculation.py --model gemma3-270m --sessions 1 --no-server
     python bench/speculation.py --chats 16                      # also 16 distinct chats, spec on and off
 
-The edit workload: the model is given one of this repository's source files (runner/detok.py,
-runner/stepping.py, runner/prefix.py, runner/waiting.py; ~700-1,000 tokens each) and asked to
+The edit workload: the model is given one of this repository's source files (runner/loop/detok.py,
+runner/loop/stepping.py, runner/kv/prefix.py, runner/loop/waiting.py; ~700-1,000 tokens each) and asked to
 write it back with a name changed; greedy, exactly --tokens tokens (ignore_eos). With
 --sessions 4 the four files go at once (-np 4). The prompts are rendered with multiseq's chat
 template and sent as raw text to both servers, so both see the same tokens.
@@ -41,8 +41,8 @@ from multiseq import Request, Runner, RunnerConfig, SamplingParams
 from multiseq.models import resolve
 
 ROOT = Path(__file__).resolve().parent.parent
-FILES = [("runner/detok.py", "TextAssembler", "TextJoiner"), ("runner/stepping.py", "Stepper", "StepRunner"),
-         ("runner/prefix.py", "PrefixIndex", "PrefixTable"), ("runner/waiting.py", "WaitingQueue", "Queue")]
+FILES = [("runner/loop/detok.py", "TextAssembler", "TextJoiner"), ("runner/loop/stepping.py", "Stepper", "StepRunner"),
+         ("runner/kv/prefix.py", "PrefixIndex", "PrefixTable"), ("runner/loop/waiting.py", "WaitingQueue", "Queue")]
 SLOT_CTX = 4096
 
 

@@ -38,7 +38,7 @@ import jsonschema
 import peers  # bench/ is the script's own folder, first on sys.path
 
 from multiseq import FinishReason, Request, Runner, RunnerConfig, SamplingParams
-from multiseq.backend import LlamaModel
+from multiseq.llama.backend import LlamaModel
 from multiseq.loading import open_model
 
 ALL_SYSTEMS = ("multiseq", "multiseq-free", "llama-server")

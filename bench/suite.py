@@ -41,7 +41,7 @@ from workloads import Workload, short_prompts, standard_workloads
 
 from multiseq import Request, Runner, RunnerConfig, SamplingParams
 from multiseq.formats.summary import percentile
-from multiseq.backend import LlamaModel
+from multiseq.llama.backend import LlamaModel
 from multiseq.loading import open_model
 
 ALL_SYSTEMS = ("multiseq", "multiseq-invariant", "llama-server", "llama-cpp-python", "llama-batched-bench", "memory")

@@ -20,8 +20,8 @@ from rich.table import Table
 from rich.text import Text
 
 from ..formats.batchrun import TICK_SECONDS
-from ..runner import Runner
-from ..stats import RunnerSnapshot, SlotSnapshot
+from ..loop.runner import Runner
+from ..loop.stats import RunnerSnapshot, SlotSnapshot
 
 REFRESH_SECONDS = TICK_SECONDS  # a batch run ticks the display this often
 _PHASE_STYLES = {"prefill": "yellow", "decode": "green", "idle": "dim"}

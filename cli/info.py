@@ -81,7 +81,7 @@ def output_console() -> Console:
 def system_report() -> dict[str, Any]:
     """multiseq's version, the Python and machine under it, llama.cpp's build and devices, and
     the model folders with what they hold."""
-    from ..backend import llama_build  # loads llama.cpp's library, not a model
+    from ..llama.backend import llama_build  # loads llama.cpp's library, not a model
 
     try:
         multiseq_version = version("multiseq")

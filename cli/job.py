@@ -18,8 +18,8 @@ import click
 from rich.console import Console
 
 from ..config import RunnerConfig, SamplingParams
-from ..runner import Runner
-from ..chat_template import load_chat_template
+from ..loop.runner import Runner
+from ..llama.chat_template import load_chat_template
 from ..formats.batchrun import BatchRun, RunOutcome, default_window
 from ..formats.ids import IdSet
 from ..formats.lines import NotTextError, sniff_text
@@ -212,7 +212,7 @@ def _print_header(opened: OpenedRunner, file_format: PromptFormat, scan: FileSca
 
 def check_chat_template(value: str) -> None:
     """An unknown template name or a bad template file is a usage error, before the model loads."""
-    from ..backend import builtin_chat_templates  # loads llama.cpp's library, not a model
+    from ..llama.backend import builtin_chat_templates  # loads llama.cpp's library, not a model
 
     try:
         load_chat_template(value, builtin_chat_templates())

@@ -14,9 +14,9 @@ from rich.console import Console
 
 from .. import models
 from ..config import KV_POOL_AUTO, OverflowPolicy, RunnerConfig, SamplingParams, default_of
-from ..kvsizing import AGENT_SESSION_TOKENS
+from ..llama.kv_sizing import AGENT_SESSION_TOKENS
 from ..errors import BackendError
-from ..runner import Runner
+from ..loop.runner import Runner
 from . import info
 from .models_commands import models_group, resolve_model, tool_family_report
 from .interrupts import EXIT_INTERRUPTED, Interrupts

@@ -7,15 +7,16 @@
             print(result.id, result.text)
 
 The package is runner/ in the repository; a module's import name is its path there:
-multiseq.engine is runner/engine.py, multiseq.server the HTTP app (runner/server/), multiseq.cli
-the command line (cli/), multiseq.models the model registry (models/).
+multiseq.loop.engine is runner/loop/engine.py, multiseq.server the HTTP app (runner/server/),
+multiseq.cli the command line (cli/), multiseq.models the model registry (models/).
 
-The engine, bottom up: backend (the only llama.cpp importer), batch (what a step hands the
-backend), sampling, topk, constrained and grammar (sampling under a constraint), schema,
-logprobs, detok, tools (tool calling), sequence (one request's state), scheduler (queue, slots,
-plan), prefix, hostcache (slot states saved in RAM), engine (the thread-free step loop), runner
-(its threaded front end), stats. Above it: formats (request bodies, prompt files, result
-records), server, ray, cli.
+Its folders are its layers, bottom up: llama (the llama.cpp backend: the only module that
+imports llama_cpp, and `batch`, what a step hands any backend), kv (the KV pool's cells, the
+prefixes slots hold, the host-RAM tier), sampling (rows to tokens, under a constraint, with log
+probabilities), tools (the models' tool-call and reasoning formats), loop (the step loop and its
+scheduling: sequences, the scheduler, the thread-free engine and its threaded runner); above
+them formats (request bodies, prompt files, result records), then server, ray, ray_serve and
+cli. config, request and errors are the plain types every layer shares.
 """
 
 import importlib
@@ -24,12 +25,13 @@ import importlib
 # multiseq` alone is instant, so the command line can take charge of Ctrl-C before numpy and
 # the engine load.
 _PUBLIC = {
-    "BackendError": "errors", "CANCELLED_BEFORE_START": "sequence", "Engine": "engine", "FinishReason": "request",
-    "OverflowPolicy": "config", "Priority": "request", "Request": "request", "RequestHandle": "runner",
-    "Result": "request", "RunStats": "stats", "Runner": "runner", "RunnerConfig": "config",
-    "RunnerSnapshot": "stats", "SamplingParams": "config", "StepOutput": "engine", "TextPiece": "engine",
-    "Timings": "request", "TokenLogprob": "logprobs", "Tool": "tools", "ToolCall": "tools", "ToolChoice": "tools",
-    "TopLogprob": "logprobs",
+    "BackendError": "errors", "CANCELLED_BEFORE_START": "loop.sequence", "Engine": "loop.engine",
+    "FinishReason": "request", "OverflowPolicy": "config", "Priority": "request", "Request": "request",
+    "RequestHandle": "loop.delivery", "Result": "request", "RunStats": "loop.stats", "Runner": "loop.runner",
+    "RunnerConfig": "config", "RunnerSnapshot": "loop.stats", "SamplingParams": "config",
+    "StepOutput": "loop.step_output", "TextPiece": "loop.step_output", "Timings": "request",
+    "TokenLogprob": "sampling.logprobs", "Tool": "tools", "ToolCall": "tools", "ToolChoice": "tools",
+    "TopLogprob": "sampling.logprobs",
 }
 __all__ = sorted(_PUBLIC)
 

@@ -243,7 +243,7 @@ class RunnerConfig:
     parallel: int = 8
     slot_ctx: int | None = None  # None: 2,048 tokens a slot; in a pool, the whole pool
     # KV cells the slots share; "auto": sized from the model's trained context and the memory
-    # free (runner.kvsizing); None: a window of slot_ctx each.
+    # free (runner.llama.kv_sizing); None: a window of slot_ctx each.
     kv_pool: int | str | None = None
     n_batch: int = 512  # most tokens in one llama_decode call
     # The step's token budget: every decoding sequence's token, then prompt chunks up to it (at
@@ -288,7 +288,7 @@ class RunnerConfig:
     cache_type_k: str = "f16"
     cache_type_v: str = "f16"
     sampling: SamplingMode = SamplingMode.AUTO  # where rows are sampled: the host, or llama.cpp's graph
-    # Speculative decoding from the session's own text (runner.speculation), llama-server's
+    # Speculative decoding from the session's own text (runner.loop.speculation), llama-server's
     # names: "ngram-simple" drafts from the session's prompt and output, "ngram-mod" also from
     # a pool of n-grams shared by every session; drafts of spec_draft_min..spec_draft_max
     # tokens, found by matching the last spec_ngram_size tokens.

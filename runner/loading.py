@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 
 from . import models
-from .backend import LlamaModel
+from .llama.backend import LlamaModel
 
 
 def open_model(name_or_path: str | os.PathLike | None = None, chat_template: str | None = None,
@@ -25,7 +25,7 @@ def _kv_report(model: LlamaModel, path) -> dict:
     """What the model's KV takes, and the pool `multiseq serve` would make for it here (with
     its default slots, the model's weights taken from the memory free now)."""
     from .config import RunnerConfig, default_of
-    from .kvsizing import default_pool, free_host_memory
+    from .llama.kv_sizing import default_pool, free_host_memory
 
     trained, parallel = model.n_ctx_train, default_of(RunnerConfig, "parallel")
     per_token = {types: model.kv_bytes_per_token((types, types)) for types in ("f16", "q8_0")}

@@ -47,7 +47,7 @@ def multiseq_model(pytestconfig: pytest.Config):
 @pytest.fixture(scope="session")
 def multiseq_runner(pytestconfig: pytest.Config, multiseq_model):
     """A started Runner on multiseq_model with --multiseq-parallel slots, shared by the session."""
-    from .runner import Runner
+    from .loop.runner import Runner
 
     config = RunnerConfig(model=multiseq_model.path, parallel=pytestconfig.getoption("--multiseq-parallel"))
     runner = Runner.on_model(multiseq_model, config)

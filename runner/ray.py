@@ -42,8 +42,8 @@ from multiseq.formats.records import record_for
 from multiseq.config import RunnerConfig, SamplingParams, default_of
 from multiseq.errors import BackendError, first_line
 from multiseq.request import NO_TIMINGS, FinishReason, Request, Result
-from multiseq.runner import Runner
-from multiseq.stats import RunStats
+from multiseq.loop.runner import Runner
+from multiseq.loop.stats import RunStats
 
 # An actor that dies is started again and its requests are retried this many times.
 MAX_RESTARTS = 3

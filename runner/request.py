@@ -8,7 +8,7 @@ from enum import Enum
 from typing import Any
 
 from .config import OverflowPolicy, SamplingParams
-from .logprobs import TokenLogprob
+from .sampling.logprobs import TokenLogprob
 from .tools import ChoiceMode, Tool, ToolCall, ToolChoice
 
 CHAT_ROLES = ("system", "user", "assistant", "tool")

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from multiseq.batch import ChainSpec, ChunkRules
+from multiseq.llama.batch import ChainSpec, ChunkRules
 from multiseq.errors import BackendError, NoKvSlot
-from multiseq.grammar import tokenizer_from_pieces
+from multiseq.sampling.grammar import tokenizer_from_pieces
 
 BOS = 256
 EOS = 257

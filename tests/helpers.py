@@ -163,8 +163,8 @@ def batch_dependence(model, threads: int = TEST_THREADS, **backend_options) -> s
     take tokens in groups, breaks it. Probed once per model, thread count and options."""
     import numpy as np
 
-    from multiseq.backend import LlamaBackend
-    from multiseq.batch import BatchEntry
+    from multiseq.llama.backend import LlamaBackend
+    from multiseq.llama.batch import BatchEntry
 
     key = (str(model.path), model.repack_weights, threads, tuple(sorted(backend_options.items())))
     if key in _batch_dependence:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from multiseq.chat_template import ChatTemplate, JinjaRenderer, load_chat_template
+from multiseq.llama.chat_template import ChatTemplate, JinjaRenderer, load_chat_template
 
 BUILTINS = ["chatml", "gemma", "llama3"]
 CHAT = ({"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"})

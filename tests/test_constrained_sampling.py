@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from fakes import FakeBackend
-from multiseq import constrained
+from multiseq.sampling import constrained
 from multiseq.config import SamplingParams
-from multiseq.grammar import TokenConstraint
-from multiseq.sampling import SequenceSampler, sample_rows
+from multiseq.sampling.grammar import TokenConstraint
+from multiseq.sampling.sampler import SequenceSampler, sample_rows
 from reference import reference_distribution
 
 VOCAB = 512
@@ -89,7 +89,7 @@ def test_each_path_is_taken(monkeypatch):
     real_allowed_row = constrained.allowed_row
     monkeypatch.setattr(constrained, "allowed_row", lambda *args: full_masks.append(1) or real_allowed_row(*args))
     recomputed = []
-    import multiseq.sampling as sampling
+    import multiseq.sampling.sampler as sampling
     real_masked_top_k = sampling.masked_top_k
     monkeypatch.setattr(sampling, "masked_top_k", lambda *args: recomputed.append(1) or real_masked_top_k(*args))
     rng = np.random.default_rng(3)

@@ -6,7 +6,7 @@ import pytest
 
 from fakes import BOS, FakeBackend
 from multiseq import FinishReason, OverflowPolicy, Request, SamplingParams
-from multiseq.scheduler import PromptDoesNotFit, fit_prompt
+from multiseq.loop.scheduler import PromptDoesNotFit, fit_prompt
 
 WINDOW = 32
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 
 from multiseq.cli.dashboard import RunProgress, render, render_server
-from multiseq.stats import HostCacheSnapshot, PoolSnapshot, RunnerSnapshot, RunStats, SlotSnapshot
+from multiseq.loop.stats import HostCacheSnapshot, PoolSnapshot, RunnerSnapshot, RunStats, SlotSnapshot
 
 
 def made_up_snapshot() -> RunnerSnapshot:

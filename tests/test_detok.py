@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from multiseq.detok import IncrementalDetokenizer, StopMatcher, TextAssembler
+from multiseq.loop.detok import IncrementalDetokenizer, StopMatcher, TextAssembler
 
 
 def test_a_character_split_across_pieces_comes_out_whole():

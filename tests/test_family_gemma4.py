@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from multiseq.chat_template import JinjaRenderer
+from multiseq.llama.chat_template import JinjaRenderer
 from multiseq.tools import ChoiceMode, TextDelta, Tool, ToolChoice, output_parser, read_output
 from multiseq.tools.families import detect, family_named
 from multiseq.tools.families.gemma4 import CALL_CLOSE, CALL_OPEN, QUOTE

@@ -11,7 +11,7 @@ from __future__ import annotations
 import llguidance
 import pytest
 
-from multiseq.grammar import tokenizer_from_pieces
+from multiseq.sampling.grammar import tokenizer_from_pieces
 from multiseq.tools import ChoiceMode, Tool, ToolChoice
 from multiseq.tools.family import CallSyntax
 from multiseq.tools.grammars import family_grammar

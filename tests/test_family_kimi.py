@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from multiseq.chat_template import JinjaRenderer
+from multiseq.llama.chat_template import JinjaRenderer
 from multiseq.tools import ChoiceMode, TextDelta, Tool, ToolChoice, output_parser, read_output
 from multiseq.tools.families import detect
 from multiseq.tools.family import CUT_OFF

@@ -16,10 +16,10 @@ import pytest
 
 from fakes import FakeBackend
 from multiseq import FinishReason, Request, SamplingParams
-from multiseq.execution import MAX_FAILED_DECODES_IN_A_ROW
+from multiseq.loop.execution import MAX_FAILED_DECODES_IN_A_ROW
 from multiseq.errors import BackendError, NoKvSlot
 from multiseq.server import ServerSettings, create_app
-from multiseq.sequence import Sequence
+from multiseq.loop.sequence import Sequence
 from multiseq.tools import ToolCallParser, ToolFormat
 
 NUM_REQUESTS = 8

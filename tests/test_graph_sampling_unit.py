@@ -7,8 +7,8 @@ from __future__ import annotations
 from fakes import FakeBackend
 from helpers import run_until_done
 from multiseq import Priority, Request, RunnerConfig, SamplingParams
-from multiseq.batch import GREEDY_CHAIN
-from multiseq.engine import Engine
+from multiseq.llama.batch import GREEDY_CHAIN
+from multiseq.loop.engine import Engine
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0)
 SAMPLED = SamplingParams(max_tokens=40, temperature=0.9, top_k=40, seed=11)

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from multiseq import Request, SamplingParams
-from multiseq.batch import BatchEntry
+from multiseq.llama.batch import BatchEntry
 from multiseq.errors import NoKvSlot
 
 pytestmark = pytest.mark.model

@@ -11,7 +11,7 @@ import pytest
 from fakes import FakeBackend
 from helpers import run_until_done
 from multiseq import Engine, FinishReason, Request, RunnerConfig, SamplingParams
-from multiseq.kvpool import CellLedger
+from multiseq.kv.pool import CellLedger
 
 SYSTEM = "You are a careful assistant. " * 6  # 175 bytes: a prefix the sessions share
 

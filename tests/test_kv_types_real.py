@@ -9,8 +9,8 @@ import pytest
 
 from helpers import TEST_THREADS
 from multiseq import RunnerConfig
-from multiseq.backend import LlamaBackend
-from multiseq.batch import BatchEntry
+from multiseq.llama.backend import LlamaBackend
+from multiseq.llama.batch import BatchEntry
 
 pytestmark = pytest.mark.model
 

@@ -3,7 +3,7 @@ the memory free, and never less than one full session."""
 
 from __future__ import annotations
 
-from multiseq.kvsizing import MEMORY_SHARE, default_pool
+from multiseq.llama.kv_sizing import MEMORY_SHARE, default_pool
 
 GIB = 2**30
 

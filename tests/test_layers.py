@@ -3,7 +3,7 @@
 Layers, top to bottom: the command line (multiseq.cli), the server, multiseq.ray and
 multiseq.ray_serve (with its ray_serve_* parts); below them
 multiseq.formats (request bodies, prompt files, result records, the batch loop); the engine (every
-other module of multiseq: multiseq.engine, multiseq.runner, multiseq.tools...); at the bottom
+other module of multiseq: multiseq.loop.engine, multiseq.loop.runner, multiseq.tools...); at the bottom
 multiseq.models. Exactly one module imports llama_cpp, and
 neither the engine nor formats import a terminal or HTTP library. Checked on the source, every
 import counted, including the ones inside functions."""
@@ -22,9 +22,7 @@ PACKAGE_DIRS = [
     ("multiseq.cli", ROOT / "cli"),
     ("multiseq.models", ROOT / "models"),
 ]
-TOP = ("multiseq.cli", "multiseq.server", "multiseq.ray", "multiseq.ray_serve", "multiseq.ray_serve_calls",
-       "multiseq.ray_serve_gateway", "multiseq.ray_serve_relay", "multiseq.ray_serve_replica",
-       "multiseq.ray_serve_routers")
+TOP = ("multiseq.cli", "multiseq.server", "multiseq.ray", "multiseq.ray_serve")
 UI_AND_HTTP = ("click", "rich", "fastapi", "starlette", "uvicorn", "httpx", "prometheus_client", "aiohttp")
 
 
@@ -126,6 +124,27 @@ def _bench_imports(path: Path) -> set[str]:
     return found
 
 
+# The engine's folders, bottom up: each imports only from those below it (and the plain types
+# every layer shares: config, request, errors).
+ENGINE_LAYERS = ("multiseq.llama", "multiseq.kv", "multiseq.sampling", "multiseq.tools", "multiseq.loop")
+
+
+def test_the_engines_folders_import_only_downward(graph):
+    def layer_of(module: str) -> int | None:
+        return next((index for index, layer in enumerate(ENGINE_LAYERS) if is_in(module, layer)), None)
+
+    wrong = {}
+    for name, imports in graph.items():
+        level = layer_of(name)
+        if level is None:
+            continue
+        above = sorted(imported for imported in imports
+                       if layer_of(imported) is not None and layer_of(imported) > level)
+        if above:
+            wrong[name] = above
+    assert not wrong, f"engine modules import a folder above their own: {wrong}"
+
+
 def test_models_import_nothing_of_multiseq_but_models(graph):
     wrong = {name: sorted(imported for imported in imports
                           if is_in(imported, "multiseq") and not is_in(imported, "multiseq.models"))
@@ -135,7 +154,7 @@ def test_models_import_nothing_of_multiseq_but_models(graph):
 
 def test_only_the_backend_imports_llama_cpp(graph):
     importers = sorted(name for name, imports in graph.items() if any(is_in(imported, "llama_cpp") for imported in imports))
-    assert importers == ["multiseq.backend"]
+    assert importers == ["multiseq.llama.backend"]
 
 
 def test_neither_engine_nor_formats_import_a_terminal_or_http_library(graph):

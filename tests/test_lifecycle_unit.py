@@ -13,9 +13,9 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from fakes import EOS, FakeBackend
 from multiseq import CANCELLED_BEFORE_START, Engine, FinishReason, Request, Runner, RunnerConfig, SamplingParams
-from multiseq.outcome import result_of
-from multiseq.sampling import Sampled, SequenceSampler, sample_rows
-from multiseq.sequence import InvalidTransition, SequenceStatus
+from multiseq.loop.outcome import result_of
+from multiseq.sampling.sampler import Sampled, SequenceSampler, sample_rows
+from multiseq.loop.sequence import InvalidTransition, SequenceStatus
 
 GREEDY = SamplingParams(max_tokens=4, temperature=0)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from multiseq import Request
-from multiseq.chat_template import JinjaRenderer
+from multiseq.llama.chat_template import JinjaRenderer
 from multiseq.errors import BackendError
 from multiseq.tools import Tool
 from multiseq.tools.support import ToolSupport

@@ -9,8 +9,8 @@ import pytest
 
 from helpers import TEST_SEED, TEST_THREADS, assert_same_greedy_texts
 from multiseq import BackendError, Request, Runner, RunnerConfig, SamplingParams
-from multiseq.backend import LlamaBackend
-from multiseq.batch import BatchEntry
+from multiseq.llama.backend import LlamaBackend
+from multiseq.llama.batch import BatchEntry
 
 pytestmark = pytest.mark.model
 

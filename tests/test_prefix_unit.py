@@ -6,8 +6,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from fakes import FakeBackend
 from multiseq import Request, SamplingParams
-from multiseq.batch import ChunkRules
-from multiseq.prefix import MIN_WAIT_TOKENS
+from multiseq.llama.batch import ChunkRules
+from multiseq.kv.prefix import MIN_WAIT_TOKENS
 
 SHARED = "Rules: " + "label each ticket as bug, feature or question. " * 3  # 148 characters, one token each
 GREEDY = SamplingParams(max_tokens=6, temperature=0)

@@ -13,9 +13,9 @@ import time
 from fakes import FakeBackend
 from helpers import run_until_done
 from multiseq import FinishReason, Priority, Request, RunnerConfig, SamplingParams
-from multiseq.batch import ChunkRules
-from multiseq.engine import Engine
-from multiseq.waiting import STARVATION_SECONDS
+from multiseq.llama.batch import ChunkRules
+from multiseq.loop.engine import Engine
+from multiseq.loop.waiting import STARVATION_SECONDS
 
 GREEDY = SamplingParams(max_tokens=40, temperature=0)
 SAMPLED = SamplingParams(max_tokens=60, temperature=0.9, seed=11)

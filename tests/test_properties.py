@@ -6,9 +6,9 @@ import numpy as np
 from hypothesis import given, settings, strategies as st
 
 from multiseq import OverflowPolicy
-from multiseq.detok import StopMatcher
-from multiseq.topk import top_k_sorted
-from multiseq.scheduler import PromptDoesNotFit, fit_prompt
+from multiseq.loop.detok import StopMatcher
+from multiseq.sampling.topk import top_k_sorted
+from multiseq.loop.scheduler import PromptDoesNotFit, fit_prompt
 
 # A small alphabet makes stop strings, partial matches and overlaps common.
 TEXT = st.text(alphabet="abc\n", max_size=40)

@@ -27,7 +27,8 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 
 from helpers import read_until, wait_until  # noqa: E402
 from multiseq import RunnerConfig  # noqa: E402
-from multiseq import ray_serve, ray_serve_gateway, ray_serve_relay  # noqa: E402
+from multiseq import ray_serve  # noqa: E402
+from multiseq.ray_serve import gateway as ray_serve_gateway, relay as ray_serve_relay  # noqa: E402
 from multiseq.server.app import ServerSettings  # noqa: E402
 
 MODEL = "smollm2-135m"

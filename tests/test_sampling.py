@@ -10,9 +10,9 @@ import pytest
 
 from multiseq.config import SamplingParams
 from reference import reference_distribution
-from multiseq.sampling import SequenceSampler, apply_penalties, sample_rows
-from multiseq import topk
-from multiseq.topk import top_k_sorted
+from multiseq.sampling.sampler import SequenceSampler, apply_penalties, sample_rows
+from multiseq.sampling import topk
+from multiseq.sampling.topk import top_k_sorted
 
 
 @pytest.mark.parametrize("vocab_size, top_k", [(262144, 40), (49152, 40), (512, 5), (1000, 40), (300, 7), (4096, 1)])

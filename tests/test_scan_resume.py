@@ -11,14 +11,15 @@ import numpy as np
 import pytest
 from fakes import FakeBackend
 
-from multiseq import SamplingParams, stats as stats_module
+from multiseq import SamplingParams
+from multiseq.loop import stats as stats_module
 from multiseq.formats.ids import IdSet, id_hash
 from multiseq.cli.interrupts import Interrupts
 from multiseq.cli.job import OpenedRunner
 from multiseq.formats.reader import PromptFormat, TextMode
 from multiseq.formats.resume import keep_succeeded_lines
 from multiseq.formats.scan import MAX_LISTED, scan_file
-from multiseq.stats import RECENT_WINDOW_S, StatsRecorder
+from multiseq.loop.stats import RECENT_WINDOW_S, StatsRecorder
 
 
 def scan(path, prompt_format=PromptFormat.JSONL, strict=False, keep_id_hashes=False):

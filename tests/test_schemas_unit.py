@@ -16,16 +16,17 @@ from pathlib import Path
 import pytest
 
 from fakes import FakeBackend
-from multiseq import FinishReason, Request, SamplingParams, grammar
+from multiseq import FinishReason, Request, SamplingParams
+from multiseq.sampling import grammar
 from multiseq.formats.openai_output import openai_record
 from multiseq.formats.reader import parse_jsonl_line, parse_openai_line
 from multiseq.formats.records import result_record
 from multiseq.formats.resume import record_succeeded
 from multiseq.formats.summary import RunTally
 from multiseq.errors import ConstraintError
-from multiseq.grammar import TokenConstraint
-from multiseq.schema import schema_grammar
-from multiseq.schema_check import SchemaCheck
+from multiseq.sampling.grammar import TokenConstraint
+from multiseq.sampling.schema import schema_grammar
+from multiseq.sampling.schema_check import SchemaCheck
 
 # Each case: a schema with a keyword the grammar cannot enforce, what the result names as
 # approximated, a reply that follows the approximated grammar but breaks the keyword, and one

@@ -21,7 +21,7 @@ MODEL = "smollm2-135m"
 PARALLEL = 4
 # Bounded, so that the answer surely ends within SCHEMA_MAX_TOKENS whatever the model writes:
 # two strings of at most 16 characters (6 bytes each at most, escaped), the keys and punctuation
-# (20 bytes), whitespace in at most 10 places (22 bytes each at most: runner/schema.py): 436
+# (20 bytes), whitespace in at most 10 places (22 bytes each at most: runner/sampling/schema.py): 436
 # bytes, and every token the grammar lets through holds at least one (with the question's 24
 # tokens, within the slot's 512).
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 16},

@@ -10,8 +10,8 @@ import numpy as np
 
 from fakes import FakeBackend
 from multiseq import Request, SamplingParams
-from multiseq.batch import ChunkRules
-from multiseq.hostcache import CostModel, HostCache
+from multiseq.llama.batch import ChunkRules
+from multiseq.kv.hostcache import CostModel, HostCache
 
 GREEDY = SamplingParams(max_tokens=60, temperature=0)
 SYSTEM = "You are a careful assistant who answers in one short sentence. " * 2

@@ -10,8 +10,8 @@ import numpy as np
 
 from fakes import FakeBackend
 from multiseq import Request, SamplingParams
-from multiseq.hostcache import HostCache, SharedPrefix
-from multiseq.prefix import MIN_WAIT_TOKENS
+from multiseq.kv.hostcache import HostCache, SharedPrefix
+from multiseq.kv.prefix import MIN_WAIT_TOKENS
 
 GREEDY = SamplingParams(max_tokens=20, temperature=0)
 SYSTEM = "You are a careful assistant who answers in one short sentence, citing your sources. " * 3

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from multiseq import Request, SamplingParams
-from multiseq.batch import BatchEntry
+from multiseq.llama.batch import BatchEntry
 
 pytestmark = pytest.mark.model
 

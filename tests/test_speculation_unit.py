@@ -12,8 +12,8 @@ import pytest
 from fakes import FakeBackend
 from helpers import run_until_done
 from multiseq import Engine, Priority, Request, RunnerConfig, SamplingParams
-from multiseq.batch import micro_batches
-from multiseq.speculation import OWN_TEXT, SHARED_POOL, SessionText, SharedNgrams, StepCost, _Drafting
+from multiseq.llama.batch import micro_batches
+from multiseq.loop.speculation import OWN_TEXT, SHARED_POOL, SessionText, SharedNgrams, StepCost, _Drafting
 
 # The fake's reply repeats text of its prompt, as an agent rewriting a file does.
 FILE = "def area(width, height):\n    return width * height\n\n" * 3

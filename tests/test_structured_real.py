@@ -11,8 +11,8 @@ import pytest
 
 from helpers import assert_same_greedy_texts, sampling_seed
 from multiseq import FinishReason, Request, SamplingParams
-from multiseq.backend import LlamaBackend
-from multiseq.batch import BatchEntry
+from multiseq.llama.backend import LlamaBackend
+from multiseq.llama.batch import BatchEntry
 
 pytestmark = pytest.mark.model
 

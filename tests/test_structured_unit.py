@@ -11,7 +11,7 @@ import pytest
 
 from fakes import EOS, FakeBackend
 from multiseq import FinishReason, Request, SamplingParams
-from multiseq.sampling import SequenceSampler, apply_penalties, sample_rows
+from multiseq.sampling.sampler import SequenceSampler, apply_penalties, sample_rows
 
 LABEL_SCHEMA = {
     "type": "object",

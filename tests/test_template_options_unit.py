@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from multiseq.chat_template import JinjaRenderer
+from multiseq.llama.chat_template import JinjaRenderer
 from multiseq.formats.fields import ItemError
 from multiseq.formats.tool_fields import template_options
 from multiseq.server.messages_request import translate_request

@@ -192,8 +192,8 @@ def test_a_consumer_that_asks_only_some_pieces_gets_every_delta_once_in_order(ma
 
 def test_pieces_asked_together_are_read_as_one_text_and_none_before_it_is_asked():
     """The reading happens on the asking thread, when asked: the step only keeps the text."""
-    from multiseq.pieces import OutputPieces
-    from multiseq.step_output import TextPiece
+    from multiseq.loop.pieces import OutputPieces
+    from multiseq.loop.step_output import TextPiece
     from multiseq.tools import output_parser
 
     parser = output_parser("qwen3-xml", prompt="<think>\n")

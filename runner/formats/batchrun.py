@@ -17,8 +17,8 @@ from collections.abc import Container, Iterator
 from dataclasses import dataclass, field
 
 from ..request import Request, Result
-from ..runner import Runner
-from ..sequence import CANCELLED_BEFORE_START
+from ..loop.runner import Runner
+from ..loop.sequence import CANCELLED_BEFORE_START
 from .output import ResultWriter
 from .reader import PromptFormat, PromptItem
 from .records import record_for

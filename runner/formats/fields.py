@@ -12,7 +12,7 @@ import math
 from typing import Any
 
 from ..config import SamplingParams, is_int, is_number
-from ..grammar import ConstraintError, check_constraint
+from ..sampling.grammar import ConstraintError, check_constraint
 from ..request import CHAT_ROLES
 
 MAX_CHOICES = 128

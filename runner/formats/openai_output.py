@@ -20,7 +20,7 @@ import time
 import uuid
 from typing import Any
 
-from ..logprobs import TokenLogprob
+from ..sampling.logprobs import TokenLogprob
 from ..request import FinishReason, Result
 from ..tools import Delta, ReasoningDelta, TextDelta, ToolCallStart
 from .reader import PromptItem

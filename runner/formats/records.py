@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..logprobs import TokenLogprob
+from ..sampling.logprobs import TokenLogprob
 from ..request import Result
 from .openai_output import openai_record
 from .reader import PromptFormat, PromptItem

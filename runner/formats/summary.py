@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from ..request import FinishReason, Result
-from ..stats import RunStats
+from ..loop.stats import RunStats
 
 
 def percentile(values, percent: float) -> float | None:

@@ -21,7 +21,7 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from ..runner import Runner
+from ..loop.runner import Runner
 from . import batch_api, messages, responses, tokens
 from .chat import chat_completions, completions
 from .door import ApiKeyGuard, SiteGuard, cors_options

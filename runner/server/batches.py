@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 
 from ..formats.reader import CHAT_URL, COMPLETIONS_URL
-from ..runner import Runner
+from ..loop.runner import Runner
 from .batchrules import BatchRules, new_id, now
 from .errors import NOT_FOUND, ApiError
 from .filestore import FileStore

@@ -25,9 +25,9 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from ..formats.reader import PromptItem
-from ..step_output import TextPiece
+from ..loop.step_output import TextPiece
 from ..request import Result
-from ..runner import Runner
+from ..loop.runner import Runner
 
 logger = logging.getLogger("multiseq.server")
 

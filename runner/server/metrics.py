@@ -20,8 +20,8 @@ from collections.abc import Callable, Iterator
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from ..runner import Runner
-from ..stats import HostCacheSnapshot, PoolSnapshot
+from ..loop.runner import Runner
+from ..loop.stats import HostCacheSnapshot, PoolSnapshot
 
 # Seconds; TTFT spans queueing and prefill, gaps are one decode step or a stall.
 TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0)

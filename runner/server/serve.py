@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 import uvicorn
 
 from ..config import RunnerConfig
-from ..runner import Runner
+from ..loop.runner import Runner
 from .app import ServerSettings, ServerState, create_app
 
 logger = logging.getLogger("multiseq.server")

@@ -15,7 +15,7 @@ from ..formats.openai_output import response_id
 from ..formats.reader import PromptItem
 from ..config import OverflowPolicy, SamplingParams
 from ..request import Result
-from ..runner import Runner
+from ..loop.runner import Runner
 from .batches import BatchRules, BatchService
 from .errors import INVALID_REQUEST, OVERLOADED, ApiError, PromptTooLong
 from .jobs import Job, LoopDispatcher

@@ -25,7 +25,7 @@ from ..formats.output import ResultSink, ResultWriter
 from ..formats.reader import CHAT_URL, PromptFormat, PromptItem, line_id, parse_line
 from ..formats.resume import drop_torn_tail, written_ids
 from ..request import FinishReason, Priority, Request, Result
-from ..runner import Runner
+from ..loop.runner import Runner
 from .batchrules import BatchRules, batch_error, new_id, now
 from .commits import GroupCommitter
 from .errors import INTERNAL_ERROR_MESSAGE

@@ -18,7 +18,7 @@ from .reading import new_call_id, output_parser
 from .types import ToolFormat
 
 if TYPE_CHECKING:
-    from ..batch import Backend
+    from ..llama.batch import Backend
     from ..request import Request
 
 __all__ = ["ToolSupport", "new_call_id"]

@@ -94,7 +94,7 @@ def derive(template: str) -> Family | None:
 def _rendered_call_turn(template: str) -> str | None:
     """What the template writes for an assistant's call: its rendering of the conversation
     with the call, less its rendering of the conversation up to the assistant's turn."""
-    from ...chat_template import JinjaRenderer
+    from ...llama.chat_template import JinjaRenderer
 
     try:
         renderer = JinjaRenderer(template, "the chat template", "", "", add_bos=False)

@@ -1,0 +1,225 @@
+"""The host-RAM tier of the prefix cache: slots' KV saved to memory before it is overwritten.
+
+A free slot keeps the KV of its last request (prompt and generated tokens), so that the next
+turn of that conversation, or another prompt with the same start, reuses it. With more live
+conversations than slots, a slot's KV is overwritten for another request; before that, its
+state (llama.cpp's llama_state_seq_get_data) is saved here, under the tokens it holds. A
+request whose prompt starts with an entry's tokens has that state restored into its slot
+(set_data, then cut back to the shared prefix) instead of prefilling it, when restoring is
+cheaper than computing: both costs are measured as the runner goes.
+
+A sequence preempted for a request of higher priority parks its slot's KV here too: a parked
+state belongs to its sequence, is never evicted, and counts against the same bound until the
+sequence resumes. Entries are bounded in bytes and evicted least recently used first. An entry whose tokens are
+a prefix of a newer one is dropped (the newer one covers it), and a state whose tokens an
+entry already covers is not saved twice. Pure Python: the backend does the saving and
+restoring; this is the index, the memory bound and the cost model.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..llama.batch import SlotState
+from .prefix import common_prefix_length, starts_with, worth_waiting_for
+
+# Saving costs a copy of the slot's KV (~23 kB a token on SmolLM2, 9 on Gemma 3): a slot whose
+# loss would cost fewer tokens than this is not worth the memory.
+MIN_SAVE_TOKENS = 32
+# Starting estimates, replaced by measurements as the runner goes (2-core CPU: a restore of
+# 1,201 tokens, 27.7 MB, took 3-8 ms; prefilling them ~3.9 s).
+INITIAL_RESTORE_SECONDS_PER_BYTE = 1e-9
+INITIAL_PREFILL_SECONDS_PER_TOKEN = 3e-3
+_SMOOTHING = 0.2  # weight of a new measurement in the running estimates
+
+
+@dataclass(eq=False)
+class HostEntry:
+    """A slot's KV saved in host memory: the tokens at positions 0..len-1, and the state."""
+
+    tokens: np.ndarray
+    state: SlotState
+
+    @property
+    def num_bytes(self) -> int:
+        return len(self.state)
+
+
+@dataclass(frozen=True)
+class SharedPrefix:
+    """A prefix's KV as one server hands it to another: a saved slot state and the tokens it
+    holds at positions 0..len-1 (the state may hold more: a restore cuts it back)."""
+
+    tokens: np.ndarray
+    state: SlotState
+
+
+@dataclass(frozen=True)
+class PrefixHolding:
+    """How much of a prompt a server holds (in a slot, or saved in host memory), and how much
+    a prefill under way there will hold; with the prefix's KV when it was asked for."""
+
+    num_held: int
+    num_in_flight: int = 0
+    shared: SharedPrefix | None = None
+
+    @property
+    def is_growing(self) -> bool:
+        """Whether a prefill under way will hold enough more to be worth waiting for."""
+        return worth_waiting_for(self.num_in_flight, self.num_held)
+
+
+@dataclass
+class CostModel:
+    """Running estimates of what restoring a byte and prefilling a token cost."""
+
+    restore_seconds_per_byte: float = INITIAL_RESTORE_SECONDS_PER_BYTE
+    prefill_seconds_per_token: float = INITIAL_PREFILL_SECONDS_PER_TOKEN
+
+    def note_restore(self, num_bytes: int, seconds: float) -> None:
+        if num_bytes > 0:
+            self.restore_seconds_per_byte = _smoothed(self.restore_seconds_per_byte, seconds / num_bytes)
+
+    def note_prefill(self, num_tokens: int, seconds: float) -> None:
+        if num_tokens > 0:
+            self.prefill_seconds_per_token = _smoothed(self.prefill_seconds_per_token, seconds / num_tokens)
+
+    def restoring_pays(self, num_bytes: int, num_tokens_saved: int) -> bool:
+        """Whether restoring num_bytes costs less than prefilling the tokens it saves."""
+        return num_bytes * self.restore_seconds_per_byte < num_tokens_saved * self.prefill_seconds_per_token
+
+
+def _owned(state: SlotState) -> SlotState:
+    """A state this process owns and llama.cpp may be handed: one that came over as a read-only
+    view (Ray's object store gives arrays so) is copied, which also frees the store's memory."""
+    if isinstance(state, np.ndarray) and not state.flags.writeable:
+        return state.copy()
+    return state
+
+
+def _smoothed(estimate: float, measured: float) -> float:
+    return (1 - _SMOOTHING) * estimate + _SMOOTHING * measured
+
+
+@dataclass
+class HostCacheStats:
+    num_saved: int = 0
+    num_restored: int = 0
+    num_evicted: int = 0
+    tokens_restored: int = 0
+    num_imported: int = 0  # states another server handed over (serving on several replicas)
+
+
+class HostCache:
+    """Saved slot states, found by the longest common prefix with a prompt, LRU-bounded in bytes."""
+
+    def __init__(self, limit_bytes: int) -> None:
+        self.limit_bytes = limit_bytes
+        self._entries: OrderedDict[int, HostEntry] = OrderedDict()  # least recently used first
+        self._next_key = 0
+        self.num_bytes = 0  # entries' and parked states'
+        self.num_parked_bytes = 0
+        self._parked: dict[int, HostEntry] = {}  # by id(): found by prompts too, while parked
+        self.costs = CostModel()
+        self.stats = HostCacheStats()
+
+    @property
+    def is_enabled(self) -> bool:
+        return self.limit_bytes > 0
+
+    @property
+    def num_entries(self) -> int:
+        return len(self._entries)
+
+    def _all_states(self) -> list[HostEntry]:
+        return [*self._entries.values(), *self._parked.values()]
+
+    def best_match(self, prompt: np.ndarray) -> tuple[HostEntry | None, int]:
+        """The entry (or parked state) sharing the longest prefix with `prompt`, and that length."""
+        best, best_length = None, 0
+        for entry in self._all_states():
+            length = common_prefix_length(entry.tokens, prompt)
+            if length > best_length:
+                best, best_length = entry, length
+        return best, best_length
+
+    def covers(self, tokens: np.ndarray) -> bool:
+        """Whether an entry already holds these tokens (it starts with all of them)."""
+        return any(starts_with(entry.tokens, tokens) for entry in self._all_states())
+
+    def add(self, tokens: np.ndarray, state: SlotState) -> bool:
+        """Keep a slot's state under its tokens, evicting the least recently used entries to
+        make room; False when the state alone is larger than the limit."""
+        if not self._keep(tokens, state):
+            return False
+        self.stats.num_saved += 1
+        return True
+
+    def _keep(self, tokens: np.ndarray, state: SlotState) -> bool:
+        """add(), counted by its caller (as saved here, or as imported)."""
+        if len(state) > self.limit_bytes:
+            return False
+        for key, entry in list(self._entries.items()):  # entries the new one covers
+            if starts_with(tokens, entry.tokens):
+                self._remove(key)
+        if not self._make_room(len(state)):
+            return False
+        self._entries[self._next_key] = HostEntry(np.asarray(tokens, dtype=np.int32), state)
+        self._next_key += 1
+        self.num_bytes += len(state)
+        return True
+
+    def import_shared(self, shared: SharedPrefix) -> bool:
+        """Keep a prefix's KV that another server of the same model and settings computed, as
+        if this server had saved it; False when it is not kept (host memory is off or too small,
+        or an entry already holds those tokens)."""
+        if not self.is_enabled or self.covers(shared.tokens) or not self._keep(shared.tokens, _owned(shared.state)):
+            return False
+        self.stats.num_imported += 1
+        return True
+
+    def _make_room(self, num_bytes: int) -> bool:
+        """Evict least recently used entries until num_bytes more fit; False if they cannot."""
+        if self.num_parked_bytes + num_bytes > self.limit_bytes:
+            return False
+        while self.num_bytes + num_bytes > self.limit_bytes:
+            self._remove(next(iter(self._entries)))
+            self.stats.num_evicted += 1
+        return True
+
+    def park(self, tokens: np.ndarray, state: SlotState) -> HostEntry | None:
+        """Hold a preempted sequence's state (never evicted) until unpark(); None when it
+        cannot fit beside the other parked states."""
+        if not self._make_room(len(state)):
+            return None
+        self.num_bytes += len(state)
+        self.num_parked_bytes += len(state)
+        entry = HostEntry(np.asarray(tokens, dtype=np.int32), state)
+        self._parked[id(entry)] = entry
+        return entry
+
+    def unpark(self, entry: HostEntry) -> None:
+        """The preempted sequence resumed or ended: its parked state's bytes are free again."""
+        del self._parked[id(entry)]
+        self.num_bytes -= entry.num_bytes
+        self.num_parked_bytes -= entry.num_bytes
+
+    def note_restored(self, entry: HostEntry, num_tokens: int, seconds: float) -> None:
+        """An entry was restored into a slot: it becomes the most recently used."""
+        for key, held in self._entries.items():
+            if held is entry:
+                self._entries.move_to_end(key)
+                break
+        self.costs.note_restore(entry.num_bytes, seconds)
+        self.stats.num_restored += 1
+        self.stats.tokens_restored += num_tokens
+
+    def clear(self) -> None:
+        for key in list(self._entries):
+            self._remove(key)
+
+    def _remove(self, key: int) -> None:
+        self.num_bytes -= self._entries.pop(key).num_bytes

@@ -1,0 +1,126 @@
+"""The devices llama.cpp's build sees, and what it was built with, as plain values.
+
+Imports nothing of llama_cpp: ggml's device registry (ggml-backend.h), which llama-cpp-python
+loads but does not bind, is bound here with ctypes on the library multiseq.llama.backend finds and
+hands over (`GgmlRegistry`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+
+_DEVICE_KINDS = ("CPU", "GPU", "integrated GPU", "accelerator", "meta")  # ggml_backend_dev_type's order
+
+
+@dataclass(frozen=True)
+class Device:
+    """A device ggml sees: its name (CPU, CUDA0, Metal, Vulkan0, ...), description, kind, memory."""
+
+    name: str
+    description: str
+    kind: str  # "CPU", "GPU", "integrated GPU", "accelerator" or "meta"
+    memory_free_bytes: int
+    memory_total_bytes: int
+
+
+@dataclass(frozen=True)
+class LlamaBuild:
+    """What the llama.cpp under multiseq was built with, and what it sees on this machine."""
+
+    llama_cpp_python: str  # the version of llama-cpp-python, which pins llama.cpp's sources
+    gpu_offload: bool  # whether a GPU backend is present
+    max_devices: int
+    supports_mmap: bool
+    supports_mlock: bool
+    backends: list[str]
+    devices: list[Device]
+    cpu_features: list[str]  # the CPU features the build uses (AVX2, NEON, ...), from system_info
+    system_info: str  # llama_print_system_info(), as llama.cpp prints it
+
+
+def describe_placement(layer_devices: dict[str, int], descriptions: dict[str, str]) -> str:
+    """A model's place in words: "CPU (AMD EPYC)" when every layer is on the CPU, else each
+    device with its share of the layers, GPUs first: "CUDA0 (NVIDIA L4) 31/31 layers"."""
+    total = sum(layer_devices.values())
+    if not total:
+        return "unknown"
+
+    def named(device: str) -> str:
+        description = descriptions.get(device)
+        return f"{device} ({description})" if description and description != device else device
+
+    if set(layer_devices) == {"CPU"}:
+        return named("CPU")
+    order = sorted(layer_devices, key=lambda device: (device == "CPU", device))
+    return ", ".join(f"{named(device)} {layer_devices[device]}/{total} layers" for device in order)
+
+
+def system_info_sections(text: str) -> dict[str, dict[str, str]]:
+    """llama_print_system_info()'s "CPU : SSE3 = 1 | AVX = 1 | CUDA : ARCHS = 890 | ..." as
+    {"CPU": {"SSE3": "1", "AVX": "1"}, "CUDA": {"ARCHS": "890"}}."""
+    sections: dict[str, dict[str, str]] = {}
+    current = sections.setdefault("", {})
+    for part in text.split("|"):
+        if " : " in part:
+            section, part = part.split(" : ", 1)
+            current = sections.setdefault(section.strip(), {})
+        name, equals, value = part.partition("=")
+        if equals:
+            current[name.strip()] = value.strip()
+    return sections
+
+
+def cpu_features(system_info: str) -> list[str]:
+    """The CPU features a build uses, from its system info: the ones set to 1."""
+    return [name for name, value in system_info_sections(system_info).get("CPU", {}).items() if value == "1"]
+
+
+def text_of(value: bytes | None) -> str:
+    """A C string from llama.cpp or ggml as text ("" for none)."""
+    return value.decode("utf-8", "replace") if value else ""
+
+
+class GgmlRegistry:
+    """ggml's backend and device registry, bound on the ggml library llama_cpp loaded (a
+    ctypes.CDLL). Binding raises AttributeError when the library lacks a function."""
+
+    def __init__(self, library: ctypes.CDLL) -> None:
+        library.ggml_backend_reg_count.restype = ctypes.c_size_t
+        library.ggml_backend_reg_get.argtypes = [ctypes.c_size_t]
+        library.ggml_backend_reg_get.restype = ctypes.c_void_p
+        library.ggml_backend_reg_name.argtypes = [ctypes.c_void_p]
+        library.ggml_backend_reg_name.restype = ctypes.c_char_p
+        library.ggml_backend_dev_count.restype = ctypes.c_size_t
+        library.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
+        library.ggml_backend_dev_get.restype = ctypes.c_void_p
+        for name in ("ggml_backend_dev_name", "ggml_backend_dev_description"):
+            getattr(library, name).argtypes = [ctypes.c_void_p]
+            getattr(library, name).restype = ctypes.c_char_p
+        library.ggml_backend_dev_type.argtypes = [ctypes.c_void_p]
+        library.ggml_backend_dev_type.restype = ctypes.c_int
+        library.ggml_backend_dev_memory.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t),
+                                                    ctypes.POINTER(ctypes.c_size_t)]
+        library.ggml_backend_dev_memory.restype = None
+        self._library = library
+
+    def backends(self) -> list[str]:
+        """The ggml backends the build registered (CPU, CUDA, Metal, Vulkan, BLAS, ...)."""
+        library = self._library
+        return [text_of(library.ggml_backend_reg_name(library.ggml_backend_reg_get(index)))
+                for index in range(library.ggml_backend_reg_count())]
+
+    def devices(self) -> list[Device]:
+        """Every device the build's backends see, with its memory (free and total)."""
+        library = self._library
+        found = []
+        for index in range(library.ggml_backend_dev_count()):
+            device = library.ggml_backend_dev_get(index)
+            free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+            library.ggml_backend_dev_memory(device, ctypes.byref(free), ctypes.byref(total))
+            kind = library.ggml_backend_dev_type(device)
+            found.append(Device(text_of(library.ggml_backend_dev_name(device)),
+                                text_of(library.ggml_backend_dev_description(device)),
+                                _DEVICE_KINDS[kind] if 0 <= kind < len(_DEVICE_KINDS) else str(kind),
+                                free.value, total.value))
+        return found

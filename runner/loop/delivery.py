@@ -1,0 +1,180 @@
+"""What the runner's worker hands out after a step: text pieces and results to the requests'
+handles (and a word to the delivery listeners once per batch of them), and the snapshot that
+readers who must never wait read.
+
+The worker calls all of this under the engine lock; see multiseq.loop.runner for the locking rules.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+from .engine import Engine
+from .step_output import StepOutput, TextPiece
+from ..errors import BackendError, RequestFault
+from ..request import Result
+from .scheduler import PromptDoesNotFit
+from .stats import RunnerSnapshot
+
+logger = logging.getLogger("multiseq.loop.runner")
+
+_END_OF_STREAM = object()
+# latest_snapshot is at most this old while requests run (and exact once the engine is idle). Its
+# readers (the dashboard, 4 times a second; /metrics; the batch worker's queue count) need no
+# more: at 25 ms, building it was a tenth of a sampled step's host time at 64 slots.
+PUBLISH_INTERVAL_S = 0.1
+
+
+class RequestHandle:
+    """What submit() returns: iterate it for text pieces (when streaming), or wait for result()."""
+
+    def __init__(self, request_id: str, stream: bool, on_finish: Callable[[Result], None] | None = None,
+                 on_piece: Callable[[TextPiece], None] | None = None) -> None:
+        self.id = request_id
+        self._pieces: queue.SimpleQueue | None = queue.SimpleQueue() if stream else None
+        self._done = threading.Event()
+        self._result: Result | None = None
+        self._on_finish = on_finish
+        self._on_piece = on_piece
+        self.is_faulty = False  # on_piece raised: nothing more is emitted, the result still comes
+
+    def emit(self, piece: TextPiece) -> None:
+        if self._pieces is not None and piece.text:
+            self._pieces.put(piece.text)
+        if self._on_piece is not None:
+            self._on_piece(piece)
+
+    def finish(self, result: Result) -> None:
+        if self._done.is_set():
+            return  # ended already (the engine stopped while its result was on the way)
+        self._result = result
+        self._done.set()
+        if self._pieces is not None:
+            self._pieces.put(_END_OF_STREAM)
+        if self._on_finish is not None:
+            self._on_finish(result)
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def result(self, timeout: float | None = None) -> Result:
+        """The final Result; request failures are in result.error, never raised."""
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"request {self.id} still running after {timeout} s")
+        assert self._result is not None
+        return self._result
+
+    def __iter__(self) -> Iterator[str]:
+        if self._pieces is None:
+            raise RuntimeError("submit(request, stream=True) to iterate over text pieces")
+        while (piece := self._pieces.get()) is not _END_OF_STREAM:
+            yield piece
+
+
+class Deliveries:
+    """Hands a step's pieces and results to their handles, then tells the delivery listeners.
+
+    The handles live in the inbox (a request is known from submit() until its result is
+    delivered), under the inbox lock; so does every change to the listener list."""
+
+    def __init__(self, lock: threading.Condition, handles: dict[str, RequestHandle]) -> None:
+        self._lock = lock
+        self._handles = handles
+        self._listeners: list[Callable[[], None]] = []
+
+    def deliver(self, output: StepOutput) -> dict[str, str]:
+        """Hand text pieces and results to their handles (under the engine lock, so that a
+        cancel that returned is never followed by a piece of that request), then tell the
+        delivery listeners. A callback that raises fails its own request alone: the requests
+        whose pieces could not be delivered, and why (the caller fails them in the engine;
+        nothing more is delivered to them until their result)."""
+        faults: dict[str, str] = {}
+        if not output.pieces and not output.finished:
+            return faults
+        with self._lock:
+            emit_to = [self._handles.get(piece.request_id) for piece in output.pieces]
+            finish = [self._handles.pop(result.id, None) for result in output.finished]
+        for handle, piece in zip(emit_to, output.pieces):
+            if handle is not None and not handle.is_faulty:
+                try:
+                    handle.emit(piece)
+                except Exception as error:  # noqa: BLE001 - the callback's fault is its request's
+                    faults[handle.id] = self._fault(handle, error)
+        for handle, result in zip(finish, output.finished):
+            if handle is not None:
+                fault = faults.get(handle.id)
+                self._finish(handle, result if fault is None else result.failed_with(fault))
+        self.tell_listeners()
+        return faults
+
+    @staticmethod
+    def _fault(handle: RequestHandle, error: Exception) -> str:
+        handle.is_faulty = True
+        fault = RequestFault("delivering its output", error)
+        logger.error("request %s failed: %s", handle.id, fault, exc_info=error)
+        return str(fault)
+
+    @staticmethod
+    def _finish(handle: RequestHandle, result: Result) -> None:
+        try:
+            handle.finish(result)
+        except Exception:  # noqa: BLE001 - the result is set before on_finish runs: only the callback failed
+            logger.exception("request %s: on_finish failed", handle.id)
+
+    def fail_remaining(self, handles: list[RequestHandle], message: str) -> None:
+        """End these handles with an error result (the engine stopped: no step will), and tell
+        the listeners."""
+        for handle in handles:
+            self._finish(handle, Result.failed_before_start(handle.id, message))
+        self.tell_listeners()
+
+    def reject(self, handle: RequestHandle, error: str | Exception) -> None:
+        """End a request that could not even be queued, and tell the listeners. What the request
+        asked for (ValueError) or what the model cannot do with it (BackendError) is the caller's
+        error, said as is; anything else is a bug, logged, and said as one."""
+        if isinstance(error, PromptDoesNotFit):
+            handle.finish(Result.rejected(handle.id, str(error), prompt_tokens=error.num_prompt))
+        elif isinstance(error, (str, ValueError, BackendError)):
+            handle.finish(Result.rejected(handle.id, str(error)))
+        else:
+            logger.error("request %s could not be queued", handle.id, exc_info=error)
+            handle.finish(Result.failed_before_start(handle.id, f"internal error: {type(error).__name__}"))
+        self.tell_listeners()
+
+    def tell_listeners(self) -> None:
+        for listener in self._listeners:  # a list never changed in place: no lock to read it
+            try:
+                listener()
+            except Exception:  # noqa: BLE001 - a listener's bug must not stop the engine
+                logger.exception("a delivery listener failed")
+
+    def add_listener(self, listener: Callable[[], None]) -> None:
+        with self._lock:
+            self._listeners = [*self._listeners, listener]
+
+    def remove_listener(self, listener: Callable[[], None]) -> None:
+        with self._lock:
+            self._listeners = [known for known in self._listeners if known is not listener]
+
+
+class SnapshotPublisher:
+    """Keeps latest_snapshot: an immutable RunnerSnapshot swapped in after a step at most every
+    PUBLISH_INTERVAL_S (building one costs about 0.3 ms at 64 slots, too much for every step of
+    a small model) and whenever the engine falls idle."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self.latest: RunnerSnapshot = engine.snapshot(time.perf_counter())
+        self._published_at = time.perf_counter()
+
+    def publish(self, now: float, force: bool = False) -> None:
+        """Swap in a new latest snapshot when the last one is old enough, or the engine is idle
+        (under the engine lock)."""
+        if force or not self._engine.has_work or now - self._published_at >= PUBLISH_INTERVAL_S:
+            self.latest = self._engine.snapshot(now)
+            self._published_at = now

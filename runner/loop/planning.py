@@ -1,0 +1,168 @@
+"""Step planning: which tokens of which running sequences go into the next llama_decode.
+
+Pure Python over Sequence objects, like the scheduler that owns the planner: it reads the
+running sequences and never changes them. The scheduler decides who holds a slot; the planner
+decides, from those, what one step computes (decoding tokens, then prompt chunks cut by the
+backend's chunk rules, up to the step's token budget).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..llama.batch import BatchEntry, ChunkRules
+from .sequence import Sequence, SequenceStatus
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """One sequence's part of a step: the batch entry, and whether it is prompt tokens
+    (rather than the sequence's newest generated token)."""
+
+    seq: Sequence
+    entry: BatchEntry
+    is_prefill: bool
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.entry.tokens)
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """One llama_decode call: chunks ordered by slot, at most one per slot.
+
+    Ordering by slot matters: with one KV stream per slot, llama.cpp groups sequences into a
+    micro-batch only while their ids are consecutive in batch order."""
+
+    chunks: list[Chunk]
+
+    @property
+    def entries(self) -> list[BatchEntry]:
+        return [chunk.entry for chunk in self.chunks]
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(chunk.num_tokens for chunk in self.chunks)
+
+    @property
+    def num_decode_tokens(self) -> int:
+        """Decoding sequences' newest tokens (a draft's tokens not counted)."""
+        return len(self.decoding_chunks)
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        return sum(chunk.num_tokens for chunk in self.chunks if chunk.is_prefill)
+
+    @property
+    def decoding_chunks(self) -> list[Chunk]:
+        """The chunks of sequences decoding (their newest token, and any draft)."""
+        return [chunk for chunk in self.chunks if not chunk.is_prefill]
+
+    @property
+    def output_seqs(self) -> list[Sequence]:
+        """Sequences that get a logits row, in row order."""
+        return [chunk.seq for chunk in self.chunks if chunk.entry.wants_output]
+
+    def __bool__(self) -> bool:
+        return bool(self.chunks)
+
+    def with_halved_prefill(self) -> StepPlan | None:
+        """The same step with every prompt chunk halved, for a retry when the KV had no room;
+        None when no chunk can shrink any more."""
+        if all(chunk.num_tokens <= 1 or not chunk.is_prefill for chunk in self.chunks):
+            return None
+        chunks = []
+        for chunk in self.chunks:
+            if chunk.is_prefill and chunk.num_tokens > 1:
+                entry = chunk.entry
+                half = BatchEntry(entry.slot, entry.tokens[: len(entry.tokens) // 2], entry.start_pos, False)
+                chunk = Chunk(chunk.seq, half, True)
+            chunks.append(chunk)
+        return StepPlan(chunks)
+
+
+class StepPlanner:
+    """Plans each step from the running sequences. Stateful only when prefill is isolated: it
+    remembers whether the last step prefilled, so that prompt chunks and decoding alternate."""
+
+    def __init__(self, num_slots: int, max_batch_tokens: int, step_tokens: int | None = None,
+                 chunk_rules: ChunkRules = ChunkRules(), isolate_prefill: bool = False) -> None:
+        assert max_batch_tokens >= num_slots, "every slot must be able to decode each step"
+        self.num_slots = num_slots
+        self.max_batch_tokens = max_batch_tokens
+        # The step's token budget: every decoding token, then prompt chunks up to it, so that a
+        # long prompt is prefilled over several steps while the others keep decoding.
+        self.step_tokens = min(step_tokens or max_batch_tokens, max_batch_tokens)
+        self.chunk_rules = chunk_rules
+        # llama.cpp cuts a batch into micro-batches of equal tokens per sequence, so a prompt
+        # chunk beside decoding sequences has its first token computed as a lone row, which
+        # other kernels do with other rounding. Isolated, a step holds one prompt chunk or the
+        # decoding tokens, never both (they alternate, so neither starves).
+        self.isolate_prefill = isolate_prefill
+        self._last_step_prefilled = False
+
+    def plan(self, running: list[Sequence], free_cells: int | None = None) -> StepPlan:
+        """One token for every decoding sequence, then prompt chunks by priority, then age, up
+        to the step's token budget (isolated: one or the other). Prompt chunks always get room
+        for one chunk the backend's rules allow, so that prefill progresses beside any number
+        of decoding slots; in a shared KV pool (free_cells given), only as much as is free."""
+        prefilling = _prefilling_in_order(running)
+        decoding = [seq for seq in running if seq.status is SequenceStatus.DECODING]
+        if prefilling and not self.isolate_prefill:
+            # A prompt is prefilled without lower-priority work beside it (their streams and
+            # prompts): on a CPU each token in a step costs, and a waiting person's first token
+            # comes before batch work's next.
+            top = prefilling[0].priority
+            decoding = [seq for seq in decoding if seq.priority >= top]
+            prefilling = [seq for seq in prefilling if seq.priority >= top]
+        if self.isolate_prefill:
+            self._last_step_prefilled = bool(prefilling) and not (decoding and self._last_step_prefilled)
+            if self._last_step_prefilled:
+                prefilling, decoding = prefilling[:1], []
+            else:
+                prefilling = []
+        chunks: dict[int, Chunk] = {}
+        for seq in decoding:
+            chunks[seq.slot] = Chunk(seq, BatchEntry(seq.slot, [seq.last_token], seq.n_past, True), False)
+        budget = self.step_tokens - len(chunks)
+        room = self.max_batch_tokens - len(chunks)
+        if free_cells is not None:
+            room = min(room, free_cells - len(chunks))
+        for seq in prefilling:
+            if room <= 0:
+                break
+            # The first prompt chunk of a step goes whatever the budget, so prompts progress.
+            floor = 0 if len(chunks) > len(decoding) else self._least_progress(seq)
+            start = seq.num_prefilled
+            length = self._chunk_length(start, seq.num_prompt_remaining, min(room, max(budget, floor)))
+            if length == 0:
+                continue
+            tokens = seq.prompt_tokens[start:start + length]
+            is_last = start + length == len(seq.prompt_tokens)
+            chunks[seq.slot] = Chunk(seq, BatchEntry(seq.slot, tokens, seq.n_past, is_last), True)
+            budget -= length
+            room -= length
+        return StepPlan([chunks[slot] for slot in sorted(chunks)])
+
+    def _chunk_length(self, start: int, remaining: int, budget: int) -> int:
+        """How much of a prompt's rest goes into this step, by the backend's chunk rules. When
+        the batch is too small to ever hold two chunks the rules allow, whatever fits goes, so
+        that every prompt makes progress."""
+        rules = self.chunk_rules
+        if self.max_batch_tokens < 2 * (rules.min_tokens + rules.alignment) + self.num_slots:
+            return min(remaining, budget)
+        return rules.chunk_length(start, remaining, budget)
+
+    def _least_progress(self, seq: Sequence) -> int:
+        """Room enough for one chunk of seq's prompt that the rules allow: the smallest chunk,
+        or its whole rest when no cut would leave a rest the rules allow."""
+        rules = self.chunk_rules
+        remaining = seq.num_prompt_remaining
+        return remaining if remaining <= 2 * rules.min_tokens + rules.alignment else rules.min_tokens + rules.alignment - 1
+
+
+def _prefilling_in_order(running: list[Sequence]) -> list[Sequence]:
+    """The sequences still prefilling their prompts, highest priority first, then oldest."""
+    prefilling = [seq for seq in running if seq.status is SequenceStatus.PREFILLING]
+    return sorted(prefilling, key=lambda seq: (-seq.priority, seq.admitted_at))

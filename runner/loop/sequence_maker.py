@@ -1,0 +1,96 @@
+"""Requests into sequences: a request's prompt rendered (its chat with its tools) and tokenized,
+fitted to the slot window, with its sampler, its compiled constraint and its output's reader.
+Reads only the model and the config, so it may run on any thread (the Runner's intake does)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import warnings
+
+import numpy as np
+
+from ..llama.batch import Backend
+from ..config import RunnerConfig
+from ..sampling.grammar import TokenConstraint
+from ..request import Request
+from ..sampling.sampler import SequenceSampler
+from .scheduler import fit_prompt
+from .sequence import Sequence
+from ..tools.support import ToolSupport
+
+
+class SequenceMaker:
+    """Makes the Sequence of a request (see the module's docstring)."""
+
+    def __init__(self, config: RunnerConfig, backend: Backend, tools: ToolSupport, window: int) -> None:
+        self.config = config
+        self.backend = backend
+        self.tools = tools
+        self.window = window
+        self._base_seed = config.seed if config.seed is not None else int.from_bytes(os.urandom(8), "little")
+
+    def new_sequence(self, request: Request, request_id: str) -> Sequence:
+        """Tokenize and fit a request. Reads only the model and the config, so it may run on
+        any thread; raises ValueError or BackendError when this request cannot run."""
+        params = request.sampling
+        text = self.prompt_text(request)
+        tokens = self.backend.tokenize(text)
+        if not tokens:
+            raise ValueError("the prompt tokenizes to no tokens")
+        bos_kept = 1 if self.backend.add_bos else 0
+        n_keep = (request.n_keep if request.n_keep is not None else self.config.n_keep) + bos_kept
+        overflow = request.overflow or self.config.overflow
+        fit = fit_prompt(tokens, self.window, n_keep, params.max_tokens, overflow)
+        seed = params.seed if params.seed is not None else self._derive_seed(request_id)
+        banned = self.backend.end_of_generation_tokens() if params.ignore_eos else ()
+        banned_early = self.backend.end_of_generation_tokens() if params.min_tokens and not banned else ()
+        sampler = SequenceSampler(params, seed, fit.tokens, banned, self._constraint(request, text),
+                                  self.backend.token_bytes, banned_early)
+        return Sequence(request_id, fit.tokens, sampler, n_keep, overflow, fit.max_tokens,
+                        prompt_tokens_dropped=fit.num_dropped, priority=request.priority,
+                        tool_parser=self.tools.parser(request, text))
+
+    def prompt_text(self, request: Request) -> str:
+        """A request's prompt as text (its chat rendered with its tools)."""
+        return request.prompt if request.prompt is not None else self.tools.render(self.backend, request)
+
+    def prompt_tokens(self, request: Request) -> list[int]:
+        """The tokens a request's prompt comes to (its chat rendered with its tools). Reads only
+        the model, so it may run on any thread."""
+        return self.backend.tokenize(self.prompt_text(request))
+
+    def _constraint(self, request: Request, prompt: str = "") -> TokenConstraint | None:
+        """The request's compiled constraint (its schema or grammar, or the grammar of its tool
+        calls); raises ValueError when it cannot be compiled (a constrained request never runs
+        without its constraint). Token ids of the logit bias are checked here too, where the
+        vocabulary is known."""
+        params = request.sampling
+        too_large = sorted(token for token in params.logit_bias or {} if token >= self.backend.n_vocab)
+        if too_large:
+            raise ValueError(f"logit_bias names token {too_large[0]}, but the vocabulary has "
+                             f"{self.backend.n_vocab} tokens")
+        tool_grammar = self.tools.grammar(request, prompt)
+        if tool_grammar is not None and params.is_constrained:
+            raise ValueError("a JSON schema or grammar cannot constrain an output that may call tools: give "
+                             "tool_choice 'none', or leave out the schema")
+        if not params.is_constrained and tool_grammar is None:
+            return None
+        return TokenConstraint(self.backend.grammar_tokenizer(), params, tool_grammar)
+
+    def _derive_seed(self, request_id: str) -> int:
+        """A request without a seed gets one from the runner's seed and its id, so a run with a
+        fixed runner seed samples the same text for the same id, in any order."""
+        digest = hashlib.blake2b(request_id.encode("utf-8"), digest_size=8).digest()
+        state = np.random.SeedSequence([self._base_seed, int.from_bytes(digest, "little")]).generate_state(2, np.uint32)
+        return int(state[0]) | (int(state[1]) << 32)
+
+    def clamped_n_discard(self) -> int:
+        """The config's n_discard, below the window (a warning says so where it was not)."""
+        n_discard = self.config.n_discard
+        if n_discard >= self.window:
+            clamped = self.window - 1
+            warnings.warn(f"n_discard={n_discard} is not below the {self.window}-token slot window; using {clamped}",
+                          stacklevel=4)
+            return clamped
+        return n_discard

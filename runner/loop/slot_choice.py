@@ -1,0 +1,128 @@
+"""Where a waiting sequence goes: the slot it takes and the prefix it starts from, found in a
+slot's KV or in a state saved to host memory (`SlotChooser`, the scheduler's admission rules).
+
+Pure Python over the scheduler's slots, kept prefixes and queue, which it reads and never changes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..llama.batch import ChunkRules
+from ..kv.hostcache import HostCache, HostEntry
+from ..kv.prefix import MIN_COPY_TOKENS, PrefixIndex, common_prefix_length, worth_waiting_for
+from .sequence import Sequence, SequenceStatus, reusable_prompt_length
+from .waiting import WaitingQueue
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where an admitted prompt goes: its slot, and the prefix it starts from, found in
+    `source_slot`'s KV (the slot itself when nothing needs copying), or in a state saved to
+    host memory (`host_entry`; source_slot None). A preempted sequence's placement always
+    names its parked state, and source_slot is its slot when that still holds it."""
+
+    slot: int
+    source_slot: int | None
+    num_cached: int
+    host_entry: HostEntry | None = None
+
+
+@dataclass(frozen=True)
+class IdleEviction:
+    """A free slot whose kept prefix goes, to make room in a shared KV pool."""
+
+    slot: int
+    tokens: np.ndarray  # what its KV held
+
+
+class SlotChooser:
+    """The slot and the starting prefix of each sequence admitted: the longest prefix of its
+    prompt that some slot's KV holds (copied when it is worth it), or host memory holds (when
+    restoring it costs less than computing what it adds); or none yet, when a prompt being
+    prefilled will hold more. Reads the scheduler's slots, kept prefixes and waiting queue."""
+
+    def __init__(self, slots: list[Sequence | None], prefixes: PrefixIndex, waiting: WaitingQueue,
+                 chunk_rules: ChunkRules, prefix_cache: bool, host_cache: HostCache | None) -> None:
+        self.slots = slots  # the scheduler's own list: a slot's holder, None when free
+        self.prefixes = prefixes
+        self.waiting = waiting
+        self.chunk_rules = chunk_rules
+        self.prefix_cache = prefix_cache
+        self.host_cache = host_cache
+
+    def place_parked(self, seq: Sequence, free: list[int], copy_sources: set[int]) -> Placement:
+        """A preempted sequence's slot: one that still holds its KV (nothing to restore), else
+        the least recently used, where its parked KV is restored."""
+        tokens = seq.parked.tokens
+        for slot in free:
+            if np.array_equal(self.prefixes.kept(slot), tokens):
+                return Placement(slot, slot, len(tokens), seq.parked)
+        targets = [slot for slot in free if slot not in copy_sources] or free
+        return Placement(self.prefixes.least_recently_used(targets), None, len(tokens), seq.parked)
+
+    def place(self, seq: Sequence, free: list[int], copy_sources: set[int]) -> Placement | None:
+        """The slot for seq and the prefix it reuses; None to wait for one being prefilled."""
+        if not self.prefix_cache:
+            return Placement(free[0], free[0], 0)
+        prompt = seq.prompt_array
+        resident, in_flight = self.prefixes_for(prompt)
+        best = max(range(len(self.slots)), key=resident.__getitem__)
+        if worth_waiting_for(in_flight, resident[best]):
+            return None
+        own = max(free, key=lambda slot: (resident[slot], -self.prefixes.last_used(slot)))
+        oldest = self.prefixes.least_recently_used(free)  # an empty slot, else the LRU prefix to evict
+        if resident[best] >= resident[own] + MIN_COPY_TOKENS:
+            placement = Placement(oldest, best, resident[best])
+        elif resident[own] >= MIN_COPY_TOKENS:
+            placement = Placement(own, own, resident[own])
+        else:  # too little in common to be worth evicting another prompt for (a BOS, a template header)
+            placement = Placement(oldest, oldest, resident[oldest])
+        return self._restored_instead(placement, prompt, [slot for slot in free if slot not in copy_sources])
+
+    def prefixes_for(self, prompt: np.ndarray) -> tuple[list[int], int]:
+        """How much of the prompt each slot's KV holds (reusable by the chunk rules), and the
+        most that a prompt still being prefilled will hold."""
+        reusable = self.chunk_rules.reusable
+        resident = [0] * len(self.slots)
+        in_flight = 0
+        for slot, holder in enumerate(self.slots):
+            if holder is None:
+                resident[slot] = reusable(common_prefix_length(self.prefixes.kept(slot), prompt), len(prompt))
+                continue
+            shared = common_prefix_length(holder.prompt_array, prompt)
+            resident[slot] = reusable(min(shared, reusable_prompt_length(holder)), len(prompt))
+            if holder.status is SequenceStatus.PREFILLING:
+                in_flight = max(in_flight, reusable(shared, len(prompt)))
+        return resident, in_flight
+
+    def longest_held(self, prompt: np.ndarray) -> tuple[int, int, int]:
+        """The slot whose KV holds the longest reusable prefix of `prompt`, that prefix's
+        length, and the most that a prompt still being prefilled, or waiting to be, will hold."""
+        resident, in_flight = self.prefixes_for(prompt)
+        reusable = self.chunk_rules.reusable
+        for seq in self.waiting:
+            in_flight = max(in_flight, reusable(common_prefix_length(seq.prompt_array, prompt), len(prompt)))
+        slot = max(range(len(self.slots)), key=resident.__getitem__)
+        return slot, resident[slot], in_flight
+
+    def waits_for_prefill(self, seq: Sequence) -> bool:
+        """Whether admission would hold seq back for a prefix another slot is prefilling."""
+        if not self.prefix_cache or seq.parked is not None:
+            return False
+        resident, in_flight = self.prefixes_for(seq.prompt_array)
+        return worth_waiting_for(in_flight, max(resident))
+
+    def _restored_instead(self, placement: Placement, prompt: np.ndarray, targets: list[int]) -> Placement:
+        """A placement that restores a saved state from host memory, where one holds a longer
+        prefix than any slot and restoring it costs less than computing what it adds."""
+        if self.host_cache is None or not targets:
+            return placement
+        entry, shared = self.host_cache.best_match(prompt)
+        num_cached = self.chunk_rules.reusable(shared, len(prompt))
+        gain = num_cached - placement.num_cached
+        if entry is None or gain < MIN_COPY_TOKENS or not self.host_cache.costs.restoring_pays(entry.num_bytes, gain):
+            return placement
+        return Placement(self.prefixes.least_recently_used(targets), None, num_cached, entry)
