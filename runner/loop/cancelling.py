@@ -12,7 +12,7 @@ from .engine import Engine
 from .inbox import Inbox
 from .stepping import Stepper
 
-logger = logging.getLogger("multiseq.loop.runner")
+logger = logging.getLogger("multiseq.runner")
 
 
 class Cancelling:

@@ -20,7 +20,7 @@ from ..request import Result
 from .scheduler import PromptDoesNotFit
 from .stats import RunnerSnapshot
 
-logger = logging.getLogger("multiseq.loop.runner")
+logger = logging.getLogger("multiseq.runner")
 
 _END_OF_STREAM = object()
 # latest_snapshot is at most this old while requests run (and exact once the engine is idle). Its

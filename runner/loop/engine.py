@@ -47,7 +47,7 @@ from .stats import RunnerSnapshot, StatsRecorder, runner_snapshot
 from .step_output import StepOutput, TextPiece
 from ..tools.support import ToolSupport
 
-logger = logging.getLogger("multiseq.loop.runner")
+logger = logging.getLogger("multiseq.runner")
 
 
 class Engine:

@@ -18,7 +18,7 @@ from ..sampling.sampler import Sampled
 from .sequence import Sequence
 from .speculation import first_rows, verify_all
 
-logger = logging.getLogger("multiseq.loop.runner")
+logger = logging.getLogger("multiseq.runner")
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from .planning import StepPlan
 from ..sampling.sampler import Sampled, sample_rows
 from .sequence import Sequence
 
-logger = logging.getLogger("multiseq.loop.runner")
+logger = logging.getLogger("multiseq.runner")
 
 _NO_TOKEN = -1  # LLAMA_TOKEN_NULL: the chain sampled nothing for that row
 

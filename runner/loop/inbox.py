@@ -20,7 +20,7 @@ from .delivery import RequestHandle
 from .engine import Engine
 from .sequence import Sequence
 
-logger = logging.getLogger("multiseq.loop.runner")
+logger = logging.getLogger("multiseq.runner")
 
 
 @dataclass(frozen=True)

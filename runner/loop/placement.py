@@ -20,7 +20,7 @@ from .scheduler import Admission, IdleEviction, Placement, Scheduler
 from .sequence import Sequence, SequenceStatus, reusable_kv_tokens
 from .stats import StatsRecorder
 
-logger = logging.getLogger("multiseq.loop.runner")
+logger = logging.getLogger("multiseq.runner")
 
 
 class KvPlacement:

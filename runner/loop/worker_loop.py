@@ -18,7 +18,7 @@ from ..errors import EngineFailure, first_line
 from .inbox import Command, Inbox
 from .stepping import Stepper
 
-logger = logging.getLogger("multiseq.loop.runner")
+logger = logging.getLogger("multiseq.runner")
 
 _IDLE_STEP_SECONDS = 0.001
 
