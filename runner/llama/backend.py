@@ -43,7 +43,8 @@ from .kv import KV_TYPES, SlotKv, kv_bytes_per_token
 from .log import capturing_llama_log, flash_attention_used, forward_llama_log, layer_devices
 from .text import Vocabulary, apply_builtin_template, load_user_template, render_chat
 
-notices = logging.getLogger("multiseq.backend")  # multiseq's own notices about llama.cpp (not its log)
+# not a child of multiseq.llama (llama.cpp's own log, which the CLI quiets below errors)
+notices = logging.getLogger("multiseq.backend")  # multiseq's own notices about llama.cpp
 
 _init_lock = threading.Lock()
 _log_callback = None  # kept referenced: llama.cpp calls it for the life of the process
