@@ -76,7 +76,7 @@ def test_cancelling_an_unknown_or_finished_request_is_a_no_op_that_says_so(caplo
     while runner.step():
         pass
     assert handle.result().ok
-    with caplog.at_level("INFO", logger="multiseq.loop.runner"):
+    with caplog.at_level("INFO", logger="multiseq.runner"):
         assert runner.cancel(handle.id) is False
         assert runner.cancel("never-submitted") is False
     assert "no such waiting or running request" in caplog.text

@@ -116,7 +116,7 @@ def test_flash_attention_as_llama_cpp_reports_it():
 
 def test_the_no_gpu_notice_is_said_once(monkeypatch, caplog):
     monkeypatch.setattr(llama_backend, "_no_gpu_noted", False)
-    with caplog.at_level(logging.WARNING, logger="multiseq.llama.backend"):
+    with caplog.at_level(logging.WARNING, logger="multiseq.backend"):
         llama_backend._note_no_gpu(99)
         llama_backend._note_no_gpu(-1)
     [record] = caplog.records
@@ -182,7 +182,7 @@ def test_a_runner_config_reaches_the_model_it_loads(monkeypatch, caplog):
     monkeypatch.setattr(llama_backend, "_no_gpu_noted", False)
     config = RunnerConfig(model="smollm2-135m", parallel=2, slot_ctx=64, threads=2, n_gpu_layers=7, split_mode="row",
                           tensor_split=(1, 2), flash_attn="off")
-    with caplog.at_level(logging.WARNING, logger="multiseq.llama.backend"):
+    with caplog.at_level(logging.WARNING, logger="multiseq.backend"):
         with Runner(config) as first, Runner(config) as second:
             for runner in (first, second):
                 params = runner.backend.model.params
