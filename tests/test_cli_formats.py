@@ -109,7 +109,7 @@ def test_stats_json_holds_the_summary(tmp_path, run_cli):
 def test_ctrl_c_writes_finished_and_partial_results_then_resume_completes_each_id_once(tmp_path, run_cli, read_jsonl, start_cli):
     ids = [f"item-{index}" for index in range(10)]
     prompts = write(tmp_path / "prompts.jsonl",
-                    [{"id": item_id, "prompt": f"Story number {index}:", "max_tokens": 6 if index == 0 else 200}
+                    [{"id": item_id, "prompt": f"Story number {index}:", "max_tokens": 6 if index == 0 else 60}
                      for index, item_id in enumerate(ids)])
     out = tmp_path / "out.jsonl"
     process = start_cli("batch-run", str(prompts), "-o", str(out), "-np", "2", "--temperature", "0", "--ignore-eos", "--slot-ctx", "512",

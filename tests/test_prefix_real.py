@@ -79,10 +79,16 @@ def test_batch_invariant_text_is_the_same_at_any_parallelism_with_or_without_reu
     assert sum(r.prompt_tokens_cached > 100 for r in batched) >= 6
 
 
+# A ticket of some hundred tokens: the long request gets far past the shared prefix mostly by
+# its prompt, computed in chunks, rather than by decoding a token a step.
+LONG_TICKET = TICKETS[0] + " What I did: " + " ".join(f"step {index}, I opened the app and uploaded photo {index}."
+                                                       for index in range(25))
+
+
 def far_past_the_prefix_then_reuse(runner, num_tokens: int) -> list:
-    """A long request decodes far past the shared prefix; a request submitted near its end
-    reuses the prefix from its slot. Returns both results."""
-    long = runner.submit(chat(TICKETS[0], max_tokens=num_tokens), stream=True)
+    """A long request (LONG_TICKET) runs far past the shared prefix; a request submitted near
+    its end reuses the prefix from its slot. Returns both results."""
+    long = runner.submit(chat(LONG_TICKET, max_tokens=num_tokens), stream=True)
     for count, _ in enumerate(long, start=1):
         if count == num_tokens - 20:
             late = runner.submit(chat(TICKETS[1]))
@@ -91,7 +97,7 @@ def far_past_the_prefix_then_reuse(runner, num_tokens: int) -> list:
 
 def test_gemma_reuses_a_prefix_from_a_slot_that_ran_past_its_sliding_window(gemma, real_runner):
     reuse = real_runner(gemma, 2, slot_ctx=1024)
-    long, late = far_past_the_prefix_then_reuse(reuse, 440)  # past position 512: Gemma's window
+    long, late = far_past_the_prefix_then_reuse(reuse, 100)  # past position 512: Gemma's window
     assert long.prompt_tokens + long.completion_tokens > 512 + 20
     assert late.prompt_tokens_cached > 100
     [alone] = real_runner(gemma, 2, slot_ctx=1024, prefix_cache=False).run_batch([chat(TICKETS[1])])
@@ -104,7 +110,7 @@ def test_gemma_prefix_dropped_by_a_small_sliding_window_cache_is_prefilled_inste
                           seed=TEST_SEED)
     backend = LlamaBackend(gemma, 2, 1024, 64, TEST_THREADS, swa_full=False)  # its SWA cache holds 768 cells a slot
     with Runner(config, backend=backend) as runner:
-        long, late = far_past_the_prefix_then_reuse(runner, 700)
+        long, late = far_past_the_prefix_then_reuse(runner, 250)
         assert long.prompt_tokens + long.completion_tokens > 768 + 20
         assert late.prompt_tokens_cached == 0, "the prefix was not intact in the source slot: prefilled in full"
     [alone] = real_runner(gemma, 2, slot_ctx=1024, prefix_cache=False).run_batch([chat(TICKETS[1])])

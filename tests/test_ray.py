@@ -81,7 +81,7 @@ def test_ctrl_c_on_ray_writes_finished_and_partial_results_then_resume_completes
     ids = [f"item-{index}" for index in range(12)]
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"id": item_id, "prompt": f"Story number {index}:",
-                                           "max_tokens": 4 if index == 0 else 300}) + "\n"
+                                           "max_tokens": 4 if index == 0 else 100}) + "\n"
                                for index, item_id in enumerate(ids)))
     out = tmp_path / "out.jsonl"
     process = start_cli("batch-run", str(prompts), "-o", str(out), "--ray", ray.get_runtime_context().gcs_address,
