@@ -12,7 +12,10 @@ import pytest
 
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'multiseq[ray]')")
 
+from click.testing import CliRunner  # noqa: E402
+
 from helpers import wait_for_lines  # noqa: E402
+from multiseq.cli.main import cli  # noqa: E402
 from multiseq import Request, RunnerConfig, SamplingParams  # noqa: E402
 from multiseq import ray as multiseq_ray  # noqa: E402
 
@@ -49,15 +52,25 @@ def texts_by_id(records: list[dict]) -> dict[str, str]:
     return {record["id"]: record["text"] for record in records}
 
 
+@pytest.fixture(scope="module")
+def plain_texts(tmp_path_factory) -> dict[str, str]:
+    """The rows' texts from a plain batch-run (no Ray), with the options the Ray runs use."""
+    folder = tmp_path_factory.mktemp("plain")
+    prompts, output = folder / "prompts.jsonl", folder / "out.jsonl"
+    prompts.write_text("".join(json.dumps(row) + "\n" for row in rows()))
+    result = CliRunner().invoke(cli, ["batch-run", str(prompts), "-o", str(output), *RUN_OPTIONS])
+    assert result.exit_code == 1, result.output  # the bad row failed, nothing else
+    return texts_by_id([json.loads(line) for line in output.read_text().splitlines()])
+
+
 def test_every_row_comes_back_once_with_the_text_of_a_plain_run(ray_cluster, prompts_file, tmp_path, run_cli,
-                                                                 read_jsonl):
-    on_ray, local = tmp_path / "ray.jsonl", tmp_path / "local.jsonl"
+                                                                 read_jsonl, plain_texts):
+    on_ray = tmp_path / "ray.jsonl"
     ray_run = run_cli("batch-run", str(prompts_file), "-o", str(on_ray), "--ray", "--workers", "2", *RUN_OPTIONS)
-    local_run = run_cli("batch-run", str(prompts_file), "-o", str(local), *RUN_OPTIONS)
-    assert ray_run.exit_code == local_run.exit_code == 1  # the bad row failed, nothing else
+    assert ray_run.exit_code == 1  # the bad row failed, nothing else
     records = read_jsonl(on_ray)
     assert sorted(record["id"] for record in records) == [row["id"] for row in rows()]
-    assert texts_by_id(records) == texts_by_id(read_jsonl(local))
+    assert texts_by_id(records) == plain_texts
     bad = next(record for record in records if record["id"] == f"r{BAD_ROW:02d}")
     assert bad["finish_reason"] == "error" and "max_tokens" in bad["error"]
     assert all(record["finish_reason"] == "length" for record in records if record is not bad)
@@ -134,14 +147,12 @@ def test_a_killed_worker_loses_no_request(ray_cluster):
     assert all(result.ok for result in results), [result.error for result in results if not result.ok]
 
 
-def test_ray_data_map_batches_gives_batch_run_records(ray_cluster, prompts_file, tmp_path, run_cli, read_jsonl):
-    local = tmp_path / "local.jsonl"
-    run_cli("batch-run", str(prompts_file), "-o", str(local), *RUN_OPTIONS)
+def test_ray_data_map_batches_gives_batch_run_records(ray_cluster, prompts_file, plain_texts):
     dataset = ray.data.read_json(str(prompts_file), num_cpus=0)  # the 2 actors take both CPUs
     results = multiseq_ray.generate(dataset, workers=2, threads=1, model="smollm2-135m", parallel=4,
                                     batch_invariant=True, max_tokens=6, temperature=0).take_all()
     assert sorted(record["id"] for record in results) == [row["id"] for row in rows()]
-    assert texts_by_id(results) == texts_by_id(read_jsonl(local))
+    assert texts_by_id(results) == plain_texts
     bad = next(record for record in results if record["id"] == f"r{BAD_ROW:02d}")
     assert bad["finish_reason"] == "error" and bad["param"] == "max_tokens"
     assert bad["error"].startswith(f"row r{BAD_ROW:02d}: max_tokens")

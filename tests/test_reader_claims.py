@@ -57,7 +57,7 @@ FAMILIES = all_families()
 
 
 @pytest.mark.parametrize("family", FAMILIES, ids=lambda family: family.name)
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_a_stream_cut_anywhere_reads_as_its_whole_text(family, data):
     soup = family_soup(family)
