@@ -57,8 +57,10 @@ first content), gaps between consecutive content events p50/p99/p99.9/max, promp
 and cached, and (multiseq) loop_lag_max_ms: the largest lag of the server's event loop during
 the run, read from its /metrics. `batch-run` is the same chats through `multiseq batch-run` at the same -np, for
 the server's cost over the engine. `multiseq` shares one KV pool of --parallel x --slot-ctx
-tokens among its slots (a session capped at --slot-ctx); `multiseq-windows` gives each slot a
-window of --slot-ctx (--no-kv-unified). `multiseq-ray` is `multiseq serve --ray` on a local Ray:
+tokens among its slots (a session capped at --slot-ctx) in its default layout (a window per slot
+while every session fits one, one pool from the step one needs more); `multiseq-pool` holds it
+in one pool throughout (--kv-unified); `multiseq-windows` gives each slot a window of --slot-ctx
+(--no-kv-unified). `multiseq-ray` is `multiseq serve --ray` on a local Ray:
 --replicas servers sharing --threads, behind Ray Serve's proxy, with --routing prefix (each
 conversation to the replica holding it, a prefix another replica holds brought over),
 prefix-unshared (the same without bringing prefixes over), ray (Ray Serve's own router) or
@@ -95,7 +97,7 @@ from workloads import (agent_system_prompt, agent_tools, agent_user_messages, lo
 
 from multiseq import models
 
-SYSTEMS = ("multiseq", "multiseq-windows", "multiseq-ray", "llama-server", "batch-run")
+SYSTEMS = ("multiseq", "multiseq-pool", "multiseq-windows", "multiseq-ray", "llama-server", "batch-run")
 # multiseq-ray's routings: prefix (sharing prefixes' KV between replicas), prefix-unshared (without), ray.
 BENCH_ROUTINGS = ("prefix", "prefix-unshared", "ray")
 
@@ -477,11 +479,13 @@ def running(command: list[str], port: int, log_path: Path):
             peers._stop(process)
 
 
-def multiseq_command(args, port: int, windows: bool = False) -> list[str]:
+def multiseq_command(args, port: int, layout: str | None = None) -> list[str]:
     """multiseq serve with one KV pool of --parallel x --slot-ctx tokens (a session capped at
-    --slot-ctx), or (windows) a window of --slot-ctx per slot, as before the pool."""
-    kv = ["--no-kv-unified", "--slot-ctx", str(args.slot_ctx)] if windows else \
-        ["-c", str(args.parallel * args.slot_ctx), "--slot-ctx", str(args.slot_ctx)]
+    --slot-ctx), in the default layout, or held as one pool always (layout "pool"), or (layout
+    "windows") a window of --slot-ctx per slot, as before the pool."""
+    kv = ["--no-kv-unified", "--slot-ctx", str(args.slot_ctx)] if layout == "windows" else \
+        ["-c", str(args.parallel * args.slot_ctx), "--slot-ctx", str(args.slot_ctx),
+         *(["--kv-unified"] if layout == "pool" else [])]
     return [sys.executable, "-m", "multiseq.cli.main", "serve", "-m", args.model, "-np", str(args.parallel),
             *kv, "-t", str(args.threads), "--port", str(port), "--no-dashboard",
             "--max-queue", "4096", *(["--step-tokens", str(args.step_tokens)] if args.step_tokens else [])]
@@ -513,8 +517,8 @@ def run_server(system: str, load: ChatLoad | AgentLoad | LongPromptLoad, args, w
                routing: str | None = None) -> dict:
     resolved = models.resolve(args.model)
     port = peers._free_port()
-    if system in ("multiseq", "multiseq-windows"):
-        command = multiseq_command(args, port, windows=system == "multiseq-windows")
+    if system in ("multiseq", "multiseq-pool", "multiseq-windows"):
+        command = multiseq_command(args, port, system.removeprefix("multiseq").removeprefix("-") or None)
     elif system == "multiseq-ray":
         command = multiseq_ray_command(args, port, routing)
     else:

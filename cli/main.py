@@ -151,9 +151,11 @@ def batch_run(prompts_file: Path, output: Path | None, prompt_format: str | None
               help="KV tokens in all, as llama-server counts them: one pool the slots share, where a session may "
                    "grow to the whole pool (with --no-kv-unified, each of the -np slots gets ctx-size / np). "
                    "[default: the model's trained context x -np, within half the memory free]")
-@click.option("--kv-unified/--no-kv-unified", default=True, show_default=True,
-              help="One KV pool the slots share (a common prompt prefix held once, a long session beside short "
-                   "ones), or a fixed window per slot. --batch-invariant needs windows.")
+@click.option("--kv-unified/--no-kv-unified", default=None,
+              help="Force one KV pool the slots share (a common prompt prefix held once, a long session beside "
+                   "short ones), or a fixed window per slot. [default: the pool's cells held in a window per slot "
+                   "while every session fits one (attention reads a sequence's own cells only), one pool from "
+                   "the step a session needs more] --batch-invariant needs windows.")
 @overflow_option(OverflowPolicy.REJECT)
 @sampling_options(None, "max_tokens of requests that give none. [default: until the slot's window is full]")
 @click.option("--host", default=LOOPBACK, show_default=True,
@@ -214,7 +216,7 @@ def batch_run(prompts_file: Path, output: Path | None, prompt_format: str | None
 @click.option("--worker-gpus", type=click.FloatRange(0), help="GPUs Ray gives each replica (with --ray; Ray hides "
               "the GPUs from a replica that asks for none, so give 1 with -ngl). Default: 0.")
 @click.option("-v", "--verbose", is_flag=True, help="Show llama.cpp warnings.")
-def serve(ctx_size: int | None, kv_unified: bool, host: str, port: int, api_key: str | None, metrics_public: bool,
+def serve(ctx_size: int | None, kv_unified: bool | None, host: str, port: int, api_key: str | None, metrics_public: bool,
           allowed_hosts: str | None, cors_origins: str | None, strict_fields: bool, alias: str | None, max_queue: int,
           max_body_mb: float, data_dir: Path | None, max_upload_mb: float, max_batch_lines: int,
           prepare_timeout: float, send_timeout: float, keep_alive: float, stream_interval: float | None,
@@ -236,7 +238,8 @@ def serve(ctx_size: int | None, kv_unified: bool, host: str, port: int, api_key:
 
     _check_ray_options(ray_address, replicas, routing, share_prefixes, worker_gpus, dashboard)
     options["slot_ctx"], options["kv_pool"] = _kv_sizes(ctx_size, options["slot_ctx"], options["parallel"],
-                                                        kv_unified and not options["batch_invariant"])
+                                                        kv_unified is not False and not options["batch_invariant"])
+    options["kv_layout"] = "pool" if kv_unified else "auto"
     if options["step_tokens"] is None:
         options["step_tokens"] = min(max(SERVE_STEP_TOKENS, options["parallel"]), default_of(RunnerConfig, "n_batch"))
     config = runner_config(options)
@@ -384,7 +387,17 @@ def describe_kv(runner: Runner) -> str:
     size = f", {pool * per_token / 2**30:.1f} GiB" if per_token else ""
     return (f"a KV pool of {pool:,} tokens ({kv_types}{size}: {pool // AGENT_SESSION_TOKENS} agent sessions of Claude "
             f"Code's first prompt, {AGENT_SESSION_TOKENS:,} tokens, more where they share it) for {config.parallel} "
-            f"slots, a session up to {runner.window:,} tokens")
+            f"slots, a session up to {runner.window:,} tokens; {describe_layout(backend)}")
+
+
+def describe_layout(backend) -> str:
+    """How llama.cpp holds the pool, and why (RunnerConfig.kv_layout)."""
+    window = getattr(backend, "layout_window", None)
+    if window:
+        return (f"held in a window of {window:,} per slot while every session fits one (attention then reads a "
+                f"sequence's own cells only), in one pool from the step one needs more (the default; --kv-unified: "
+                f"one pool always)")
+    return "held in one pool (--kv-unified; the default holds it in a window per slot while every session fits one)"
 
 
 def _configure_server_logs(verbose: bool, access_log: bool) -> None:

@@ -16,7 +16,7 @@ from .. import models
 from ..config import (DEFAULT_SLOT_CTX, KV_CACHE_TYPES, REASONING_FORMATS, SPEC_TYPES, TOOL_FORMATS, FlashAttention, OverflowPolicy, RunnerConfig, SamplingMode, SamplingParams,
                       SplitMode, default_of)
 
-ENGINE_FIELDS = ("model", "parallel", "slot_ctx", "kv_pool", "threads", "n_keep", "n_discard", "seed", "chat_template",
+ENGINE_FIELDS = ("model", "parallel", "slot_ctx", "kv_pool", "kv_layout", "threads", "n_keep", "n_discard", "seed", "chat_template",
                  "tool_format", "reasoning_format", "cache_type_k", "cache_type_v", "prefix_cache", "cache_ram_mib", "step_tokens", "batch_invariant", "overflow", "n_gpu_layers", "main_gpu", "split_mode", "tensor_split",
                  "flash_attn", "sampling", "spec_type", "spec_draft_max", "spec_draft_min", "spec_ngram_size")
 SAMPLING_FIELDS = ("max_tokens", "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "stop", "ignore_eos",

@@ -226,6 +226,7 @@ KV_POOL_AUTO = "auto"
 
 # Speculative decoding's draft sources (llama-server's --spec-type names).
 SPEC_TYPES = ("none", "ngram-simple", "ngram-mod")
+KV_LAYOUTS = ("auto", "pool")  # how a kv_pool is held (RunnerConfig.kv_layout)
 
 
 @dataclass(frozen=True)
@@ -245,6 +246,11 @@ class RunnerConfig:
     # KV cells the slots share; "auto": sized from the model's trained context and the memory
     # free (runner.llama.kv_sizing); None: a window of slot_ctx each.
     kv_pool: int | str | None = None
+    # How llama.cpp holds a kv_pool: "auto", a window per slot while every slot's KV fits its
+    # window (kv_pool / parallel: attention then reads only a sequence's own cells) and one pool
+    # from the step a slot needs more, back to windows once none has for a while; "pool", one
+    # pool always (llama.cpp's kv_unified).
+    kv_layout: str = "auto"
     n_batch: int = 512  # most tokens in one llama_decode call
     # The step's token budget: every decoding sequence's token, then prompt chunks up to it (at
     # least one chunk of the backend's smallest size). Smaller keeps streams flowing while long
@@ -321,6 +327,8 @@ class RunnerConfig:
                  f"slot_ctx must be >= 16 tokens (or None), got {self.slot_ctx!r}")
         _require(self.kv_pool in (None, KV_POOL_AUTO) or (is_int(self.kv_pool) and self.kv_pool >= 16),
                  f"kv_pool must be >= 16 tokens, '{KV_POOL_AUTO}' or None (a window per slot), got {self.kv_pool!r}")
+        _require(self.kv_layout in KV_LAYOUTS,
+                 f"kv_layout must be one of {', '.join(KV_LAYOUTS)}, got {self.kv_layout!r}")
         _require(is_int(self.n_batch) and self.n_batch >= self.parallel,
                  f"n_batch ({self.n_batch}) must be at least parallel ({self.parallel}) so every slot can decode each step")
         _require(self.step_tokens is None or (is_int(self.step_tokens) and self.parallel <= self.step_tokens <= self.n_batch),

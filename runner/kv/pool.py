@@ -22,6 +22,7 @@ from itertools import count
 import numpy as np
 
 from ..llama.batch import BatchEntry, SlotState
+from .layout_choice import LayoutChoice
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +92,16 @@ class CellLedger:
             position += span.length
         return extent
 
+    def leading_shares(self) -> dict[int, tuple[int, int]]:
+        """For each slot whose first cells a slot of a lower number holds too: that slot and
+        how many positions (the longest such run), as a pool built slot by slot can share them."""
+        shares = {}
+        for slot in range(1, len(self._spans)):
+            best = max(((_common_front(self._spans[slot], self._spans[other]), other) for other in range(slot)))
+            if best[0]:
+                shares[slot] = (best[1], best[0])
+        return shares
+
     # --- what the engine did -----------------------------------------------------------------
 
     def grow(self, slot: int, new_length: int) -> None:
@@ -159,6 +170,18 @@ def _after(spans: list[_Span], position: int) -> list[_Span]:
     return rest
 
 
+def _common_front(spans: list[_Span], others: list[_Span]) -> int:
+    """How many first positions two slots hold on the same cells."""
+    length = 0
+    for mine, theirs in zip(spans, others):
+        if (mine.run, mine.start) != (theirs.run, theirs.start):
+            break
+        length += min(mine.end, theirs.end) - mine.start
+        if mine.end != theirs.end:
+            break
+    return length
+
+
 def _covered(intervals: list[tuple[int, int]]) -> int:
     """How many places the intervals cover together."""
     total, reach = 0, None
@@ -187,11 +210,15 @@ class PoolTracking:
     def __init__(self, backend, ledger: CellLedger) -> None:
         self._backend = backend
         self.ledger = ledger
+        # A backend that holds the pool in windows while they fit: moved before what needs more.
+        self.layout = LayoutChoice(backend, ledger) if getattr(backend, "layout_window", None) else None
 
     def __getattr__(self, name: str):
         return getattr(self._backend, name)
 
     def decode(self, entries: list[BatchEntry]) -> np.ndarray:
+        if self.layout is not None:
+            self.layout.before_decode(entries)
         rows = self._backend.decode(entries)
         for entry in entries:
             self.ledger.grow(entry.slot, entry.start_pos + len(entry.tokens))
@@ -218,6 +245,8 @@ class PoolTracking:
         return intact
 
     def restore_slot(self, slot: int, state: SlotState, length: int) -> bool:
+        if self.layout is not None:
+            self.layout.before_restore(state, length)
         intact = self._backend.restore_slot(slot, state, length)
         self.ledger.fill(slot, length if intact else 0)
         return intact

@@ -40,6 +40,7 @@ from .chains import SlotChains
 from .devices import (Device, GgmlRegistry, LlamaBuild, cpu_features, describe_placement,
                             text_of)
 from .kv import KV_TYPES, SlotKv, kv_bytes_per_token
+from .layout import moved_states, put_back
 from .log import capturing_llama_log, flash_attention_used, forward_llama_log, layer_devices
 from .text import Vocabulary, apply_builtin_template, load_user_template, render_chat
 
@@ -233,7 +234,7 @@ class LlamaBackend:
     def __init__(self, model: LlamaModel, num_slots: int, slot_ctx: int, n_batch: int, threads: int,
                  owns_model: bool = False, swa_full: bool = True, batch_invariant: bool = False,
                  flash_attn: str = "auto", cache_types: tuple[str, str] = ("f16", "f16"),
-                 pool_tokens: int | None = None) -> None:
+                 pool_tokens: int | None = None, windows_while_they_fit: bool = False) -> None:
         if batch_invariant and model.repack_weights:
             raise BackendError("batch_invariant needs the model loaded with repack_weights=False "
                                "(repacked weights compute a token differently by its place in the batch)")
@@ -242,20 +243,26 @@ class LlamaBackend:
         self.n_batch = n_batch
         self._owns_model = owns_model
         self.cache_types = cache_types  # (K, V): the KV cache's element types
-        self._ctx = self._new_context(num_slots, slot_ctx, n_batch, threads, swa_full, batch_invariant,
-                                      str(getattr(flash_attn, "value", flash_attn)), pool_tokens)
+        # A pool held in a window per slot while every slot fits its window (windows_while_they_fit):
+        # the engine counts one pool of cells either way; relayout changes what llama.cpp holds.
+        self.pooled = pool_tokens is not None and not windows_while_they_fit
+        self._context_args = (num_slots, slot_ctx, n_batch, threads, swa_full, batch_invariant,
+                              str(getattr(flash_attn, "value", flash_attn)), pool_tokens)
+        self._ctx = self._new_context(*self._context_args, pooled=self.pooled)
         self.chunk_rules = chunk_rules_for(batch_invariant)
         self.n_vocab = model.n_vocab
         self.add_bos = model.add_bos
         # llama.cpp rounds each slot's window (or the pool) up to a multiple of 256; the runner
         # enforces the size that was asked for, so a run behaves the same whatever the rounding.
-        self.allocated_window = llama.llama_n_ctx_seq(self._ctx)
+        self.allocated_window = llama.llama_n_ctx(self._ctx) if pool_tokens else llama.llama_n_ctx_seq(self._ctx)
         self.window = min(slot_ctx, self.allocated_window, pool_tokens or self.allocated_window)
+        # The window each slot has while the pool is held in windows; None: the layout is fixed.
+        self.layout_window = llama.llama_n_ctx_seq(self._ctx) if pool_tokens and not self.pooled else None
         # The cells the slots share (None: a window each): what admission counts against.
         self.pool_size = min(pool_tokens, llama.llama_n_ctx(self._ctx)) if pool_tokens else None
         self.device = model.device
         n_swa = max(0, llama.llama_model_n_swa(model.handle))  # 0: no sliding-window attention
-        self.slot_kv = SlotKv(llama, self._ctx, self.pool_size is not None, n_swa)
+        self.slot_kv = SlotKv(llama, self._ctx, self.pooled, n_swa, num_slots)
         self.can_shift = self.slot_kv.can_shift
         self._batch = _BatchBuffers(n_batch)
         self.graph_sampling = SlotChains(llama, self._ctx, self._batch, model.n_vocab)
@@ -280,7 +287,7 @@ class LlamaBackend:
         self.slot_pos_min = self.slot_kv.slot_pos_min
 
     def _new_context(self, num_slots: int, slot_ctx: int, n_batch: int, threads: int, swa_full: bool,
-                     batch_invariant: bool, flash_attn: str, pool_tokens: int | None):
+                     batch_invariant: bool, flash_attn: str, pool_tokens: int | None, pooled: bool):
         """The context, its parameters kept as context_params, and whether llama.cpp runs
         flash attention in it (as it reports: "auto" is settled when the context is made)."""
         params = llama.llama_context_default_params()
@@ -297,7 +304,7 @@ class LlamaBackend:
         # One stream per slot: attention never scans another slot's cells. One pool: cells are
         # shared (and a slot may take what others leave), and a step's sequences attend over the
         # used cells with the others masked.
-        params.kv_unified = pool_tokens is not None
+        params.kv_unified = pooled
         params.type_k, params.type_v = (KV_TYPES[name] for name in self.cache_types)
         params.n_threads = threads
         params.n_threads_batch = threads
@@ -310,6 +317,23 @@ class LlamaBackend:
             raise BackendError(f"llama.cpp could not create a context of {size} tokens{cause}")
         self.flash_attention = flash_attention_used(log.lines)
         return ctx
+
+    def relayout(self, pooled: bool, shares: dict[int, tuple[int, int]]) -> None:
+        """Hold the slots in one pool (pooled) or in a window each from now on: every slot's KV
+        is moved into a new context of the same size. `shares` (slot -> (source slot, length)):
+        into a pool, the slot takes the source's cells for its first `length` positions instead
+        of bringing copies (the engine's ledger counts them once)."""
+        if pooled == self.pooled:
+            return
+        states = moved_states(self.slot_kv, self.num_slots, shares if pooled else {})
+        self.graph_sampling.unbind()
+        llama.llama_free(self._ctx)
+        self._ctx = None
+        self._ctx = self._new_context(*self._context_args, pooled=pooled)
+        self.pooled = pooled
+        self.slot_kv.rebind(self._ctx, pooled)
+        self.graph_sampling.rebind(self._ctx)
+        put_back(self.slot_kv, states)
 
     def close(self) -> None:
         if self._ctx:
@@ -330,7 +354,7 @@ class LlamaBackend:
         flash attention's tiles with the other sequences' rows, so few blocks of cells are
         masked for the whole tile and skipped (SmolLM2, 3 decoding tokens beside a 96-token
         chunk: 457 against 360 ms as two calls, 290 with windows)."""
-        chunks = [] if self.pool_size is None else [entry for entry in entries if entry.is_prompt_chunk]
+        chunks = [entry for entry in entries if entry.is_prompt_chunk] if self.pooled else []
         if not chunks or len(chunks) == len(entries) or self.graph_sampling.has_chains:
             rows = self._decode_once(entries)
             return rows if rows is not None else np.empty((0, self.n_vocab), dtype=np.float32)
@@ -357,6 +381,7 @@ class LlamaBackend:
         started = time.perf_counter()
         code = llama.llama_decode(self._ctx, self._batch.batch)
         self.last_decode_seconds = time.perf_counter() - started
+        self.slot_kv.decoded()
         if code == _DECODE_NO_KV_SLOT:
             raise NoKvSlot("llama_decode found no KV slot for the batch")
         if code != 0:

@@ -42,6 +42,18 @@ class SlotChains:
             self._llama.llama_set_sampler(self._ctx, slot, None)
             self._llama.llama_sampler_free(chain)
 
+    def unbind(self) -> None:
+        """Take the chains off the context (it is about to be freed); they stay owned here."""
+        for slot in self._chains:
+            self._llama.llama_set_sampler(self._ctx, slot, None)
+
+    def rebind(self, ctx) -> None:
+        """Put the chains, as they are (their draws so far), on another context."""
+        self._ctx = ctx
+        for slot, chain in self._chains.items():
+            if not self._llama.llama_set_sampler(ctx, slot, chain):
+                raise RuntimeError(f"llama.cpp took no sampler chain for slot {slot} on the new context")
+
     @property
     def has_chains(self) -> bool:
         return bool(self._chains)

@@ -15,6 +15,7 @@ from types import ModuleType
 import numpy as np
 
 from .batch import SlotState
+from .kv_states import StateFormatError, restreamed
 
 # The KV cache types by llama.cpp's names (-ctk/-ctv), as ggml's enum (ggml.h) numbers them;
 # llama-cpp-python does not export them all (no GGML_TYPE_BF16).
@@ -54,16 +55,33 @@ class SlotKv:
     """Each slot's KV in one llama.cpp context: one KV stream per slot, or (`is_pool`) one pool
     of cells the slots share. `n_swa` is the model's sliding window (0: none)."""
 
-    def __init__(self, llama: ModuleType, ctx, is_pool: bool, n_swa: int) -> None:
+    def __init__(self, llama: ModuleType, ctx, is_pool: bool, n_swa: int, num_slots: int) -> None:
         self._llama = llama
-        self._ctx = ctx
-        self._memory = llama.llama_get_memory(ctx)
-        self._is_pool = is_pool
         self._n_swa = n_swa
+        self._num_slots = num_slots
+        self.rebind(ctx, is_pool)
         self.can_shift = bool(llama.llama_memory_can_shift(self._memory))
+
+    def rebind(self, ctx, is_pool: bool) -> None:
+        """Work on another context (the backend's, after it changed layout)."""
+        self._ctx = ctx
+        self._memory = self._llama.llama_get_memory(ctx)
+        self._is_pool = is_pool
+        # Slots given another stream's prefix whose copy llama.cpp has queued for the next
+        # llama_decode: slot -> (source slot, length). Their own stream is not written yet.
+        self.awaiting_copy: dict[int, tuple[int, int]] = {}
+
+    @property
+    def num_streams(self) -> int:
+        return 1 if self._is_pool else self._num_slots
+
+    def decoded(self) -> None:
+        """A llama_decode ran: llama.cpp made the queued stream copies first."""
+        self.awaiting_copy.clear()
 
     def clear_slot(self, slot: int) -> None:
         self._llama.llama_memory_seq_rm(self._memory, slot, -1, -1)
+        self.awaiting_copy.pop(slot, None)
 
     def reuse_prefix(self, slot: int, source_slot: int, length: int) -> bool:
         """Make the slot's KV hold positions [0, length) of the source slot's.
@@ -76,10 +94,19 @@ class SlotKv:
         if source_slot != slot and self._is_pool:
             self.clear_slot(slot)
             if length > 0:
-                self._llama.llama_memory_seq_cp(self._memory, source_slot, slot, 0, length)
+                self.share_front(slot, source_slot, length)
         elif source_slot != slot:
             self._llama.llama_memory_seq_cp(self._memory, source_slot, slot, -1, -1)
+            self.awaiting_copy[slot] = (source_slot, length)
         return self.cut_back(slot, length)
+
+    def share_front(self, slot: int, source_slot: int, length: int) -> None:
+        """In a pool: the slot also holds the source's cells for positions [0, length)."""
+        self._llama.llama_memory_seq_cp(self._memory, source_slot, slot, 0, length)
+
+    def drop_front(self, slot: int, length: int) -> None:
+        """The slot lets go of positions [0, length) (the rest keeps its positions)."""
+        self._llama.llama_memory_seq_rm(self._memory, slot, 0, length)
 
     def undo_failed_decode(self, slot: int, start_pos: int) -> bool:
         return self.cut_back(slot, start_pos)
@@ -103,12 +130,22 @@ class SlotKv:
         """Put a saved state into the slot (llama.cpp clears it first, and writes at once, not
         at the next decode), cut back to positions [0, length). False (and the slot cleared)
         when it does not load or the prefix is not intact."""
-        read = self._llama.llama_state_seq_set_data_ext(
-            self._ctx, (ctypes.c_uint8 * len(state)).from_buffer(state), len(state), slot, _STATE_FLAGS)
-        if read != len(state):
+        if not self.load_state(slot, state):
             self.clear_slot(slot)
             return False
         return self.cut_back(slot, length)
+
+    def load_state(self, slot: int, state: SlotState) -> bool:
+        """Put a saved state into the slot as it was saved, in this context's layout (a state
+        saved with windows goes into a pool and back: kv_states). False when it does not load."""
+        self.awaiting_copy.pop(slot, None)
+        try:
+            state = restreamed(state, self.num_streams)
+        except StateFormatError:
+            return False
+        buffer = (ctypes.c_uint8 * len(state)).from_buffer(state)
+        read = self._llama.llama_state_seq_set_data_ext(self._ctx, buffer, len(state), slot, _STATE_FLAGS)
+        return read == len(state)
 
     def cut_back(self, slot: int, length: int) -> bool:
         """Keep positions [0, length) of the slot; whether what the next tokens need is there.
@@ -119,7 +156,11 @@ class SlotKv:
         for a model without one). Otherwise the slot is cleared and False returned."""
         llama = self._llama
         removed = llama.llama_memory_seq_rm(self._memory, slot, length, -1)
+        if slot in self.awaiting_copy:
+            source, copied = self.awaiting_copy[slot]
+            self.awaiting_copy[slot] = (source, min(copied, length))
         if length == 0:
+            self.awaiting_copy.pop(slot, None)
             return True
         needed_from = max(0, length - self._n_swa) if self._n_swa else 0
         intact = (removed and 0 <= llama.llama_memory_seq_pos_min(self._memory, slot) <= needed_from

@@ -292,4 +292,5 @@ class Engine:
 
     def snapshot(self, now: float) -> RunnerSnapshot:
         """Every slot and counter at this moment, as plain values (for a dashboard)."""
-        return runner_snapshot(self.scheduler, self.stats, self.window, now, self.host_cache)
+        return runner_snapshot(self.scheduler, self.stats, self.window, now, self.host_cache,
+                               getattr(self.backend, "layout", None))

@@ -314,7 +314,8 @@ def _llama_backend(model, config: RunnerConfig, owns_model: bool) -> Backend:
         session_ctx = min(config.slot_ctx or pool, pool)
     return LlamaBackend(model, config.parallel, session_ctx, config.n_batch, config.threads, owns_model=owns_model,
                         batch_invariant=config.batch_invariant, flash_attn=config.flash_attn.value,
-                        cache_types=cache_types, pool_tokens=pool)
+                        cache_types=cache_types, pool_tokens=pool,
+                        windows_while_they_fit=pool is not None and config.kv_layout == "auto" and config.parallel > 1)
 
 
 def model_placement(config: RunnerConfig) -> dict[str, Any]:

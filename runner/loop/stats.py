@@ -226,6 +226,10 @@ class PoolSnapshot:
     tokens_shared: int  # positions held on cells another slot holds too: what sharing saves
     num_evicted: int  # kept prefixes (idle conversations) moved out for room
     num_parked: int  # running requests parked in host memory for room, or priority
+    # Held in a window per slot now (kv_layout "auto", every slot fitting its window); None: one pool always.
+    in_windows: bool | None = None
+    layout_moves: int = 0  # moves between windows and one pool
+    layout_move_seconds: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -250,7 +254,7 @@ _TAIL_CHARS = 120
 
 
 def runner_snapshot(scheduler: Scheduler, stats: StatsRecorder, window: int, now: float,
-                    host_cache: HostCache | None = None) -> RunnerSnapshot:
+                    host_cache: HostCache | None = None, layout=None) -> RunnerSnapshot:
     """Every slot and counter at this moment, as plain values."""
     finished = stats.finished_by_reason
     slots = [_slot_snapshot(slot, seq, window, now, len(scheduler.prefixes.kept(slot)))
@@ -265,13 +269,16 @@ def runner_snapshot(scheduler: Scheduler, stats: StatsRecorder, window: int, now
         recent_tokens_per_s=stats.recent_tokens_per_s(now),
         stats=stats.snapshot(),
         host_cache=None if host_cache is None else host_cache_snapshot(host_cache),
-        pool=None if scheduler.pool is None else _pool_snapshot(scheduler.pool, stats),
+        pool=None if scheduler.pool is None else _pool_snapshot(scheduler.pool, stats, layout),
     )
 
 
-def _pool_snapshot(pool, stats: StatsRecorder) -> PoolSnapshot:
+def _pool_snapshot(pool, stats: StatsRecorder, layout) -> PoolSnapshot:
+    """`layout`: the LayoutChoice moving the pool between windows and one pool (None: one pool)."""
     used, held = pool.num_used, pool.num_held
-    return PoolSnapshot(pool.size, used, held, held - used, stats.num_pool_evictions, stats.num_preempted)
+    moves = {} if layout is None else dict(in_windows=not layout.pooled, layout_moves=layout.num_moves,
+                                           layout_move_seconds=layout.move_seconds)
+    return PoolSnapshot(pool.size, used, held, held - used, stats.num_pool_evictions, stats.num_preempted, **moves)
 
 
 def host_cache_snapshot(cache: HostCache) -> HostCacheSnapshot:

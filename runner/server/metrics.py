@@ -151,6 +151,13 @@ def _pool_metrics(pool: PoolSnapshot, runner: Runner) -> Iterator[Metric]:
         yield _gauge("multiseq_kv_bytes_used", "Bytes of KV in use in the shared pool", pool.cells_used * per_token)
     yield _counter("multiseq_kv_pool_evictions", "Kept conversations moved out of a full KV pool (to the RAM "
                    "cache, where it has room)", pool.num_evicted)
+    if pool.in_windows is not None:
+        yield _gauge("multiseq_kv_pool_in_windows", "1 while the pool's cells are held in a window per slot (every "
+                     "session fits one), 0 while they are one pool", int(pool.in_windows))
+        yield _counter("multiseq_kv_layout_moves", "Moves of the KV between a window per slot and one pool",
+                       pool.layout_moves)
+        yield _counter("multiseq_kv_layout_move_seconds", "Time spent moving the KV between layouts",
+                       pool.layout_move_seconds)
 
 
 def _ram_cache_metrics(cache: HostCacheSnapshot) -> Iterator[Metric]:
