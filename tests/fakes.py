@@ -101,9 +101,14 @@ class FakeBackend:
                  noisy: bool = False, can_shift: bool = True, decode_delay: float = 0.0,
                  no_kv_slot_above: int | None = None, sliding_window: int | None = None,
                  chunk_rules: ChunkRules = ChunkRules(exact_reuse=False), state_bytes_per_token: int = 0,
-                 pool_size: int | None = None) -> None:
+                 pool_size: int | None = None, windows_while_they_fit: bool = False) -> None:
         self.num_slots = num_slots
         self.window = window
+        # A pool held in a window per slot while they fit (LlamaBackend's windows_while_they_fit):
+        # moves are recorded; the cells stay as they are, as a move keeps every slot's KV.
+        self.layout_window = pool_size // num_slots if pool_size and windows_while_they_fit else None
+        self.pooled = bool(pool_size) and not windows_while_they_fit
+        self.layout_moves: list[bool] = []
         # One KV pool of pool_size cells shared by the slots: a prefix given to another slot is
         # the same cells (ids here), and a decode that needs more cells than are free finds no
         # KV slot, as llama_decode does. None: a window of its own per slot.
@@ -205,6 +210,10 @@ class FakeBackend:
             row += np.random.default_rng(seed).normal(0, 2.0, VOCAB).astype(np.float32)
         row[self._next_token(slot)] += NOISY_PEAK if self.noisy else PEAK
         return row
+
+    def relayout(self, pooled: bool, shares: dict) -> None:
+        self.layout_moves.append(pooled)
+        self.pooled = pooled
 
     def decode(self, entries: list) -> np.ndarray:
         self.is_decoding = True

@@ -8,6 +8,8 @@ import struct
 import numpy as np
 import pytest
 
+from fakes import FakeBackend
+from multiseq import Request, SamplingParams
 from multiseq.kv.layout_choice import LayoutChoice
 from multiseq.kv.pool import CellLedger
 from multiseq.llama.batch import BatchEntry
@@ -144,3 +146,14 @@ def test_leading_shares_name_the_lowest_slot_with_the_longest_common_front():
     ledger.share(2, 1, 40)  # 30 of slot 0's cells, then 10 of slot 1's own
     ledger.grow(3, 20)
     assert ledger.leading_shares() == {1: (0, 30), 2: (1, 40)}
+
+
+def test_a_runner_moves_its_pool_when_a_prompt_outgrows_a_window_and_says_so(make_runner):
+    backend = FakeBackend(num_slots=4, window=2048, n_batch=64, pool_size=2048, windows_while_they_fit=True)
+    runner = make_runner(backend, kv_pool=2048)
+    greedy = SamplingParams(max_tokens=4, temperature=0)
+    [short] = runner.run_batch([Request(prompt="A short one.", sampling=greedy)])
+    assert short.ok and backend.layout_moves == [] and runner.snapshot().pool.in_windows
+    [long] = runner.run_batch([Request(prompt="x" * 700, sampling=greedy)])  # 701 tokens: past a 512 window
+    pool = runner.snapshot().pool
+    assert long.ok and backend.layout_moves == [True] and not pool.in_windows and pool.layout_moves == 1

@@ -60,6 +60,19 @@ def test_serve_with_windows_says_so_and_divides_c_among_the_slots(start_cli):
     assert "2 slots x 512 tokens of f16 KV" in "".join(lines)
 
 
+@pytest.mark.parametrize("flags, says", [
+    ([], "held in a window of 512 per slot while every session fits one"),
+    (["--kv-unified"], "held in one pool (--kv-unified"),
+])
+def test_the_ready_line_says_how_the_pool_is_held(start_cli, flags, says):
+    process = start_cli("serve", "-m", "smollm2-135m", "-np", "2", "-c", "1024", *flags, "--port", "0",
+                        "--no-dashboard", "-t", "1")
+    lines = read_until(process, "ready:")
+    process.send_signal(signal.SIGTERM)
+    process.communicate(timeout=15)
+    assert "a KV pool of 1,024 tokens" in lines[-1] and says in lines[-1]
+
+
 def test_every_interface_without_allowed_hosts_is_warned_about(start_cli):
     with socket.socket() as taken:  # taken, so the server stops before it loads anything
         taken.bind(("0.0.0.0", 0))
