@@ -41,9 +41,9 @@ def long_text(words: int) -> str:
                     range(words // 12))
 
 
-def ask(base: str, content: str, max_tokens: int, result: dict) -> None:
+def ask(base: str, model: str, content: str, max_tokens: int, result: dict) -> None:
     """One streamed greedy chat; its time to first token, tokens and end, into `result`."""
-    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
+    body = json.dumps({"model": model, "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
                        "temperature": 0, "ignore_eos": True, "stream": True,
                        "stream_options": {"include_usage": True}}).encode()
     request = urllib.request.Request(f"{base}/v1/chat/completions", body, {"content-type": "application/json"})
@@ -84,8 +84,8 @@ def run_layout(args, layout: str, workdir: Path) -> dict:
         peers._wait_healthy(process, base, timeout_s=300)
         results = [{"chat": "long"}, *({"chat": f"short {index}"} for index in range(3))]
         started = time.perf_counter()
-        threads = [threading.Thread(target=ask, args=(base, long_text(args.long_words), 16, results[0]))]
-        threads += [threading.Thread(target=ask, args=(base, f"Tell me a story about boat {index}.", args.short_tokens,
+        threads = [threading.Thread(target=ask, args=(base, args.model, long_text(args.long_words), 16, results[0]))]
+        threads += [threading.Thread(target=ask, args=(base, args.model, f"Tell me a story about boat {index}.", args.short_tokens,
                                                        results[1 + index])) for index in range(3)]
         for thread in threads:
             thread.start()
