@@ -377,6 +377,8 @@ class LlamaBackend:
 
     def _decode_once(self, entries: list[BatchEntry]) -> np.ndarray | None:
         """One llama_decode; the output rows as a view into llama.cpp's logits (None: none)."""
+        if not self._ctx:  # a relayout freed the context and could not make the next one
+            raise BackendError("the llama.cpp context is gone: it could not be made again in the other KV layout")
         num_outputs = self._batch.fill(entries)
         started = time.perf_counter()
         code = llama.llama_decode(self._ctx, self._batch.batch)
