@@ -68,11 +68,12 @@ def cell_count(state) -> int:
 
 def restreamed(state, streams: int) -> np.ndarray:
     """The state as a context with `streams` KV streams reads it (the same bytes where it
-    already has that many)."""
+    already has that many: every KV cache of one context has its stream count, so the first
+    header says, and a restore in the layout it was saved in reads nothing more)."""
+    if num_streams(state) == streams:
+        return state if isinstance(state, np.ndarray) else np.frombuffer(state, dtype=np.uint8)
     view = memoryview(state).cast("B")
     blocks = _blocks(view)
-    if all(block.num_streams == streams for block in blocks):
-        return state if isinstance(state, np.ndarray) else np.frombuffer(state, dtype=np.uint8)
     size = _HEADER_BYTES + sum(4 + 4 * streams + (block.cells[1] - block.cells[0] if block.cells else 0)
                                for block in blocks)
     out = np.empty(size, dtype=np.uint8)

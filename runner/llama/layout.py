@@ -66,8 +66,10 @@ def _in_copy_order(awaiting: dict[int, tuple[int, int]]) -> list[tuple[int, tupl
     """Queued copies, each after the copy that makes its source (a chain A -> B -> C)."""
     ordered, done = [], set()
     while len(ordered) < len(awaiting):
-        for slot, (source, length) in awaiting.items():
-            if slot not in done and (source not in awaiting or source in done):
-                ordered.append((slot, (source, length)))
-                done.add(slot)
+        ready = [(slot, copy) for slot, copy in awaiting.items()
+                 if slot not in done and (copy[0] not in awaiting or copy[0] in done)]
+        if not ready:  # copies that wait on each other: none has a source with its cells
+            raise BackendError(f"queued KV copies wait on each other: {sorted(set(awaiting) - done)}")
+        ordered += ready
+        done.update(slot for slot, _ in ready)
     return ordered
