@@ -41,6 +41,28 @@ def pytest_report_header(config):
             f"(the runners' seed and threads; set both to reproduce this run)")
 
 
+RAY_CLUSTER_CPUS = 3  # two workers or replicas of one thread, and one CPU to spare
+
+
+def pytest_collection_modifyitems(config, items):
+    """The tests on the shared local Ray cluster run last and together: it starts once (seconds)
+    and its idle processes never run beside the other tests."""
+    on_ray = [item for item in items if "ray_cluster" in getattr(item, "fixturenames", ())]
+    items[:] = [item for item in items if item not in on_ray] + on_ray
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """One local Ray on loopback with RAY_CLUSTER_CPUS CPUs for every test that needs a
+    cluster; its address, which drivers in other processes connect to."""
+    ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'multiseq[ray]')")
+    ray.init(num_cpus=RAY_CLUSTER_CPUS, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
+    try:
+        yield ray.get_runtime_context().gcs_address
+    finally:
+        ray.shutdown()
+
+
 @pytest.fixture(autouse=True)
 def isolated_models_dir(request, tmp_path_factory, monkeypatch):
     """Tests that do not run real models get an empty model folder of their own, so they can

@@ -111,7 +111,10 @@ def read_blocks(path: Path) -> list[Block]:
 ALL_BLOCKS = [block for path in DOC_FILES for block in read_blocks(path)]
 SHELL_BLOCKS = [block for block in ALL_BLOCKS if block.language in SHELL_LANGUAGES]
 PYTHON_BLOCKS = [block for block in ALL_BLOCKS if block.language == "python"]
-RUNNABLE_PYTHON = [block for block in PYTHON_BLOCKS if block.marker_kind != "not-run" and block.marker != ("run", "client")]
+RUNNABLE = [block for block in PYTHON_BLOCKS if block.marker_kind != "not-run" and block.marker != ("run", "client")]
+# Examples that start Ray (`ray.init()`) run as drivers of the tests' one local cluster (conftest).
+RAY_PYTHON = [block for block in RUNNABLE if "import ray" in block.text]
+RUNNABLE_PYTHON = [block for block in RUNNABLE if block not in RAY_PYTHON]
 INPUT_BLOCKS = [block for block in ALL_BLOCKS if block.marker_kind in ("file", "input")]
 RUNNABLE_SHELL = [block for block in SHELL_BLOCKS if block.marker == ("run", "sh")]
 SERVE_BLOCKS = [block for block in SHELL_BLOCKS if block.marker == ("run", "serve")]
@@ -462,8 +465,9 @@ def example_folder(tmp_path):
     return tmp_path
 
 
-def _run(command: list[str], folder: Path) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+def _run(command: list[str], folder: Path, **environment: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+               **environment)
     return subprocess.run(command, cwd=folder, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
 
 
@@ -475,15 +479,25 @@ def _fail_with_output(block: Block, result: subprocess.CompletedProcess) -> None
 @pytest.mark.model
 @pytest.mark.parametrize("block", RUNNABLE_PYTHON, ids=ids(RUNNABLE_PYTHON))
 def test_python_examples_run(block, example_folder):
-    if "import ray" in block.text:
-        pytest.importorskip("ray", reason="Ray is not installed (pip install 'multiseq[ray]')")
+    _run_python_example(block, example_folder)
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("block", RAY_PYTHON, ids=ids(RAY_PYTHON))
+def test_ray_examples_run(block, example_folder, ray_cluster):
+    """`ray.init()` as written connects to the cluster RAY_ADDRESS names, as on a machine
+    where one runs."""
+    _run_python_example(block, example_folder, RAY_ADDRESS=ray_cluster)
+
+
+def _run_python_example(block: Block, folder: Path, **environment: str) -> None:
     if block.marker == ("run", "pytest"):
-        (example_folder / "test_example.py").write_text(block.text, encoding="utf-8")
+        (folder / "test_example.py").write_text(block.text, encoding="utf-8")
         command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_example.py"]
     else:
-        (example_folder / "example.py").write_text(block.text, encoding="utf-8")
+        (folder / "example.py").write_text(block.text, encoding="utf-8")
         command = [sys.executable, "example.py"]
-    result = _run(command, example_folder)
+    result = _run(command, folder, **environment)
     if result.returncode != 0:
         _fail_with_output(block, result)
 

@@ -87,7 +87,7 @@ def test_a_full_pool_parks_a_sequence_in_host_memory_and_it_goes_on_exactly(smol
     requests = [Request(prompt=counting[index], id=str(index),
                         sampling=SamplingParams(max_tokens=150, temperature=0, ignore_eos=True, logprobs=True,
                                                 top_logprobs=2)) for index in range(3)]
-    alone = real_runner(smollm, 1, prefix_cache=False).run_batch(requests)
+    alone = real_runner(smollm, 3, slot_ctx=256, prefix_cache=False).run_batch(requests)  # a window each: never parked
     pooled = real_runner(smollm, 3, slot_ctx=None, kv_pool=400)
     results = pooled.run_batch(requests)
     assert pooled.stats().num_preempted > 0, "the premise: three requests of ~160 tokens outgrew 400 cells"

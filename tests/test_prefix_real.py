@@ -33,7 +33,7 @@ def test_batch_invariant_greedy_text_is_the_same_with_and_without_reuse(model_na
                                                                         assert_slots_hold_only_kept_prefixes):
     """One slot, batch-invariant: reused prefixes follow the chunk rules, so the text is exact."""
     model = unpacked_model(model_name)
-    requests = [chat(ticket) for ticket in TICKETS[:5]]
+    requests = [chat(ticket) for ticket in TICKETS[:3]]
     plain_runner = real_runner(model, 1, prefix_cache=False, batch_invariant=True)
     plain = plain_runner.run_batch(requests)
     reuse_runner = real_runner(model, 1, batch_invariant=True)
@@ -72,11 +72,11 @@ def test_default_mode_reuses_all_but_the_tokens_after_the_shared_prefix(request,
 def test_batch_invariant_text_is_the_same_at_any_parallelism_with_or_without_reuse(model_name, unpacked_model,
                                                                                    real_runner):
     model = unpacked_model(model_name)
-    requests = [chat(ticket) for ticket in TICKETS]
+    requests = [chat(ticket) for ticket in TICKETS[:6]]
     alone = real_runner(model, 1, prefix_cache=False, batch_invariant=True).run_batch(requests)
     batched = real_runner(model, 4, batch_invariant=True).run_batch(requests)
     assert [r.text for r in batched] == [r.text for r in alone]
-    assert sum(r.prompt_tokens_cached > 100 for r in batched) >= 6
+    assert sum(r.prompt_tokens_cached > 100 for r in batched) >= 4
 
 
 # A ticket of some hundred tokens: the long request gets far past the shared prefix mostly by

@@ -122,10 +122,10 @@ def test_ray_options_without_ray_or_with_the_dashboard_are_usage_errors(run_cli)
 # --- two replicas --------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def base_url(tmp_path_factory):
-    """Ray on loopback with a CPU for each replica and one spare (for an application that cannot
-    start), the application on Ray Serve's proxy at a free port."""
-    ray.init(num_cpus=NUM_REPLICAS + 1, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
+def base_url(ray_cluster, tmp_path_factory):
+    """The tests' local Ray (conftest: a CPU for each replica and one spare, for an application
+    that cannot start), the application on Ray Serve's proxy at a free port."""
+    assert ray.cluster_resources()["CPU"] == NUM_REPLICAS + 1
     try:
         port = free_port()
         serve.start(http_options={"host": "127.0.0.1", "port": port})
@@ -135,7 +135,6 @@ def base_url(tmp_path_factory):
         yield f"http://127.0.0.1:{port}"
     finally:
         serve.shutdown()
-        ray.shutdown()
 
 
 @pytest.fixture
@@ -313,8 +312,8 @@ def _health(base_url: str) -> dict:
 
 
 @model
-def test_a_cluster_too_small_is_one_line(base_url, run_cli):
-    result = run_cli("serve", "--ray", ray.get_runtime_context().gcs_address, "--replicas", "4", "-t", "1",
+def test_a_cluster_too_small_is_one_line(base_url, ray_cluster, run_cli):
+    result = run_cli("serve", "--ray", ray_cluster, "--replicas", "4", "-t", "1",
                      "--port", "0")
     assert result.exit_code == 1
     assert "4 replicas x 1 threads need 4 CPUs, and the Ray cluster has 3: use fewer --replicas" in result.output

@@ -72,9 +72,10 @@ def test_a_stream_cut_anywhere_reads_as_its_whole_text(family, data):
 def test_a_stream_one_character_at_a_time_reads_as_its_whole_text(family):
     """Long runs of plain text between markers (where the reader skips parses) and the markers
     cut at every character."""
-    prose = "A line of plain text, long enough to be taken without a parse.\n" * 3
+    line = "A line of plain text, long enough to be taken without a parse.\n"
+    prose = line * 3
     soup = family_soup(family)
-    text = prose + prose.join(soup[::3]) + prose + "".join(soup[1::3]) + prose
+    text = prose + line.join(soup[::3]) + prose + "".join(soup[1::3]) + prose
     read_in_pieces(family, text, list(range(1, len(text))), reasoning_open=False, reasons=True)
     read_in_pieces(family, text, list(range(1, len(text))), reasoning_open=family.reasoning is not None,
                    reasons=True)

@@ -24,14 +24,14 @@ def greedy(max_tokens: int, **extra) -> SamplingParams:
 
 def test_greedy_parallel_8_matches_parallel_1_and_keeps_8_slots_busy(smollm, real_runner,
                                                                      assert_slots_hold_only_kept_prefixes):
-    requests = [Request(prompt=prompt, id=f"p{index}", sampling=greedy(32, ignore_eos=True))
+    requests = [Request(prompt=prompt, id=f"p{index}", sampling=greedy(16, ignore_eos=True))
                 for index, prompt in enumerate(PROMPTS)]
     sequential = real_runner(smollm, 1).run_batch(requests)
     batched_runner = real_runner(smollm, 8)
     batched = batched_runner.run_batch(requests)
     assert_same_greedy_texts([r.text for r in batched], [r.text for r in sequential], smollm,
                              "greedy text at 8 slots equals greedy text at 1")
-    assert all(r.completion_tokens == 32 and r.text.strip() for r in batched)
+    assert all(r.completion_tokens == 16 and r.text.strip() for r in batched)
     assert batched_runner.stats().avg_seqs_per_decode_step > 4
     assert_slots_hold_only_kept_prefixes(batched_runner)
 

@@ -80,7 +80,7 @@ def test_gemma_does_not_restore_a_shorter_prefix_whose_window_was_not_saved(gemm
     a state cut back to a prefix that ends long before the state's end misses the window the
     next tokens attend to. Such a restore is refused and the prompt prefilled instead."""
     runner = real_runner(gemma, 1, slot_ctx=2048)
-    long_system = SYSTEM * 24  # ~770 tokens: the saved state runs past the window
+    long_system = SYSTEM * 20  # ~640 tokens: the saved state runs past the window
     history = [{"role": "system", "content": long_system}, {"role": "user", "content": "Why is the sky blue?"}]
     ask(runner, history)
     ask(runner, OTHER)  # the long conversation's state goes to host memory
@@ -93,7 +93,7 @@ def test_gemma_does_not_restore_a_shorter_prefix_whose_window_was_not_saved(gemm
 
 def test_gemma_restores_a_conversation_longer_than_its_window_when_the_next_turn_extends_it(gemma, real_runner):
     """Cut back at (or near) its end, a saved state holds the window the next tokens need."""
-    long_system = SYSTEM * 24
+    long_system = SYSTEM * 20
     history = [{"role": "system", "content": long_system}, {"role": "user", "content": "Why is the sky blue?"}]
     stayed = real_runner(gemma, 1, slot_ctx=2048)
     first = ask(stayed, history)
