@@ -26,7 +26,11 @@ def next_rows(backend: LlamaBackend, step: list[BatchEntry]) -> np.ndarray:
     return rows
 
 
-def test_every_slot_keeps_its_positions_and_its_next_logits_across_moves(smollm):
+# Slot 1's copy of slot 0's first 100 cells, queued by llama.cpp (another stream), is not made
+# when the pool comes: it is made in the pool from slot 0's cells, whether the engine's ledger
+# names the share or not.
+@pytest.mark.parametrize("shares", [{1: (0, 100)}, {}], ids=["share-named", "share-unnamed"])
+def test_every_slot_keeps_its_positions_and_its_next_logits_across_moves(smollm, shares):
     system, other = smollm.tokenize(SYSTEM + TICKETS[0]), smollm.tokenize(TICKETS[2] * 4)
     assert 100 < len(system) < 256 and len(other) < 256
     step = [BatchEntry(0, system[-1:], len(system) - 1, True), BatchEntry(1, system[100:101], 100, True),
@@ -39,7 +43,7 @@ def test_every_slot_keeps_its_positions_and_its_next_logits_across_moves(smollm)
             backend.decode([BatchEntry(0, system[:-1], 0, False), BatchEntry(2, other[:-1], 0, False)])
             assert backend.reuse_prefix(1, 0, 100)  # another stream's copy: queued until the next decode
         expected = next_rows(reference, step)
-        moving.relayout(True, {1: (0, 100)})  # slot 1's copy never made: taken from slot 0's cells
+        moving.relayout(True, shares)
         assert moving.pooled
         positions = [(moving.slot_pos_min(slot), moving.slot_pos_max(slot)) for slot in range(3)]
         assert positions == [(0, len(system) - 2), (0, 99), (0, len(other) - 2)]
