@@ -134,7 +134,8 @@ def kv_lines(kv: dict[str, Any] | None) -> list[tuple[str, str]]:
     if pool:
         lines.append(("serve's KV pool", f"{pool['tokens']:,} tokens of f16 ({pool['bytes'] / 2**30:.1f} GiB, bounded "
                       f"by {pool['bounded_by']}) for {pool['slots']} slots: {pool['agent_sessions']} agent sessions "
-                      f"of Claude Code's first prompt, more where they share it"))
+                      f"of Claude Code's first prompt, more where they share it; a session up to "
+                      f"{pool['session_tokens']:,} tokens"))
         window = pool["tokens"] // pool["slots"]
         lines.append(("serve's KV layout", f"a window of {window:,} per slot while every session fits one (attention "
                       f"reads a sequence's own cells only), one pool from the step a session needs more; "

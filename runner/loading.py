@@ -35,7 +35,8 @@ def _kv_report(model: LlamaModel, path) -> dict:
         free = None if free is None else max(0, free - os.path.getsize(path))
         pool = default_pool(trained, parallel, per_token["f16"], free)
         report["serve_pool"] = {"tokens": pool.tokens, "bytes": pool.num_bytes, "bounded_by": pool.bounded_by,
-                                "slots": parallel, "agent_sessions": pool.agent_sessions}
+                                "slots": parallel, "agent_sessions": pool.agent_sessions,
+                                "session_tokens": pool.session_tokens}
     return report
 
 

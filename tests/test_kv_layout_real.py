@@ -77,3 +77,11 @@ def test_a_run_that_outgrows_the_windows_writes_what_one_pool_writes(smollm, rea
     assert all(result.ok and result.completion_tokens == 40 for result in moving)
     assert_same_tokens_until_a_near_tie(moving, pooled, at_least=100)
     assert_ledger_matches_the_kv(moving_runner)
+
+
+def test_a_pool_sized_from_the_machine_caps_a_session_at_the_trained_context(smollm, real_runner):
+    """Past its trained context a model writes worse: with no size given, each slot may hold a
+    session of the trained context (a window each), not the whole pool."""
+    runner = real_runner(smollm, 2, slot_ctx=None, kv_pool="auto", autostart=False)
+    assert runner.window == smollm.n_ctx_train == runner.engine.backend.layout.window
+    assert runner.engine.backend.pool_size == 2 * smollm.n_ctx_train

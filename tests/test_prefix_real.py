@@ -83,12 +83,14 @@ def test_batch_invariant_text_is_the_same_at_any_parallelism_with_or_without_reu
 # its prompt, computed in chunks, rather than by decoding a token a step.
 LONG_TICKET = TICKETS[0] + " What I did: " + " ".join(f"step {index}, I opened the app and uploaded photo {index}."
                                                        for index in range(25))
+LONGER_TICKET = LONG_TICKET + " " + " ".join(f"step {index}, I opened the app and uploaded photo {index}."
+                                             for index in range(25, 42))
 
 
-def far_past_the_prefix_then_reuse(runner, num_tokens: int) -> list:
-    """A long request (LONG_TICKET) runs far past the shared prefix; a request submitted near
+def far_past_the_prefix_then_reuse(runner, num_tokens: int, ticket: str = LONG_TICKET) -> list:
+    """A long request (a long ticket) runs far past the shared prefix; a request submitted near
     its end reuses the prefix from its slot. Returns both results."""
-    long = runner.submit(chat(LONG_TICKET, max_tokens=num_tokens), stream=True)
+    long = runner.submit(chat(ticket, max_tokens=num_tokens), stream=True)
     for count, _ in enumerate(long, start=1):
         if count == num_tokens - 20:
             late = runner.submit(chat(TICKETS[1]))
@@ -110,7 +112,8 @@ def test_gemma_prefix_dropped_by_a_small_sliding_window_cache_is_prefilled_inste
                           seed=TEST_SEED)
     backend = LlamaBackend(gemma, 2, 1024, 64, TEST_THREADS, swa_full=False)  # its SWA cache holds 768 cells a slot
     with Runner(config, backend=backend) as runner:
-        long, late = far_past_the_prefix_then_reuse(runner, 250)
+        # Past the 768 cells mostly by its prompt: a prompt token costs a fraction of a step.
+        long, late = far_past_the_prefix_then_reuse(runner, 60, LONGER_TICKET)
         assert long.prompt_tokens + long.completion_tokens > 768 + 20
         assert late.prompt_tokens_cached == 0, "the prefix was not intact in the source slot: prefilled in full"
     [alone] = real_runner(gemma, 2, slot_ctx=1024, prefix_cache=False).run_batch([chat(TICKETS[1])])

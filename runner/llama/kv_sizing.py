@@ -1,8 +1,9 @@
 """How large a KV pool to make when the user gives no size: from the model's trained context
 and the memory this machine has free (llama-server's --fit does the same for its context).
 
-Every slot may hold a session of the model's trained context (past it a model writes worse):
-the pool is n_ctx_train x slots, unless that would take more than
+Every slot may hold a session of the model's trained context (past it a model writes worse, so
+a session is capped there, as llama-server caps a slot): the pool is n_ctx_train x slots, unless
+that would take more than
 MEMORY_SHARE of the memory free once the model is loaded (host RAM; a GPU's memory when the
 layers go there), in which case it is what that share holds. Either way the user is told, in
 tokens and in agent sessions of Claude Code's size.
@@ -29,6 +30,7 @@ class PoolSize:
     tokens: int
     num_bytes: int
     bounded_by: str  # "the trained context" or "memory"
+    session_tokens: int  # the most one session holds: the trained context, or the pool if smaller
 
     @property
     def agent_sessions(self) -> int:
@@ -41,10 +43,10 @@ def default_pool(n_ctx_train: int, num_slots: int, bytes_per_token: int, free_by
     free_bytes (None: unknown, no bound). At least one full session, whatever the memory."""
     wanted = n_ctx_train * num_slots
     if free_bytes is None or wanted * bytes_per_token <= free_bytes * MEMORY_SHARE:
-        return PoolSize(wanted, wanted * bytes_per_token, "the trained context")
+        return PoolSize(wanted, wanted * bytes_per_token, "the trained context", n_ctx_train)
     fitting = int(free_bytes * MEMORY_SHARE) // bytes_per_token // POOL_GRANULE * POOL_GRANULE
     tokens = max(fitting, min(n_ctx_train, wanted))
-    return PoolSize(tokens, tokens * bytes_per_token, "memory")
+    return PoolSize(tokens, tokens * bytes_per_token, "memory", min(n_ctx_train, tokens))
 
 
 def free_host_memory() -> int | None:

@@ -310,8 +310,9 @@ def _llama_backend(model, config: RunnerConfig, owns_model: bool) -> Backend:
     if pool == KV_POOL_AUTO:
         trained = model.n_ctx_train or DEFAULT_SLOT_CTX
         per_token = model.kv_bytes_per_token(cache_types)
-        pool = default_pool(trained, config.parallel, per_token or 0, free_memory_for_kv(model) if per_token else None).tokens
-        session_ctx = min(config.slot_ctx or pool, pool)
+        sized = default_pool(trained, config.parallel, per_token or 0, free_memory_for_kv(model) if per_token else None)
+        pool = sized.tokens
+        session_ctx = min(config.slot_ctx or sized.session_tokens, pool)
     return LlamaBackend(model, config.parallel, session_ctx, config.n_batch, config.threads, owns_model=owns_model,
                         batch_invariant=config.batch_invariant, flash_attn=config.flash_attn.value,
                         cache_types=cache_types, pool_tokens=pool,
