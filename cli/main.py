@@ -142,8 +142,8 @@ def batch_run(prompts_file: Path, output: Path | None, prompt_format: str | None
 
 @cli.command("serve")
 @engine_options(slot_ctx_help="Most tokens one request holds (prompt + generation): a cap in the shared KV pool "
-                              "(default: the model's trained context, or the whole pool when -c is given); with --no-kv-unified, each slot's window "
-                              "(default 2048, or -c / -np).",
+                              "(default: the model's trained context, or the whole pool when -c is given); with "
+                              "--no-kv-unified, each slot's window (default 2048, or -c / -np).",
                 step_tokens_help=f"Token budget of a step: every decoding token, then prompt chunks up to it, so "
                                  f"that a long prompt never stalls the streams. [default: {SERVE_STEP_TOKENS}, or "
                                  f"-np if more]")

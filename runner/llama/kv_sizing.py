@@ -43,10 +43,11 @@ def default_pool(n_ctx_train: int, num_slots: int, bytes_per_token: int, free_by
     free_bytes (None: unknown, no bound). At least one full session, whatever the memory."""
     wanted = n_ctx_train * num_slots
     if free_bytes is None or wanted * bytes_per_token <= free_bytes * MEMORY_SHARE:
-        return PoolSize(wanted, wanted * bytes_per_token, "the trained context", n_ctx_train)
-    fitting = int(free_bytes * MEMORY_SHARE) // bytes_per_token // POOL_GRANULE * POOL_GRANULE
-    tokens = max(fitting, min(n_ctx_train, wanted))
-    return PoolSize(tokens, tokens * bytes_per_token, "memory", min(n_ctx_train, tokens))
+        tokens, bounded_by = wanted, "the trained context"
+    else:
+        fitting = int(free_bytes * MEMORY_SHARE) // bytes_per_token // POOL_GRANULE * POOL_GRANULE
+        tokens, bounded_by = max(fitting, min(n_ctx_train, wanted)), "memory"
+    return PoolSize(tokens, tokens * bytes_per_token, bounded_by, min(n_ctx_train, tokens))
 
 
 def free_host_memory() -> int | None:
