@@ -7,13 +7,14 @@ from the library's dataclasses (default_of), so the command line and the library
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
 import click
 
 from .. import models
-from ..config import (DEFAULT_SLOT_CTX, KV_CACHE_TYPES, REASONING_FORMATS, SPEC_TYPES, TOOL_FORMATS, FlashAttention, OverflowPolicy, RunnerConfig, SamplingMode, SamplingParams,
+from ..config import (DEFAULT_SLOT_CTX, KV_CACHE_TYPES, REASONING_FORMATS, SPEC_TYPES, THREADS_ENV, TOOL_FORMATS, FlashAttention, OverflowPolicy, RunnerConfig, SamplingMode, SamplingParams,
                       SplitMode, default_of)
 
 ENGINE_FIELDS = ("model", "parallel", "slot_ctx", "kv_pool", "kv_layout", "threads", "n_keep", "n_discard", "seed", "chat_template",
@@ -111,8 +112,9 @@ def engine_options(slot_ctx_help: str = "Context tokens per slot (prompt + gener
                      type=click.IntRange(1, 256), help="Sequences decoded together (slots)."),
         click.option("--slot-ctx", default=None, type=click.IntRange(16),
                      help=slot_ctx_help if "default" in slot_ctx_help else f"{slot_ctx_help} [default: {DEFAULT_SLOT_CTX}]"),
-        click.option("-t", "--threads", default=default_of(RunnerConfig, "threads"), show_default=True,
-                     type=click.IntRange(1)),
+        click.option("-t", "--threads", envvar=THREADS_ENV, default=os.cpu_count() or 1, show_default="every core",
+                     type=click.IntRange(1),
+                     help=f"llama.cpp's threads; {THREADS_ENV} sets the default (runners sharing cores split them)."),
         click.option("--seed", type=click.IntRange(0), help="Base seed: each request's seed derives from it and its id."),
         click.option("--n-keep", default=default_of(RunnerConfig, "n_keep"), show_default=True, type=click.IntRange(0),
                      help="Prompt tokens always kept when a window slides (besides BOS)."),

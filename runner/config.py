@@ -228,6 +228,19 @@ KV_POOL_AUTO = "auto"
 SPEC_TYPES = ("none", "ngram-simple", "ngram-mod")
 KV_LAYOUTS = ("auto", "pool")  # how a kv_pool is held (RunnerConfig.kv_layout)
 
+THREADS_ENV = "MULTISEQ_THREADS"
+
+
+def default_threads() -> int:
+    """llama.cpp's threads when none are given: MULTISEQ_THREADS, else every core. The variable
+    is for several runners on one machine (test workers, one server per socket): each thread
+    spins on its core while a step runs, so runners sharing cores must split them."""
+    value = os.environ.get(THREADS_ENV, "").strip()
+    if not value:
+        return os.cpu_count() or 1
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"{THREADS_ENV}={value!r}: a thread count is a whole number of at least 1")
+    return int(value)
 
 @dataclass(frozen=True)
 class RunnerConfig:
@@ -256,7 +269,7 @@ class RunnerConfig:
     # least one chunk of the backend's smallest size). Smaller keeps streams flowing while long
     # prompts arrive; None is n_batch (throughput first, as a batch job wants).
     step_tokens: int | None = None
-    threads: int = field(default_factory=lambda: os.cpu_count() or 1)
+    threads: int = field(default_factory=default_threads)
     n_keep: int = 0  # prompt tokens always kept when sliding (the BOS token is kept besides)
     n_discard: int = 0  # tokens dropped per generation shift; 0: half of what follows n_keep
     overflow: OverflowPolicy = OverflowPolicy.SLIDE
