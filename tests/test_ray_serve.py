@@ -16,6 +16,7 @@ import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import pytest
 
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'multiseq[ray]')")
@@ -29,6 +30,7 @@ from helpers import read_until, wait_until  # noqa: E402
 from multiseq import RunnerConfig  # noqa: E402
 from multiseq import ray_serve  # noqa: E402
 from multiseq.ray_serve import gateway as ray_serve_gateway, relay as ray_serve_relay  # noqa: E402
+from multiseq.ray_serve.calls import SHARE_GRACE_S, PrefixAsk  # noqa: E402
 from multiseq.server.app import ServerSettings  # noqa: E402
 
 MODEL = "smollm2-135m"
@@ -166,6 +168,21 @@ def test_each_session_stays_on_one_replica_and_sessions_spread(client):
     assert len({replicas[0] for replicas in replicas_by_session.values()}) == NUM_REPLICAS, "sessions spread"
     history_lengths = {turn: cached for turn, cached in cached_by_turn if turn > 0}
     assert all(cached > 0 for cached in history_lengths.values()), "later turns find their history cached"
+
+
+def test_a_replica_asked_for_a_prefix_waits_for_what_is_coming_and_no_longer_than_the_askers_own_cost():
+    """The rule a replica answers a prefix ask by (no model): a prefill under way is waited for
+    while it goes forward; a request still on its way or being prepared, on a busy machine,
+    for up to the asker's own cost; what is already held, not at all."""
+    ask = PrefixAsk(np.arange(200, dtype=np.int32), more_than=100, patience_s=2.0, replica="r")
+    assert not ask.keeps_waiting(150, is_growing=False, num_coming=0, waited_s=0.0, stalled_s=0.0), "held: answered now"
+    assert ask.keeps_waiting(0, is_growing=True, num_coming=0, waited_s=5.0, stalled_s=1.9), "goes forward"
+    assert not ask.keeps_waiting(0, is_growing=True, num_coming=0, waited_s=5.0, stalled_s=2.0), "stalled too long"
+    # The request the router sent there has not arrived yet, or is being rendered on a busy CPU.
+    assert ask.keeps_waiting(0, is_growing=False, num_coming=0, waited_s=0.0, stalled_s=0.0)
+    assert not ask.keeps_waiting(0, is_growing=False, num_coming=0, waited_s=SHARE_GRACE_S, stalled_s=0.0)
+    assert ask.keeps_waiting(0, is_growing=False, num_coming=1, waited_s=1.5, stalled_s=1.5)
+    assert not ask.keeps_waiting(0, is_growing=False, num_coming=1, waited_s=2.0, stalled_s=2.0)
 
 
 @model

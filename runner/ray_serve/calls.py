@@ -15,6 +15,9 @@ from multiseq.server.routing import NO_KEY, RoutingKey
 ENGINE = "Engine"  # the Engine deployment's name
 # The first message of a replica's answer: who took the call (then the app's ASGI messages).
 ACCEPTED = "multiseq.accepted"
+# How long a replica asked for a prefix it neither holds nor prefills looks again for the
+# request the router sent it with that prefix (on its way, or being rendered and tokenized).
+SHARE_GRACE_S = 0.5
 
 
 class RayServeError(Exception):
@@ -59,3 +62,19 @@ class PrefixAsk:
 
     def holds_more(self, num_held: int) -> bool:
         return num_held > self.more_than
+
+    def keeps_waiting(self, num_held: int, is_growing: bool, num_coming: int, waited_s: float, stalled_s: float) -> bool:
+        """Whether the replica asked looks again rather than answer with what it holds now
+        (`num_held` of the tokens; `is_growing`, a prefill under way there will hold more;
+        `num_coming`, requests there still being prepared or queued; seconds since the ask, and
+        since the prefill last went forward). Never longer than the asker's own cost in all,
+        once nothing goes forward: waiting is only worth what it saves."""
+        if is_growing:
+            return stalled_s < self.patience_s
+        if self.holds_more(num_held):
+            return False
+        # The request the router sent there with this prefix (it counts that replica as holding
+        # it from the pick on) may still be on its way, or being prepared, on a busy machine.
+        if num_coming:
+            return waited_s < max(SHARE_GRACE_S, self.patience_s)
+        return waited_s < SHARE_GRACE_S

@@ -35,9 +35,6 @@ logger = logging.getLogger("multiseq.server")
 # while its prefill is under way.
 MIN_SHARED_TOKENS = 64
 SHARE_POLL_S = 0.05
-# How long a replica asked for a prefix it neither holds nor prefills waits for requests it is
-# still preparing (rendering, tokenizing): the one with that prefix may be among them.
-SHARE_GRACE_S = 0.5
 
 
 # The call an Engine replica's app is serving (set for the app's task; its routes inherit it).
@@ -105,11 +102,8 @@ class Engine:
             now = time.monotonic()
             if holding.num_held > num_held_before:
                 num_held_before, progressed_at = holding.num_held, now
-            if holding.is_growing:
-                if now - progressed_at >= ask.patience_s:
-                    break
-            # Requests that came together: the one routed here may still be being prepared.
-            elif not (server.num_preparing + runner.num_waiting and now - asked_at < SHARE_GRACE_S):
+            num_coming = server.num_preparing + runner.num_waiting
+            if not ask.keeps_waiting(holding.num_held, holding.is_growing, num_coming, now - asked_at, now - progressed_at):
                 break
             await asyncio.sleep(SHARE_POLL_S)
         if not ask.holds_more(holding.num_held):
