@@ -21,6 +21,10 @@ os.environ.setdefault("MULTISEQ_VERIFY_READER", "1")
 
 from fakes import FakeBackend
 from helpers import TEST_SEED, TEST_THREADS, serving
+
+# The servers, batch-runs and examples the tests start in other processes use this worker's
+# share of the cores too (the default of -t and RunnerConfig.threads).
+os.environ["MULTISEQ_THREADS"] = str(TEST_THREADS)
 from multiseq import Runner, RunnerConfig, SamplingParams
 from multiseq.cli.interrupts import Interrupts
 from multiseq.cli.job import BatchJob, OpenedRunner
@@ -36,18 +40,32 @@ RUNNER_THREAD = "multiseq-runner"  # the name of a Runner's worker thread
 
 
 def pytest_report_header(config):
-    """The seed and thread count of this run, to run a failure again as it was."""
-    return (f"multiseq: MULTISEQ_TEST_SEED={SEED} MULTISEQ_TEST_THREADS={THREADS} "
+    """The seed and thread count of this run, to run a failure again as it was (the threads are
+    each worker's under pytest-xdist, whose workers are not started yet when this is written)."""
+    workers = config.getoption("numprocesses", None) or 0
+    threads = THREADS if workers <= 1 or "MULTISEQ_TEST_THREADS" in os.environ else max(1, (os.cpu_count() or 1) // workers)
+    return (f"multiseq: MULTISEQ_TEST_SEED={SEED} MULTISEQ_TEST_THREADS={threads} "
             f"(the runners' seed and threads; set both to reproduce this run)")
 
 
 RAY_CLUSTER_CPUS = 3  # two workers or replicas of one thread, and one CPU to spare
 
 
+MAX_WORKERS = 4  # past a few, every worker's own models and servers cost more than they save
+
+
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto`: a worker per core, up to MAX_WORKERS (each runs llama.cpp on its share)."""
+    return max(1, min(MAX_WORKERS, os.cpu_count() or 1))
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config, items):
-    """The tests on the shared local Ray cluster run last and together: it starts once (seconds)
-    and its idle processes never run beside the other tests."""
+    """The tests on the shared local Ray cluster run last and together, on one worker under
+    pytest-xdist: it starts once (seconds) and never twice at a time."""
     on_ray = [item for item in items if "ray_cluster" in getattr(item, "fixturenames", ())]
+    for item in on_ray:
+        item.add_marker(pytest.mark.xdist_group("ray-cluster"))
     items[:] = [item for item in items if item not in on_ray] + on_ray
 
 
