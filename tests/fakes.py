@@ -178,6 +178,9 @@ class FakeBackend:
     def is_end_of_generation(self, token: int) -> bool:
         return token == EOS
 
+    def bos_and_eos_texts(self) -> tuple[str, str]:
+        return "<s>", "</s>"
+
     def end_of_generation_tokens(self) -> list[int]:
         return [EOS]
 

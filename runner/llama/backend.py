@@ -141,6 +141,7 @@ class LlamaModel:
         self.is_end_of_generation = vocabulary.is_end_of_generation
         self.end_of_generation_tokens = vocabulary.end_of_generation_tokens
         self.grammar_tokenizer = vocabulary.grammar_tokenizer
+        self.bos_and_eos_texts = vocabulary.bos_and_eos_texts
 
     def _model_params(self, repack_weights: bool, n_gpu_layers: int | None, main_gpu: int, split_mode: str,
                       tensor_split: Sequence[float] | None):
@@ -275,6 +276,7 @@ class LlamaBackend:
         self.render_chat = model.render_chat
         self.chat_template_source = model.chat_template_source
         self.grammar_tokenizer = model.grammar_tokenizer
+        self.bos_and_eos_texts = model.bos_and_eos_texts
         # The KV of one slot (SlotKv's methods say what each does), for the engine.
         self.clear_slot = self.slot_kv.clear_slot
         self.reuse_prefix = self.slot_kv.reuse_prefix

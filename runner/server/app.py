@@ -119,6 +119,7 @@ def create_app(runner: Runner | None = None, settings: ServerSettings | None = N
         Route(f"{messages.ENDPOINT}/count_tokens", messages.count_tokens, methods=["POST"]),
         Route("/tokenize", tokens.tokenize, methods=["POST"]),
         Route("/detokenize", tokens.detokenize, methods=["POST"]),
+        Route("/tokenizer_info", tokens.tokenizer_info, methods=["GET"]),
         *batch_api.ROUTES,
         *responses.ROUTES,
     ]

@@ -1,9 +1,13 @@
-"""POST /tokenize and POST /detokenize, in llama-server's shapes, for clients and tools that
-count or inspect the served model's tokens.
+"""POST /tokenize and POST /detokenize, in llama-server's shapes and in vLLM's, and vLLM's
+GET /tokenizer_info, for clients and tools that count or inspect the served model's tokens
+(lm-evaluation-harness tokenizes through them with `tokenizer_backend=remote`).
 
-    POST /tokenize    {"content": str, "add_special": bool, "with_pieces": bool}
+    POST /tokenize    llama-server: {"content": str, "add_special": bool (false), "with_pieces": bool}
                       -> {"tokens": [id, ...]}, or with_pieces: {"tokens": [{"id", "piece"}, ...]}
-    POST /detokenize  {"tokens": [id, ...]} -> {"content": str}
+                      vLLM: {"prompt": str, "add_special_tokens": bool (true), "return_token_strs": bool}
+                      -> {"count", "max_model_len", "tokens", "token_strs"}
+    POST /detokenize  {"tokens": [id, ...]} -> {"content": str, "prompt": str} (both shapes' names)
+    GET /tokenizer_info -> {"eos_token", "bos_token", "chat_template", "model_max_length", ...}
 
 A piece is the token's text, or, when its bytes are not whole UTF-8 characters (a character
 split across tokens), the list of its byte values, as llama-server gives it. Tokenizing a long
@@ -27,10 +31,12 @@ DEFAULT_ADD_SPECIAL = False  # llama-server's default: no BOS unless asked for
 
 
 async def tokenize(request: HttpRequest) -> Response:
-    """The tokens of `content` (with their pieces when `with_pieces`)."""
+    """The tokens of `content` (with their pieces when `with_pieces`), or of vLLM's `prompt`."""
     state = request.app.state.server
     runner = state.ready_runner()
     body = await read_json(request, state.settings.max_body_bytes)
+    if "prompt" in body:
+        return await _tokenize_as_vllm(request, runner, body)
     content = body.get("content")
     if not isinstance(content, str):
         raise ApiError(400, "'content' must be the text to tokenize (a string)", param="content")
@@ -42,6 +48,34 @@ async def tokenize(request: HttpRequest) -> Response:
     backend = runner.backend
     return JSONResponse({"tokens": [{"id": token, "piece": piece_of(backend.token_bytes(token))}
                                     for token in tokens]})
+
+
+async def _tokenize_as_vllm(request: HttpRequest, runner, body: dict[str, Any]) -> Response:
+    if "content" in body:
+        raise ApiError(400, "give the text as 'prompt' (vLLM's name) or as 'content' (llama-server's), not both",
+                       param="prompt")
+    prompt = body["prompt"]
+    if not isinstance(prompt, str):
+        raise ApiError(400, "'prompt' must be the text to tokenize (a string)", param="prompt")
+    add_special = _flag(body, "add_special_tokens", True)  # vLLM's default, unlike llama-server's
+    tokens = await request.app.state.server.pools.prepare(tokenize_text, request, prompt, add_special)
+    token_strs = None
+    if _flag(body, "return_token_strs", False):
+        token_strs = [runner.backend.token_bytes(token).decode("utf-8", "replace") for token in tokens]
+    return JSONResponse({"count": len(tokens), "max_model_len": runner.window, "tokens": tokens,
+                         "token_strs": token_strs})
+
+
+async def tokenizer_info(request: HttpRequest) -> Response:
+    """The tokenizer's description in vLLM's shape: what a remote client needs to tokenize
+    through /tokenize and to render chats itself (its special tokens' texts, the template)."""
+    state = request.app.state.server
+    runner = state.ready_runner()
+    backend = runner.backend
+    bos, eos = backend.bos_and_eos_texts()
+    return JSONResponse({"tokenizer_class": "llama.cpp", "bos_token": bos or None, "eos_token": eos or None,
+                         "pad_token": None, "add_bos_token": backend.add_bos, "vocab_size": backend.n_vocab,
+                         "model_max_length": runner.window, "chat_template": backend.chat_template_source})
 
 
 async def detokenize(request: HttpRequest) -> Response:
@@ -57,7 +91,7 @@ async def detokenize(request: HttpRequest) -> Response:
         content = await state.pools.prepare(detokenize_tokens, request, tokens)
     except ValueError as error:
         raise ApiError(400, f"'tokens': {error}", param="tokens") from None
-    return JSONResponse({"content": content})
+    return JSONResponse({"content": content, "prompt": content})
 
 
 def piece_of(piece: bytes) -> str | list[int]:
