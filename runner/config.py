@@ -152,6 +152,10 @@ class SamplingParams:
     strict_schema: bool = False
     logprobs: bool = False  # report each output token's log probability
     top_logprobs: int = 0  # and this many most likely alternatives at each position (0-20)
+    # The prompt's own log probabilities (echo with logprobs, for scoring): None, none; k, each
+    # prompt token's after the first, with the k most likely alternatives at its position (0-20).
+    # Such a prompt is computed whole, never reused from a cache (whose rows are gone).
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stop", _stop_strings(self.stop))
@@ -184,6 +188,9 @@ class SamplingParams:
         _require(is_int(self.top_logprobs) and 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS,
                  f"top_logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs!r}")
         _require(self.logprobs or not self.top_logprobs, "top_logprobs needs logprobs=True")
+        _require(self.prompt_logprobs is None or (is_int(self.prompt_logprobs)
+                                                  and 0 <= self.prompt_logprobs <= MAX_TOP_LOGPROBS),
+                 f"prompt_logprobs must be None or an integer in [0, {MAX_TOP_LOGPROBS}], got {self.prompt_logprobs!r}")
 
     def _check_logit_bias(self) -> None:
         if self.logit_bias is None:

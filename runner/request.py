@@ -26,7 +26,8 @@ class Priority:
 
 @dataclass(frozen=True)
 class Request:
-    """One prompt (a string, or chat messages rendered with the model's template) to complete.
+    """One prompt (a string, its token ids, or chat messages rendered with the model's template)
+    to complete.
 
     `n_keep` and `overflow` override the runner's sliding settings for this request only.
     `priority` orders admission (higher first; see Priority): the default is batch work.
@@ -37,7 +38,7 @@ class Request:
     None), a `tool` message answers one by its `tool_call_id`.
     """
 
-    prompt: str | None = None
+    prompt: str | tuple[int, ...] | None = None  # token ids go to the model as they are
     messages: tuple[dict, ...] | None = None
     id: str | None = None  # None: the runner assigns "req-N" in arrival order
     sampling: SamplingParams = field(default_factory=SamplingParams)
@@ -54,7 +55,12 @@ class Request:
     def __post_init__(self) -> None:
         if (self.prompt is None) == (self.messages is None):
             raise ValueError("a request needs exactly one of prompt or messages")
-        if self.prompt is not None and (not isinstance(self.prompt, str) or not self.prompt):
+        if isinstance(self.prompt, (list, tuple)):
+            if not self.prompt or not all(isinstance(token, int) and not isinstance(token, bool) and token >= 0
+                                          for token in self.prompt):
+                raise ValueError("prompt must be a non-empty string or a non-empty list of token ids (integers >= 0)")
+            object.__setattr__(self, "prompt", tuple(self.prompt))
+        elif self.prompt is not None and (not isinstance(self.prompt, str) or not self.prompt):
             raise ValueError("prompt must be a non-empty string")
         if self.messages is not None:
             object.__setattr__(self, "messages", tuple(self.messages))
@@ -184,6 +190,13 @@ class Result:
     tokens_shifted_out: int = 0
     # Per output token, when the request asked for logprobs (end-of-generation tokens excluded).
     logprobs: tuple[TokenLogprob, ...] | None = None
+    # The end-of-generation token that ended the output, with its log probability (logprobs asked).
+    end_logprob: TokenLogprob | None = None
+    # With prompt_logprobs: the prompt's tokens (ids and bytes), and the log probability of each
+    # after the first.
+    prompt_token_ids: tuple[int, ...] = ()
+    prompt_token_bytes: tuple[bytes, ...] = ()
+    prompt_logprobs: tuple[TokenLogprob, ...] | None = None
     # The request could not run as given (it failed before it was queued): a client error.
     is_invalid_request: bool = False
     # The output ended (stop) but is not valid under the request's JSON schema: why.

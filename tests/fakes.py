@@ -274,6 +274,11 @@ class FakeBackend:
                     kv.append(token)
                     self.num_generated_fed[entry.slot] += 1
                     rows.append(self._logits(entry.slot))
+            elif entry.scores_prompt:  # a row after each prompt token, from what the KV holds by then
+                for token in entry.tokens:
+                    kv.append(token)
+                    self.prompts[entry.slot].append(token)
+                    rows.append(self._logits(entry.slot))
             else:
                 assert not entry.num_drafted, "only a decoding slot's entry has a draft"
                 kv.extend(entry.tokens)

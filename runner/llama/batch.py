@@ -27,16 +27,19 @@ class BatchEntry:
     start_pos: int
     wants_output: bool  # a logits row is needed for the last token
     num_drafted: int = 0  # the last tokens that are a draft (each gets a row, as does the one before)
+    scores_prompt: bool = False  # a prompt chunk whose every token gets a row (prompt log probabilities)
 
     @property
     def num_outputs(self) -> int:
+        if self.scores_prompt:
+            return len(self.tokens)
         return self.num_drafted + 1 if self.wants_output else 0
 
     @property
     def is_prompt_chunk(self) -> bool:
-        """Tokens without a logits row each: a prompt chunk (a decoding slot's entry, its
-        newest token and any draft, has a row for every token)."""
-        return self.num_outputs < len(self.tokens)
+        """A prompt chunk: tokens without a logits row each, or a scored one (a decoding slot's
+        entry, its newest token and any draft, has a row for every token)."""
+        return self.scores_prompt or self.num_outputs < len(self.tokens)
 
 
 def micro_batches(entry_lengths: list[tuple[int, int]], n_ubatch: int, stream_per_slot: bool) -> list[int]:

@@ -43,8 +43,8 @@ class BatchArrays:
             tokens += entry.tokens
             positions += range(entry.start_pos, entry.start_pos + length)
             seq_ids += [entry.slot] * length
-            if entry.wants_output:
-                output_indices += range(len(tokens) - entry.num_drafted - 1, len(tokens))
+            if entry.wants_output or entry.scores_prompt:
+                output_indices += range(len(tokens) - entry.num_outputs, len(tokens))
         count = len(tokens)
         assert count <= self.capacity, "a step never holds more than n_batch tokens"
         self.tokens[:count] = tokens

@@ -14,6 +14,7 @@ from ..llama.batch import Backend
 from ..errors import BackendError, EngineFailure, NoKvSlot, RequestFault
 from .graph_sampling import RowSampling
 from .planning import StepPlan
+from ..sampling.logprobs import TokenLogprob, prompt_logprobs
 from ..sampling.sampler import Sampled
 from .sequence import Sequence
 from .speculation import first_rows, verify_all
@@ -30,6 +31,9 @@ class Executed:
     # Per output sequence, the tokens its draft adds after its sampled one (speculation).
     drafted: list[list[Sampled] | RequestFault]
     failed: list[tuple[Sequence, str]]  # sequences whose decode failed, and why: they ran nothing
+    # Per sequence whose prompt is scored, where its chunk starts in the prompt and the log
+    # probabilities of the prompt tokens after each of the chunk's tokens.
+    prompt_scores: dict[Sequence, tuple[int, list[TokenLogprob]]]
     decode_seconds: float  # llama_decode alone
     batch_seconds: float  # filling the batch and retries, outside llama_decode
     sample_seconds: float
@@ -42,6 +46,7 @@ class _Ran:
     plan: StepPlan
     sampled: list[Sampled | RequestFault]
     drafted: list[list[Sampled] | RequestFault]
+    prompt_scores: dict[Sequence, tuple[int, list[TokenLogprob]]]
     decode_seconds: float
     sample_seconds: float
 
@@ -80,7 +85,8 @@ class StepExecution:
             plan_run = StepPlan([chunk for part in ran for chunk in part.plan.chunks])
             sampled = [row for part in ran for row in part.sampled]
             drafted = [tokens for part in ran for tokens in part.drafted]
-        return Executed(plan_run, sampled, drafted, failed, decode_seconds,
+        prompt_scores = {seq: scores for part in ran for seq, scores in part.prompt_scores.items()}
+        return Executed(plan_run, sampled, drafted, failed, prompt_scores, decode_seconds,
                         time.perf_counter() - started - decode_seconds - sample_seconds, sample_seconds)
 
     def _run(self, plan: StepPlan) -> _Ran:
@@ -103,7 +109,25 @@ class StepExecution:
         rows = first_rows(plan)
         sampled = self.row_sampling.sample(logits if rows is None else logits[rows], plan.output_seqs, in_graph)
         drafted = [[] for _ in sampled] if rows is None else verify_all(logits, plan, sampled)
-        return _Ran(plan, sampled, drafted, self.backend.last_decode_seconds, time.perf_counter() - sampling_started)
+        scores = self._prompt_scores(logits, plan) if rows is not None else {}
+        return _Ran(plan, sampled, drafted, scores, self.backend.last_decode_seconds,
+                    time.perf_counter() - sampling_started)
+
+    def _prompt_scores(self, logits, plan: StepPlan) -> dict[Sequence, tuple[int, list[TokenLogprob]]]:
+        """The log probabilities of the prompt tokens each scored chunk's rows predict: row i
+        of a chunk starting at prompt token s gives token s + i + 1's (the chunk's last row
+        gives the next chunk's first token's, or, after the prompt's end, the first output's)."""
+        scores, row = {}, 0
+        for chunk in plan.chunks:
+            entry = chunk.entry
+            if entry.scores_prompt:
+                seq = chunk.seq
+                start = seq.num_prefilled  # the chunk's place in the prompt (applied after the step)
+                targets = seq.prompt_tokens[start + 1:start + 1 + len(entry.tokens)]
+                scores[seq] = start, prompt_logprobs(logits[row:row + len(targets)], targets,
+                                                     seq.params.prompt_logprobs, self.backend.token_bytes)
+            row += entry.num_outputs
+        return scores
 
     def _run_one_by_one(self, plan: StepPlan, error: BackendError) -> tuple[list[_Ran], list[tuple[Sequence, str]]]:
         """After a failed decode: decode each sequence of the plan alone; the parts that ran,

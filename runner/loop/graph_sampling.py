@@ -63,8 +63,9 @@ class RowSampling:
         seqs = plan.output_seqs
         if not self.uses_graph:
             return [False] * len(seqs)
-        # A step that verifies drafts has several rows for a sequence: the host samples them all.
-        drafting = any(chunk.entry.num_drafted for chunk in plan.chunks)
+        # A step that verifies drafts, or scores a prompt, has several rows for a sequence: the
+        # host samples them all.
+        drafting = any(chunk.entry.num_drafted or chunk.entry.scores_prompt for chunk in plan.chunks)
         in_step = set() if drafting else {chunk.seq.slot for chunk in plan.chunks}
         for slot in [slot for slot in self._held if slot not in in_step]:
             self._release(slot)

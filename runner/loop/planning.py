@@ -76,7 +76,8 @@ class StepPlan:
         for chunk in self.chunks:
             if chunk.is_prefill and chunk.num_tokens > 1:
                 entry = chunk.entry
-                half = BatchEntry(entry.slot, entry.tokens[: len(entry.tokens) // 2], entry.start_pos, False)
+                half = BatchEntry(entry.slot, entry.tokens[: len(entry.tokens) // 2], entry.start_pos, False,
+                                  scores_prompt=entry.scores_prompt)
                 chunk = Chunk(chunk.seq, half, True)
             chunks.append(chunk)
         return StepPlan(chunks)
@@ -140,7 +141,8 @@ class StepPlanner:
                 continue
             tokens = seq.prompt_tokens[start:start + length]
             is_last = start + length == len(seq.prompt_tokens)
-            chunks[seq.slot] = Chunk(seq, BatchEntry(seq.slot, tokens, seq.n_past, is_last), True)
+            chunks[seq.slot] = Chunk(seq, BatchEntry(seq.slot, tokens, seq.n_past, is_last,
+                                                     scores_prompt=seq.scores_prompt), True)
             budget -= length
             room -= length
         return StepPlan([chunks[slot] for slot in sorted(chunks)])

@@ -32,6 +32,7 @@ from ..config import OverflowPolicy, SamplingParams
 from .pieces import OutputPieces
 from ..errors import RequestFault
 from ..request import FinishReason, Priority
+from ..sampling.logprobs import TokenLogprob
 from ..sampling.sampler import Sampled, SequenceSampler
 
 if TYPE_CHECKING:
@@ -114,6 +115,9 @@ class Sequence:
         self.first_token_at: float | None = None
         self.finished_at: float | None = None
         self.parked: HostEntry | None = None  # preempted: its slot's KV, saved to resume from
+        # With params.prompt_logprobs: the log probability of each prompt token after the first.
+        self.prompt_logprobs: list[TokenLogprob] = []
+        self.end_of_generation_logprob: TokenLogprob | None = None  # the token that ended it, with logprobs
         # Its text, the log probabilities behind it, and what it parses into (with tools).
         self.pieces = OutputPieces(tool_parser, sampler.params.logprobs, sampler.params.stop)
 
@@ -122,6 +126,17 @@ class Sequence:
     @property
     def params(self) -> SamplingParams:
         return self.sampler.params
+
+    @property
+    def scores_prompt(self) -> bool:
+        """Whether every prompt token's log probability is computed (its prompt then reuses no
+        cached prefix: a cache keeps KV, not the rows that scored it)."""
+        return self.sampler.params.prompt_logprobs is not None
+
+    def record_prompt_scores(self, start: int, scores: list[TokenLogprob]) -> None:
+        """The log probabilities of prompt tokens start + 1 on (a prompt computed again
+        overwrites what it scored before)."""
+        self.prompt_logprobs[start:start + len(scores)] = scores
 
     @property
     def num_prompt_remaining(self) -> int:
@@ -262,6 +277,7 @@ class Sequence:
         if self.first_token_at is None:
             self.first_token_at = now
         if is_end_of_generation and not self.params.ignore_eos:
+            self.end_of_generation_logprob = sampled.logprob  # not part of the text's, but scoring reports it
             self._end(FinishReason.STOP)
             return ""
         if self.pieces.logprobs is not None and sampled.logprob is not None:

@@ -35,13 +35,16 @@ class SequenceMaker:
         any thread; raises ValueError or BackendError when this request cannot run."""
         params = request.sampling
         text = self.prompt_text(request)
-        tokens = self.backend.tokenize(text)
+        tokens = self._tokens_of(request, text)
         if not tokens:
             raise ValueError("the prompt tokenizes to no tokens")
         bos_kept = 1 if self.backend.add_bos else 0
         n_keep = (request.n_keep if request.n_keep is not None else self.config.n_keep) + bos_kept
         overflow = request.overflow or self.config.overflow
         fit = fit_prompt(tokens, self.window, n_keep, params.max_tokens, overflow)
+        if params.prompt_logprobs is not None and fit.num_dropped:
+            raise ValueError(f"a scored prompt (echo with logprobs) must fit the slot's {self.window}-token window "
+                             f"with its output; it has {len(tokens)} tokens")
         seed = params.seed if params.seed is not None else self._derive_seed(request_id)
         banned = self.backend.end_of_generation_tokens() if params.ignore_eos else ()
         banned_early = self.backend.end_of_generation_tokens() if params.min_tokens and not banned else ()
@@ -52,13 +55,23 @@ class SequenceMaker:
                         tool_parser=self.tools.parser(request, text))
 
     def prompt_text(self, request: Request) -> str:
-        """A request's prompt as text (its chat rendered with its tools)."""
+        """A request's prompt as text (its chat rendered with its tools; "" for token ids)."""
+        if isinstance(request.prompt, tuple):
+            return ""
         return request.prompt if request.prompt is not None else self.tools.render(self.backend, request)
 
     def prompt_tokens(self, request: Request) -> list[int]:
         """The tokens a request's prompt comes to (its chat rendered with its tools). Reads only
         the model, so it may run on any thread."""
-        return self.backend.tokenize(self.prompt_text(request))
+        return self._tokens_of(request, self.prompt_text(request))
+
+    def _tokens_of(self, request: Request, text: str) -> list[int]:
+        if not isinstance(request.prompt, tuple):
+            return self.backend.tokenize(text)
+        outside = next((token for token in request.prompt if token >= self.backend.n_vocab), None)
+        if outside is not None:
+            raise ValueError(f"prompt token {outside} is not in the vocabulary (0 to {self.backend.n_vocab - 1})")
+        return list(request.prompt)
 
     def _constraint(self, request: Request, prompt: str = "") -> TokenConstraint | None:
         """The request's compiled constraint (its schema or grammar, or the grammar of its tool

@@ -67,6 +67,9 @@ class SlotChooser:
         """The slot for seq and the prefix it reuses; None to wait for one being prefilled."""
         if not self.prefix_cache:
             return Placement(free[0], free[0], 0)
+        if seq.scores_prompt:  # every prompt token is computed, for its row: the LRU slot, from nothing
+            oldest = self.prefixes.least_recently_used([slot for slot in free if slot not in copy_sources] or free)
+            return Placement(oldest, oldest, 0)
         prompt = seq.prompt_array
         resident, in_flight = self.prefixes_for(prompt)
         best = max(range(len(self.slots)), key=resident.__getitem__)
@@ -110,7 +113,7 @@ class SlotChooser:
 
     def waits_for_prefill(self, seq: Sequence) -> bool:
         """Whether admission would hold seq back for a prefix another slot is prefilling."""
-        if not self.prefix_cache or seq.parked is not None:
+        if not self.prefix_cache or seq.parked is not None or seq.scores_prompt:
             return False
         resident, in_flight = self.prefixes_for(seq.prompt_array)
         return worth_waiting_for(in_flight, max(resident))

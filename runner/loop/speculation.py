@@ -434,6 +434,7 @@ def verify_all(logits: np.ndarray, plan: StepPlan, firsts: list[Sampled | Reques
     for chunk in plan.chunks:
         entry = chunk.entry
         if not entry.wants_output:
+            row += entry.num_outputs  # a scored prompt chunk's rows
             continue
         first = firsts[index]
         if entry.num_drafted and isinstance(first, Sampled):
@@ -451,14 +452,16 @@ def verify_all(logits: np.ndarray, plan: StepPlan, firsts: list[Sampled | Reques
 
 def first_rows(plan: StepPlan) -> list[int] | None:
     """The row of each output sequence's next token in a decode's logits (None when every
-    entry has one row: the logits are those rows already)."""
-    if not any(chunk.entry.num_drafted for chunk in plan.chunks):
+    entry has one row: the logits are those rows already). A scored prompt chunk's rows come
+    before its last, the one its next token is drawn from."""
+    if not any(chunk.entry.num_drafted or chunk.entry.scores_prompt for chunk in plan.chunks):
         return None
     rows, row = [], 0
     for chunk in plan.chunks:
-        if chunk.entry.wants_output:
-            rows.append(row)
-            row += chunk.entry.num_outputs
+        entry = chunk.entry
+        if entry.wants_output:
+            rows.append(row + entry.num_outputs - 1 if entry.scores_prompt else row)
+        row += entry.num_outputs
     return rows
 
 

@@ -57,3 +57,25 @@ def token_logprob(raw_row: np.ndarray, token: int, num_top: int,
         top = tuple(TopLogprob(int(i), token_bytes(int(i)), float(v) - normalizer)
                     for i, v in zip(ids[0].tolist(), values[0].tolist()))
     return TokenLogprob(token, token_bytes(token), float(raw_row[token]) - normalizer, top)
+
+
+def prompt_logprobs(rows: np.ndarray, targets: list[int], num_top: int,
+                    token_bytes: Callable[[int], bytes]) -> list[TokenLogprob]:
+    """The log probability of each target token in the row before it (a scored prompt: row i
+    is the logits after the prompt's token i, targets[i] its token i + 1), with the num_top
+    most likely tokens of each row; one pass over the rows, as token_logprob computes one."""
+    rows = rows[:len(targets)]
+    if not len(targets):
+        return []
+    values = rows.astype(np.float64)
+    peaks = values.max(axis=1)
+    normalizers = peaks + np.log(np.exp(values - peaks[:, None]).sum(axis=1))
+    chosen = rows[np.arange(len(targets)), targets].astype(np.float64) - normalizers
+    tops: list[tuple[TopLogprob, ...]] = [()] * len(targets)
+    if num_top:
+        ids, top_values = top_k_sorted(rows, min(num_top, rows.shape[1]))
+        tops = [tuple(TopLogprob(int(i), token_bytes(int(i)), float(v) - normalizer)
+                      for i, v in zip(row_ids.tolist(), row_values.tolist()))
+                for row_ids, row_values, normalizer in zip(ids, top_values, normalizers.tolist())]
+    return [TokenLogprob(token, token_bytes(token), float(logprob), top)
+            for token, logprob, top in zip(targets, chosen.tolist(), tops)]
