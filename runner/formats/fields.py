@@ -20,7 +20,8 @@ MAX_CHOICES = 128
 # output is matched against each, so both their number and their length are bounded.
 MAX_STOP_STRINGS = 16
 MAX_STOP_LENGTH = 256
-MAX_COMPLETION_LOGPROBS = 5  # the legacy completions API's limit
+MAX_COMPLETION_LOGPROBS = 20  # as vLLM allows (OpenAI's legacy API stopped at 5)
+MAX_PROMPTS = 2048  # prompts in one completions body (OpenAI's limit)
 # OpenAI's other names for the roles a chat template knows.
 ROLE_ALIASES = {"developer": "system"}
 
@@ -191,20 +192,69 @@ def reject_unsupported(body: dict[str, Any]) -> None:
             raise ItemError(f"field {name!r} cannot be honoured: {reason}", name)
     if body.get("modalities") not in (None, ["text"]):
         raise ItemError("field 'modalities' cannot be honoured: the model writes text only", "modalities")
-    if body.get("echo"):
-        raise ItemError("field 'echo' cannot be honoured: the prompt is not repeated in the output", "echo")
     if body.get("best_of") not in (None, 1, body.get("n", 1)):
         raise ItemError("field 'best_of' cannot be honoured: use 'n' for several completions", "best_of")
 
 
-def completion_logprobs(value: Any) -> dict[str, Any]:
-    """The completions API's logprobs: an integer, how many top alternatives to report."""
+def completion_logprobs(value: Any, echo: bool = False) -> dict[str, Any]:
+    """The completions API's logprobs: an integer, how many top alternatives to report (with
+    echo, for every prompt token too: an echoed prompt is computed whole, for its tokens)."""
     if value is None:
-        return {}
+        return {"prompt_logprobs": 0} if echo else {}
     if not is_int(value) or not 0 <= value <= MAX_COMPLETION_LOGPROBS:
         raise ItemError(f"'logprobs' must be an integer in [0, {MAX_COMPLETION_LOGPROBS}] for completions, "
                         f"got {json.dumps(value)}", "logprobs")
-    return {"logprobs": True, "top_logprobs": value}
+    return {"logprobs": True, "top_logprobs": value} | ({"prompt_logprobs": value} if echo else {})
+
+
+def completion_prompts(value: Any) -> list[str | tuple[int, ...]]:
+    """The completions API's prompt: a string, its token ids, or a list of either (each its own
+    choices); ItemError naming the prompt that is not."""
+    if isinstance(value, str) or _is_token_list(value):
+        return [_one_prompt(value, "prompt")]
+    if not isinstance(value, list) or not value:
+        raise ItemError("'prompt' must be a string, a list of token ids, or a non-empty list of either", "prompt")
+    if len(value) > MAX_PROMPTS:
+        raise ItemError(f"'prompt' holds {len(value)} prompts; one body takes at most {MAX_PROMPTS}", "prompt")
+    return [_one_prompt(prompt, f"prompt[{index}]") for index, prompt in enumerate(value)]
+
+
+def _is_token_list(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(isinstance(token, int) and not isinstance(token, bool)
+                                                          for token in value)
+
+
+def _one_prompt(value: Any, where: str) -> str | tuple[int, ...]:
+    if isinstance(value, str):
+        if not value.strip():
+            raise ItemError(f"'{where}' must be a non-empty string", "prompt")
+        return value
+    if _is_token_list(value):
+        negative = next((token for token in value if token < 0), None)
+        if negative is not None:
+            raise ItemError(f"'{where}' holds the token id {negative}; token ids are >= 0", "prompt")
+        return tuple(value)
+    raise ItemError(f"'{where}' must be a non-empty string or a non-empty list of token ids", "prompt")
+
+
+def echo_fields(body: dict[str, Any], n: int) -> tuple[bool, bool, dict[str, Any]]:
+    """The completions API's echo: whether each choice repeats its prompt, whether only the
+    prompt is wanted (max_tokens 0: scoring; run as one token, left out of the answer), and the
+    body to run."""
+    echo = body.get("echo", False)
+    if echo is None:
+        echo = False
+    if not isinstance(echo, bool):
+        raise ItemError(f"'echo' must be true or false, got {json.dumps(echo)}", "echo")
+    if not echo:
+        return False, False, body
+    if n != 1:
+        raise ItemError("'echo' takes n = 1: every choice of a prompt would repeat the same scores", "n")
+    if body.get("stream"):
+        raise ItemError("'echo' cannot stream: ask for the whole answer (stream false)", "echo")
+    if body.get("max_tokens") == 0:
+        return True, True, body | {"max_tokens": 1}
+    return True, False, body
 
 
 def chat_messages(value: Any) -> list[dict[str, Any]]:

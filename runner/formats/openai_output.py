@@ -21,7 +21,7 @@ import uuid
 from typing import Any
 
 from ..sampling.logprobs import TokenLogprob
-from ..request import FinishReason, Result
+from ..request import FinishReason, Request, Result
 from ..tools import Delta, ReasoningDelta, TextDelta, ToolCallStart
 from .reader import PromptItem
 
@@ -95,14 +95,17 @@ def response_id(is_chat: bool) -> str:
     return f"{'chatcmpl' if is_chat else 'cmpl'}-{_uid()}"
 
 
-def usage_of(results: list[Result]) -> dict[str, Any]:
-    """Token usage of a response. The prompt is counted once, as OpenAI counts it for n > 1."""
-    completion_tokens = sum(result.completion_tokens for result in results)
-    usage = {"prompt_tokens": results[0].prompt_tokens, "completion_tokens": completion_tokens,
-             "total_tokens": results[0].prompt_tokens + completion_tokens,
+def usage_of(results: list[Result], num_prompts: int = 1, prompt_only: bool = False) -> dict[str, Any]:
+    """Token usage of a response. Each prompt is counted once, as OpenAI counts it for n > 1
+    (the choices of one prompt are consecutive); `prompt_only`: no output was asked for."""
+    firsts = results[::max(1, len(results) // num_prompts)]
+    prompt_tokens = sum(result.prompt_tokens for result in firsts)
+    completion_tokens = 0 if prompt_only else sum(result.completion_tokens for result in results)
+    usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+             "total_tokens": prompt_tokens + completion_tokens,
              # cached_tokens as OpenAI counts it (all reused); the part restored from RAM (--cache-ram) apart
-             "prompt_tokens_details": {"cached_tokens": results[0].prompt_tokens_cached,
-                                       "cached_tokens_from_ram": results[0].prompt_tokens_from_ram}}
+             "prompt_tokens_details": {"cached_tokens": sum(result.prompt_tokens_cached for result in firsts),
+                                       "cached_tokens_from_ram": sum(result.prompt_tokens_from_ram for result in firsts)}}
     drafted = sum(result.draft_tokens for result in results)
     if drafted:  # speculative decoding's draft tokens, in the fields OpenAI gives predicted outputs
         accepted = sum(result.draft_tokens_accepted for result in results)
@@ -118,13 +121,37 @@ def completion_body(item: PromptItem, results: list[Result], model_name: str, bo
         choices = [{"index": index, "message": chat_message(result), "logprobs": chat_logprobs(result.logprobs),
                     "finish_reason": result.finish_reason.value, **stop_reason(result)}
                    for index, result in enumerate(results)]
+    elif item.echo:
+        choices = [echoed_choice(index, request, result, item.echo_only)
+                   for index, (request, result) in enumerate(zip(item.requests, results))]
     else:
         choices = [{"index": index, "text": result.text, "logprobs": completion_logprobs(result.logprobs),
                     "finish_reason": result.finish_reason.value} for index, result in enumerate(results)]
     body = {"id": body_id or response_id(item.is_chat), "object": "chat.completion" if item.is_chat else "text_completion",
             "created": created if created is not None else int(time.time()), "model": model_name,
-            "choices": choices, "usage": usage_of(results)}
+            "choices": choices, "usage": usage_of(results, len(item.prompt_requests) or 1, item.echo_only)}
     return body | approximated_field(results)
+
+
+def echoed_choice(index: int, request: Request, result: Result, prompt_only: bool) -> dict[str, Any]:
+    """A completions choice that starts with its prompt (echo): the prompt's text and tokens,
+    the first token's log probability null (nothing comes before it), then the output's
+    tokens, the end-of-generation token that ended it included (scoring reads the entries
+    before the last as the prompt's). `prompt_only` (max_tokens 0): the prompt alone."""
+    prompt_text = request.prompt if isinstance(request.prompt, str) else \
+        b"".join(result.prompt_token_bytes).decode("utf-8", "replace")
+    text = prompt_text if prompt_only else prompt_text + result.text
+    choice = {"index": index, "text": text, "logprobs": None,
+              "finish_reason": FinishReason.LENGTH.value if prompt_only else result.finish_reason.value}
+    if result.logprobs is None or result.prompt_logprobs is None:
+        return choice
+    output = () if prompt_only else result.logprobs + ((result.end_logprob,) if result.end_logprob else ())
+    entries = completion_logprobs((*result.prompt_logprobs, *output))
+    first = result.prompt_token_bytes[0].decode("utf-8", "backslashreplace")
+    offsets = [0, *(len(first) + offset for offset in entries["text_offset"])]
+    choice["logprobs"] = {"tokens": [first, *entries["tokens"]], "token_logprobs": [None, *entries["token_logprobs"]],
+                          "top_logprobs": [None, *entries["top_logprobs"]], "text_offset": offsets}
+    return choice
 
 
 def stop_reason(result: Result) -> dict[str, Any]:

@@ -26,7 +26,7 @@ from typing import Any
 from ..config import SamplingParams
 from ..request import Request
 from .fields import (COMMON_FIELDS, IGNORED_OPENAI_FIELDS, SAMPLING_FIELDS, ItemError, chat_messages,
-                     check_constraint_compiles, choice_count, completion_logprobs, constraint_param, non_finite_path,
+                     check_constraint_compiles, choice_count, completion_logprobs, completion_prompts, echo_fields, constraint_param, non_finite_path,
                      reject_unsupported, response_format_overrides, sampling_overrides)
 from .lines import LineDecodeError, RawLine, decode_line, iter_lines
 from .tool_fields import TOOL_FIELDS, tool_overrides
@@ -55,8 +55,13 @@ class PromptItem:
     request: Request | None  # the request of choice 0 (of the only choice when n is 1)
     error: str | None = None  # why this line cannot run
     is_chat: bool = False  # for OpenAI output: a chat.completion rather than a text_completion
-    n: int = 1  # choices asked for
+    n: int = 1  # choices asked for (of every prompt, when the body gave a list of prompts)
     error_param: str | None = None  # the field the error is about (OpenAI's `param`)
+    # A completions body with a list of prompts: each prompt's request (`request` is the first's);
+    # its n choices each, in prompt order, are the item's choices.
+    prompt_requests: tuple[Request, ...] = ()
+    echo: bool = False  # completions' echo: each choice's text (and logprobs) start with its prompt's
+    echo_only: bool = False  # echo with max_tokens 0: the prompt alone (its scores), no output
 
     @property
     def is_valid(self) -> bool:
@@ -70,7 +75,10 @@ class PromptItem:
             return []
         if self.n == 1:
             return [self.request]
-        return [_choice_request(self.request, choice_id(self.id, index), index) for index in range(self.n)]
+        prompts = self.prompt_requests or (self.request,)
+        per_prompt = self.n // len(prompts)
+        return [_choice_request(prompts[index // per_prompt], choice_id(self.id, index), index % per_prompt)
+                for index in range(self.n)]
 
     @property
     def request_ids(self) -> list[str]:
@@ -125,7 +133,7 @@ def build_request(item_id: str, prompt: Any, messages: Any, overrides: dict[str,
         raise ItemError("tools need 'messages': a prompt is not rendered by the chat template", "tools")
     if prompt is None and messages is None:
         raise ItemError("needs a 'prompt' or 'messages'")
-    if prompt is not None and (not isinstance(prompt, str) or not prompt.strip()):
+    if prompt is not None and not isinstance(prompt, tuple) and (not isinstance(prompt, str) or not prompt.strip()):
         raise ItemError("'prompt' must be a non-empty string", "prompt")
     if messages is not None:
         messages = chat_messages(messages)
@@ -242,8 +250,15 @@ def openai_body_item(item_id: str, body: Any, is_chat: bool, defaults: SamplingP
     if not isinstance(body, dict):
         raise ItemError("the request body must be a JSON object", "body")
     n = choice_count(body.get("n", 1))
-    request = _openai_request(item_id, body, is_chat, defaults)
-    return PromptItem(line_number, item_id, request, is_chat=is_chat, n=n)
+    if is_chat:
+        if body.get("echo"):
+            raise ItemError("field 'echo' cannot be honoured for chat: it repeats a completions prompt", "echo")
+        return PromptItem(line_number, item_id, _openai_request(item_id, body, is_chat, defaults), is_chat=is_chat, n=n)
+    prompts = completion_prompts(body.get("prompt"))
+    echo, echo_only, body = echo_fields(body, n)
+    requests = tuple(_openai_request(item_id, body | {"prompt": prompt}, is_chat, defaults) for prompt in prompts)
+    return PromptItem(line_number, item_id, requests[0], is_chat=is_chat, n=n * len(requests),
+                      prompt_requests=requests if len(requests) > 1 else (), echo=echo, echo_only=echo_only)
 
 
 def _known_body_fields(is_chat: bool) -> set[str]:
@@ -265,7 +280,7 @@ def _openai_request(item_id: str, body: dict[str, Any], is_chat: bool, defaults:
     reject_unsupported(body)
     fields = dict(body)
     # The completions API's logprobs is a count of alternatives; the chat API's is true/false.
-    extra = {} if is_chat else completion_logprobs(fields.pop("logprobs", None))
+    extra = {} if is_chat else completion_logprobs(fields.pop("logprobs", None), bool(fields.pop("echo", None)))
     _reject_unknown(set(fields), _known_body_fields(is_chat))
     overrides = line_overrides(fields) | extra
     return build_request(item_id, fields.get("prompt"), fields.get("messages"), overrides, defaults,
