@@ -175,8 +175,8 @@ class Engine:
         plan = executed.plan
         for seq, error in executed.failed:
             seq.fail(error, overriding=True)  # what its slot holds is in doubt, even if it was cancelled
-        for seq, (start, scores) in executed.prompt_scores.items():
-            seq.record_prompt_scores(start, scores)
+        for seq, (start, scores) in executed.prompt_scores.items():  # a prompt computed again overwrites them
+            seq.prompt_logprobs[start:start + len(scores)] = scores
         for chunk in plan.chunks:
             chunk.seq.record_decoded(chunk.num_tokens, chunk.is_prefill, started)
         num_taken = {}  # output tokens each drafting sequence took this step

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 
 from ..request import FinishReason, Result, Timings
-from .sequence import Sequence
+from .sequence import Sequence, scores_prompt
 
 
 def result_of(seq: Sequence, parse: bool = True) -> Result:
@@ -36,9 +36,9 @@ def result_of(seq: Sequence, parse: bool = True) -> Result:
         tokens_shifted_out=seq.tokens_shifted_out,
         logprobs=None if seq.pieces.logprobs is None else tuple(seq.pieces.logprobs),
         end_logprob=seq.end_of_generation_logprob,
-        prompt_token_ids=tuple(seq.prompt_tokens) if seq.scores_prompt else (),
-        prompt_token_bytes=tuple(map(seq.sampler.token_bytes, seq.prompt_tokens)) if seq.scores_prompt else (),
-        prompt_logprobs=tuple(seq.prompt_logprobs) if seq.scores_prompt else None,
+        prompt_token_ids=tuple(seq.prompt_tokens) if scores_prompt(seq) else (),
+        prompt_token_bytes=tuple(map(seq.sampler.token_bytes, seq.prompt_tokens)) if scores_prompt(seq) else (),
+        prompt_logprobs=tuple(seq.prompt_logprobs) if scores_prompt(seq) else None,
         schema_error=seq.schema_error,
         approximated=seq.sampler.approximated,
         stop_string=seq.pieces.assembler.matched_stop,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..llama.batch import BatchEntry, ChunkRules
-from .sequence import Sequence, SequenceStatus
+from .sequence import Sequence, SequenceStatus, scores_prompt
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,7 +142,7 @@ class StepPlanner:
             tokens = seq.prompt_tokens[start:start + length]
             is_last = start + length == len(seq.prompt_tokens)
             chunks[seq.slot] = Chunk(seq, BatchEntry(seq.slot, tokens, seq.n_past, is_last,
-                                                     scores_prompt=seq.scores_prompt), True)
+                                                     scores_prompt=scores_prompt(seq)), True)
             budget -= length
             room -= length
         return StepPlan([chunks[slot] for slot in sorted(chunks)])

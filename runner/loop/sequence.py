@@ -128,17 +128,6 @@ class Sequence:
         return self.sampler.params
 
     @property
-    def scores_prompt(self) -> bool:
-        """Whether every prompt token's log probability is computed (its prompt then reuses no
-        cached prefix: a cache keeps KV, not the rows that scored it)."""
-        return self.sampler.params.prompt_logprobs is not None
-
-    def record_prompt_scores(self, start: int, scores: list[TokenLogprob]) -> None:
-        """The log probabilities of prompt tokens start + 1 on (a prompt computed again
-        overwrites what it scored before)."""
-        self.prompt_logprobs[start:start + len(scores)] = scores
-
-    @property
     def num_prompt_remaining(self) -> int:
         return len(self.prompt_tokens) - self.num_prefilled
 
@@ -356,3 +345,9 @@ def reusable_kv_tokens(seq: Sequence, with_generated: bool) -> np.ndarray:
     if not with_generated or seq.tokens_shifted_out or num_generated_in_kv <= 0:
         return seq.prompt_array[:reusable_prompt_length(seq)]
     return np.asarray(seq.prompt_tokens + seq.output_tokens[:num_generated_in_kv], dtype=np.int32)
+
+
+def scores_prompt(seq: Sequence) -> bool:
+    """Whether every prompt token's log probability is computed (then no prefix is reused: a
+    cache keeps KV, not the rows that scored it)."""
+    return seq.params.prompt_logprobs is not None

@@ -13,7 +13,7 @@ import numpy as np
 from ..llama.batch import ChunkRules
 from ..kv.hostcache import HostCache, HostEntry
 from ..kv.prefix import MIN_COPY_TOKENS, PrefixIndex, common_prefix_length, worth_waiting_for
-from .sequence import Sequence, SequenceStatus, reusable_prompt_length
+from .sequence import Sequence, SequenceStatus, reusable_prompt_length, scores_prompt
 from .waiting import WaitingQueue
 
 
@@ -67,7 +67,7 @@ class SlotChooser:
         """The slot for seq and the prefix it reuses; None to wait for one being prefilled."""
         if not self.prefix_cache:
             return Placement(free[0], free[0], 0)
-        if seq.scores_prompt:  # every prompt token is computed, for its row: the LRU slot, from nothing
+        if scores_prompt(seq):  # every prompt token is computed, for its row: the LRU slot, from nothing
             oldest = self.prefixes.least_recently_used([slot for slot in free if slot not in copy_sources] or free)
             return Placement(oldest, oldest, 0)
         prompt = seq.prompt_array
@@ -113,7 +113,7 @@ class SlotChooser:
 
     def waits_for_prefill(self, seq: Sequence) -> bool:
         """Whether admission would hold seq back for a prefix another slot is prefilling."""
-        if not self.prefix_cache or seq.parked is not None or seq.scores_prompt:
+        if not self.prefix_cache or seq.parked is not None or scores_prompt(seq):
             return False
         resident, in_flight = self.prefixes_for(seq.prompt_array)
         return worth_waiting_for(in_flight, max(resident))
