@@ -173,3 +173,19 @@ def test_a_stream_waiting_for_a_slot_gets_keep_alive_comments(make_runner, serve
     busy.close()  # the slot frees; the waiting stream then runs to its end
     lines = [line for line in waiting.read().splitlines() if line.startswith(b"data: ")]
     assert lines[-1] == b"data: [DONE]" and json.loads(lines[-2].removeprefix(b"data: "))["choices"]
+
+
+def test_the_listening_socket_gives_connections_without_nagles_delay():
+    """A kept-alive connection's next response (a stream's next event) goes out at once: with
+    Nagle's algorithm on, a body written after its headers waited for the client's delayed ACK,
+    40 ms a request (asyncio turns it off only for sockets made with protocol IPPROTO_TCP)."""
+    import socket
+
+    from multiseq.server.serve import open_socket
+
+    listener = open_socket("127.0.0.1", 0)
+    with listener, socket.create_connection(listener.getsockname()[:2]) as client:
+        accepted, _ = listener.accept()
+        with accepted:
+            assert accepted.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
+            assert accepted.proto == socket.IPPROTO_TCP
