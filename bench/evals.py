@@ -36,6 +36,7 @@ dataset_kwargs:
   data_files:
     test: {data}
 test_split: test
+fewshot_split: test
 output_type: multiple_choice
 doc_to_text: "Question: {{{{question}}}}\\nAnswer:"
 doc_to_choice: "{{{{choices}}}}"
@@ -77,12 +78,13 @@ def write_tasks(folder: Path, questions: int) -> None:
     (folder / "gen.yaml").write_text(GEN_TASK.format(data=folder / "arith.jsonl"))
 
 
-def run_lm_eval(base: str, model: str, folder: Path, task: str, concurrent: int) -> tuple[float, Path]:
+def run_lm_eval(base: str, model: str, folder: Path, task: str, concurrent: int, fewshot: int = 0) -> tuple[float, Path]:
     out = folder / f"out-{task}-{concurrent}"
     command = [sys.executable, "-m", "lm_eval", "--model", "local-completions", "--model_args",
                f"base_url={base}/v1/completions,model={model},tokenizer_backend=remote,"
                f"num_concurrent={concurrent},tokenized_requests=True",
-               "--tasks", task, "--include_path", str(folder), "--output_path", str(out), "--log_samples"]
+               "--tasks", task, "--include_path", str(folder), "--output_path", str(out), "--log_samples",
+               "--num_fewshot", str(fewshot)]
     env = os.environ | {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1"}
     started = time.perf_counter()
     completed = subprocess.run(command, capture_output=True, text=True, env=env)
@@ -133,6 +135,7 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--questions", type=int, default=60)
     parser.add_argument("--concurrent", type=int, default=16)
+    parser.add_argument("--fewshot", type=int, default=5, help="examples before each question (a long shared context)")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     # The reference (llama-cpp-python's defaults) runs without flash attention; on a CPU,
     # llama.cpp's flash attention moves a token's log probability by up to 0.25 here.
@@ -150,7 +153,7 @@ def main() -> None:
         _wait_healthy(server, base)
         timings = {}
         for concurrent in (args.concurrent, 1):
-            timings[concurrent], out = run_lm_eval(base, args.model, folder, "arith_mc", concurrent)
+            timings[concurrent], out = run_lm_eval(base, args.model, folder, "arith_mc", concurrent, args.fewshot)
             print(f"arith_mc, {concurrent} concurrent: {timings[concurrent]:.1f} s, "
                   f"acc {metric_of(out, 'arith_mc', 'acc'):.3f}", flush=True)
         mc_out = folder / f"out-arith_mc-{args.concurrent}"
@@ -175,7 +178,7 @@ def main() -> None:
     worst = max(abs(a - b) for a, b in zip(served, reference))
     distinct = sum(len(context) for context, _ in pairs[::4]) + sum(len(continuation) for _, continuation in pairs)
     computed = sum(len(context) + len(continuation) for context, continuation in pairs)
-    summary = {"model": args.model, "flash_attn": args.flash_attn, "questions": args.questions, "loglikelihood_requests": len(pairs),
+    summary = {"model": args.model, "flash_attn": args.flash_attn, "fewshot": args.fewshot, "questions": args.questions, "loglikelihood_requests": len(pairs),
                "mc_seconds": timings, "ratio_concurrent_to_one": timings[args.concurrent] / timings[1],
                "gen_seconds": gen_seconds, "max_abs_diff_vs_reference": worst,
                "same_choice_as_reference": sum(

@@ -96,3 +96,36 @@ def test_the_end_of_generation_token_that_ended_a_scored_output_keeps_its_log_pr
 def test_prompt_logprobs_is_none_or_a_count_up_to_20(value):
     with pytest.raises(ValueError, match="prompt_logprobs"):
         SamplingParams(prompt_logprobs=value)
+
+
+CONTEXT = "Question: which of these words names a colour of the clear sky at noon?\nAnswer:"
+CHOICES = [" blue", " green", " loud", " seven"]
+
+
+def test_a_scored_prompt_reuses_what_a_scored_prompt_left_with_its_scores_and_scores_as_if_computed_whole(make_runner):
+    """The choices of one question share their context: computed once, its scores kept with
+    its KV, the other choices compute only from the last shared token on."""
+    fresh = [make_runner(FakeBackend(noisy=True)).run_batch([scored(CONTEXT + choice)])[0] for choice in CHOICES]
+    runner = make_runner(FakeBackend(noisy=True))
+    one_by_one = [runner.run_batch([scored(CONTEXT + choice)])[0] for choice in CHOICES]
+    assert one_by_one[0].prompt_tokens_cached == 0
+    assert all(result.prompt_tokens_cached >= len(CONTEXT) for result in one_by_one[1:]), "the context is reused"
+    for reused, whole in zip(one_by_one, fresh):
+        assert reused.prompt_logprobs == whole.prompt_logprobs
+
+
+def test_choices_sent_together_wait_for_the_first_to_leave_the_shared_context(make_runner):
+    runner = make_runner(FakeBackend(noisy=True, num_slots=4))
+    together = runner.run_batch([scored(CONTEXT + choice) for choice in CHOICES])
+    fresh = make_runner(FakeBackend(noisy=True)).run_batch([scored(CONTEXT + CHOICES[-1])])[0]
+    assert sorted(result.prompt_tokens_cached > 0 for result in together) == [False, True, True, True]
+    assert together[-1].prompt_logprobs == fresh.prompt_logprobs
+
+
+def test_kept_scores_serve_fewer_alternatives_but_not_more(make_runner):
+    runner = make_runner(FakeBackend(noisy=True))
+    runner.run_batch([scored(CONTEXT + CHOICES[0], top=3)])
+    fewer, more = runner.run_batch([scored(CONTEXT + CHOICES[1], top=1)])[0], \
+        runner.run_batch([scored(CONTEXT + CHOICES[2], top=5)])[0]
+    assert fewer.prompt_tokens_cached > 0 and all(len(entry.top_logprobs) == 1 for entry in fewer.prompt_logprobs)
+    assert more.prompt_tokens_cached == 0 and all(len(entry.top_logprobs) == 5 for entry in more.prompt_logprobs)

@@ -14,6 +14,8 @@ array per slot, compared with numpy.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 # A copy costs ~1-5 ms of llama_decode time; prefilling a few tokens in a batch costs less.
@@ -29,6 +31,15 @@ def worth_waiting_for(num_in_flight: int, num_held: int) -> bool:
     return num_in_flight >= num_held + MIN_WAIT_TOKENS
 
 _EMPTY = np.zeros(0, dtype=np.int32)
+
+
+@dataclass(frozen=True)
+class KeptScores:
+    """A scored prompt's log probabilities (TokenLogprobs of its tokens 1, 2, ...), kept with its
+    KV: a later scored prompt that starts the same way reuses both (the rows are gone)."""
+
+    logprobs: tuple
+    num_top: int  # the alternatives each holds
 
 
 def common_prefix_length(first: np.ndarray, second: np.ndarray) -> int:
@@ -51,20 +62,28 @@ class PrefixIndex:
     def __init__(self, num_slots: int) -> None:
         self._kept: list[np.ndarray] = [_EMPTY] * num_slots
         self._last_used: list[float] = [0.0] * num_slots
+        self._scores: list[KeptScores | None] = [None] * num_slots
 
-    def keep(self, slot: int, tokens: np.ndarray, now: float) -> None:
-        """A freed slot's KV holds `tokens` at positions 0..len-1."""
+    def keep(self, slot: int, tokens: np.ndarray, now: float, scores: KeptScores | None = None) -> None:
+        """A freed slot's KV holds `tokens` at positions 0..len-1 (and, for a scored prompt,
+        the log probabilities of its tokens after the first)."""
         self._kept[slot] = tokens
         self._last_used[slot] = now
+        self._scores[slot] = scores
 
     def take(self, slot: int) -> np.ndarray:
         """The tokens a free slot kept, now handed to a new sequence (which owns them)."""
         tokens, self._kept[slot] = self._kept[slot], _EMPTY
         self._last_used[slot] = 0.0  # an empty slot is the first to give away
+        self._scores[slot] = None
         return tokens
 
     def kept(self, slot: int) -> np.ndarray:
         return self._kept[slot]
+
+    def scores(self, slot: int) -> KeptScores | None:
+        """The log probabilities of the kept tokens after the first, when a scored prompt left them."""
+        return self._scores[slot]
 
     def last_used(self, slot: int) -> float:
         return self._last_used[slot]

@@ -18,8 +18,8 @@ from ..config import OverflowPolicy
 from ..kv.hostcache import HostCache, HostEntry
 from ..kv.pool import CellLedger
 from .planning import StepPlan, StepPlanner
-from ..kv.prefix import PrefixIndex
-from .sequence import Sequence, SequenceStatus, reusable_kv_tokens
+from ..kv.prefix import KeptScores, PrefixIndex
+from .sequence import Sequence, SequenceStatus, reusable_kv_tokens, scores_prompt
 from .slot_choice import IdleEviction, Placement, SlotChooser
 from .waiting import WaitingQueue
 
@@ -197,6 +197,7 @@ class Scheduler:
                 seq.resume(placement.slot)
             else:
                 seq.admit(placement.slot, now, placement.num_cached, from_host=placement.host_entry is not None)
+                seq.prompt_logprobs[:] = placement.prompt_scores
             self.waiting.remove(seq)
             evicted = self.prefixes.take(placement.slot)
             if placement.source_slot not in (None, placement.slot):
@@ -277,7 +278,8 @@ class Scheduler:
         if seq.slot is not None and self.slots[seq.slot] is seq:
             self.slots[seq.slot] = None
             kept = reusable_kv_tokens(seq, self.keeps_generated) if self.prefix_cache and keeps_prefix else _NONE
-            self.prefixes.keep(seq.slot, kept, now)
+            scores = KeptScores(tuple(seq.prompt_logprobs), seq.params.prompt_logprobs) if scores_prompt(seq) else None
+            self.prefixes.keep(seq.slot, kept, now, scores if len(kept) else None)
             return len(kept)
         if seq in self.waiting:
             self.waiting.remove(seq)

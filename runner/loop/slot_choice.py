@@ -6,6 +6,7 @@ Pure Python over the scheduler's slots, kept prefixes and queue, which it reads 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,6 +29,7 @@ class Placement:
     source_slot: int | None
     num_cached: int
     host_entry: HostEntry | None = None
+    prompt_scores: tuple = ()  # a scored prompt's: the log probabilities its reused prefix brings
 
 
 @dataclass(frozen=True)
@@ -67,9 +69,8 @@ class SlotChooser:
         """The slot for seq and the prefix it reuses; None to wait for one being prefilled."""
         if not self.prefix_cache:
             return Placement(free[0], free[0], 0)
-        if scores_prompt(seq):  # every prompt token is computed, for its row: the LRU slot, from nothing
-            oldest = self.prefixes.least_recently_used([slot for slot in free if slot not in copy_sources] or free)
-            return Placement(oldest, oldest, 0)
+        if scores_prompt(seq):
+            return self._place_scored(seq, free, copy_sources)
         prompt = seq.prompt_array
         resident, in_flight = self.prefixes_for(prompt)
         best = max(range(len(self.slots)), key=resident.__getitem__)
@@ -84,6 +85,44 @@ class SlotChooser:
         else:  # too little in common to be worth evicting another prompt for (a BOS, a template header)
             placement = Placement(oldest, oldest, resident[oldest])
         return self._restored_instead(placement, prompt, [slot for slot in free if slot not in copy_sources])
+
+    def _place_scored(self, seq: Sequence, free: list[int], copy_sources: set[int]) -> Placement | None:
+        """A scored prompt reuses only a prefix a scored prompt left, with its log probabilities
+        (a cache keeps KV, not rows): the longest one (copied, so that the source stays for the
+        prompts behind it, the other choices of one question), or waits for a scored prompt
+        being computed that will leave a longer one; else it is computed from nothing."""
+        prompt, num_top = seq.prompt_array, seq.params.prompt_logprobs
+        best, best_length = None, 0
+        for slot in free:
+            kept = self.prefixes.scores(slot)
+            if kept is None or kept.num_top < num_top:
+                continue
+            common = min(common_prefix_length(self.prefixes.kept(slot), prompt), len(kept.logprobs) + 1)
+            # The row of the last token reused is gone: the prompt goes on from the one before it.
+            length = self.chunk_rules.reusable(common - 1, len(prompt)) if common > 1 else 0
+            if length > best_length:
+                best, best_length = slot, length
+        if worth_waiting_for(self._scored_in_flight(prompt), best_length):
+            return None
+        # Not over another question's scored context, whose other choices may be on their way.
+        targets = [slot for slot in free if slot not in copy_sources and slot != best] or free
+        unscored = [slot for slot in targets if self.prefixes.scores(slot) is None]
+        target = self.prefixes.least_recently_used(unscored or targets)
+        if best is None:
+            return Placement(target, target, 0)
+        scores = self.prefixes.scores(best).logprobs[:best_length]
+        if num_top < self.prefixes.scores(best).num_top:
+            scores = tuple(dataclasses.replace(entry, top_logprobs=entry.top_logprobs[:num_top]) for entry in scores)
+        return Placement(target, best, best_length, prompt_scores=scores)
+
+    def _scored_in_flight(self, prompt: np.ndarray) -> int:
+        """The longest prefix of `prompt` that a scored prompt in a slot will leave with its
+        log probabilities (one still being computed, or one token from the end)."""
+        longest = 0
+        for holder in self.slots:
+            if holder is not None and scores_prompt(holder) and holder.max_tokens - len(holder.output_tokens) <= 1:
+                longest = max(longest, common_prefix_length(holder.prompt_array, prompt) - 1)
+        return longest
 
     def prefixes_for(self, prompt: np.ndarray) -> tuple[list[int], int]:
         """How much of the prompt each slot's KV holds (reusable by the chunk rules), and the
