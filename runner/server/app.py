@@ -22,7 +22,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from ..loop.runner import Runner
-from . import batch_api, messages, responses, tokens
+from . import batch_api, messages, native, responses, tokens
 from .chat import chat_completions, completions
 from .door import ApiKeyGuard, SiteGuard, cors_options
 from .errors import INVALID_REQUEST, NOT_FOUND, SERVER_ERROR, ApiError, internal_error
@@ -120,6 +120,9 @@ def create_app(runner: Runner | None = None, settings: ServerSettings | None = N
         Route("/tokenize", tokens.tokenize, methods=["POST"]),
         Route("/detokenize", tokens.detokenize, methods=["POST"]),
         Route("/tokenizer_info", tokens.tokenizer_info, methods=["GET"]),
+        Route("/completion", native.completion, methods=["POST"]),
+        Route("/completions", native.completion, methods=["POST"]),
+        Route("/apply-template", native.apply_template, methods=["POST"]),
         *batch_api.ROUTES,
         *responses.ROUTES,
     ]

@@ -64,6 +64,14 @@ class CompletionCall:
     async def completion(self, request: HttpRequest) -> dict[str, Any] | None:
         """The whole chat.completion (or text_completion) body; None when the client went away
         first (its requests are cancelled). Raises ApiError when a choice failed."""
+        results = await self.results(request)
+        if results is None:
+            return None
+        return completion_body(self.job.item, results, self._state.settings.model_name, self.body_id)
+
+    async def results(self, request: HttpRequest) -> list[Result] | None:
+        """Every choice's result; None when the client went away first (its requests are
+        cancelled). Raises ApiError when a choice failed."""
         results = await _results_unless_disconnected(request, self.job)
         if results is None:
             return None
@@ -71,7 +79,7 @@ class CompletionCall:
         failure = failure_of(results)
         if failure is not None:
             raise _failure_error(failure, results.index(failure), len(results))
-        return completion_body(self.job.item, results, self._state.settings.model_name, self.body_id)
+        return results
 
     async def events(self) -> AsyncIterator[StreamEvent]:
         """The answer as typed events (runner/server/stream.py), what the Responses and Messages

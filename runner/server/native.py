@@ -1,0 +1,139 @@
+"""llama-server's native doors, for the editors and tools written against it (Continue's
+llama.cpp provider, llama.vscode):
+
+    POST /completion (and /completions)  {"prompt", "n_predict", "stream", "stop", "n_probs", ...}
+        -> {"content", "stop": true, "stop_type", "stopping_word", "tokens_predicted",
+            "tokens_evaluated", "tokens_cached", "completion_probabilities" (with n_probs), ...};
+        streamed: a `data: {"content", "stop": false}` event per piece, then one with "stop": true
+    POST /apply-template  {"messages"} -> {"prompt"}: the chat rendered, as the model would see it
+
+A /completion body becomes a /v1/completions body (the same validation, queue and engine) and
+its answer is written in llama-server's shape.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.requests import Request as HttpRequest
+from starlette.responses import JSONResponse, Response
+
+from ..formats.fields import ItemError, chat_messages
+from ..request import FinishReason, Result
+from .bodies import read_json
+from .chat import start_completion
+from .errors import INVALID_REQUEST, ApiError
+from .sse import EventStream, sse
+from .stream import ChoiceEnds, StreamFails, TextPart, UsageKnown
+
+# llama-server's names of the sampling fields, and the /v1/completions names they go by here.
+_RENAMED = {"n_predict": "max_tokens"}
+_PASSED = ("prompt", "temperature", "top_k", "top_p", "min_p", "seed", "stop", "presence_penalty", "frequency_penalty",
+           "repeat_penalty", "ignore_eos", "min_tokens", "logit_bias", "grammar", "json_schema", "stream")
+# llama-server's fields that change nothing here (its cache, slots and timing knobs).
+_IGNORED = {"cache_prompt", "id_slot", "t_max_predict_ms", "t_max_prompt_ms", "samplers", "return_tokens",
+            "n_indent", "n_keep", "n_cmpl", "typical_p", "dynamic_temperature", "mirostat", "dry_multiplier",
+            "post_sampling_probs", "response_fields", "model", "timings_per_token", "return_progress"}
+
+
+def openai_body_of(body: dict[str, Any]) -> dict[str, Any]:
+    """The /v1/completions body of a /completion body; a 400 naming a field it cannot take."""
+    unknown = sorted(set(body) - set(_PASSED) - set(_RENAMED) - _IGNORED - {"n_probs"})
+    if unknown:
+        raise ApiError(400, f"{unknown[0]!r} is not a /completion field this server knows", INVALID_REQUEST, unknown[0])
+    if "prompt" not in body:
+        raise ApiError(400, "'prompt' is required: the text (or token ids) to complete", INVALID_REQUEST, "prompt")
+    converted = {name: body[name] for name in _PASSED if body.get(name) is not None}
+    for native, name in _RENAMED.items():
+        if body.get(native) is not None:
+            converted[name] = body[native]
+    if converted.get("max_tokens") == -1:  # llama-server's "until the end"
+        del converted["max_tokens"]
+    n_probs = body.get("n_probs")
+    if n_probs:
+        converted["logprobs"] = n_probs
+    return converted
+
+
+async def completion(request: HttpRequest) -> Response:
+    state = request.app.state.server
+    state.ready_runner()
+    body = await read_json(request, state.settings.max_body_bytes)
+    converted = openai_body_of(body)
+    call = await start_completion(request, converted, False, "completion")
+    model = state.settings.model_name
+    if converted.get("stream"):
+        return EventStream(_events(call, model), on_disconnect=call.cancel)
+    results = await call.results(request)
+    if results is None:  # the client went away: its request was cancelled
+        return Response(status_code=499)
+    answer = final_body(results[0], model)
+    if body.get("n_probs"):
+        answer["completion_probabilities"] = completion_probabilities(results[0])
+    return JSONResponse(answer)
+
+
+async def _events(call, model: str) -> AsyncIterator[str]:
+    """llama-server's stream: the text piece by piece, then the end with the counts."""
+    ending: ChoiceEnds | None = None
+    async for event in call.events():
+        if isinstance(event, TextPart) and event.text:
+            yield sse({"index": 0, "content": event.text, "tokens": [], "stop": False, "id_slot": -1})
+        elif isinstance(event, ChoiceEnds):
+            ending = event
+        elif isinstance(event, StreamFails):
+            yield sse(event.body)
+            return
+        elif isinstance(event, UsageKnown) and ending is not None:
+            usage = event.usage
+            yield sse({"index": 0, "content": "", "tokens": [], "stop": True, "id_slot": -1, "model": model,
+                       **_stop_fields(ending.finish_reason, ending.stop_string),
+                       "tokens_predicted": usage["completion_tokens"], "tokens_evaluated": usage["prompt_tokens"],
+                       "tokens_cached": usage["prompt_tokens_details"]["cached_tokens"]})
+
+
+def final_body(result: Result, model: str) -> dict[str, Any]:
+    """A whole /completion answer, in llama-server's fields."""
+    return {"index": 0, "content": result.text, "tokens": [], "id_slot": -1, "stop": True, "model": model,
+            "tokens_predicted": result.completion_tokens, "tokens_evaluated": result.prompt_tokens,
+            "has_new_line": "\n" in result.text, "truncated": result.truncated,
+            **_stop_fields(result.finish_reason.value, result.stop_string),
+            "tokens_cached": result.prompt_tokens_cached,
+            "timings": {"prompt_n": result.prompt_tokens - result.prompt_tokens_cached,
+                        "predicted_n": result.completion_tokens}}
+
+
+def _stop_fields(finish_reason: str, stop_string: str | None) -> dict[str, Any]:
+    if finish_reason == FinishReason.LENGTH.value:
+        return {"stop_type": "limit", "stopping_word": ""}
+    if stop_string is not None:
+        return {"stop_type": "word", "stopping_word": stop_string}
+    return {"stop_type": "eos", "stopping_word": ""}
+
+
+def completion_probabilities(result: Result) -> list[dict[str, Any]]:
+    """Each output token with its log probability and the most likely alternatives (n_probs)."""
+    def entry(token_id: int, token_bytes: bytes, logprob: float) -> dict[str, Any]:
+        return {"id": token_id, "token": token_bytes.decode("utf-8", "replace"), "bytes": list(token_bytes),
+                "logprob": logprob}
+
+    return [entry(item.token_id, item.token_bytes, item.logprob)
+            | {"top_logprobs": [entry(top.token_id, top.token_bytes, top.logprob) for top in item.top_logprobs]}
+            for item in result.logprobs or ()]
+
+
+async def apply_template(request: HttpRequest) -> Response:
+    """The prompt a chat renders to in the model's template (with the assistant's turn opened)."""
+    state = request.app.state.server
+    runner = state.ready_runner()
+    body = await read_json(request, state.settings.max_body_bytes)
+    try:
+        messages = tuple(chat_messages(body.get("messages")))
+    except ItemError as error:
+        raise ApiError(400, str(error), INVALID_REQUEST, error.param) from None
+    try:
+        prompt = await state.pools.prepare(runner.backend.render_chat, messages)
+    except ValueError as error:
+        raise ApiError(400, f"'messages': {error}", INVALID_REQUEST, "messages") from None
+    return JSONResponse({"prompt": prompt})
