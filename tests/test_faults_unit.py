@@ -315,7 +315,12 @@ def test_batch_run_after_an_engine_failure_exits_non_zero_and_resume_finishes_th
     broken.fail_decodes_after = 3  # four lines decode together, then every decode fails
     assert fake_job(prompts, out, backend=broken) == 1
     written = read_jsonl(out)
-    assert written and all("the engine stopped" in line["error"] for line in written if line["error"])
+    # How many lines share the first failing decode depends on how fast the reader feeds them
+    # (a busy machine: fewer): the ones that failed alone before the engine was judged at fault
+    # say their decode failed; the rest, that the engine stopped.
+    errors = [line["error"] for line in written if line["error"]]
+    assert any("the engine stopped" in error for error in errors)
+    assert all("the engine stopped" in error or "llama_decode failed" in error for error in errors), errors
     assert len(written) < 40, "lines read after the failure are not run (nor written)"
     assert "not started (--resume runs them and the failed ones)" in capsys.readouterr().err
     assert fake_job(prompts, out, resume=True) == 0

@@ -50,7 +50,7 @@ def texts_by_id(records: list[dict]) -> dict[str, str]:
     return {record["id"]: record["text"] for record in records}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # under pytest-xdist a module's fixtures may be set up again mid-module
 def plain_texts(tmp_path_factory) -> dict[str, str]:
     """The rows' texts from a plain batch-run (no Ray), with the options the Ray runs use."""
     folder = tmp_path_factory.mktemp("plain")

@@ -123,7 +123,7 @@ def test_ray_options_without_ray_or_with_the_dashboard_are_usage_errors(run_cli)
 
 # --- two replicas --------------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # under pytest-xdist a module's fixtures may be set up again mid-module
 def base_url(ray_cluster, tmp_path_factory):
     """The tests' local Ray (conftest: a CPU for each replica and one spare, for an application
     that cannot start), the application on Ray Serve's proxy at a free port."""
