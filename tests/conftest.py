@@ -20,7 +20,7 @@ from click.testing import CliRunner
 os.environ.setdefault("MULTISEQ_VERIFY_READER", "1")
 
 from fakes import FakeBackend
-from helpers import TEST_SEED, TEST_THREADS, serving
+from helpers import TEST_SEED, TEST_THREADS, cores_per_worker, serving
 
 # The servers, batch-runs and examples the tests start in other processes use this worker's
 # share of the cores too (the default of -t and RunnerConfig.threads).
@@ -43,7 +43,7 @@ def pytest_report_header(config):
     """The seed and thread count of this run, to run a failure again as it was (the threads are
     each worker's under pytest-xdist, whose workers are not started yet when this is written)."""
     workers = config.getoption("numprocesses", None) or 0
-    threads = THREADS if workers <= 1 or "MULTISEQ_TEST_THREADS" in os.environ else max(1, (os.cpu_count() or 1) // workers)
+    threads = THREADS if workers <= 1 or "MULTISEQ_TEST_THREADS" in os.environ else cores_per_worker(workers)
     return (f"multiseq: MULTISEQ_TEST_SEED={SEED} MULTISEQ_TEST_THREADS={threads} "
             f"(the runners' seed and threads; set both to reproduce this run)")
 

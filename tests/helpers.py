@@ -129,11 +129,10 @@ def _env_int(name: str, default: int, minimum: int) -> int:
     return number
 
 
-def _cores_per_worker() -> int:
-    """This process's share of the cores: all of them, or under pytest-xdist an even split
+def cores_per_worker(workers: int) -> int:
+    """A test process's share of the cores: all of them, or under pytest-xdist an even split
     between its workers (llama.cpp's threads spin on their cores while a step runs, so two
     workers with every core each would take turns at a spin's pace)."""
-    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     return max(1, (os.cpu_count() or 1) // max(1, workers))
 
 
@@ -141,7 +140,8 @@ def _cores_per_worker() -> int:
 # give some draw (sampling_seed); MULTISEQ_TEST_THREADS: the real runners' threads. pytest's
 # header prints both, so that a failure can be run again as it was.
 TEST_SEED = _env_int("MULTISEQ_TEST_SEED", 0, 0)
-TEST_THREADS = _env_int("MULTISEQ_TEST_THREADS", _cores_per_worker(), 1)
+TEST_THREADS = _env_int("MULTISEQ_TEST_THREADS",
+                        cores_per_worker(int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))), 1)
 
 
 def sampling_seed(base: int) -> int:

@@ -26,8 +26,8 @@ from typing import Any
 from ..config import SamplingParams
 from ..request import Request
 from .fields import (COMMON_FIELDS, IGNORED_OPENAI_FIELDS, SAMPLING_FIELDS, ItemError, chat_messages,
-                     check_constraint_compiles, choice_count, completion_logprobs, completion_prompts, echo_fields, constraint_param, non_finite_path,
-                     reject_unsupported, response_format_overrides, sampling_overrides)
+                     check_constraint_compiles, choice_count, completion_logprobs, completion_prompts, constraint_param,
+                     echo_fields, non_finite_path, reject_unsupported, response_format_overrides, sampling_overrides)
 from .lines import LineDecodeError, RawLine, decode_line, iter_lines
 from .tool_fields import TOOL_FIELDS, tool_overrides
 

@@ -54,8 +54,7 @@ def token_logprob(raw_row: np.ndarray, token: int, num_top: int,
     top: tuple[TopLogprob, ...] = ()
     if num_top:
         ids, values = top_k_sorted(raw_row[None, :], min(num_top, raw_row.shape[0]))
-        top = tuple(TopLogprob(int(i), token_bytes(int(i)), float(v) - normalizer)
-                    for i, v in zip(ids[0].tolist(), values[0].tolist()))
+        top = _top_entries(ids[0], values[0], normalizer, token_bytes)
     return TokenLogprob(token, token_bytes(token), float(raw_row[token]) - normalizer, top)
 
 
@@ -72,8 +71,7 @@ def prompt_logprobs(rows: np.ndarray, targets: list[int], num_top: int,
     tops: list[tuple[TopLogprob, ...]] = [()] * len(targets)
     if num_top:
         ids, top_values = top_k_sorted(rows, min(num_top, rows.shape[1]))
-        tops = [tuple(TopLogprob(int(i), token_bytes(int(i)), float(v) - normalizer)
-                      for i, v in zip(row_ids.tolist(), row_values.tolist()))
+        tops = [_top_entries(row_ids, row_values, normalizer, token_bytes)
                 for row_ids, row_values, normalizer in zip(ids, top_values, normalizers.tolist())]
     return [TokenLogprob(token, token_bytes(token), float(logprob), top)
             for token, logprob, top in zip(targets, chosen.tolist(), tops)]
@@ -84,3 +82,10 @@ def _log_normalizers(rows: np.ndarray) -> np.ndarray:
     float64's time over a 49k vocabulary), summed in float64 (within 1e-8 of log_normalizer)."""
     peaks = np.fmax.reduce(rows, axis=1)
     return peaks.astype(np.float64) + np.log(np.exp(rows - peaks[:, None]).sum(axis=1, dtype=np.float64))
+
+
+def _top_entries(ids: np.ndarray, values: np.ndarray, normalizer: float,
+                 token_bytes: Callable[[int], bytes]) -> tuple[TopLogprob, ...]:
+    """One row's most likely tokens (ids and raw values, most likely first) as log probabilities."""
+    return tuple(TopLogprob(int(i), token_bytes(int(i)), float(v) - normalizer)
+                 for i, v in zip(ids.tolist(), values.tolist()))
