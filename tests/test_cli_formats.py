@@ -60,6 +60,37 @@ def test_openai_batch_input_gives_openai_batch_output(tmp_path, run_cli, read_js
     assert bad["response"]["status_code"] == 400 and bad["error"] is None
     assert "line 3" in error["message"] and error["param"] == "url" and error["type"] == "invalid_request_error"
 
+def test_scoring_lines_run_like_any_other(tmp_path, run_cli, read_jsonl):
+    """An eval's loglikelihood requests as Batch API lines: echo with logprobs scores every
+    prompt token (max_tokens 0: the prompt alone), a list of prompts gives a choice each, and
+    echo with n > 1 is that line's 400 while the others run."""
+    prompts = write(tmp_path / "batch.jsonl", [
+        {"custom_id": "score", "method": "POST", "url": "/v1/completions",
+         "body": {"prompt": "The capital of France is Paris", "max_tokens": 0, "echo": True, "logprobs": 1}},
+        {"custom_id": "pair", "method": "POST", "url": "/v1/completions",
+         "body": {"prompt": ["One two", "three four"], "max_tokens": 1, "echo": True, "logprobs": 2,
+                  "temperature": 0}},
+        {"custom_id": "bad", "method": "POST", "url": "/v1/completions",
+         "body": {"prompt": "x", "max_tokens": 1, "echo": True, "n": 2}},
+    ])
+    out = tmp_path / "out.jsonl"
+    result = run_cli("batch-run", str(prompts), "-o", str(out), "-np", "4", "--slot-ctx", "256")
+    assert result.exit_code == 1, result.output  # the bad line failed
+    records = {record["custom_id"]: record for record in read_jsonl(out)}
+    [scored] = records["score"]["response"]["body"]["choices"]
+    assert scored["text"] == "The capital of France is Paris"
+    logprobs = scored["logprobs"]
+    assert logprobs["token_logprobs"][0] is None and len(logprobs["tokens"]) >= 6
+    assert all(value < 0 for value in logprobs["token_logprobs"][1:])
+    assert [len(top) for top in logprobs["top_logprobs"][1:]] == [1] * (len(logprobs["tokens"]) - 1)
+    pair = records["pair"]["response"]["body"]["choices"]
+    assert [choice["text"][:len(prompt)] for choice, prompt in zip(pair, ("One two", "three four"))] == \
+        ["One two", "three four"]
+    assert all(len(choice["logprobs"]["tokens"]) == 3 for choice in pair)  # two prompt tokens, one generated
+    bad = records["bad"]["response"]
+    assert bad["status_code"] == 400 and bad["body"]["error"]["param"] == "n"
+
+
 
 def test_format_can_be_forced(tmp_path, run_cli, read_jsonl):
     prompts = write(tmp_path / "prompts.jsonl", [{"prompt": "a"}, {"prompt": "b"}])
