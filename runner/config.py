@@ -156,6 +156,12 @@ class SamplingParams:
     # prompt token's after the first, with the k most likely alternatives at its position (0-20).
     # Such a prompt is computed whole, never reused from a cache (whose rows are gone).
     prompt_logprobs: int | None = None
+    # Code completion's limits (llama-server's n_indent and t_max_predict_ms): the output ends
+    # at a line, after its first, indented by fewer than min_indent spaces or tabs (that line's
+    # indentation kept, its text dropped), and at the first new line after newline_deadline_ms
+    # of generating. 0: no limit.
+    min_indent: int = 0
+    newline_deadline_ms: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stop", _stop_strings(self.stop))
@@ -191,6 +197,9 @@ class SamplingParams:
         _require(self.prompt_logprobs is None or (is_int(self.prompt_logprobs)
                                                   and 0 <= self.prompt_logprobs <= MAX_TOP_LOGPROBS),
                  f"prompt_logprobs must be None or an integer in [0, {MAX_TOP_LOGPROBS}], got {self.prompt_logprobs!r}")
+        for name in ("min_indent", "newline_deadline_ms"):
+            value = getattr(self, name)
+            _require(is_int(value) and value >= 0, f"{name} must be an integer >= 0, got {value!r}")
 
     def _check_logit_bias(self) -> None:
         if self.logit_bias is None:

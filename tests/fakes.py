@@ -25,12 +25,16 @@ from dataclasses import dataclass
 import numpy as np
 
 from multiseq.llama.batch import ChainSpec, ChunkRules
+from multiseq.llama.text import FimTokens
 from multiseq.errors import BackendError, NoKvSlot
 from multiseq.sampling.grammar import tokenizer_from_pieces
 
 BOS = 256
 EOS = 257
 VOCAB = 512  # bytes, BOS, EOS and unused ids; a multiple of 16 so the sampler's block path runs
+# Fill-in-the-middle markers of the fake vocabulary (FakeBackend(fim=True)): prefix, suffix,
+# middle, repository, file separator.
+FIM_PRE, FIM_SUF, FIM_MID, FIM_REP, FIM_SEP = 260, 261, 262, 263, 264
 PEAK = 20.0  # greedy and low-temperature sampling follow the script
 NOISY_PEAK = 2.0  # with noise of the same size, sampling has many likely tokens
 _grammar_tokenizer = None
@@ -101,8 +105,9 @@ class FakeBackend:
                  noisy: bool = False, can_shift: bool = True, decode_delay: float = 0.0,
                  no_kv_slot_above: int | None = None, sliding_window: int | None = None,
                  chunk_rules: ChunkRules = ChunkRules(exact_reuse=False), state_bytes_per_token: int = 0,
-                 pool_size: int | None = None, windows_while_they_fit: bool = False) -> None:
+                 pool_size: int | None = None, windows_while_they_fit: bool = False, fim: bool = False) -> None:
         self.num_slots = num_slots
+        self.fim = fim
         self.window = window
         # A pool held in a window per slot while they fit (LlamaBackend's windows_while_they_fit):
         # moves are recorded; the cells stay as they are, as a move keeps every slot's KV.
@@ -162,8 +167,16 @@ class FakeBackend:
 
     # --- text --------------------------------------------------------------------------------
 
-    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
         return [BOS, *text.encode("utf-8")] if add_special else list(text.encode("utf-8"))
+
+    bos_token = BOS
+
+    def fim_tokens(self) -> FimTokens:
+        return FimTokens(FIM_PRE, FIM_SUF, FIM_MID, FIM_REP, FIM_SEP) if self.fim else FimTokens()
+
+    def render_tokens(self, tokens: list[int]) -> str:
+        return "".join(chr(token) if token < 256 else f"<{token}>" for token in tokens)
 
     chat_template_source = None  # no Jinja template: tools take the generic format
 

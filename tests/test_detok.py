@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from multiseq.loop.detok import IncrementalDetokenizer, StopMatcher, TextAssembler
+from multiseq.loop.detok import IncrementalDetokenizer, IndentLimit, StopMatcher, TextAssembler
 
 
 def test_a_character_split_across_pieces_comes_out_whole():
@@ -45,3 +45,43 @@ def test_assembler_flushes_held_text_at_the_end():
     text, stopped = assembler.feed(b"line\n")
     assert (text, stopped) == ("line", False)
     assert assembler.flush() == "\n"
+
+
+def feed_all(limit: IndentLimit, pieces: list[str]) -> str:
+    return "".join(limit.feed(piece) for piece in pieces) + limit.flush()
+
+
+def test_a_block_ends_at_the_first_line_indented_less_keeping_its_indentation():
+    """llama-server's n_indent: the completion of an indented block stops where it dedents."""
+    pieces = ["    return", " x\n", "  ", "  y = 1\n", "  z", " = 2\n    w"]
+    limit = IndentLimit(4)
+    assert feed_all(limit, pieces) == "    return x\n    y = 1\n  " and limit.reached
+
+
+def test_the_first_line_is_never_cut_and_deep_enough_lines_go_on():
+    limit = IndentLimit(4)
+    assert feed_all(limit, ["x", "\n\t\t\t\tok\n", "     also\n"]) == "x\n\t\t\t\tok\n     also\n"
+    assert not limit.reached
+
+
+def test_an_empty_line_ends_an_indented_block():
+    limit = IndentLimit(2)
+    assert feed_all(limit, ["a\n", "\n", "  b"]) == "a\n" and limit.reached
+
+
+def test_a_lines_indentation_is_held_until_its_first_character_and_released_at_the_end():
+    limit = IndentLimit(4)
+    assert limit.feed("a\n  ") == "a\n"
+    assert limit.feed("  ") == ""
+    assert limit.feed("b") == "    b"
+    assert limit.feed("\n ") == "\n" and limit.flush() == " "
+
+
+def test_no_limit_passes_text_as_it_comes():
+    assert feed_all(IndentLimit(0), ["a\n", "b\n", ""]) == "a\nb\n"
+
+
+def test_assembler_applies_the_indent_limit_after_stop_strings():
+    assembler = TextAssembler(("STOP",), min_indent=2)
+    assert assembler.feed(b"x\n  y\nz") == ("x\n  y\n", False)
+    assert assembler.reached_indent_limit and assembler.flush() == ""

@@ -110,3 +110,37 @@ def test_a_required_call_in_deepseeks_syntax_comes_back_as_a_tool_call(deepseek_
     assert pieces[0].function.name == "get_weather"
     assert "".join(piece.function.arguments or "" for piece in pieces) == call.function.arguments
     assert chunks[-1].finish_reason == "tool_calls"
+
+
+# --- fill-in-the-middle with a real FIM vocabulary (Qwen2's, which DeepSeek's distill keeps) -----
+
+def test_infill_lays_out_the_real_vocabularys_fim_tokens(deepseek_client, tiny_model):
+    """llama-server's repository-level layout with the markers llama.cpp finds in the vocabulary
+    (<|fim_prefix|>..., <|repo_name|>, <|file_sep|>), the model's BOS after the other files; a
+    file's text that spells a marker stays text."""
+    import urllib.request
+
+    base = str(deepseek_client.base_url).rstrip("/").removesuffix("/v1")
+    body = {"input_prefix": "def add(a, b):\n    ", "input_suffix": "\n\nprint(add(1, 2))  # <|fim_pad|>\n",
+            "input_extra": [{"filename": "util.py", "text": "def sub(a, b):\n    return a - b\n"}],
+            "prompt": "return", "n_predict": 4, "temperature": 0, "ignore_eos": True}
+    request = urllib.request.Request(f"{base}/infill", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        answer = json.load(response)
+    assert answer["prompt"] == ("<|repo_name|>myproject\n<|file_sep|>util.py\ndef sub(a, b):\n    return a - b\n"
+                                "<|file_sep|>filename\n<｜begin▁of▁sentence｜><|fim_prefix|>def add(a, b):\n    return"
+                                "<|fim_suffix|>\n\nprint(add(1, 2))  # <|fim_pad|>\n<|fim_middle|>")
+    def text(value: str) -> list[int]:  # a file's text: special tokens' spellings stay text
+        return tiny_model.tokenize(value, add_special=False, parse_special=False)
+
+    def marker(name: str) -> list[int]:
+        return tiny_model.tokenize(name, add_special=False)
+
+    expected = [*marker("<|repo_name|>"), *text("myproject\n"), *marker("<|file_sep|>"), *text("util.py\n"),
+                *text(body["input_extra"][0]["text"]), *marker("<|file_sep|>"), *text("filename\n"),
+                *marker("<｜begin▁of▁sentence｜>"), *marker("<|fim_prefix|>"), *text(body["input_prefix"]),
+                *marker("return"), *marker("<|fim_suffix|>"), *text(body["input_suffix"]), *marker("<|fim_middle|>")]
+    assert answer["tokens_evaluated"] == len(expected)
+    assert len(text("<|fim_pad|>")) > 1
+    assert answer["tokens_predicted"] == 4 and answer["stop_type"] == "limit"

@@ -79,6 +79,8 @@ SAMPLING_FIELDS = {
     "grammar": (lambda value: isinstance(value, str), "GBNF grammar text"),
     "json_object": (lambda value: isinstance(value, bool), "true or false"),
     "strict_schema": (lambda value: isinstance(value, bool), "true or false"),
+    "min_indent": (is_int, "an integer"),
+    "newline_deadline_ms": (is_int, "an integer"),
 }
 # Fields every line may carry besides the sampling fields.
 COMMON_FIELDS = {"n", "response_format", "max_completion_tokens", "repetition_penalty"}

@@ -142,6 +142,9 @@ class LlamaModel:
         self.end_of_generation_tokens = vocabulary.end_of_generation_tokens
         self.grammar_tokenizer = vocabulary.grammar_tokenizer
         self.bos_and_eos_texts = vocabulary.bos_and_eos_texts
+        self.fim_tokens = vocabulary.fim_tokens
+        self.bos_token = vocabulary.bos
+        self.render_tokens = vocabulary.render
 
     def _model_params(self, repack_weights: bool, n_gpu_layers: int | None, main_gpu: int, split_mode: str,
                       tensor_split: Sequence[float] | None):
@@ -277,6 +280,9 @@ class LlamaBackend:
         self.chat_template_source = model.chat_template_source
         self.grammar_tokenizer = model.grammar_tokenizer
         self.bos_and_eos_texts = model.bos_and_eos_texts
+        self.fim_tokens = model.fim_tokens
+        self.bos_token = model.bos_token
+        self.render_tokens = model.render_tokens
         # The KV of one slot (SlotKv's methods say what each does), for the engine.
         self.clear_slot = self.slot_kv.clear_slot
         self.reuse_prefix = self.slot_kv.reuse_prefix

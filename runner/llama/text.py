@@ -11,12 +11,30 @@ from __future__ import annotations
 import ctypes
 import threading
 from collections.abc import Callable, Collection
+from dataclasses import dataclass
 from types import ModuleType
 
 from .chat_template import ChatTemplate, JinjaRenderer, load_chat_template
 from ..errors import BackendError
 
 _PIECE_BUFFER_BYTES = 256
+
+
+@dataclass(frozen=True)
+class FimTokens:
+    """A vocabulary's fill-in-the-middle tokens (None where it has none): the prefix, suffix
+    and middle markers, and the repository-level ones (the repository name, a file's start)."""
+
+    prefix: int | None = None
+    suffix: int | None = None
+    middle: int | None = None
+    repository: int | None = None
+    file_separator: int | None = None
+
+    @property
+    def missing(self) -> list[str]:
+        """The markers infilling needs that the vocabulary lacks."""
+        return [name for name in ("prefix", "suffix", "middle") if getattr(self, name) is None]
 
 
 class Vocabulary:
@@ -32,18 +50,19 @@ class Vocabulary:
         self._grammar_tokenizer = None
         self._grammar_tokenizer_lock = threading.Lock()
 
-    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
         """Text -> tokens, with the model's BOS (unless add_special is false) and special tokens
-        parsed (as llama-server does)."""
+        parsed (as llama-server does; parse_special false: their text is plain text, as a
+        file's contents are)."""
         llama = self._llama
         data = text.encode("utf-8")
         capacity = len(data) + 8
         tokens = (llama.llama_token * capacity)()
-        count = llama.llama_tokenize(self._vocab, data, len(data), tokens, capacity, add_special, True)
+        count = llama.llama_tokenize(self._vocab, data, len(data), tokens, capacity, add_special, parse_special)
         if count < 0:
             capacity = -count
             tokens = (llama.llama_token * capacity)()
-            count = llama.llama_tokenize(self._vocab, data, len(data), tokens, capacity, add_special, True)
+            count = llama.llama_tokenize(self._vocab, data, len(data), tokens, capacity, add_special, parse_special)
         if count < 0:
             raise BackendError("tokenization failed")
         return tokens[:count]
@@ -83,6 +102,36 @@ class Vocabulary:
                     tokens=grammar_pieces(self._llama, self._vocab, self.n_vocab), vocab_ptr=self._vocab,
                     tokenize_fptr=tokenize, eos_token=self.end_of_generation_tokens(), slices=None)
             return self._grammar_tokenizer
+
+    def fim_tokens(self) -> FimTokens:
+        """The fill-in-the-middle tokens, as llama.cpp found them (in the GGUF's metadata, or by
+        their texts in the vocabulary)."""
+        llama, vocab = self._llama, self._vocab
+
+        def token(found: int) -> int | None:
+            return found if found >= 0 else None
+
+        return FimTokens(token(llama.llama_vocab_fim_pre(vocab)), token(llama.llama_vocab_fim_suf(vocab)),
+                         token(llama.llama_vocab_fim_mid(vocab)), token(llama.llama_vocab_fim_rep(vocab)),
+                         token(llama.llama_vocab_fim_sep(vocab)))
+
+    @property
+    def bos(self) -> int | None:
+        found = self._llama.llama_vocab_bos(self._vocab)
+        return found if found >= 0 else None
+
+    def render(self, tokens: list[int]) -> str:
+        """Tokens as text with special tokens written out: how llama-server shows a prompt."""
+        llama = self._llama
+        array = (llama.llama_token * max(len(tokens), 1))(*tokens)
+        capacity = 16 * len(tokens) + 64
+        for _ in range(2):
+            buffer = ctypes.create_string_buffer(capacity)
+            length = llama.llama_detokenize(self._vocab, array, len(tokens), buffer, capacity, False, True)
+            if length >= 0:
+                return buffer.raw[:length].decode("utf-8", "replace")
+            capacity = -length
+        raise BackendError("detokenization failed")
 
     def bos_and_eos_texts(self) -> tuple[str, str]:
         """The BOS and EOS tokens' texts, as templates write them ("" for none)."""

@@ -30,11 +30,12 @@ class OutputPieces:
     """One request's output as it streams: its text (detokenized, stop strings matched, text
     that may begin one held back), the log probabilities behind it, and its reading."""
 
-    def __init__(self, tool_parser: OutputParser | None, wants_logprobs: bool, stop: Sequence[str] = ()) -> None:
+    def __init__(self, tool_parser: OutputParser | None, wants_logprobs: bool, stop: Sequence[str] = (),
+                 min_indent: int = 0) -> None:
         self.tool_parser = tool_parser
         self.logprobs: list[TokenLogprob] | None = [] if wants_logprobs else None
         self._num_logprobs_streamed = 0  # of self.logprobs, how many went out with text pieces
-        self.assembler = TextAssembler(stop)
+        self.assembler = TextAssembler(stop, min_indent)
         self.text_parts: list[str] = []  # one a piece
         self.has_reached_stop_string = False
         # The reading, shared by the step's thread and a consumer's: under the lock.

@@ -119,7 +119,7 @@ class Sequence:
         self.prompt_logprobs: list[TokenLogprob] = []
         self.end_of_generation_logprob: TokenLogprob | None = None  # the token that ended it, with logprobs
         # Its text, the log probabilities behind it, and what it parses into (with tools).
-        self.pieces = OutputPieces(tool_parser, sampler.params.logprobs, sampler.params.stop)
+        self.pieces = OutputPieces(tool_parser, sampler.params.logprobs, sampler.params.stop, sampler.params.min_indent)
 
     # --- derived state -------------------------------------------------------------------
 
@@ -277,9 +277,16 @@ class Sequence:
             raise RequestFault("detokenizing its output", error) from error
         if self.pieces.has_reached_stop_string or self.sampler.is_constraint_complete:
             self._end(FinishReason.STOP)
-        elif len(self.output_tokens) >= self.max_tokens:
+        elif len(self.output_tokens) >= self.max_tokens or self._ends_as_code_completion(text, now):
             self._end(FinishReason.LENGTH)
         return text
+
+    def _ends_as_code_completion(self, text: str, now: float) -> bool:
+        """An editor's limits (llama-server's, reported as limits as it reports them): a line
+        indented less than min_indent, or a new line after newline_deadline_ms of generating."""
+        deadline_ms = self.params.newline_deadline_ms
+        return self.pieces.assembler.reached_indent_limit or (
+            deadline_ms > 0 and "\n" in text and (now - self.first_token_at) * 1000 > deadline_ms)
 
     def request_cancel(self) -> None:
         """A waiting sequence ends without running; a running one at the next step boundary,

@@ -123,6 +123,7 @@ def create_app(runner: Runner | None = None, settings: ServerSettings | None = N
         Route("/completion", native.completion, methods=["POST"]),
         Route("/completions", native.completion, methods=["POST"]),
         Route("/apply-template", native.apply_template, methods=["POST"]),
+        Route("/infill", native.infill, methods=["POST"]),
         *batch_api.ROUTES,
         *responses.ROUTES,
     ]

@@ -4,7 +4,13 @@ llama.cpp provider, llama.vscode):
     POST /completion (and /completions)  {"prompt", "n_predict", "stream", "stop", "n_probs", ...}
         -> {"content", "stop": true, "stop_type", "stopping_word", "tokens_predicted",
             "tokens_evaluated", "tokens_cached", "completion_probabilities" (with n_probs), ...};
-        streamed: a `data: {"content", "stop": false}` event per piece, then one with "stop": true
+        streamed: a `data: {"content", "stop": false}` event per piece, then one with "stop": true;
+        n_predict 0: the prompt computed (and cached) alone, as editors warm the cache;
+        n_indent and t_max_predict_ms: an editor's limits (a line indented less, a new line
+        after that long), reported as limits
+    POST /infill  {"input_prefix", "input_suffix", "input_extra": [{"filename", "text"}], "prompt", ...}
+        -> as /completion, with "prompt": the text laid out with the model's fill-in-the-middle
+        tokens (runner.formats.infill), as llama-server lays it out
     POST /apply-template  {"messages"} -> {"prompt"}: the chat rendered, as the model would see it
 
 A /completion body becomes a /v1/completions body (the same validation, queue and engine) and
@@ -20,6 +26,8 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response
 
 from ..formats.fields import ItemError, chat_messages
+from ..formats.infill import FIELDS as INFILL_FIELDS
+from ..formats.infill import InfillWindow, infill_input, infill_tokens
 from ..request import FinishReason, Result
 from .bodies import read_json
 from .chat import start_completion
@@ -27,19 +35,32 @@ from .errors import INVALID_REQUEST, ApiError
 from .sse import EventStream, sse
 from .stream import ChoiceEnds, StreamFails, TextPart, UsageKnown
 
+# The batch llama-server's infill layout fits the text around the cursor into (its default -b):
+# the prefix keeps up to 3/4 of it, the suffix 1/4, and other files' chunks what the slot has
+# left after it. A slot under twice that gives half to each (llama-server would leave the chunks
+# no room at all: its -b is not tied to the context).
+INFILL_BATCH = 2048
+
+
+def infill_window(slot_window: int) -> InfillWindow:
+    return InfillWindow(min(INFILL_BATCH, slot_window // 2), slot_window)
+
 # llama-server's names of the sampling fields, and the /v1/completions names they go by here.
-_RENAMED = {"n_predict": "max_tokens"}
+_RENAMED = {"n_predict": "max_tokens", "n_indent": "min_indent", "t_max_predict_ms": "newline_deadline_ms"}
 _PASSED = ("prompt", "temperature", "top_k", "top_p", "min_p", "seed", "stop", "presence_penalty", "frequency_penalty",
            "repeat_penalty", "ignore_eos", "min_tokens", "logit_bias", "grammar", "json_schema", "stream")
 # llama-server's fields that change nothing here (its cache, slots and timing knobs).
-_IGNORED = {"cache_prompt", "id_slot", "t_max_predict_ms", "t_max_prompt_ms", "samplers", "return_tokens",
-            "n_indent", "n_keep", "n_cmpl", "typical_p", "dynamic_temperature", "mirostat", "dry_multiplier",
-            "post_sampling_probs", "response_fields", "model", "timings_per_token", "return_progress"}
+# ("samplers" names llama-server's sampler order, and its "infill" sampler, which is not applied here.)
+_IGNORED = {"cache_prompt", "id_slot", "t_max_prompt_ms", "samplers", "return_tokens", "n_keep", "n_cmpl", "typical_p",
+            "dynamic_temperature", "mirostat", "dry_multiplier", "post_sampling_probs", "response_fields", "model",
+            "timings_per_token", "return_progress"}
 
 
-def openai_body_of(body: dict[str, Any]) -> dict[str, Any]:
-    """The /v1/completions body of a /completion body; a 400 naming a field it cannot take."""
-    unknown = sorted(set(body) - set(_PASSED) - set(_RENAMED) - _IGNORED - {"n_probs"})
+def openai_body_of(body: dict[str, Any], extra_fields: tuple[str, ...] = ()) -> tuple[dict[str, Any], bool]:
+    """The /v1/completions body of a /completion body, and whether it asks for no output
+    (n_predict 0: the prompt computed and cached, as editors do to warm the cache); a 400
+    naming a field it cannot take. `extra_fields` are a door's own (/infill's), left out."""
+    unknown = sorted(set(body) - set(_PASSED) - set(_RENAMED) - _IGNORED - {"n_probs"} - set(extra_fields))
     if unknown:
         raise ApiError(400, f"{unknown[0]!r} is not a /completion field this server knows", INVALID_REQUEST, unknown[0])
     if "prompt" not in body:
@@ -50,35 +71,71 @@ def openai_body_of(body: dict[str, Any]) -> dict[str, Any]:
             converted[name] = body[native]
     if converted.get("max_tokens") == -1:  # llama-server's "until the end"
         del converted["max_tokens"]
+    prompt_only = converted.get("max_tokens") == 0
+    if prompt_only:  # one token is generated, and left out of the answer
+        converted["max_tokens"] = 1
     n_probs = body.get("n_probs")
     if n_probs:
         converted["logprobs"] = n_probs
-    return converted
+    return converted, prompt_only
 
 
 async def completion(request: HttpRequest) -> Response:
     state = request.app.state.server
     state.ready_runner()
     body = await read_json(request, state.settings.max_body_bytes)
-    converted = openai_body_of(body)
-    call = await start_completion(request, converted, False, "completion")
-    model = state.settings.model_name
+    return await _answer(request, body, "completion")
+
+
+async def infill(request: HttpRequest) -> Response:
+    """llama-server's /infill: the text around the cursor (and chunks of other files) laid out
+    with the model's fill-in-the-middle tokens, then completed as /completion completes."""
+    state = request.app.state.server
+    runner = state.ready_runner()
+    body = await read_json(request, state.settings.max_body_bytes)
+    fim = runner.backend.fim_tokens()
+    if fim.missing:
+        raise ApiError(400, f"/infill needs the model's fill-in-the-middle tokens; this model has no "
+                            f"{', '.join(fim.missing)} token (use /completion)", INVALID_REQUEST)
+    try:
+        wanted = infill_input(body)
+    except ItemError as error:
+        raise ApiError(400, str(error), INVALID_REQUEST, error.param) from None
+    window = infill_window(runner.window)
+    tokens = await state.pools.prepare(_infill_tokens, runner.backend, wanted, fim, window)
+    fields = {name: value for name, value in body.items() if name not in INFILL_FIELDS}
+    return await _answer(request, fields | {"prompt": tokens}, "infill", prompt_text=runner.backend.render_tokens(tokens))
+
+
+def _infill_tokens(backend, wanted, fim, window: InfillWindow) -> list[int]:
+    bos = backend.bos_token if backend.add_bos else None
+    return infill_tokens(wanted, fim, lambda text: backend.tokenize(text, False, False),
+                         backend.tokenize(wanted.prompt, False, True), window, bos)
+
+
+async def _answer(request: HttpRequest, body: dict[str, Any], api: str, prompt_text: str | None = None) -> Response:
+    """A /completion-shaped answer (whole, or streamed as llama-server streams)."""
+    model = request.app.state.server.settings.model_name
+    converted, prompt_only = openai_body_of(body)
+    call = await start_completion(request, converted, False, api)
     if converted.get("stream"):
-        return EventStream(_events(call, model), on_disconnect=call.cancel)
+        return EventStream(_events(call, model, prompt_only), on_disconnect=call.cancel)
     results = await call.results(request)
     if results is None:  # the client went away: its request was cancelled
         return Response(status_code=499)
-    answer = final_body(results[0], model)
-    if body.get("n_probs"):
+    answer = final_body(results[0], model, prompt_only)
+    if prompt_text is not None:
+        answer["prompt"] = prompt_text
+    if body.get("n_probs") and not prompt_only:
         answer["completion_probabilities"] = completion_probabilities(results[0])
     return JSONResponse(answer)
 
 
-async def _events(call, model: str) -> AsyncIterator[str]:
+async def _events(call, model: str, prompt_only: bool) -> AsyncIterator[str]:
     """llama-server's stream: the text piece by piece, then the end with the counts."""
     ending: ChoiceEnds | None = None
     async for event in call.events():
-        if isinstance(event, TextPart) and event.text:
+        if isinstance(event, TextPart) and event.text and not prompt_only:
             yield sse({"index": 0, "content": event.text, "tokens": [], "stop": False, "id_slot": -1})
         elif isinstance(event, ChoiceEnds):
             ending = event
@@ -89,19 +146,21 @@ async def _events(call, model: str) -> AsyncIterator[str]:
             usage = event.usage
             yield sse({"index": 0, "content": "", "tokens": [], "stop": True, "id_slot": -1, "model": model,
                        **_stop_fields(ending.finish_reason, ending.stop_string),
-                       "tokens_predicted": usage["completion_tokens"], "tokens_evaluated": usage["prompt_tokens"],
+                       "tokens_predicted": 0 if prompt_only else usage["completion_tokens"],
+                       "tokens_evaluated": usage["prompt_tokens"],
                        "tokens_cached": usage["prompt_tokens_details"]["cached_tokens"]})
 
 
-def final_body(result: Result, model: str) -> dict[str, Any]:
-    """A whole /completion answer, in llama-server's fields."""
-    return {"index": 0, "content": result.text, "tokens": [], "id_slot": -1, "stop": True, "model": model,
-            "tokens_predicted": result.completion_tokens, "tokens_evaluated": result.prompt_tokens,
-            "has_new_line": "\n" in result.text, "truncated": result.truncated,
+def final_body(result: Result, model: str, prompt_only: bool = False) -> dict[str, Any]:
+    """A whole /completion answer, in llama-server's fields (prompt_only: no output asked for)."""
+    text = "" if prompt_only else result.text
+    return {"index": 0, "content": text, "tokens": [], "id_slot": -1, "stop": True, "model": model,
+            "tokens_predicted": 0 if prompt_only else result.completion_tokens, "tokens_evaluated": result.prompt_tokens,
+            "has_new_line": "\n" in text, "truncated": result.truncated,
             **_stop_fields(result.finish_reason.value, result.stop_string),
             "tokens_cached": result.prompt_tokens_cached,
             "timings": {"prompt_n": result.prompt_tokens - result.prompt_tokens_cached,
-                        "predicted_n": result.completion_tokens}}
+                        "predicted_n": 0 if prompt_only else result.completion_tokens}}
 
 
 def _stop_fields(finish_reason: str, stop_string: str | None) -> dict[str, Any]:
