@@ -13,6 +13,7 @@ Runs offline: the tasks' data are local JSON files (HF_DATASETS_OFFLINE=1).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import glob
 import json
 import os
@@ -104,6 +105,33 @@ def metric_of(out: Path, task: str, metric: str) -> float:
     return json.load(open(path))["results"][task][f"{metric},none"]
 
 
+@contextlib.contextmanager
+def serving(args, folder: Path, log_name: str):
+    """`multiseq serve` on the model, from nothing (its base URL while the block runs)."""
+    port = _free_port()
+    base = f"http://127.0.0.1:{port}"
+    log = folder / log_name
+    server = subprocess.Popen([MULTISEQ, "serve", "-m", args.model, "-np", str(args.concurrent), "-t", str(args.threads),
+                               "-fa", args.flash_attn, "--port", str(port)], stdout=open(log, "w"), stderr=subprocess.STDOUT)
+    try:
+        _wait_healthy(server, base)
+        yield base
+    except Exception:
+        print(_tail(log), file=sys.stderr)
+        raise
+    finally:
+        _stop(server)
+
+
+def prompt_tokens_computed(base: str) -> int:
+    """The server's count of prompt tokens prefilled (not reused), from /metrics."""
+    with urllib.request.urlopen(f"{base}/metrics", timeout=30) as response:
+        for line in response.read().decode().splitlines():
+            if line.startswith("multiseq_prompt_tokens_computed_total"):
+                return int(float(line.split()[-1]))
+    raise RuntimeError("no multiseq_prompt_tokens_computed in /metrics")
+
+
 def tokenize(base: str, text: str) -> list[int]:
     body = json.dumps({"prompt": text, "add_special_tokens": False}).encode()
     request = urllib.request.Request(base + "/tokenize", body, {"Content-Type": "application/json"})
@@ -143,20 +171,17 @@ def main() -> None:
     args = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="multiseq-evals-"))
     write_tasks(folder, args.questions)
-    port = _free_port()
-    base = f"http://127.0.0.1:{port}"
-    log = folder / "serve.log"
-    server = subprocess.Popen([MULTISEQ, "serve", "-m", args.model, "-np",
-                               str(args.concurrent), "-t", str(args.threads), "-fa", args.flash_attn, "--port", str(port)],
-                              stdout=open(log, "w"), stderr=subprocess.STDOUT)
-    try:
-        _wait_healthy(server, base)
-        timings = {}
-        for concurrent in (args.concurrent, 1):
+    timings, computed_tokens = {}, {}
+    # A fresh server for each run: what one run left in the prefix cache would serve the next.
+    for concurrent in (args.concurrent, 1):
+        with serving(args, folder, f"serve-{concurrent}.log") as base:
             timings[concurrent], out = run_lm_eval(base, args.model, folder, "arith_mc", concurrent, args.fewshot)
+            computed_tokens[concurrent] = prompt_tokens_computed(base)
             print(f"arith_mc, {concurrent} concurrent: {timings[concurrent]:.1f} s, "
-                  f"acc {metric_of(out, 'arith_mc', 'acc'):.3f}", flush=True)
-        mc_out = folder / f"out-arith_mc-{args.concurrent}"
+                  f"acc {metric_of(out, 'arith_mc', 'acc'):.3f}, prompt tokens computed {computed_tokens[concurrent]}",
+                  flush=True)
+    mc_out = folder / f"out-arith_mc-{args.concurrent}"
+    with serving(args, folder, "serve-gen.log") as base:
         gen_seconds, gen_out = run_lm_eval(base, args.model, folder, "arith_gen", args.concurrent)
         print(f"arith_gen, {args.concurrent} concurrent: {gen_seconds:.1f} s, exact_match "
               f"{metric_of(gen_out, 'arith_gen', 'exact_match'):.3f}", flush=True)
@@ -167,20 +192,15 @@ def main() -> None:
                 whole, context_tokens = tokenize(base, context + continuation), tokenize(base, context)
                 pairs.append((whole[:len(context_tokens)], whole[len(context_tokens):]))
                 served.append(float(response[0][0]))
-        model_path = subprocess.run([MULTISEQ, "models", "path", args.model],
-                                    capture_output=True, text=True, check=True).stdout.strip()
-    except Exception:
-        print(_tail(log), file=sys.stderr)
-        raise
-    finally:
-        _stop(server)
+    model_path = subprocess.run([MULTISEQ, "models", "path", args.model],
+                                capture_output=True, text=True, check=True).stdout.strip()
     reference = reference_loglikelihoods(model_path, pairs, args.threads)
     worst = max(abs(a - b) for a, b in zip(served, reference))
     distinct = sum(len(context) for context, _ in pairs[::4]) + sum(len(continuation) for _, continuation in pairs)
     computed = sum(len(context) + len(continuation) for context, continuation in pairs)
     summary = {"model": args.model, "flash_attn": args.flash_attn, "fewshot": args.fewshot, "questions": args.questions, "loglikelihood_requests": len(pairs),
                "mc_seconds": timings, "ratio_concurrent_to_one": timings[args.concurrent] / timings[1],
-               "gen_seconds": gen_seconds, "max_abs_diff_vs_reference": worst,
+               "prompt_tokens_computed": computed_tokens, "gen_seconds": gen_seconds, "max_abs_diff_vs_reference": worst,
                "same_choice_as_reference": sum(
                    max(range(4), key=lambda i: served[q + i]) == max(range(4), key=lambda i: reference[q + i])
                    for q in range(0, len(pairs), 4)), "tokens_distinct": distinct, "tokens_scored": computed}

@@ -129,3 +129,18 @@ def test_kept_scores_serve_fewer_alternatives_but_not_more(make_runner):
         runner.run_batch([scored(CONTEXT + CHOICES[2], top=5)])[0]
     assert fewer.prompt_tokens_cached > 0 and all(len(entry.top_logprobs) == 1 for entry in fewer.prompt_logprobs)
     assert more.prompt_tokens_cached == 0 and all(len(entry.top_logprobs) == 5 for entry in more.prompt_logprobs)
+
+
+def test_a_scored_context_pushed_out_of_the_slots_comes_back_from_host_memory_with_its_scores(make_runner):
+    """lm-eval sends requests longest first, so a question's choices come apart, other
+    questions between them: a context that left the slots was saved to host memory with its
+    log probabilities, and the next choice restores both instead of computing them again."""
+    fresh = make_runner(FakeBackend(noisy=True)).run_batch([scored(CONTEXT + CHOICES[1])])[0]
+    runner = make_runner(FakeBackend(noisy=True, num_slots=2, state_bytes_per_token=8))
+    runner.run_batch([scored(CONTEXT + CHOICES[0])])
+    for other in ("How many legs has a spider, counting them one by one? Eight",
+                  "Which planet is the closest one to the sun in our solar system? Mercury"):
+        runner.run_batch([scored(other)])  # the second takes the context's slot (the least recently used)
+    [restored] = runner.run_batch([scored(CONTEXT + CHOICES[1])])
+    assert restored.prompt_tokens_from_ram >= len(CONTEXT) - 1
+    assert restored.prompt_logprobs == fresh.prompt_logprobs

@@ -14,6 +14,10 @@ sequence resumes. Entries are bounded in bytes and evicted least recently used f
 a prefix of a newer one is dropped (the newer one covers it), and a state whose tokens an
 entry already covers is not saved twice. Pure Python: the backend does the saving and
 restoring; this is the index, the memory bound and the cost model.
+
+A scored prompt's state (echo with logprobs) is kept with its log probabilities: the other
+choices of a multiple-choice question that come after its context left the slots take both
+from here (best_scored_match), and only those entries serve them.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..llama.batch import SlotState
-from .prefix import common_prefix_length, starts_with, worth_waiting_for
+from .prefix import KeptScores, common_prefix_length, starts_with, worth_waiting_for
 
 # Saving costs a copy of the slot's KV (~23 kB a token on SmolLM2, 9 on Gemma 3): a slot whose
 # loss would cost fewer tokens than this is not worth the memory.
@@ -42,6 +46,7 @@ class HostEntry:
 
     tokens: np.ndarray
     state: SlotState
+    scores: KeptScores | None = None  # a scored prompt's log probabilities of tokens 1, 2, ...
 
     @property
     def num_bytes(self) -> int:
@@ -146,28 +151,43 @@ class HostCache:
                 best, best_length = entry, length
         return best, best_length
 
-    def covers(self, tokens: np.ndarray) -> bool:
-        """Whether an entry already holds these tokens (it starts with all of them)."""
-        return any(starts_with(entry.tokens, tokens) for entry in self._all_states())
+    def best_scored_match(self, prompt: np.ndarray, num_top: int) -> tuple[HostEntry | None, int]:
+        """The entry with log probabilities (at least num_top alternatives each) whose tokens
+        share the longest prefix with `prompt`, and that length (rows: at most its scores + 1)."""
+        best, best_length = None, 0
+        for entry in self._entries.values():
+            if entry.scores is None or entry.scores.num_top < num_top:
+                continue
+            length = min(common_prefix_length(entry.tokens, prompt), len(entry.scores.logprobs) + 1)
+            if length > best_length:
+                best, best_length = entry, length
+        return best, best_length
 
-    def add(self, tokens: np.ndarray, state: SlotState) -> bool:
-        """Keep a slot's state under its tokens, evicting the least recently used entries to
-        make room; False when the state alone is larger than the limit."""
-        if not self._keep(tokens, state):
+    def covers(self, tokens: np.ndarray, scored: bool = False) -> bool:
+        """Whether an entry already holds these tokens (it starts with all of them; with
+        `scored`, an entry with log probabilities)."""
+        return any(starts_with(entry.tokens, tokens) and (entry.scores is not None or not scored)
+                   for entry in self._all_states())
+
+    def add(self, tokens: np.ndarray, state: SlotState, scores: KeptScores | None = None) -> bool:
+        """Keep a slot's state under its tokens (and a scored prompt's log probabilities),
+        evicting the least recently used entries to make room; False when the state alone is
+        larger than the limit."""
+        if not self._keep(tokens, state, scores):
             return False
         self.stats.num_saved += 1
         return True
 
-    def _keep(self, tokens: np.ndarray, state: SlotState) -> bool:
+    def _keep(self, tokens: np.ndarray, state: SlotState, scores: KeptScores | None = None) -> bool:
         """add(), counted by its caller (as saved here, or as imported)."""
         if len(state) > self.limit_bytes:
             return False
-        for key, entry in list(self._entries.items()):  # entries the new one covers
-            if starts_with(tokens, entry.tokens):
+        for key, entry in list(self._entries.items()):  # entries the new one covers (scores and all)
+            if starts_with(tokens, entry.tokens) and (scores is not None or entry.scores is None):
                 self._remove(key)
         if not self._make_room(len(state)):
             return False
-        self._entries[self._next_key] = HostEntry(np.asarray(tokens, dtype=np.int32), state)
+        self._entries[self._next_key] = HostEntry(np.asarray(tokens, dtype=np.int32), state, scores)
         self._next_key += 1
         self.num_bytes += len(state)
         return True

@@ -78,6 +78,11 @@ class PrefixIndex:
         self._scores[slot] = None
         return tokens
 
+    def take_with_scores(self, slot: int) -> tuple[np.ndarray, KeptScores | None]:
+        """take(), with the log probabilities a scored prompt left with the tokens."""
+        scores = self._scores[slot]
+        return self.take(slot), scores
+
     def kept(self, slot: int) -> np.ndarray:
         return self._kept[slot]
 

@@ -16,6 +16,7 @@ import numpy as np
 
 from ..llama.batch import Backend
 from ..kv.hostcache import MIN_SAVE_TOKENS, HostCache, PrefixHolding, SharedPrefix
+from ..kv.prefix import KeptScores
 from .scheduler import Admission, IdleEviction, Placement, Scheduler
 from .sequence import Sequence, SequenceStatus, reusable_kv_tokens
 from .stats import StatsRecorder
@@ -78,7 +79,7 @@ class KvPlacement:
         for slot in self.scheduler.idle_by_age():
             if pool.num_free >= wanted:
                 break
-            self._evict_idle(IdleEviction(slot, self.scheduler.prefixes.take(slot)))
+            self._evict_idle(IdleEviction(slot, *self.scheduler.prefixes.take_with_scores(slot)))
         while pool.num_free < decoding:
             victims = sorted(self.scheduler.running, key=lambda seq: (seq.priority, -(seq.admitted_at or 0.0)))
             if len(victims) <= 1:
@@ -124,7 +125,7 @@ class KvPlacement:
     def _evict_idle(self, idle: IdleEviction) -> None:
         """A free slot's kept prefix leaves the pool: saved to host memory first when worth it."""
         if len(idle.tokens) >= MIN_SAVE_TOKENS:
-            self._save_to_host(idle.slot, idle.tokens)
+            self._save_to_host(idle.slot, idle.tokens, idle.scores)
         self.backend.reuse_prefix(idle.slot, idle.slot, 0)
         self.stats.note_pool_eviction()
 
@@ -197,12 +198,13 @@ class KvPlacement:
     def _save_what_is_lost(self, admission: Admission) -> None:
         """Before a slot's KV is overwritten, keep it in host memory, under its tokens."""
         if admission.num_tokens_lost >= MIN_SAVE_TOKENS:
-            self._save_to_host(admission.placement.slot, admission.evicted)
+            self._save_to_host(admission.placement.slot, admission.evicted, admission.evicted_scores)
 
-    def _save_to_host(self, slot: int, tokens: np.ndarray) -> None:
-        """Keep the slot's KV in host memory under its tokens, unless it is off or holds them."""
+    def _save_to_host(self, slot: int, tokens: np.ndarray, scores: KeptScores | None = None) -> None:
+        """Keep the slot's KV in host memory under its tokens (with a scored prompt's log
+        probabilities), unless it is off or holds them."""
         cache = self.host_cache
-        if cache.is_enabled and not cache.covers(tokens):
+        if cache.is_enabled and not cache.covers(tokens, scored=scores is not None):
             state = self.backend.save_slot(slot)
             if state is not None:
-                cache.add(tokens, state)
+                cache.add(tokens, state, scores)

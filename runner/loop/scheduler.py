@@ -94,6 +94,7 @@ class Admission:
     placement: Placement
     evicted: np.ndarray  # the tokens the slot's KV held until now (its last request's)
     idle_evictions: tuple[IdleEviction, ...] = ()
+    evicted_scores: KeptScores | None = None  # and their log probabilities, a scored prompt's
 
     @property
     def num_tokens_lost(self) -> int:
@@ -199,11 +200,11 @@ class Scheduler:
                 seq.admit(placement.slot, now, placement.num_cached, from_host=placement.host_entry is not None)
                 seq.prompt_logprobs[:] = placement.prompt_scores
             self.waiting.remove(seq)
-            evicted = self.prefixes.take(placement.slot)
+            evicted, evicted_scores = self.prefixes.take_with_scores(placement.slot)
             if placement.source_slot not in (None, placement.slot):
                 copy_sources.add(placement.source_slot)
             self.slots[placement.slot] = seq
-            admitted.append(Admission(seq, placement, evicted, idle_evictions))
+            admitted.append(Admission(seq, placement, evicted, idle_evictions, evicted_scores))
         return admitted
 
     def idle_by_age(self, keep: set[int] = frozenset()) -> list[int]:
@@ -361,4 +362,4 @@ class _PoolRoom:
             return None
         self.free = available - needed
         self.taken.update(evictions, {placement.slot})
-        return tuple(IdleEviction(slot, self.scheduler.prefixes.take(slot)) for slot in evictions)
+        return tuple(IdleEviction(slot, *self.scheduler.prefixes.take_with_scores(slot)) for slot in evictions)

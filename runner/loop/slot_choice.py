@@ -13,7 +13,7 @@ import numpy as np
 
 from ..llama.batch import ChunkRules
 from ..kv.hostcache import HostCache, HostEntry
-from ..kv.prefix import MIN_COPY_TOKENS, PrefixIndex, common_prefix_length, worth_waiting_for
+from ..kv.prefix import MIN_COPY_TOKENS, KeptScores, PrefixIndex, common_prefix_length, worth_waiting_for
 from .sequence import Sequence, SequenceStatus, reusable_prompt_length, scores_prompt
 from .waiting import WaitingQueue
 
@@ -38,6 +38,16 @@ class IdleEviction:
 
     slot: int
     tokens: np.ndarray  # what its KV held
+    scores: KeptScores | None = None  # a scored prompt's log probabilities, kept with them
+
+
+def _first_scores(kept: KeptScores, length: int, num_top: int) -> tuple:
+    """The log probabilities of a kept scored prefix's first `length` tokens after the first,
+    with num_top alternatives each."""
+    scores = kept.logprobs[:length]
+    if num_top < kept.num_top:
+        scores = tuple(dataclasses.replace(entry, top_logprobs=entry.top_logprobs[:num_top]) for entry in scores)
+    return scores
 
 
 class SlotChooser:
@@ -88,8 +98,9 @@ class SlotChooser:
 
     def _place_scored(self, seq: Sequence, free: list[int], copy_sources: set[int]) -> Placement | None:
         """A scored prompt reuses only a prefix a scored prompt left, with its log probabilities
-        (a cache keeps KV, not rows): the longest one (copied, so that the source stays for the
-        prompts behind it, the other choices of one question), or waits for a scored prompt
+        (a cache keeps KV, not rows): the longest one in a slot (copied, so that the source
+        stays for the prompts behind it, the other choices of one question) or in host memory
+        (restored, where that costs less than computing it), or waits for a scored prompt
         being computed that will leave a longer one; else it is computed from nothing."""
         prompt, num_top = seq.prompt_array, seq.params.prompt_logprobs
         best, best_length = None, 0
@@ -97,23 +108,30 @@ class SlotChooser:
             kept = self.prefixes.scores(slot)
             if kept is None or kept.num_top < num_top:
                 continue
-            common = min(common_prefix_length(self.prefixes.kept(slot), prompt), len(kept.logprobs) + 1)
-            # The row of the last token reused is gone: the prompt goes on from the one before it.
-            length = self.chunk_rules.reusable(common - 1, len(prompt)) if common > 1 else 0
+            length = self._scored_reusable(common_prefix_length(self.prefixes.kept(slot), prompt), kept, len(prompt))
             if length > best_length:
                 best, best_length = slot, length
-        if worth_waiting_for(self._scored_in_flight(prompt), best_length):
+        entry, in_host = self.host_cache.best_scored_match(prompt, num_top) if self.host_cache else (None, 0)
+        in_host = self._scored_reusable(in_host, entry.scores, len(prompt)) if entry is not None else 0
+        if worth_waiting_for(self._scored_in_flight(prompt), max(best_length, in_host)):
             return None
         # Not over another question's scored context, whose other choices may be on their way.
         targets = [slot for slot in free if slot not in copy_sources and slot != best] or free
         unscored = [slot for slot in targets if self.prefixes.scores(slot) is None]
         target = self.prefixes.least_recently_used(unscored or targets)
+        if entry is not None and in_host >= best_length + MIN_COPY_TOKENS and \
+                self.host_cache.costs.restoring_pays(entry.num_bytes, in_host - best_length):
+            return Placement(target, None, in_host, entry, _first_scores(entry.scores, in_host, num_top))
         if best is None:
             return Placement(target, target, 0)
-        scores = self.prefixes.scores(best).logprobs[:best_length]
-        if num_top < self.prefixes.scores(best).num_top:
-            scores = tuple(dataclasses.replace(entry, top_logprobs=entry.top_logprobs[:num_top]) for entry in scores)
-        return Placement(target, best, best_length, prompt_scores=scores)
+        return Placement(target, best, best_length,
+                         prompt_scores=_first_scores(self.prefixes.scores(best), best_length, num_top))
+
+    def _scored_reusable(self, common: int, kept: KeptScores, prompt_length: int) -> int:
+        """How much of a prompt a scored prefix sharing `common` tokens with it gives: the row
+        of the last token reused is gone, so the prompt goes on from the one before it."""
+        common = min(common, len(kept.logprobs) + 1)
+        return self.chunk_rules.reusable(common - 1, prompt_length) if common > 1 else 0
 
     def _scored_in_flight(self, prompt: np.ndarray) -> int:
         """The longest prefix of `prompt` that a scored prompt in a slot will leave with its
