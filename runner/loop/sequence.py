@@ -277,16 +277,10 @@ class Sequence:
             raise RequestFault("detokenizing its output", error) from error
         if self.pieces.has_reached_stop_string or self.sampler.is_constraint_complete:
             self._end(FinishReason.STOP)
-        elif len(self.output_tokens) >= self.max_tokens or self._ends_as_code_completion(text, now):
+        elif len(self.output_tokens) >= self.max_tokens or \
+                ends_as_code_completion(self.params, self.pieces, text, now - self.first_token_at):
             self._end(FinishReason.LENGTH)
         return text
-
-    def _ends_as_code_completion(self, text: str, now: float) -> bool:
-        """An editor's limits (llama-server's, reported as limits as it reports them): a line
-        indented less than min_indent, or a new line after newline_deadline_ms of generating."""
-        deadline_ms = self.params.newline_deadline_ms
-        return self.pieces.assembler.reached_indent_limit or (
-            deadline_ms > 0 and "\n" in text and (now - self.first_token_at) * 1000 > deadline_ms)
 
     def request_cancel(self) -> None:
         """A waiting sequence ends without running; a running one at the next step boundary,
@@ -358,3 +352,11 @@ def scores_prompt(seq: Sequence) -> bool:
     """Whether every prompt token's log probability is computed (then no prefix is reused: a
     cache keeps KV, not the rows that scored it)."""
     return seq.params.prompt_logprobs is not None
+
+
+def ends_as_code_completion(params: SamplingParams, pieces: OutputPieces, text: str, seconds_generating: float) -> bool:
+    """An editor's limits (llama-server's, reported as limits as it reports them): a line
+    indented less than min_indent, or a new line after newline_deadline_ms of generating."""
+    deadline_ms = params.newline_deadline_ms
+    return pieces.assembler.reached_indent_limit or (
+        deadline_ms > 0 and "\n" in text and seconds_generating * 1000 > deadline_ms)
