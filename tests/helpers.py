@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+import http.client
+import json
 import os
 import subprocess
 import threading
@@ -62,6 +64,17 @@ def serving(app):
         server.stop()
         thread.join(30)
         app.state.server.close()  # the batch worker, if any, before the test closes the runner
+
+
+def post_json(base: str, path: str, body: dict, timeout: float = 30) -> tuple[int, str]:
+    """POST a JSON body to a served app: the status and the response's text."""
+    host, port = base.removeprefix("http://").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=timeout)
+    connection.request("POST", path, body=json.dumps(body), headers={"Content-Type": "application/json"})
+    response = connection.getresponse()
+    data = response.read().decode()
+    connection.close()
+    return response.status, data
 
 
 def wait_until(condition, timeout: float = 10.0, what: str = "the condition") -> None:

@@ -4,11 +4,11 @@ backend through HTTP."""
 
 from __future__ import annotations
 
-import http.client
 import json
 
 import pytest
 from fakes import BOS, FakeBackend
+from helpers import post_json
 from multiseq.server import ServerSettings, create_app
 
 
@@ -18,14 +18,8 @@ def base(make_runner, serve_app):
 
 
 def complete(base: str, **body) -> tuple[int, dict]:
-    host, port = base.removeprefix("http://").split(":")
-    connection = http.client.HTTPConnection(host, int(port), timeout=30)
-    connection.request("POST", "/v1/completions", body=json.dumps({"model": "fake-model", **body}),
-                       headers={"Content-Type": "application/json"})
-    response = connection.getresponse()
-    data = response.read()
-    connection.close()
-    return response.status, json.loads(data)
+    status, data = post_json(base, "/v1/completions", {"model": "fake-model", **body})
+    return status, json.loads(data)
 
 
 def test_an_echoed_prompt_comes_back_with_a_log_probability_for_every_token_after_the_first(base):

@@ -4,11 +4,11 @@ with the editor's limits (n_indent, t_max_predict_ms) and its cache-warming n_pr
 
 from __future__ import annotations
 
-import http.client
 import json
 
 import pytest
 from fakes import BOS, FIM_MID, FIM_PRE, FIM_REP, FIM_SEP, FIM_SUF, FakeBackend
+from helpers import post_json
 from multiseq.formats.fields import ItemError
 from multiseq.formats.infill import ExtraChunk, InfillInput, InfillWindow, infill_input, infill_tokens
 from multiseq.llama.text import FimTokens
@@ -93,13 +93,8 @@ def serve_fake(make_runner, serve_app):
 
 
 def post(base: str, path: str, body: dict) -> tuple[int, dict]:
-    host, port = base.removeprefix("http://").split(":")
-    connection = http.client.HTTPConnection(host, int(port), timeout=30)
-    connection.request("POST", path, body=json.dumps(body), headers={"Content-Type": "application/json"})
-    response = connection.getresponse()
-    data = response.read().decode()
-    connection.close()
-    return response.status, json.loads(data)
+    status, data = post_json(base, path, body)
+    return status, json.loads(data)
 
 
 EDITOR_REQUEST = {"input_prefix": "def f():\n", "input_suffix": "\nprint(f())", "input_extra": [], "prompt": "",

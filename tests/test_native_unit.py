@@ -3,11 +3,11 @@ llama.cpp provider, llama.vscode), on the fake backend through HTTP."""
 
 from __future__ import annotations
 
-import http.client
 import json
 
 import pytest
 from fakes import FakeBackend
+from helpers import post_json as post
 from multiseq.server import ServerSettings, create_app
 
 
@@ -15,16 +15,6 @@ from multiseq.server import ServerSettings, create_app
 def base(make_runner, serve_app):
     backend = FakeBackend(replies={"Say hi": "hi there. More"})
     return serve_app(create_app(make_runner(backend), ServerSettings(model_name="fake-model")))
-
-
-def post(base: str, path: str, body: dict) -> tuple[int, str]:
-    host, port = base.removeprefix("http://").split(":")
-    connection = http.client.HTTPConnection(host, int(port), timeout=30)
-    connection.request("POST", path, body=json.dumps(body), headers={"Content-Type": "application/json"})
-    response = connection.getresponse()
-    data = response.read().decode()
-    connection.close()
-    return response.status, data
 
 
 def test_completion_answers_in_llama_servers_fields(base):

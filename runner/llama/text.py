@@ -37,6 +37,11 @@ class FimTokens:
         return [name for name in ("prefix", "suffix", "middle") if getattr(self, name) is None]
 
 
+def _token_or_none(found: int) -> int | None:
+    """A token llama.cpp looked up (LLAMA_TOKEN_NULL, -1, where the vocabulary has none)."""
+    return found if found >= 0 else None
+
+
 class Vocabulary:
     """A loaded model's vocabulary (llama_vocab), for tokenizing and detokenizing."""
 
@@ -107,18 +112,13 @@ class Vocabulary:
         """The fill-in-the-middle tokens, as llama.cpp found them (in the GGUF's metadata, or by
         their texts in the vocabulary)."""
         llama, vocab = self._llama, self._vocab
-
-        def token(found: int) -> int | None:
-            return found if found >= 0 else None
-
-        return FimTokens(token(llama.llama_vocab_fim_pre(vocab)), token(llama.llama_vocab_fim_suf(vocab)),
-                         token(llama.llama_vocab_fim_mid(vocab)), token(llama.llama_vocab_fim_rep(vocab)),
-                         token(llama.llama_vocab_fim_sep(vocab)))
+        return FimTokens(*(_token_or_none(find(vocab)) for find in (
+            llama.llama_vocab_fim_pre, llama.llama_vocab_fim_suf, llama.llama_vocab_fim_mid,
+            llama.llama_vocab_fim_rep, llama.llama_vocab_fim_sep)))
 
     @property
     def bos(self) -> int | None:
-        found = self._llama.llama_vocab_bos(self._vocab)
-        return found if found >= 0 else None
+        return _token_or_none(self._llama.llama_vocab_bos(self._vocab))
 
     def render(self, tokens: list[int]) -> str:
         """Tokens as text with special tokens written out: how llama-server shows a prompt."""

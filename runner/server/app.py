@@ -1,7 +1,8 @@
 """The OpenAI-compatible HTTP app: create_app(runner) builds it, starting nothing.
 
 Routes: POST /v1/chat/completions and /v1/completions (streamed as server-sent events, or
-not), llama-server's native /completion, /infill and /apply-template (native.py), GET /v1/models, GET /health (503 while the model loads, 200 when ready), GET /metrics,
+not), llama-server's native /completion, /infill and /apply-template (native.py), GET /v1/models,
+GET /health (503 while the model loads, 200 when ready), GET /metrics,
 and with a data directory the Files and Batch APIs (batch_api.py). A request body becomes
 engine requests through multiseq.formats, the same translation batch-run applies to OpenAI
 Batch lines, and results become response bodies the same way. Interactive requests run at

@@ -56,11 +56,11 @@ _IGNORED = {"cache_prompt", "id_slot", "t_max_prompt_ms", "samplers", "return_to
             "timings_per_token", "return_progress"}
 
 
-def openai_body_of(body: dict[str, Any], extra_fields: tuple[str, ...] = ()) -> tuple[dict[str, Any], bool]:
+def openai_body_of(body: dict[str, Any]) -> tuple[dict[str, Any], bool]:
     """The /v1/completions body of a /completion body, and whether it asks for no output
     (n_predict 0: the prompt computed and cached, as editors do to warm the cache); a 400
-    naming a field it cannot take. `extra_fields` are a door's own (/infill's), left out."""
-    unknown = sorted(set(body) - set(_PASSED) - set(_RENAMED) - _IGNORED - {"n_probs"} - set(extra_fields))
+    naming a field it cannot take."""
+    unknown = sorted(set(body) - set(_PASSED) - set(_RENAMED) - _IGNORED - {"n_probs"})
     if unknown:
         raise ApiError(400, f"{unknown[0]!r} is not a /completion field this server knows", INVALID_REQUEST, unknown[0])
     if "prompt" not in body:
@@ -102,15 +102,17 @@ async def infill(request: HttpRequest) -> Response:
     except ItemError as error:
         raise ApiError(400, str(error), INVALID_REQUEST, error.param) from None
     window = infill_window(runner.window)
-    tokens = await state.pools.prepare(_infill_tokens, runner.backend, wanted, fim, window)
+    tokens, text = await state.pools.prepare(_infill_tokens, runner.backend, wanted, fim, window)
     fields = {name: value for name, value in body.items() if name not in INFILL_FIELDS}
-    return await _answer(request, fields | {"prompt": tokens}, "infill", prompt_text=runner.backend.render_tokens(tokens))
+    return await _answer(request, fields | {"prompt": tokens}, "infill", prompt_text=text)
 
 
-def _infill_tokens(backend, wanted, fim, window: InfillWindow) -> list[int]:
+def _infill_tokens(backend, wanted, fim, window: InfillWindow) -> tuple[list[int], str]:
+    """The laid-out prompt's tokens and their text (off the event loop: both take a while)."""
     bos = backend.bos_token if backend.add_bos else None
-    return infill_tokens(wanted, fim, lambda text: backend.tokenize(text, False, False),
-                         backend.tokenize(wanted.prompt, False, True), window, bos)
+    tokens = infill_tokens(wanted, fim, lambda text: backend.tokenize(text, False, False),
+                           backend.tokenize(wanted.prompt, False, True), window, bos)
+    return tokens, backend.render_tokens(tokens)
 
 
 async def _answer(request: HttpRequest, body: dict[str, Any], api: str, prompt_text: str | None = None) -> Response:
