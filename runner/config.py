@@ -236,6 +236,11 @@ class SamplingParams:
         return self.json_schema is not None or self.grammar is not None or self.json_object
 
 
+# How an embedding request's prompt rows become its embedding (runner.loop.pooling): their
+# mean, the first token's (cls), the last token's, or none (every token's row, as a matrix).
+POOLINGS = ("mean", "cls", "last", "none")
+DEFAULT_POOLING = "default"  # an embedding request's: the runner's (RunnerConfig.pooling, else the model's)
+
 DEFAULT_SLOT_CTX = 2048
 KV_POOL_AUTO = "auto"
 
@@ -331,8 +336,12 @@ class RunnerConfig:
     spec_draft_max: int = 16
     spec_draft_min: int = 1
     spec_ngram_size: int = 4
+    # How embedding requests pool by default (one of POOLINGS); None: as the GGUF says, else mean.
+    pooling: str | None = None
 
     def __post_init__(self) -> None:
+        _require(self.pooling is None or self.pooling in POOLINGS,
+                 f"pooling must be one of {', '.join(POOLINGS)} (or None: the model's), got {self.pooling!r}")
         _require(self.overflow in [policy.value for policy in OverflowPolicy],
                  f"overflow must be one of {', '.join(policy.value for policy in OverflowPolicy)}, got {self.overflow!r}")
         object.__setattr__(self, "overflow", OverflowPolicy(self.overflow))

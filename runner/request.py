@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
 
-from .config import OverflowPolicy, SamplingParams
+from .config import DEFAULT_POOLING, POOLINGS, OverflowPolicy, SamplingParams
 from .sampling.logprobs import TokenLogprob
 from .tools import ChoiceMode, Tool, ToolCall, ToolChoice
 
@@ -51,6 +51,9 @@ class Request:
     # Values the chat template is rendered with besides messages and tools (enable_thinking,
     # reasoning_effort, ...): a chat's switches that the template reads.
     template_options: Mapping[str, Any] | None = None
+    # An embedding request: its prompt's embedding, pooled so (one of POOLINGS, or "default": as
+    # the runner pools), is the result (Result.embedding); nothing is generated.
+    embed: str | None = None
 
     def __post_init__(self) -> None:
         if (self.prompt is None) == (self.messages is None):
@@ -74,6 +77,11 @@ class Request:
         if isinstance(self.priority, bool) or not isinstance(self.priority, int):
             raise ValueError(f"priority must be an integer, got {self.priority!r}")
         self._check_tools()
+        if self.embed is not None:
+            if self.embed not in (*POOLINGS, DEFAULT_POOLING):
+                raise ValueError(f"embed must be one of {', '.join(POOLINGS)} or {DEFAULT_POOLING}, got {self.embed!r}")
+            if self.prompt is None:
+                raise ValueError("an embedding request needs a prompt (text or token ids), not messages")
 
     def _check_tools(self) -> None:
         if self.tools is not None:
@@ -216,6 +224,8 @@ class Result:
     # (OpenAI's accepted/rejected_prediction_tokens are these and their difference).
     draft_tokens: int = 0
     draft_tokens_accepted: int = 0
+    # An embedding request's embedding (float32): a vector, or with pooling none a row per token.
+    embedding: Any = None
 
     @property
     def ok(self) -> bool:

@@ -17,6 +17,7 @@ the logits get a seeded random component so that sampling has a real distributio
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 import zlib
@@ -38,6 +39,17 @@ FIM_PRE, FIM_SUF, FIM_MID, FIM_REP, FIM_SEP = 260, 261, 262, 263, 264
 PEAK = 20.0  # greedy and low-temperature sampling follow the script
 NOISY_PEAK = 2.0  # with noise of the same size, sampling has many likely tokens
 _grammar_tokenizer = None
+FAKE_N_EMBD = 8  # the width of the fake model's embedding rows
+
+
+def fake_embedding_rows(tokens: list[int]) -> np.ndarray:
+    """The fake model's embedding row of each token: a function of the tokens up to it, as a
+    causal model's hidden state is (so a prompt cut anywhere gives the same rows)."""
+    rows, state = [], b""
+    for token in tokens:
+        state = hashlib.blake2b(state + token.to_bytes(4, "little"), digest_size=16).digest()
+        rows.append(np.random.default_rng(int.from_bytes(state, "little")).standard_normal(FAKE_N_EMBD))
+    return np.array(rows, dtype=np.float32).reshape(len(rows), FAKE_N_EMBD)
 
 
 @dataclass
@@ -50,6 +62,7 @@ class DecodeCall:
     slots_with_pending_token: list[int]  # slots that had a sampled token not yet fed back
     started_at: float
     start_positions: list[int]  # of each entry, in batch order
+    embedding_slots: tuple[int, ...] = ()  # slots whose entry is an embedding request's prompt chunk
 
 
 class FakeGraphSampling:
@@ -123,6 +136,8 @@ class FakeBackend:
         self.max_cells_used = 0
         self.n_batch = n_batch
         self.n_vocab = VOCAB
+        self.n_embd = FAKE_N_EMBD
+        self.last_embeddings: dict[int, np.ndarray] = {}
         self.can_shift = can_shift
         self.add_bos = True
         self.last_decode_seconds = 0.0
@@ -268,10 +283,12 @@ class FakeBackend:
             slots_with_pending_token=[slot for slot in range(self.num_slots) if self.has_pending_token[slot]],
             started_at=started,
             start_positions=[entry.start_pos for entry in entries],
+            embedding_slots=tuple(entry.slot for entry in entries if entry.embeds),
         ))
         if self.pool_size is not None and self.num_cells_used + num_tokens > self.pool_size:
             raise NoKvSlot(f"fake: {num_tokens} tokens, {self.pool_size - self.num_cells_used} cells free")
         rows = []
+        self.last_embeddings = {}
         for entry, decode in zip(entries, is_decode):
             self._new_cells(entry.slot, len(entry.tokens))
             kv = self.kv[entry.slot]
@@ -292,6 +309,11 @@ class FakeBackend:
                     kv.append(token)
                     self.prompts[entry.slot].append(token)
                     rows.append(self._logits(entry.slot))
+            elif entry.embeds:  # a row per token, from what the KV holds up to it (causal, as a model's)
+                assert not entry.wants_output, "an embedding's chunk gets no logits row"
+                kv.extend(entry.tokens)
+                self.prompts[entry.slot].extend(entry.tokens)
+                self.last_embeddings[entry.slot] = fake_embedding_rows(kv)[-len(entry.tokens):]
             else:
                 assert not entry.num_drafted, "only a decoding slot's entry has a draft"
                 kv.extend(entry.tokens)

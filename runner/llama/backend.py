@@ -37,6 +37,7 @@ from .chat_template import ChatTemplate, JinjaRenderer
 from ..errors import BackendError, NoKvSlot
 from .batch_arrays import BatchArrays, chunk_rules_for, rows_in_entry_order
 from .chains import SlotChains
+from .embeddings import POOLING_NAMES, EmbeddingOutput
 from .devices import (Device, GgmlRegistry, LlamaBuild, cpu_features, describe_placement,
                             text_of)
 from .kv import KV_TYPES, SlotKv, kv_bytes_per_token
@@ -194,6 +195,11 @@ class LlamaModel:
             return None
 
     @property
+    def pooling(self) -> str | None:
+        """How the GGUF says to pool its embeddings (mean, cls, last, rank; None: it does not)."""
+        return POOLING_NAMES.get(self._metadata_int("pooling_type"))
+
+    @property
     def num_layers(self) -> int:
         """The model's layers, plus its output layer (what llama.cpp's -ngl counts)."""
         return llama.llama_model_n_layer(self.handle) + 1
@@ -270,6 +276,9 @@ class LlamaBackend:
         self.can_shift = self.slot_kv.can_shift
         self._batch = _BatchBuffers(n_batch)
         self.graph_sampling = SlotChains(llama, self._ctx, self._batch, model.n_vocab)
+        self.n_embd = llama.llama_model_n_embd_out(model.handle)
+        self.embedding_output = EmbeddingOutput(llama, self.n_embd)
+        self.last_embeddings: dict = {}
         self.last_decode_seconds = 0.0  # the llama_decode call alone, without filling the batch
         # Text work needs only the model; the runner reaches it through the backend.
         self.tokenize = model.tokenize
@@ -281,6 +290,7 @@ class LlamaBackend:
         self.grammar_tokenizer = model.grammar_tokenizer
         self.bos_and_eos_texts = model.bos_and_eos_texts
         self.fim_tokens = model.fim_tokens
+        self.model_pooling = model.pooling
         self.bos_token = model.bos_token
         self.render_tokens = model.render_tokens
         # The KV of one slot (SlotKv's methods say what each does), for the engine.
@@ -309,6 +319,9 @@ class LlamaBackend:
         params.n_batch = n_batch
         params.n_ubatch = n_batch
         params.n_seq_max = num_slots
+        if self.model.pooling not in (None, "none"):  # (a model that says none is left so: llama.cpp warns)
+            # Embedding rows per token, pooled by the engine over a prompt's chunks (llama/embeddings).
+            params.pooling_type = llama.LLAMA_POOLING_TYPE_NONE
         # One stream per slot: attention never scans another slot's cells. One pool: cells are
         # shared (and a slot may take what others leave), and a step's sequences attend over the
         # used cells with the others masked.
@@ -341,6 +354,7 @@ class LlamaBackend:
         self.pooled = pooled
         self.slot_kv.rebind(self._ctx, pooled)
         self.graph_sampling.rebind(self._ctx)
+        self.embedding_output.rebind()
         put_back(self.slot_kv, states)
 
     def close(self) -> None:
@@ -362,6 +376,7 @@ class LlamaBackend:
         flash attention's tiles with the other sequences' rows, so few blocks of cells are
         masked for the whole tile and skipped (SmolLM2, 3 decoding tokens beside a 96-token
         chunk: 457 against 360 ms as two calls, 290 with windows)."""
+        self.last_embeddings = {}
         chunks = [entry for entry in entries if entry.is_prompt_chunk] if self.pooled else []
         if not chunks or len(chunks) == len(entries) or self.graph_sampling.has_chains:
             rows = self._decode_once(entries)
@@ -388,6 +403,7 @@ class LlamaBackend:
         if not self._ctx:  # a relayout freed the context and could not make the next one
             raise BackendError("the llama.cpp context is gone: it could not be made again in the other KV layout")
         num_outputs = self._batch.fill(entries)
+        embeds = self.embedding_output.prepare(self._ctx, self._batch)
         started = time.perf_counter()
         code = llama.llama_decode(self._ctx, self._batch.batch)
         self.last_decode_seconds = time.perf_counter() - started
@@ -396,9 +412,13 @@ class LlamaBackend:
             raise NoKvSlot("llama_decode found no KV slot for the batch")
         if code != 0:
             raise BackendError(f"llama_decode failed with code {code}")
+        if embeds:
+            self.last_embeddings.update(self.embedding_output.rows(self._ctx, self._batch))
         if num_outputs == 0:
             return None
         pointer = llama.llama_get_logits(self._ctx)
+        if embeds:
+            return self.embedding_output.wanted_logits(pointer, self._batch, self.n_vocab)
         return np.ctypeslib.as_array(pointer, shape=(num_outputs, self.n_vocab))
 
 

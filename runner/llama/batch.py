@@ -28,6 +28,9 @@ class BatchEntry:
     wants_output: bool  # a logits row is needed for the last token
     num_drafted: int = 0  # the last tokens that are a draft (each gets a row, as does the one before)
     scores_prompt: bool = False  # a prompt chunk whose every token gets a row (prompt log probabilities)
+    # An embedding request's prompt chunk: every token gets an embedding row (Backend.last_embeddings),
+    # no logits row.
+    embeds: bool = False
 
     @property
     def num_outputs(self) -> int:
@@ -151,6 +154,10 @@ class Backend(Protocol):
     chunk_rules: ChunkRules  # how to cut prompts so that the cut does not change their numbers
     chat_template_source: str | None  # the chat template's Jinja text (None: built-in or none)
     graph_sampling: GraphSampling | None  # sampler chains in the model's graph; None: host only
+    n_embd: int  # the width of an embedding row
+    # Per slot whose entry embeds, in the last decode: its tokens' embedding rows (the final
+    # hidden state after the output norm), (tokens, n_embd), owned by the caller.
+    last_embeddings: dict[int, np.ndarray]
 
     def tokenize(self, text: str, add_special: bool = True) -> list[int]: ...
     def render_chat(self, messages: tuple[dict, ...], tools: list[dict] | None = None,

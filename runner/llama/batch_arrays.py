@@ -28,6 +28,8 @@ class BatchArrays:
         self.outputs = np.zeros(capacity, dtype=np.int8)
         self.num_tokens = 0
         self.output_indices: list[int] = []  # where each output row's token is in the batch
+        # Per entry that embeds: its slot and where its tokens are in the batch.
+        self.embedding_spans: list[tuple[int, int, int]] = []
 
     def fill(self, entries: list[BatchEntry]) -> int:
         """Write the entries into the arrays; return the number of output rows requested.
@@ -38,8 +40,11 @@ class BatchArrays:
         positions: list[int] = []
         seq_ids: list[int] = []
         output_indices: list[int] = []
+        self.embedding_spans = []
         for entry in entries:
             length = len(entry.tokens)
+            if entry.embeds:
+                self.embedding_spans.append((entry.slot, len(tokens), len(tokens) + length))
             tokens += entry.tokens
             positions += range(entry.start_pos, entry.start_pos + length)
             seq_ids += [entry.slot] * length

@@ -177,6 +177,8 @@ class Engine:
             seq.fail(error, overriding=True)  # what its slot holds is in doubt, even if it was cancelled
         for seq, (start, scores) in executed.prompt_scores.items():  # a prompt computed again overwrites them
             seq.prompt_logprobs[start:start + len(scores)] = scores
+        for seq, (start, rows) in executed.embeddings.items():
+            seq.embedding.add(start, rows)
         for chunk in plan.chunks:
             chunk.seq.record_decoded(chunk.num_tokens, chunk.is_prefill, started)
         num_taken = {}  # output tokens each drafting sequence took this step

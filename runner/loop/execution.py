@@ -10,6 +10,8 @@ import logging
 import time
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..llama.batch import Backend
 from ..errors import BackendError, EngineFailure, NoKvSlot, RequestFault
 from .graph_sampling import RowSampling
@@ -34,6 +36,8 @@ class Executed:
     # Per sequence whose prompt is scored, where its chunk starts in the prompt and the log
     # probabilities of the prompt tokens after each of the chunk's tokens.
     prompt_scores: dict[Sequence, tuple[int, list[TokenLogprob]]]
+    # Per embedding request's chunk, where it starts in the prompt and its tokens' embedding rows.
+    embeddings: dict[Sequence, tuple[int, np.ndarray]]
     decode_seconds: float  # llama_decode alone
     batch_seconds: float  # filling the batch and retries, outside llama_decode
     sample_seconds: float
@@ -47,6 +51,7 @@ class _Ran:
     sampled: list[Sampled | RequestFault]
     drafted: list[list[Sampled] | RequestFault]
     prompt_scores: dict[Sequence, tuple[int, list[TokenLogprob]]]
+    embeddings: dict[Sequence, tuple[int, np.ndarray]]
     decode_seconds: float
     sample_seconds: float
 
@@ -86,7 +91,8 @@ class StepExecution:
             sampled = [row for part in ran for row in part.sampled]
             drafted = [tokens for part in ran for tokens in part.drafted]
         prompt_scores = {seq: scores for part in ran for seq, scores in part.prompt_scores.items()}
-        return Executed(plan_run, sampled, drafted, failed, prompt_scores, decode_seconds,
+        embeddings = {seq: rows for part in ran for seq, rows in part.embeddings.items()}
+        return Executed(plan_run, sampled, drafted, failed, prompt_scores, embeddings, decode_seconds,
                         time.perf_counter() - started - decode_seconds - sample_seconds, sample_seconds)
 
     def _run(self, plan: StepPlan) -> _Ran:
@@ -110,7 +116,10 @@ class StepExecution:
         sampled = self.row_sampling.sample(logits if rows is None else logits[rows], plan.output_seqs, in_graph)
         drafted = [[] for _ in sampled] if rows is None else verify_all(logits, plan, sampled)
         scores = self._prompt_scores(logits, plan) if rows is not None else {}
-        return _Ran(plan, sampled, drafted, scores, self.backend.last_decode_seconds,
+        # (the rows of the chunk's place in its prompt: where it starts, applied after the step)
+        embeddings = {chunk.seq: (chunk.seq.num_prefilled, self.backend.last_embeddings[chunk.entry.slot])
+                      for chunk in plan.chunks if chunk.entry.embeds}
+        return _Ran(plan, sampled, drafted, scores, embeddings, self.backend.last_decode_seconds,
                     time.perf_counter() - sampling_started)
 
     def _prompt_scores(self, logits, plan: StepPlan) -> dict[Sequence, tuple[int, list[TokenLogprob]]]:

@@ -44,6 +44,7 @@ def result_of(seq: Sequence, parse: bool = True) -> Result:
         stop_string=seq.pieces.assembler.matched_stop,
         draft_tokens=seq.num_drafted,
         draft_tokens_accepted=seq.num_draft_accepted,
+        embedding=seq.embedding.vector() if seq.embedding is not None and seq.embedding.is_complete else None,
         **tools,
     )
 

@@ -135,7 +135,10 @@ class KvPlacement:
         KV is in doubt, and nothing of it is kept)."""
         if seq.parked is not None:  # preempted, then cancelled (or failed) while it waited
             self.host_cache.unpark(seq.parked)
-        num_kept = self.scheduler.release(seq, seq.status is not SequenceStatus.FAILED, now)
+        # (an embedding's KV is no one's prefix: a chat seldom starts with a document, and another
+        # embedding needs every token's row)
+        keeps = seq.status is not SequenceStatus.FAILED and seq.embedding is None
+        num_kept = self.scheduler.release(seq, keeps, now)
         if slot is not None and not self.backend.reuse_prefix(slot, slot, num_kept):
             self.scheduler.prefixes.take(slot)  # not intact: the backend cleared it, keep nothing
 

@@ -77,7 +77,7 @@ class StepPlan:
             if chunk.is_prefill and chunk.num_tokens > 1:
                 entry = chunk.entry
                 half = BatchEntry(entry.slot, entry.tokens[: len(entry.tokens) // 2], entry.start_pos, False,
-                                  scores_prompt=entry.scores_prompt)
+                                  scores_prompt=entry.scores_prompt, embeds=entry.embeds)
                 chunk = Chunk(chunk.seq, half, True)
             chunks.append(chunk)
         return StepPlan(chunks)
@@ -117,6 +117,11 @@ class StepPlanner:
             top = prefilling[0].priority
             decoding = [seq for seq in decoding if seq.priority >= top]
             prefilling = [seq for seq in prefilling if seq.priority >= top]
+        if prefilling:
+            # A step's prompt chunks are all embedding ones or none: llama.cpp computes a row
+            # of logits for every token of a decode that outputs embeddings.
+            embeds = prefilling[0].embedding is not None
+            prefilling = [seq for seq in prefilling if (seq.embedding is not None) == embeds]
         if self.isolate_prefill:
             self._last_step_prefilled = bool(prefilling) and not (decoding and self._last_step_prefilled)
             if self._last_step_prefilled:
@@ -141,8 +146,9 @@ class StepPlanner:
                 continue
             tokens = seq.prompt_tokens[start:start + length]
             is_last = start + length == len(seq.prompt_tokens)
-            chunks[seq.slot] = Chunk(seq, BatchEntry(seq.slot, tokens, seq.n_past, is_last,
-                                                     scores_prompt=scores_prompt(seq)), True)
+            embeds = seq.embedding is not None
+            chunks[seq.slot] = Chunk(seq, BatchEntry(seq.slot, tokens, seq.n_past, is_last and not embeds,
+                                                     scores_prompt=scores_prompt(seq), embeds=embeds), True)
             budget -= length
             room -= length
         return StepPlan([chunks[slot] for slot in sorted(chunks)])

@@ -104,6 +104,11 @@ class Runner:
         None when the backend does not say."""
         return getattr(self.backend, "device", None)
 
+    @property
+    def pooling(self) -> str:
+        """How embedding requests pool by default: --pooling, else as the GGUF says, else mean."""
+        return self.engine.maker.pooling
+
     # --- public API ------------------------------------------------------------------------
 
     def submit(self, request: Request, stream: bool = False, on_finish: Callable[[Result], None] | None = None,

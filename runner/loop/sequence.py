@@ -37,6 +37,7 @@ from ..sampling.sampler import Sampled, SequenceSampler
 
 if TYPE_CHECKING:
     from ..kv.hostcache import HostEntry
+    from .pooling import EmbeddingPool
     from ..tools.reader import OutputParser
 
 CANCELLED_BEFORE_START = "Cancelled: the request was cancelled before it started"
@@ -85,8 +86,9 @@ class Sequence:
     def __init__(self, request_id: str, prompt_tokens: list[int], sampler: SequenceSampler, n_keep: int,
                  overflow: OverflowPolicy, max_tokens: int, prompt_tokens_dropped: int = 0,
                  submitted_at: float | None = None, priority: int = Priority.BATCH,
-                 tool_parser: OutputParser | None = None) -> None:
+                 tool_parser: OutputParser | None = None, embedding: EmbeddingPool | None = None) -> None:
         self.id = request_id
+        self.embedding = embedding  # an embedding request's rows, pooled: it ends with its prompt
         self.priority = priority
         self.prompt_tokens = prompt_tokens
         self.sampler = sampler
@@ -105,15 +107,12 @@ class Sequence:
         self.n_past = 0  # tokens in the slot's KV; the next token goes at this position
         self._prompt_array: np.ndarray | None = None
         self.tokens_shifted_out = 0
-        self.num_drafted = 0  # draft tokens verified for it (speculative decoding)
-        self.num_draft_accepted = 0  # of those, how many came true and were output
+        # Draft tokens verified for it (speculative decoding), and how many came true and were output.
+        self.num_drafted = self.num_draft_accepted = 0
         self.is_window_exhausted = False  # the window filled up and could not slide
         self.schema_error: str | None = None  # why the finished output does not validate
         self.submitted_at = time.perf_counter() if submitted_at is None else submitted_at
-        self.admitted_at: float | None = None
-        self.prefilled_at: float | None = None
-        self.first_token_at: float | None = None
-        self.finished_at: float | None = None
+        self.admitted_at = self.prefilled_at = self.first_token_at = self.finished_at = None  # float | None
         self.parked: HostEntry | None = None  # preempted: its slot's KV, saved to resume from
         # With params.prompt_logprobs: the log probability of each prompt token after the first.
         self.prompt_logprobs: list[TokenLogprob] = []
@@ -140,7 +139,7 @@ class Sequence:
 
     @property
     def last_token(self) -> int:
-        """The newest generated token: not yet in the KV, it is what the next step decodes."""
+        """The newest generated token: not yet in the KV, the next step decodes it."""
         return self.output_tokens[-1]
 
     @property
@@ -231,14 +230,15 @@ class Sequence:
         self.num_cached = self.num_prefilled = self.n_past = self.num_restored = 0
 
     def record_decoded(self, num_tokens: int, is_prefill: bool, now: float) -> None:
-        """A step put num_tokens of this sequence into its slot's KV; its last prompt token
-        makes it a decoding sequence."""
+        """A step put num_tokens of it into its slot's KV; its last prompt token starts decoding."""
         self.n_past += num_tokens
         if is_prefill:
             self.num_prefilled += num_tokens
             if self.num_prompt_remaining == 0:
                 self._move_to(SequenceStatus.DECODING)
                 self.prefilled_at = now
+                if self.embedding is not None:  # its embedding is all it computes
+                    self._end(FinishReason.STOP)
 
     def record_draft(self, num_drafted: int, num_kept: int) -> None:
         """A step verified num_drafted draft tokens after its newest token and num_kept of them

@@ -11,10 +11,11 @@ import warnings
 import numpy as np
 
 from ..llama.batch import Backend
-from ..config import RunnerConfig
+from ..config import DEFAULT_POOLING, POOLINGS, OverflowPolicy, RunnerConfig
 from ..sampling.grammar import TokenConstraint
 from ..request import Request
 from ..sampling.sampler import SequenceSampler
+from .pooling import EmbeddingPool
 from .scheduler import fit_prompt
 from .sequence import Sequence
 from ..tools.support import ToolSupport
@@ -29,6 +30,9 @@ class SequenceMaker:
         self.tools = tools
         self.window = window
         self._base_seed = config.seed if config.seed is not None else int.from_bytes(os.urandom(8), "little")
+        # How embedding requests pool by default: the config's, else as the GGUF says, else mean.
+        model_pooling = getattr(backend, "model_pooling", None)
+        self.pooling = config.pooling or (model_pooling if model_pooling in POOLINGS else "mean")
 
     def new_sequence(self, request: Request, request_id: str) -> Sequence:
         """Tokenize and fit a request. Reads only the model and the config, so it may run on
@@ -38,6 +42,8 @@ class SequenceMaker:
         tokens = self._tokens_of(request, text)
         if not tokens:
             raise ValueError("the prompt tokenizes to no tokens")
+        if request.embed is not None:
+            return self._embedding_sequence(request, request_id, tokens)
         bos_kept = 1 if self.backend.add_bos else 0
         n_keep = (request.n_keep if request.n_keep is not None else self.config.n_keep) + bos_kept
         overflow = request.overflow or self.config.overflow
@@ -53,6 +59,16 @@ class SequenceMaker:
         return Sequence(request_id, fit.tokens, sampler, n_keep, overflow, fit.max_tokens,
                         prompt_tokens_dropped=fit.num_dropped, priority=request.priority,
                         tool_parser=self.tools.parser(request, text))
+
+    def _embedding_sequence(self, request: Request, request_id: str, tokens: list[int]) -> Sequence:
+        """An embedding request's sequence: its whole prompt in one window (an embedding of a
+        part would not be the text's), nothing sampled."""
+        if len(tokens) > self.window:
+            raise ValueError(f"the input has {len(tokens)} tokens, more than a slot's {self.window}-token window")
+        sampler = SequenceSampler(request.sampling, 0, tokens, (), None, self.backend.token_bytes)
+        pooling = self.pooling if request.embed == DEFAULT_POOLING else request.embed
+        return Sequence(request_id, tokens, sampler, 0, OverflowPolicy.REJECT, 1, priority=request.priority,
+                        embedding=EmbeddingPool(pooling, len(tokens)))
 
     def prompt_text(self, request: Request) -> str:
         """A request's prompt as text (its chat rendered with its tools; "" for token ids)."""

@@ -79,6 +79,9 @@ class SlotChooser:
         """The slot for seq and the prefix it reuses; None to wait for one being prefilled."""
         if not self.prefix_cache:
             return Placement(free[0], free[0], 0)
+        if seq.embedding is not None:  # every token's row is needed: nothing is reused
+            slot = self.prefixes.least_recently_used([slot for slot in free if slot not in copy_sources] or free)
+            return Placement(slot, slot, 0)
         if scores_prompt(seq):
             return self._place_scored(seq, free, copy_sources)
         prompt = seq.prompt_array
