@@ -143,6 +143,15 @@ def kv_lines(kv: dict[str, Any] | None) -> list[tuple[str, str]]:
     return lines
 
 
+def pooling_text(pooling: str | None) -> str:
+    """How the model's embeddings pool (/v1/embeddings, /embedding, batch-run's input lines)."""
+    if pooling == "rank":
+        return "the GGUF says rank (a reranker's head), which multiseq does not run: embeddings pool by mean"
+    if pooling:
+        return f"pooled by {pooling}, as the GGUF says (--pooling changes it)"
+    return "pooled by mean: the GGUF names no pooling (--pooling mean, cls, last or none changes it)"
+
+
 def model_format_lines(model_format: dict[str, Any]) -> Table:
     """How a model's output is read: its chat template and the tool-call family detected."""
     grid = Table.grid(padding=(0, 2))
@@ -154,6 +163,7 @@ def model_format_lines(model_format: dict[str, Any]) -> Table:
             ("reasoning", " ... ".join(reasoning) if reasoning else "(none)"),
             ("markers kept", " ".join(model_format["marker_tokens"]) or "(none are control tokens)"),
             *kv_lines(model_format.get("kv")),
+            ("embeddings", pooling_text(model_format.get("pooling"))),
     ):
         grid.add_row(Text(label, style="bold"), Text(value))
     return grid

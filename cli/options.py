@@ -14,12 +14,12 @@ from typing import Any
 import click
 
 from .. import models
-from ..config import (DEFAULT_SLOT_CTX, KV_CACHE_TYPES, REASONING_FORMATS, SPEC_TYPES, THREADS_ENV, TOOL_FORMATS, FlashAttention, OverflowPolicy, RunnerConfig, SamplingMode, SamplingParams,
+from ..config import (DEFAULT_SLOT_CTX, KV_CACHE_TYPES, POOLINGS, REASONING_FORMATS, SPEC_TYPES, THREADS_ENV, TOOL_FORMATS, FlashAttention, OverflowPolicy, RunnerConfig, SamplingMode, SamplingParams,
                       SplitMode, default_of)
 
 ENGINE_FIELDS = ("model", "parallel", "slot_ctx", "kv_pool", "kv_layout", "threads", "n_keep", "n_discard", "seed", "chat_template",
                  "tool_format", "reasoning_format", "cache_type_k", "cache_type_v", "prefix_cache", "cache_ram_mib", "step_tokens", "batch_invariant", "overflow", "n_gpu_layers", "main_gpu", "split_mode", "tensor_split",
-                 "flash_attn", "sampling", "spec_type", "spec_draft_max", "spec_draft_min", "spec_ngram_size")
+                 "flash_attn", "sampling", "spec_type", "spec_draft_max", "spec_draft_min", "spec_ngram_size", "pooling")
 SAMPLING_FIELDS = ("max_tokens", "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "stop", "ignore_eos",
                    "strict_schema")
 
@@ -180,6 +180,9 @@ def engine_options(slot_ctx_help: str = "Context tokens per slot (prompt + gener
         click.option("--spec-ngram-size-n", "spec_ngram_size", type=click.IntRange(1),
                      default=default_of(RunnerConfig, "spec_ngram_size"), show_default=True,
                      help="Tokens matched to find a draft (shorter: more drafts, fewer kept)."),
+        click.option("--pooling", type=click.Choice(list(POOLINGS)),
+                     help="How an embedding pools its tokens' rows: mean, cls (the first token's), last, or none "
+                          "(every token's row; /embedding only). [default: as the GGUF says, else mean]"),
     ])
 
 

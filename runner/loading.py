@@ -57,6 +57,6 @@ def tool_family_report(name_or_path: str | os.PathLike | None = None, chat_templ
                 "tool_format": family["name"], "detected": family["detected"], "description": family["description"],
                 "reasoning": family["reasoning"],
                 "marker_tokens": sorted(marker.decode() for marker in support.marker_tokens(model).values()),
-                "kv": _kv_report(model, resolved.path)}
+                "kv": _kv_report(model, resolved.path), "pooling": model.pooling}
     finally:
         model.close()

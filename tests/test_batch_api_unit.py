@@ -206,7 +206,7 @@ def test_an_unknown_file_or_batch_is_404_in_openais_shape(batch_server):
 
 
 @pytest.mark.parametrize("create, param", [
-    (dict(endpoint="/v1/embeddings"), "endpoint"),
+    (dict(endpoint="/v1/moderations"), "endpoint"),
     (dict(completion_window="1h"), "completion_window"),
     (dict(metadata={"key": 1}), "metadata"),
     (dict(extra_body={"output_expires_after": {"anchor": "created_at", "seconds": 3600}}), "output_expires_after"),

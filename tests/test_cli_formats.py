@@ -40,11 +40,11 @@ def test_openai_batch_input_gives_openai_batch_output(tmp_path, run_cli, read_js
          "body": {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 5}},
         {"custom_id": "text-1", "method": "POST", "url": "/v1/completions",
          "body": {"model": "x", "prompt": "Once upon a time", "max_tokens": 7, "temperature": 0}},
-        {"custom_id": "bad-1", "method": "POST", "url": "/v1/embeddings", "body": {"input": "x"}},
+        {"custom_id": "bad-1", "method": "POST", "url": "/v1/moderations", "body": {"input": "x"}},
     ])
     out = tmp_path / "out.jsonl"
     result = run_cli("batch-run", str(prompts), "-o", str(out), *FAST)
-    assert result.exit_code == 1, result.output  # the embeddings line failed
+    assert result.exit_code == 1, result.output  # the moderations line failed
     records = {record["custom_id"]: record for record in read_jsonl(out)}
     chat, text, bad = records["chat-1"], records["text-1"], records["bad-1"]
     assert chat["id"].startswith("batch_req_") and chat["error"] is None

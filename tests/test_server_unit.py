@@ -215,7 +215,7 @@ def test_an_unknown_model_or_route_is_404(server):
     with pytest.raises(openai.NotFoundError) as unknown:
         client.chat.completions.create(model="gpt-nope", messages=USER_HI)
     assert_error_shape({"error": unknown.value.body}, "invalid_request_error", "model", "model_not_found")
-    status, body, _ = post(base, "/v1/embeddings", json.dumps({"input": "x"}))
+    status, body, _ = post(base, "/v1/moderations", json.dumps({"input": "x"}))
     assert status == 404
     assert_error_shape(body, "not_found_error", code="unknown_url")
 

@@ -23,6 +23,7 @@ from typing import Any
 from ..sampling.logprobs import TokenLogprob
 from ..request import FinishReason, Request, Result
 from ..tools import Delta, ReasoningDelta, TextDelta, ToolCallStart
+from .embeddings import POOLED_NONE_ERROR, dimensions_error, embeddings_body
 from .reader import PromptItem
 
 logger = logging.getLogger("multiseq.formats")
@@ -57,10 +58,24 @@ def openai_record(item: PromptItem, results: list[Result] | None, model_name: st
     elif schema_failure(results) is not None:
         record["response"] = _error_response(INVALID_OUTPUT_STATUS, schema_failure(results), INVALID_OUTPUT,
                                              "response_format", INVALID_OUTPUT_CODE)
+    elif item.embedding_encoding is not None:
+        record["response"] = _embeddings_response(item, results, model_name)
     else:
         record["response"] = {"status_code": 200, "request_id": f"req_{_uid()}",
                               "body": completion_body(item, results, model_name)}
     return record
+
+
+def _embeddings_response(item: PromptItem, results: list[Result], model_name: str) -> dict[str, Any]:
+    """An embeddings line's response: a vector per input, or a 400 for what only the model
+    could tell (its width, its pooling)."""
+    width = results[0].embedding.shape[-1]
+    if results[0].embedding.ndim != 1:
+        return _error_response(400, POOLED_NONE_ERROR, "invalid_request_error", "input")
+    if item.embedding_dimensions is not None and item.embedding_dimensions != width:
+        return _error_response(400, dimensions_error(width), "invalid_request_error", "dimensions")
+    return {"status_code": 200, "request_id": f"req_{_uid()}",
+            "body": embeddings_body(results, model_name, item.embedding_encoding)}
 
 
 def _error_response(status: int, message: str | None, kind: str, param: str | None,

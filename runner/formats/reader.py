@@ -1,8 +1,10 @@
 """Prompt files in: three formats, detected per file, parsed line by line.
 
-- jsonl: {"id"?, "prompt" | "messages", per-item sampling fields}; ids default to the line number.
+- jsonl: {"id"?, "prompt" | "messages", per-item sampling fields}; ids default to the line number;
+  or {"id"?, "input", "pooling"?}: the input's embedding (embeddings.py).
 - text: one prompt per line; ids are line numbers.
-- openai: the OpenAI Batch API input format (custom_id, method, url, body).
+- openai: the OpenAI Batch API input format (custom_id, method, url, body), the url
+  /v1/chat/completions, /v1/completions or /v1/embeddings.
 
 A line that cannot run (bytes that are not UTF-8, malformed JSON, a field of the wrong type,
 an empty prompt, a field that cannot be honoured) becomes a PromptItem with an error naming
@@ -23,11 +25,12 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from ..config import SamplingParams
+from ..config import DEFAULT_POOLING, POOLINGS, SamplingParams
 from ..request import Request
 from .fields import (COMMON_FIELDS, IGNORED_OPENAI_FIELDS, SAMPLING_FIELDS, ItemError, chat_messages,
                      check_constraint_compiles, choice_count, completion_logprobs, completion_prompts, constraint_param,
                      echo_fields, non_finite_path, reject_unsupported, response_format_overrides, sampling_overrides)
+from .embeddings import embedding_inputs, embeddings_body_requests, encoding_format, input_requests
 from .lines import LineDecodeError, RawLine, decode_line, iter_lines
 from .tool_fields import TOOL_FIELDS, tool_overrides
 
@@ -62,6 +65,10 @@ class PromptItem:
     prompt_requests: tuple[Request, ...] = ()
     echo: bool = False  # completions' echo: each choice's text (and logprobs) start with its prompt's
     echo_only: bool = False  # echo with max_tokens 0: the prompt alone (its scores), no output
+    # An embeddings item (each prompt request embeds its input): how its vectors are written
+    # (float or base64; None: not an embeddings item), and the width its body asked for.
+    embedding_encoding: str | None = None
+    embedding_dimensions: int | None = None
 
     @property
     def is_valid(self) -> bool:
@@ -83,6 +90,14 @@ class PromptItem:
     @property
     def request_ids(self) -> list[str]:
         return [self.id] if self.n == 1 else [choice_id(self.id, index) for index in range(self.n)]
+
+
+def embeddings_item(item_id: str, requests: tuple[Request, ...], encoding: str = "float",
+                    dimensions: int | None = None, line_number: int = 0) -> PromptItem:
+    """An item of embedding requests, one per input, each its own choice."""
+    return PromptItem(line_number, item_id, requests[0], n=len(requests),
+                      prompt_requests=requests if len(requests) > 1 else (), embedding_encoding=encoding,
+                      embedding_dimensions=dimensions)
 
 
 def choice_id(item_id: str, index: int) -> str:
@@ -190,12 +205,15 @@ def _reject_unknown(fields: set[str], known: set[str]) -> None:
 # --- readers --------------------------------------------------------------------------------
 
 def parse_jsonl_line(text: str, line_number: int, defaults: SamplingParams) -> PromptItem:
-    """One JSONL line: {"id"?, "prompt" | "messages", "n"?, per-item sampling fields}."""
+    """One JSONL line: {"id"?, "prompt" | "messages", "n"?, per-item sampling fields}, or an
+    embeddings line: {"id"?, "input", "pooling"?}."""
     item_id = str(line_number)
     try:
         data = _json_object(text)
         item_id = _item_id(data.get("id"), line_number)
         _reject_non_finite(data)
+        if "input" in data:  # an embeddings line
+            return _jsonl_embeddings_item(data, item_id, line_number)
         _reject_unknown(set(data), _JSONL_FIELDS | set(SAMPLING_FIELDS))
         n = choice_count(data.get("n", 1))
         request = build_request(item_id, data.get("prompt"), data.get("messages"), line_overrides(data), defaults,
@@ -203,6 +221,18 @@ def parse_jsonl_line(text: str, line_number: int, defaults: SamplingParams) -> P
         return PromptItem(line_number, item_id, request, is_chat="messages" in data, n=n)
     except ItemError as error:
         return PromptItem(line_number, item_id, None, f"line {line_number}: {error}", error_param=error.param)
+
+
+def _jsonl_embeddings_item(data: dict[str, Any], item_id: str, line_number: int) -> PromptItem:
+    """{"id"?, "input": text or token ids, "pooling"?}: the input's embedding."""
+    _reject_unknown(set(data), {"id", "input", "pooling"})
+    pooling = data.get("pooling", DEFAULT_POOLING)
+    if pooling not in (*POOLINGS, DEFAULT_POOLING):
+        raise ItemError(f"'pooling' must be one of {', '.join(POOLINGS)}, got {json.dumps(pooling)}", "pooling")
+    inputs = embedding_inputs(data["input"])
+    if len(inputs) > 1:
+        raise ItemError("'input' holds one text (or one list of token ids) per line", "input")
+    return embeddings_item(item_id, input_requests(item_id, inputs, pooling), line_number=line_number)
 
 
 def parse_text_line(text: str, line_number: int, defaults: SamplingParams, mode: TextMode) -> PromptItem:
@@ -226,7 +256,12 @@ def parse_openai_line(text: str, line_number: int, defaults: SamplingParams) -> 
         _reject_unknown(set(data), {"custom_id", "method", "url", "body"})
         if data.get("method", "POST") != "POST":
             raise ItemError(f"method must be POST, got {json.dumps(data.get('method'))}", "method")
-        is_chat = _openai_url(data.get("url")) == CHAT_URL
+        url = _openai_url(data.get("url"))
+        if url == EMBEDDINGS_URL:
+            body = data.get("body")
+            requests = embeddings_body_requests(item_id, body)
+            return embeddings_item(item_id, requests, encoding_format(body), body.get("dimensions"), line_number)
+        is_chat = url == CHAT_URL
         return openai_body_item(item_id, data.get("body"), is_chat, defaults, line_number)
     except ItemError as error:
         return PromptItem(line_number, item_id, None, f"line {line_number}: {error}", is_chat=is_chat,
@@ -234,11 +269,8 @@ def parse_openai_line(text: str, line_number: int, defaults: SamplingParams) -> 
 
 
 def _openai_url(url: Any) -> str:
-    if url == EMBEDDINGS_URL:
-        raise ItemError(f"url {EMBEDDINGS_URL} cannot be honoured: the model is generative and gives no "
-                        f"embeddings (use {CHAT_URL} or {COMPLETIONS_URL})", "url")
-    if url not in (CHAT_URL, COMPLETIONS_URL):
-        raise ItemError(f"url must be {CHAT_URL} or {COMPLETIONS_URL}, got {json.dumps(url)}", "url")
+    if url not in (CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL):
+        raise ItemError(f"url must be {CHAT_URL}, {COMPLETIONS_URL} or {EMBEDDINGS_URL}, got {json.dumps(url)}", "url")
     return url
 
 

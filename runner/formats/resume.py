@@ -39,6 +39,8 @@ def record_succeeded(record: dict[str, Any]) -> bool:
         if not isinstance(response, dict) or response.get("status_code") != 200:
             return False
         body = response.get("body")
+        if isinstance(body, dict) and body.get("object") == "list":  # an embeddings line's vectors
+            return isinstance(body.get("data"), list)
         return _all_succeeded(body.get("choices") if isinstance(body, dict) else None)
     if "choices" in record:
         return record.get("error") is None and _all_succeeded(record["choices"])

@@ -1,7 +1,8 @@
 """The OpenAI-compatible HTTP app: create_app(runner) builds it, starting nothing.
 
 Routes: POST /v1/chat/completions and /v1/completions (streamed as server-sent events, or
-not), llama-server's native /completion, /infill and /apply-template (native.py), GET /v1/models,
+not), llama-server's native /completion, /infill and /apply-template (native.py), POST
+/v1/embeddings and llama-server's /embedding (embeddings.py), GET /v1/models,
 GET /health (503 while the model loads, 200 when ready), GET /metrics,
 and with a data directory the Files and Batch APIs (batch_api.py). A request body becomes
 engine requests through multiseq.formats, the same translation batch-run applies to OpenAI
@@ -23,7 +24,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from ..loop.runner import Runner
-from . import batch_api, messages, native, responses, tokens
+from . import batch_api, embeddings, messages, native, responses, tokens
 from .chat import chat_completions, completions
 from .door import ApiKeyGuard, SiteGuard, cors_options
 from .errors import INVALID_REQUEST, NOT_FOUND, SERVER_ERROR, ApiError, internal_error
@@ -66,7 +67,8 @@ async def props(request: HttpRequest) -> Response:
     if state.runner is None:
         raise ApiError(503, "The model is still loading.", SERVER_ERROR)
     return JSONResponse({"model": state.settings.model_name, "tool_format": state.runner.tool_family,
-                         "total_slots": state.runner.config.parallel, "slot_ctx": state.runner.window})
+                         "total_slots": state.runner.config.parallel, "slot_ctx": state.runner.window,
+                         "embedding": {"pooling": state.runner.pooling, "n_embd": state.runner.backend.n_embd}})
 
 
 async def list_models(request: HttpRequest) -> Response:
@@ -125,6 +127,9 @@ def create_app(runner: Runner | None = None, settings: ServerSettings | None = N
         Route("/completions", native.completion, methods=["POST"]),
         Route("/apply-template", native.apply_template, methods=["POST"]),
         Route("/infill", native.infill, methods=["POST"]),
+        Route("/v1/embeddings", embeddings.create_embeddings, methods=["POST"]),
+        Route("/embeddings", embeddings.create_embeddings, methods=["POST"]),
+        Route("/embedding", embeddings.native_embedding, methods=["POST"]),
         *batch_api.ROUTES,
         *responses.ROUTES,
     ]

@@ -131,8 +131,8 @@ async def create_batch(request: HttpRequest) -> Response:
         raise ApiError(400, "'input_file_id' must be the id of an uploaded file.", param="input_file_id")
     endpoint = body.get("endpoint")
     if endpoint not in ENDPOINTS:
-        raise ApiError(400, f"'endpoint' must be one of {', '.join(ENDPOINTS)} (this server runs a generative "
-                            f"model), got {json.dumps(endpoint)}.", param="endpoint")
+        raise ApiError(400, f"'endpoint' must be one of {', '.join(ENDPOINTS)}, got {json.dumps(endpoint)}.",
+                       param="endpoint")
     if body.get("completion_window") != COMPLETION_WINDOW:
         raise ApiError(400, f"'completion_window' must be \"{COMPLETION_WINDOW}\", got "
                             f"{json.dumps(body.get('completion_window'))}.", param="completion_window")

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..formats.reader import CHAT_URL, COMPLETIONS_URL
+from ..formats.reader import CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL
 from ..loop.runner import Runner
 from .batchrules import BatchRules, new_id, now
 from .errors import NOT_FOUND, ApiError
@@ -29,7 +29,7 @@ from .worker import LINES_PER_SLOT, OUTPUT_PURPOSE, BatchWorker
 __all__ = ["ACTIVE", "BATCH_PURPOSE", "COMPLETION_WINDOW", "ENDPOINTS", "LINES_PER_SLOT", "OUTPUT_PURPOSE",
            "BatchRules", "BatchService"]
 
-ENDPOINTS = (CHAT_URL, COMPLETIONS_URL)
+ENDPOINTS = (CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL)
 COMPLETION_WINDOW = "24h"  # the only one OpenAI offers; here a batch runs to its end whatever it says
 COMPLETION_WINDOW_SECONDS = 24 * 3600
 BATCH_PURPOSE = "batch"

@@ -22,7 +22,7 @@ from typing import Any
 from ..formats.batchrun import BatchRun
 from ..formats.lines import RawLine, decode_line, iter_lines
 from ..formats.output import ResultSink, ResultWriter
-from ..formats.reader import CHAT_URL, PromptFormat, PromptItem, line_id, parse_line
+from ..formats.reader import CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL, PromptFormat, PromptItem, line_id, parse_line
 from ..formats.resume import drop_torn_tail, written_ids
 from ..request import FinishReason, Priority, Request, Result
 from ..loop.runner import Runner
@@ -83,25 +83,25 @@ class BatchLines:
 
     def items(self, path: Path, endpoint: str, is_done) -> Iterator[PromptItem]:
         """The lines whose custom_id is not done yet, as items (read lazily)."""
-        is_chat = endpoint == CHAT_URL
         for line in iter_lines(path):
             item_id = line_id(line, PromptFormat.OPENAI)
             if item_id is not None and not is_done(item_id):
-                yield self._item(line, is_chat, endpoint)
+                yield self._item(line, endpoint)
 
-    def _item(self, line: RawLine, is_chat: bool, endpoint: str) -> PromptItem:
+    def _item(self, line: RawLine, endpoint: str) -> PromptItem:
         item = parse_line(line, PromptFormat.OPENAI, self.rules.defaults)
         if not item.is_valid:
             return item
-        misfit = self._misfit(line, item, is_chat, endpoint)
+        misfit = self._misfit(line, item, endpoint)
         if misfit is not None:
             message, param = misfit
             return dataclasses.replace(item, request=None, error=f"line {line.number}: {message}", error_param=param)
         request = dataclasses.replace(item.request, overflow=self.rules.overflow, priority=Priority.BATCH)
         return dataclasses.replace(item, request=request)
 
-    def _misfit(self, line: RawLine, item: PromptItem, is_chat: bool, endpoint: str) -> tuple[str, str] | None:
-        if item.is_chat != is_chat:
+    def _misfit(self, line: RawLine, item: PromptItem, endpoint: str) -> tuple[str, str] | None:
+        url = EMBEDDINGS_URL if item.embedding_encoding is not None else CHAT_URL if item.is_chat else COMPLETIONS_URL
+        if url != endpoint:
             return f"url must be {endpoint}, the batch's endpoint", "url"
         model = json.loads(decode_line(line))["body"].get("model")  # a valid line: a JSON object with a body
         if model is not None and model != self.rules.model_name:
