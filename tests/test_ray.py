@@ -1,6 +1,6 @@
 """batch-run --ray and multiseq.ray on a local Ray cluster (loopback, 2 workers x 1 thread):
-every row comes back once, greedy text equals a plain batch-run's, a bad row is an error
-record, and a worker killed mid-run loses no row."""
+every row comes back once, greedy text (and a document's embedding) equals a plain
+batch-run's, a bad row is an error record, and a worker killed mid-run loses no row."""
 
 from __future__ import annotations
 
@@ -32,10 +32,15 @@ def cluster(ray_cluster, smollm):
     return ray_cluster
 
 
+EMBEDDED_ROWS = (7, 19)  # rows that are documents to embed (a vector each)
+
+
 def rows() -> list[dict]:
     lines = [{"id": f"r{index:02d}", "prompt": f"Item {index}: the weather in town number {index} is"}
              for index in range(NUM_ROWS)]
     lines[BAD_ROW] = {"id": f"r{BAD_ROW:02d}", "prompt": "x", "max_tokens": -3}
+    for index in EMBEDDED_ROWS:
+        lines[index] = {"id": f"r{index:02d}", "input": f"Document {index}: the rain in town number {index}."}
     return lines
 
 
@@ -46,8 +51,9 @@ def prompts_file(tmp_path):
     return path
 
 
-def texts_by_id(records: list[dict]) -> dict[str, str]:
-    return {record["id"]: record["text"] for record in records}
+def texts_by_id(records: list[dict]) -> dict[str, str | list]:
+    """Each record's text, or its embedding (a document's)."""
+    return {record["id"]: record.get("embedding") or record["text"] for record in records}
 
 
 @pytest.fixture(scope="session")  # under pytest-xdist a module's fixtures may be set up again mid-module
@@ -71,7 +77,10 @@ def test_every_row_comes_back_once_with_the_text_of_a_plain_run(cluster, prompts
     assert texts_by_id(records) == plain_texts
     bad = next(record for record in records if record["id"] == f"r{BAD_ROW:02d}")
     assert bad["finish_reason"] == "error" and "max_tokens" in bad["error"]
-    assert all(record["finish_reason"] == "length" for record in records if record is not bad)
+    embedded = {f"r{index:02d}" for index in EMBEDDED_ROWS}
+    assert all(record["finish_reason"] == ("stop" if record["id"] in embedded else "length")
+               for record in records if record is not bad)
+    assert all(len(record["embedding"]) == 576 for record in records if record["id"] in embedded)
 
 
 def test_resume_on_ray_runs_only_what_is_missing(cluster, prompts_file, tmp_path, run_cli, read_jsonl):
@@ -122,7 +131,7 @@ def test_ctrl_c_on_ray_writes_finished_and_partial_results_then_resume_completes
 def test_a_killed_worker_loses_no_request(cluster):
     config = RunnerConfig(model="smollm2-135m", parallel=4, threads=1, slot_ctx=256, seed=0)
     requests = [Request(prompt=row["prompt"], id=row["id"], sampling=SamplingParams(max_tokens=12, temperature=0))
-                for row in rows() if row["id"] != f"r{BAD_ROW:02d}"]
+                for row in rows() if row["id"] != f"r{BAD_ROW:02d}" and "prompt" in row]
     results, lock, first_done = [], threading.Lock(), threading.Event()
 
     def finished(result):

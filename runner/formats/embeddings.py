@@ -116,11 +116,17 @@ def embeddings_body(results: list[Result], model: str, encoding: str = "float") 
     return {"object": "list", "data": data, "model": model, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
 
 
+def embedding_values(embedding: np.ndarray, norm: int = EUCLIDEAN) -> list:
+    """A pooled vector normalized, or (pooling none) every token's row as it is."""
+    return normalized(embedding, norm).tolist() if embedding.ndim == 1 else embedding.tolist()
+
+
 def native_embeddings_body(results: list[Result], norm: int = EUCLIDEAN) -> list[dict[str, Any]]:
     """llama-server's /embedding answer: per input, its pooled vector normalized (as a list of
     one), or with pooling none every token's row as it is."""
-    def rows(embedding: np.ndarray) -> list[list[float]]:
-        return [normalized(embedding, norm).tolist()] if embedding.ndim == 1 else embedding.tolist()
+    def rows(embedding: np.ndarray) -> list:
+        values = embedding_values(embedding, norm)
+        return [values] if embedding.ndim == 1 else values
 
     return [{"index": index, "embedding": rows(result.embedding)} for index, result in enumerate(results)]
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from ..sampling.logprobs import TokenLogprob
 from ..request import Result
-from .embeddings import normalized
+from .embeddings import embedding_values
 from .openai_output import openai_record
 from .reader import PromptFormat, PromptItem
 from .resume import choice_succeeded
@@ -50,13 +50,8 @@ def result_record(result: Result) -> dict[str, Any]:
         **({} if result.logprobs is None else {"logprobs": logprobs_record(result.logprobs)}),
         **({"approximated": list(result.approximated)} if result.approximated else {}),
         **_tool_fields(result),
-        **({} if result.embedding is None else {"embedding": embedding_record(result.embedding)}),
+        **({} if result.embedding is None else {"embedding": embedding_values(result.embedding)}),
     }
-
-
-def embedding_record(embedding) -> list:
-    """A pooled vector normalized (Euclidean, as the server writes it), or every token's row."""
-    return normalized(embedding).tolist() if embedding.ndim == 1 else embedding.tolist()
 
 
 def _tool_fields(result: Result) -> dict[str, Any]:
