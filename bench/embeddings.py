@@ -4,7 +4,10 @@ with llama-server's (cosine), and the throughput with llama.cpp's own prefill ra
 the same run (llama-batched-bench, 16 x 128-token prompts).
 
     python bench/embeddings.py [--documents 400] [--clients 16] [--model smollm2-135m] [--threads 2]
-        [--skip-peer]
+        [--skip-peer] [--rounds 1]
+
+The same documents then go through `batch-run` as a file of `{"id", "input"}` lines (the whole
+command timed, its model load included), its vectors compared with the server's.
 
 llama-server (built from the pinned sources by bench/peers.py) runs as the issue gives it:
 `--embeddings --pooling mean -np 16 -c 16384 -ub 1024 -b 1024`; multiseq as `serve --pooling mean
@@ -101,6 +104,21 @@ def embed_all(base: str, texts: list[str], clients: int) -> tuple[list[np.ndarra
     return vectors, time.perf_counter() - started, tokens[0]
 
 
+def batch_run(workdir: Path, texts: list[str], args) -> tuple[list[np.ndarray], float, int]:
+    """The documents as a file of embedding lines through batch-run (the whole command, its
+    model load included): the vectors, the seconds, the tokens."""
+    source, out = workdir / "documents.jsonl", workdir / "vectors.jsonl"
+    source.write_text("".join(json.dumps({"id": str(index), "input": text}) + "\n" for index, text in enumerate(texts)))
+    started = time.perf_counter()
+    subprocess.run([MULTISEQ, "batch-run", str(source), "-m", args.model, "--pooling", "mean", "-np", str(args.clients),
+                    "--slot-ctx", "1024", "-t", str(args.threads), "-o", str(out), "--no-dashboard"], check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    seconds = time.perf_counter() - started
+    records = {record["id"]: record for record in map(json.loads, out.read_text().splitlines())}
+    vectors = [np.asarray(records[str(index)]["embedding"], dtype=np.float64) for index in range(len(texts))]
+    return vectors, seconds, sum(record["prompt_tokens"] for record in records.values())
+
+
 def serving(command: list[str], log: Path, port: int) -> tuple[subprocess.Popen, str]:
     process = subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
@@ -127,6 +145,8 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--skip-peer", action="store_true", help="multiseq alone (no vectors compared)")
+    parser.add_argument("--rounds", type=int, default=1, help="rounds of both servers, their order alternating "
+                                                              "(the table shows the first round)")
     args = parser.parse_args()
     texts = documents(args.documents)
     model_path = str(models.resolve(args.model).path)
@@ -134,20 +154,32 @@ def main() -> None:
     threads = ["-t", str(args.threads)]
     rate = run_batched_bench(tools, model_path, [16], 128, 1, args.threads, log=lambda line: None)
     prefill_rate = rate["rows"][0]["pp_tokens_per_s"]
-    rows = {}
+    commands = {"llama-server": lambda port: [
+        str(tools.server), "-m", model_path, "--embeddings", "--pooling", "mean", "-np", str(args.clients), "-c",
+        "16384", "-ub", "1024", "-b", "1024", *threads, "-tb", str(args.threads), "--no-webui", "--host", "127.0.0.1",
+        "--port", str(port)],
+        "multiseq": lambda port: [MULTISEQ, "serve", "-m", args.model, "--pooling", "mean", "-np", str(args.clients),
+                                  "-c", "16384", *threads, "--port", str(port)]}
+    systems = ["multiseq"] if args.skip_peer else ["llama-server", "multiseq"]
+    rows, rounds = {}, []
     with tempfile.TemporaryDirectory(prefix="multiseq-embeddings-") as folder:
         workdir = Path(folder)
-        if not args.skip_peer:
-            port = _free_port()
-            rows["llama-server"] = run([str(tools.server), "-m", model_path, "--embeddings", "--pooling", "mean", "-np",
-                                        str(args.clients), "-c", "16384", "-ub", "1024", "-b", "1024", *threads, "-tb",
-                                        str(args.threads), "--no-webui", "--host", "127.0.0.1", "--port", str(port)],
-                                       workdir / "llama-server.log", port, texts, args.clients)
-        port = _free_port()
-        rows["multiseq"] = run([MULTISEQ, "serve", "-m", args.model, "--pooling", "mean", "-np", str(args.clients),
-                                "-c", "16384", *threads, "--port", str(port)],
-                               workdir / "multiseq.log", port, texts, args.clients)
+        for number in range(args.rounds):  # the order alternates, so that the machine's drift falls on both
+            seconds = {}
+            for system in systems if number % 2 == 0 else systems[::-1]:
+                port = _free_port()
+                row = run(commands[system](port), workdir / f"{system}.log", port, texts, args.clients)
+                rows.setdefault(system, row)
+                seconds[system] = row[1]
+            rounds.append(seconds)
+        rows["batch-run"] = batch_run(workdir, texts, args)
     report(rows, prefill_rate, len(texts))
+    if len(rounds) > 1 and len(systems) > 1:
+        ratios = [round_["llama-server"] / round_["multiseq"] for round_ in rounds]
+        print(f"multiseq / llama-server throughput by round: {', '.join(f'{ratio:.2f}x' for ratio in ratios)}; "
+              f"median {float(np.median(ratios)):.2f}x")
+    same = min(cosine(a, b) for a, b in zip(rows["batch-run"][0], rows["multiseq"][0]))
+    print(f"batch-run's vectors against serve's: min cosine {same:.6f}")
     if "llama-server" in rows:
         sys.exit(check_vectors(rows, texts, model_path, args.threads))
 
