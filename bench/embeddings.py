@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from peers import _free_port, _stop, _tail, _wait_healthy, ensure_llama_tools, run_batched_bench  # noqa: E402
+from peers import _free_port, _stop, ensure_llama_tools, run_batched_bench, start_server  # noqa: E402
 
 from multiseq import models  # noqa: E402
 
@@ -119,19 +119,18 @@ def batch_run(workdir: Path, texts: list[str], args) -> tuple[list[np.ndarray], 
     return vectors, seconds, sum(record["prompt_tokens"] for record in records.values())
 
 
-def serving(command: list[str], log: Path, port: int) -> tuple[subprocess.Popen, str]:
-    process = subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        _wait_healthy(process, base, timeout_s=300)
-    except RuntimeError as error:
-        _stop(process)
-        raise SystemExit(f"{command[0]} did not start: {error}\n{_tail(log)}") from None
-    return process, base
+def server_commands(tools, model_path: str, model: str, parallel: int, context: int, threads: int) -> dict:
+    """Per system, its command on a port: llama-server with embeddings (the issue's flags) and
+    multiseq serve, both pooling by mean with `parallel` slots sharing `context` tokens."""
+    both = ["--pooling", "mean", "-np", str(parallel), "-c", str(context), "-t", str(threads)]
+    return {"llama-server": lambda port: [str(tools.server), "-m", model_path, "--embeddings", *both, "-ub", "1024",
+                                          "-b", "1024", "-tb", str(threads), "--no-webui", "--host", "127.0.0.1",
+                                          "--port", str(port)],
+            "multiseq": lambda port: [MULTISEQ, "serve", "-m", model, *both, "--port", str(port)]}
 
 
 def run(command: list[str], log: Path, port: int, texts: list[str], clients: int):
-    process, base = serving(command, log, port)
+    process, base = start_server(command, log, port)
     try:
         return embed_all(base, texts, clients)
     finally:
@@ -151,15 +150,9 @@ def main() -> None:
     texts = documents(args.documents)
     model_path = str(models.resolve(args.model).path)
     tools = ensure_llama_tools()
-    threads = ["-t", str(args.threads)]
     rate = run_batched_bench(tools, model_path, [16], 128, 1, args.threads, log=lambda line: None)
     prefill_rate = rate["rows"][0]["pp_tokens_per_s"]
-    commands = {"llama-server": lambda port: [
-        str(tools.server), "-m", model_path, "--embeddings", "--pooling", "mean", "-np", str(args.clients), "-c",
-        "16384", "-ub", "1024", "-b", "1024", *threads, "-tb", str(args.threads), "--no-webui", "--host", "127.0.0.1",
-        "--port", str(port)],
-        "multiseq": lambda port: [MULTISEQ, "serve", "-m", args.model, "--pooling", "mean", "-np", str(args.clients),
-                                  "-c", "16384", *threads, "--port", str(port)]}
+    commands = server_commands(tools, model_path, args.model, args.clients, 16384, args.threads)
     systems = ["multiseq"] if args.skip_peer else ["llama-server", "multiseq"]
     rows, rounds = {}, []
     with tempfile.TemporaryDirectory(prefix="multiseq-embeddings-") as folder:

@@ -24,8 +24,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from embeddings import MULTISEQ, documents, embed_all, serving  # noqa: E402
-from peers import _free_port, _stop, ensure_llama_tools  # noqa: E402
+from embeddings import documents, embed_all, server_commands  # noqa: E402
+from peers import _free_port, _stop, ensure_llama_tools, start_server  # noqa: E402
 
 from multiseq import models  # noqa: E402
 
@@ -83,7 +83,7 @@ def long_prompt(base: str) -> None:
 
 
 def measure(command: list[str], log: Path, port: int, texts: list[str], streams: int) -> dict:
-    process, base = serving(command, log, port)
+    process, base = start_server(command, log, port)
     try:
         running = Streams(base, streams)
         running.start()
@@ -116,19 +116,13 @@ def main() -> None:
     args = parser.parse_args()
     texts = documents(args.documents)
     model_path = str(models.resolve(args.model).path)
-    threads = ["-t", str(args.threads)]
     rows = {}
     with tempfile.TemporaryDirectory(prefix="multiseq-beside-") as folder:
         for system in args.systems.split(","):
             port = _free_port()
-            if system == "llama-server":
-                tools = ensure_llama_tools()
-                command = [str(tools.server), "-m", model_path, "--embeddings", "--pooling", "mean", "-np", "32",
-                           "-c", "32768", "-ub", "1024", "-b", "1024", *threads, "-tb", str(args.threads),
-                           "--no-webui", "--host", "127.0.0.1", "--port", str(port)]
-            else:
-                command = [MULTISEQ, "serve", "-m", args.model, "--pooling", "mean", "-np", "32", "-c", "32768",
-                           *threads, "--port", str(port)]
+            commands = server_commands(ensure_llama_tools() if system == "llama-server" else None, model_path,
+                                       args.model, 32, 32768, args.threads)
+            command = commands[system](port)
             rows[system] = measure(command, Path(folder) / f"{system}.log", port, texts, args.streams)
     print(f"{'system':14} {'steady':>8} {'long prompt':>12} {'embedding':>10}   longest gap between a stream's "
           f"pieces (s); prompt s, embedding s, tokens/s")

@@ -20,16 +20,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from peers import _free_port, _stop, _tail, _wait_healthy, ensure_llama_tools  # noqa: E402
+from peers import _free_port, _stop, ensure_llama_tools, start_server  # noqa: E402
 from tiny_models import deepseek_qwen_header, tiny_model_with_tokenizer_of  # noqa: E402
 
 MULTISEQ = str(Path(sys.executable).parent / "multiseq")
@@ -74,17 +72,6 @@ def post(base: str, body: dict) -> dict:
         return json.load(response)
 
 
-def start(command: list[str], log: Path, port: int) -> tuple[subprocess.Popen, str]:
-    process = subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        _wait_healthy(process, base, timeout_s=300)
-    except RuntimeError as error:
-        _stop(process)
-        raise SystemExit(f"{command[0]} did not start: {error}\n{_tail(log)}") from None
-    return process, base
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
@@ -94,7 +81,7 @@ def main() -> None:
         workdir = Path(folder)
         model = tiny_model_with_tokenizer_of(deepseek_qwen_header(), workdir / "tiny-fim.gguf")
         port = _free_port()
-        peer, peer_base = start([str(tools.server), "-m", str(model), "-np", "1", "-c", str(SLOT_CTX),
+        peer, peer_base = start_server([str(tools.server), "-m", str(model), "-np", "1", "-c", str(SLOT_CTX),
                                  "-t", str(args.threads), "-tb", str(args.threads), "-fa", "off", "--no-webui",
                                  "--host", "127.0.0.1", "--port", str(port), "--log-verbosity", "2"],
                                 workdir / "llama-server.log", port)
@@ -103,7 +90,7 @@ def main() -> None:
         finally:
             _stop(peer)
         port = _free_port()
-        ours_process, ours_base = start([MULTISEQ, "serve", "-m", str(model), "-np", "1", "--slot-ctx", str(SLOT_CTX),
+        ours_process, ours_base = start_server([MULTISEQ, "serve", "-m", str(model), "-np", "1", "--slot-ctx", str(SLOT_CTX),
                                          "-t", str(args.threads), "-fa", "off", "--port", str(port)],
                                         workdir / "multiseq.log", port)
         try:

@@ -346,6 +346,19 @@ def _wait_healthy(proc: subprocess.Popen, base: str, timeout_s: float = 120.0) -
     raise RuntimeError(f"llama-server not healthy after {timeout_s:.0f} s")
 
 
+def start_server(command: list[str], log: Path, port: int, timeout_s: float = 300) -> tuple[subprocess.Popen, str]:
+    """A server command started on 127.0.0.1:port, its output to `log`; the process and its base
+    URL once /health answers (SystemExit with the log's tail when it does not)."""
+    process = subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        _wait_healthy(process, base, timeout_s=timeout_s)
+    except RuntimeError as error:
+        _stop(process)
+        raise SystemExit(f"{command[0]} did not start: {error}\n{_tail(log)}") from None
+    return process, base
+
+
 def _stream_completion(base: str, body: dict, timeout_s: float) -> dict:
     """POST one streamed /completion; return client timings + final stats."""
     req = urllib.request.Request(
