@@ -114,6 +114,14 @@ def _tools_in(cache_dir: Path) -> LlamaTools:
     )
 
 
+def _prebuilt_tools(bin_dir: Path) -> LlamaTools:
+    tools = LlamaTools(server=bin_dir / "llama-server", batched_bench=bin_dir / "llama-batched-bench",
+                       source_dir=bin_dir)
+    if not _complete(tools):
+        raise RuntimeError(f"MULTISEQ_LLAMA_BIN={bin_dir} holds no executable llama-server and llama-batched-bench")
+    return tools
+
+
 def _complete(tools: LlamaTools) -> bool:
     return all(os.access(p, os.X_OK) for p in (tools.server, tools.batched_bench))
 
@@ -213,8 +221,13 @@ def ensure_llama_tools(cache_dir: Path | None = None, log=print) -> LlamaTools:
     (fetched with ``pip download``). Build: cmake Release, CPU only, static,
     no web UI / network, ``-j2``, only the two targets. Cached in
     ``cache_dir`` (default ``default_cache_dir()``); returns immediately when
-    both binaries are already there.
+    both binaries are already there. ``$MULTISEQ_LLAMA_BIN``, when set, names a folder of
+    binaries built elsewhere from the same sources (bench/gpu/prepare's CUDA build), used as
+    they are.
     """
+    prebuilt = os.environ.get("MULTISEQ_LLAMA_BIN")
+    if prebuilt:
+        return _prebuilt_tools(Path(prebuilt))
     cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     tools = _tools_in(cache_dir)
     if _complete(tools):

@@ -38,7 +38,7 @@ from multiseq.llama.backend import LlamaBackend
 from multiseq.llama.batch import BatchEntry
 from multiseq.loading import open_model
 
-TEXT_FILE = Path(__file__).resolve().parent.parent / "runner" / "engine.py"
+TEXT_FILE = Path(__file__).resolve().parent.parent / "runner" / "loop" / "engine.py"
 PROMPT_TOKENS = 500
 CHUNK_TOKENS = 96
 LAYOUTS = ("windows", "pool, interleaved", "pool, one run each")

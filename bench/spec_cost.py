@@ -30,7 +30,7 @@ from multiseq.llama.backend import LlamaBackend
 from multiseq.llama.batch import BatchEntry
 from multiseq.loading import open_model
 
-CONTEXT_FILE = Path(__file__).resolve().parent.parent / "runner" / "detok.py"
+CONTEXT_FILE = Path(__file__).resolve().parent.parent / "runner" / "loop" / "detok.py"
 
 
 def step_seconds(backend: LlamaBackend, contexts: list[list[int]], num_drafted: int, repeats: int) -> float:

@@ -1,0 +1,404 @@
+"""The GPU check's measurements, one phase after another, each written out as soon as it ends.
+
+    bench/gpu/run                      # on the GPU machine: sets up the carried kit, then this
+    python bench/gpu/measure.py --dry-run --out bench/out/gpu-dry   # here: the same phases, tiny
+
+Phases (issue 57), on random-weight models in real shapes made here first (make_model.py):
+
+- batch: `multiseq batch-run` against llama-server (the same llama.cpp build, -np N, N streaming
+  clients) at np 1, 16 and 64 on the Llama-3.2-1B shape, greedy, end of generation ignored.
+  Both the engine's rate (batch-run's --stats-json: first submission to last result) and the
+  whole command's (model load included) are kept.
+- hostpath: a Runner stepped by hand at np 64 (bench/hostpath.py's phase clock) with the host's
+  and llama.cpp's (backend) sampling, greedy and sampled: host milliseconds per step by phase,
+  and the device's share (llama_decode with a llama_synchronize after it).
+- serve: `multiseq serve` and llama-server -np 64, 64 streaming chat clients (bench/load.py's
+  distinct chats).
+- spec: the cost of verifying k draft tokens against a one-token step (bench/spec_cost.py) at
+  np 1 and 16.
+- reader: a reasoning family's reader on every sequence against none (bench/reader_cost.py) on
+  the DeepSeek-R1-Distill-Qwen-1.5B shape with its real tokenizer and template, np 64.
+
+A phase that fails is recorded with its error and the next one runs; one that would start after
+--budget-s is recorded as skipped. results.json and results.md go to --out after every phase.
+Without a llama-server (the dry run on a machine that never built one) the peer's half of a
+phase is skipped and says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(BENCH))
+sys.path.insert(0, str(BENCH / "gpu"))
+
+import load  # noqa: E402
+import peers  # noqa: E402
+import reader_cost  # noqa: E402
+import spec_cost  # noqa: E402
+from hostpath import PHASES as HOST_PHASES  # noqa: E402
+from hostpath import instrumented  # noqa: E402
+from make_model import make_model  # noqa: E402
+from workloads import short_prompts  # noqa: E402
+
+from multiseq import Request, Runner, RunnerConfig, SamplingParams  # noqa: E402
+from multiseq.loading import open_model  # noqa: E402
+
+PHASE_NAMES = ("batch", "hostpath", "serve", "spec", "reader")
+TEMPLATE = "meta-llama-Llama-3.2-3B-Instruct.jinja"
+LLAMA_VOCAB = "ggml-vocab-llama-bpe.gguf"
+DEEPSEEK_HEADER = "deepseek-r1-distill-qwen-7b.header.gguf"
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How big each phase is: the GPU's sizes, or the dry run's."""
+
+    shape: str
+    reader_shape: str
+    batch_parallels: tuple[int, ...]
+    prompts_per_slot: int
+    batch_tokens: int
+    host_slots: int
+    host_tokens: int
+    serve_clients: int
+    serve_requests: int
+    spec_slots: tuple[int, ...]
+    spec_max_draft: int
+    spec_repeats: int
+    reader_parallel: int
+    reader_tokens: int
+
+
+GPU = Sizes("llama-1b", "deepseek-1.5b", (1, 16, 64), 4, 256, 64, 64, 64, 256, (1, 16), 16, 9, 64, 256)
+DRY = Sizes("tiny", "tiny-qwen2", (1, 4), 2, 16, 4, 8, 4, 8, (1, 2), 4, 3, 4, 16)
+
+
+# --- where the inputs are -------------------------------------------------------------------------
+
+def vendored_llama_cpp() -> Path:
+    """The llama.cpp tree llama-cpp-python vendors (its sdist fetched from PyPI once)."""
+    cache = peers.default_cache_dir()
+    return peers._fetch_sources(cache, cache / "fetch.log", log) / "vendor" / "llama.cpp"
+
+
+def data_file(kit: Path | None, name: str) -> Path:
+    """A file the models are made from: in the carried kit's data/ (the GPU machine has no
+    network), else the vendored llama.cpp's models/ (or its templates/), else the test data cache
+    (the DeepSeek header)."""
+    candidates = [kit / "data" / name] if kit else []
+    if not any(candidate.is_file() for candidate in candidates) and name != DEEPSEEK_HEADER:
+        source = vendored_llama_cpp()
+        candidates += [source / "models" / name, source / "models" / "templates" / name]
+    if name == DEEPSEEK_HEADER and not any(candidate.is_file() for candidate in candidates):
+        sys.path.insert(0, str(BENCH.parent / "tests"))
+        from tiny_models import deepseek_qwen_header
+        candidates.append(deepseek_qwen_header())
+    for candidate in candidates:
+        if Path(candidate).is_file():
+            return Path(candidate)
+    raise FileNotFoundError(f"{name} is in none of {', '.join(map(str, candidates))}")
+
+
+def make_models(sizes: Sizes, kit: Path | None, folder: Path) -> dict[str, Path]:
+    template = data_file(kit, TEMPLATE).read_text()
+    return {
+        "main": make_model(sizes.shape, folder / f"{sizes.shape}.gguf", data_file(kit, LLAMA_VOCAB), template),
+        "reader": make_model(sizes.reader_shape, folder / f"{sizes.reader_shape}.gguf", data_file(kit, DEEPSEEK_HEADER)),
+    }
+
+
+def llama_tools():
+    """llama-server and llama-batched-bench when there are some ($MULTISEQ_LLAMA_BIN, or built
+    here before), else None: the dry run does not build them."""
+    if os.environ.get("MULTISEQ_LLAMA_BIN"):
+        return peers.ensure_llama_tools()
+    tools = peers._tools_in(peers.default_cache_dir())
+    return tools if peers._complete(tools) else None
+
+
+# --- the phases -------------------------------------------------------------------------------------
+
+def batch_run(model: Path, prompts: list[str], parallel: int, tokens: int, workdir: Path) -> dict:
+    """The whole `multiseq batch-run` command: its engine's rate and the command's."""
+    prompts_file, stats = workdir / "prompts.jsonl", workdir / "stats.json"
+    prompts_file.write_text("".join(json.dumps({"id": str(index), "prompt": prompt}) + "\n"
+                                    for index, prompt in enumerate(prompts)))
+    command = [sys.executable, "-m", "multiseq.cli.main", "batch-run", str(prompts_file), "-o",
+               str(workdir / "out.jsonl"), "-m", str(model), "-np", str(parallel), "-n", str(tokens),
+               "--ignore-eos", "--temperature", "0", "--slot-ctx", str(256 + tokens), "--no-dashboard",
+               "--stats-json", str(stats)]
+    started = time.perf_counter()
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    wall = time.perf_counter() - started
+    summary = json.loads(stats.read_text())
+    if summary["generated_tokens"] != len(prompts) * tokens:
+        raise RuntimeError(f"batch-run generated {summary['generated_tokens']} tokens, not {len(prompts) * tokens}")
+    return {"tokens_per_s": summary["tokens_per_s"], "command_tokens_per_s": summary["generated_tokens"] / wall,
+            "command_s": wall, "ttft_p95_s": summary["ttft_p95_s"]}
+
+
+def phase_batch(sizes: Sizes, models: dict[str, Path], tools, workdir: Path) -> dict:
+    rows = []
+    for parallel in sizes.batch_parallels:
+        prompts = short_prompts(parallel * sizes.prompts_per_slot)
+        row = {"parallel": parallel, "prompts": len(prompts), "tokens": sizes.batch_tokens,
+               "multiseq": batch_run(models["main"], prompts, parallel, sizes.batch_tokens, workdir)}
+        if tools:
+            row["llama_server"] = peers.run_llama_server(
+                tools, models["main"], prompts, sizes.batch_tokens, parallel, os.cpu_count() or 1,
+                256 + sizes.batch_tokens, {"temperature": 0.0}, log=log, seeds=list(range(len(prompts))))
+            row["ratio"] = row["multiseq"]["tokens_per_s"] / row["llama_server"]["tokens_per_s"]
+        rows.append(row)
+        log(f"batch np {parallel}: {summary_line(row)}")
+    return {"rows": rows}
+
+
+@contextlib.contextmanager
+def device_clock(runner: Runner):
+    """Time llama_decode followed by llama_synchronize, so that the device's work of a step is
+    counted where it happens, whether llama.cpp waits for it there or at the first read."""
+    from multiseq.llama import backend as backend_module
+
+    llama = backend_module.llama
+    decode = llama.llama_decode
+    spent = {"seconds": 0.0}
+
+    def timed_decode(ctx, batch):
+        started = time.perf_counter()
+        code = decode(ctx, batch)
+        llama.llama_synchronize(ctx)
+        spent["seconds"] += time.perf_counter() - started
+        return code
+
+    llama.llama_decode = timed_decode
+    try:
+        yield spent
+    finally:
+        llama.llama_decode = decode
+
+
+def host_share(model: Path, slots: int, tokens: int, sampling: str, sampled: bool) -> dict:
+    config = RunnerConfig(model=str(model), parallel=slots, slot_ctx=256 + tokens, seed=1, sampling=sampling)
+    params = [SamplingParams(max_tokens=tokens, ignore_eos=True, **(
+        dict(temperature=0.8, top_p=0.95, seed=index) if sampled else dict(temperature=0.0)))
+        for index in range(slots)]
+    runner = Runner(config, autostart=False)
+    try:
+        handles = [runner.submit(Request(prompt=f"Request {index:05d}: tell me something.", sampling=params[index]),
+                                 stream=True, on_piece=lambda piece: None) for index in range(slots)]
+        steps, totals, device = [], [], []
+        with instrumented(runner) as clock, device_clock(runner) as spent:
+            while not all(handle.done for handle in handles):
+                clock.start_step()
+                spent["seconds"] = 0.0
+                started = time.perf_counter()
+                stepped = runner.step()
+                total = time.perf_counter() - started
+                if stepped and not clock.had_prefill:
+                    steps.append(clock.phases(total))
+                    totals.append(total)
+                    device.append(spent["seconds"])
+    finally:
+        runner.close()
+    step_ms = 1000 * sum(totals) / len(totals)
+    device_ms = 1000 * sum(device) / len(device)
+    return {"sampling": sampling, "sampled": sampled, "steps": len(totals), "step_ms": step_ms,
+            "device_ms": device_ms, "host_share": 1 - device_ms / step_ms,
+            "tokens_per_s": slots * 1000 / step_ms,
+            "phase_ms": {name: 1000 * sum(step[name] for step in steps) / len(steps) for name in HOST_PHASES}}
+
+
+def phase_hostpath(sizes: Sizes, models: dict[str, Path], tools, workdir: Path) -> dict:
+    rows = []
+    for sampling in ("host", "backend"):
+        for sampled in (False, True):
+            row = host_share(models["main"], sizes.host_slots, sizes.host_tokens, sampling, sampled)
+            rows.append(row)
+            log(f"hostpath np {sizes.host_slots} {sampling} {'sampled' if sampled else 'greedy'}: step "
+                f"{row['step_ms']:.2f} ms, device {row['device_ms']:.2f} ms, host share {row['host_share']:.1%}")
+    return {"slots": sizes.host_slots, "rows": rows}
+
+
+def phase_serve(sizes: Sizes, models: dict[str, Path], tools, workdir: Path) -> dict:
+    systems = "multiseq,llama-server" if tools else "multiseq"
+    return load.main(["--systems", systems, "--workloads", "distinct", "--model", str(models["main"]),
+                      "--clients", str(sizes.serve_clients), "--parallel", str(sizes.serve_clients),
+                      "--requests", str(sizes.serve_requests), "--slot-ctx", "512"])
+
+
+def phase_spec(sizes: Sizes, models: dict[str, Path], tools, workdir: Path) -> dict:
+    figures = spec_cost.measure(str(models["main"]), list(sizes.spec_slots), sizes.spec_max_draft,
+                                sizes.spec_repeats, os.cpu_count() or 1)
+    return {"slots": {str(slots): rows for slots, rows in figures.items()}}
+
+
+def phase_reader(sizes: Sizes, models: dict[str, Path], tools, workdir: Path) -> dict:
+    model = open_model(str(models["reader"]))
+    try:
+        rates = {reader: reader_cost.one_run(model, sizes.reader_parallel, sizes.reader_tokens, os.cpu_count() or 1,
+                                             reader, None) for reader in (True, False)}
+    finally:
+        model.close()
+    return {"parallel": sizes.reader_parallel, "tokens": sizes.reader_tokens, "with_reader_tokens_per_s": rates[True],
+            "without_tokens_per_s": rates[False], "ratio": rates[True] / rates[False]}
+
+
+PHASES = {"batch": phase_batch, "hostpath": phase_hostpath, "serve": phase_serve, "spec": phase_spec,
+          "reader": phase_reader}
+
+
+# --- the report -------------------------------------------------------------------------------------
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def summary_line(row: dict) -> str:
+    ours = row["multiseq"]
+    text = f"batch-run {ours['tokens_per_s']:.0f} tok/s (whole command {ours['command_tokens_per_s']:.0f})"
+    if "llama_server" in row:
+        text += f", llama-server {row['llama_server']['tokens_per_s']:.0f} tok/s, {row['ratio']:.2f}x"
+    return text
+
+
+def device_description() -> str:
+    if shutil.which("nvidia-smi"):
+        query = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+                               capture_output=True, text=True)
+        if query.returncode == 0:
+            return query.stdout.strip()
+    return f"CPU only ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
+
+
+def markdown(report: dict) -> str:
+    lines = [f"# GPU check: {report['device']}", "", f"mode {report['mode']}, started {report['started']}", ""]
+    for name, result in report["phases"].items():
+        lines.append(f"## {name} ({result.get('seconds', 0):.0f} s)")
+        if "error" in result or "skipped" in result:
+            lines += [f"{'error' if 'error' in result else 'skipped'}: {result.get('error') or result.get('skipped')}", ""]
+            continue
+        lines += PHASE_TABLES.get(name, lambda result: [f"```\n{json.dumps(result, indent=1)}\n```"])(result) + [""]
+    return "\n".join(lines) + "\n"
+
+
+def batch_table(result: dict) -> list[str]:
+    lines = ["| np | prompts x tokens | batch-run tok/s | whole command tok/s | llama-server tok/s | ratio |",
+             "|---:|---:|---:|---:|---:|---:|"]
+    for row in result["rows"]:
+        ours = row["multiseq"]
+        peer = f"{row['llama_server']['tokens_per_s']:.0f}" if "llama_server" in row else "n/a"
+        ratio = f"{row['ratio']:.2f}x" if "ratio" in row else "n/a"
+        lines.append(f"| {row['parallel']} | {row['prompts']} x {row['tokens']} | {ours['tokens_per_s']:.0f} | "
+                     f"{ours['command_tokens_per_s']:.0f} | {peer} | {ratio} |")
+    return lines
+
+
+def hostpath_table(result: dict) -> list[str]:
+    lines = ["| sampling | rows | step ms | device ms | host share | tok/s | " + " | ".join(HOST_PHASES) + " |",
+             "|---|---|---:|---:|---:|---:|" + "---:|" * len(HOST_PHASES)]
+    for row in result["rows"]:
+        phases = " | ".join(f"{row['phase_ms'][name]:.2f}" for name in HOST_PHASES)
+        lines.append(f"| {row['sampling']} | {'sampled' if row['sampled'] else 'greedy'} | {row['step_ms']:.2f} | "
+                     f"{row['device_ms']:.2f} | {row['host_share']:.1%} | {row['tokens_per_s']:.0f} | {phases} |")
+    return lines
+
+
+def serve_table(result: dict) -> list[str]:
+    lines = ["| system | tok/s | TTFT p50 s | TTFT p95 s |", "|---|---:|---:|---:|"]
+    for figure in result["figures"]:
+        lines.append(f"| {figure['system']} | {figure['tokens_per_s']:.0f} | {figure.get('ttft_p50_s') or 0:.3f} | "
+                     f"{figure.get('ttft_p95_s') or 0:.3f} |")
+    return lines + [f"{name}: {ratio:.2f}x" for name, ratio in result["ratios"].items()]
+
+
+def spec_table(result: dict) -> list[str]:
+    lines = ["| slots | k | ms | x a one-token step |", "|---:|---:|---:|---:|"]
+    for slots, rows in result["slots"].items():
+        lines += [f"| {slots} | {k} | {row['ms']:.2f} | {row['ratio']:.2f} |" for k, row in rows.items()]
+    return lines
+
+
+def reader_table(result: dict) -> list[str]:
+    return [f"np {result['parallel']}, {result['tokens']} tokens: with the reader {result['with_reader_tokens_per_s']:.0f} "
+            f"tok/s, without {result['without_tokens_per_s']:.0f} tok/s ({result['ratio']:.3f}x)"]
+
+
+PHASE_TABLES = {"batch": batch_table, "hostpath": hostpath_table, "serve": serve_table, "spec": spec_table,
+                "reader": reader_table}
+
+
+def write_report(report: dict, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(report, indent=1, default=str))
+    (out / "results.md").write_text(markdown(report))
+
+
+def run(args: argparse.Namespace) -> dict:
+    sizes = DRY if args.dry_run else GPU
+    started = time.monotonic()
+    report = {"device": device_description(), "mode": "dry run" if args.dry_run else "gpu", "sizes": asdict(sizes),
+              "started": time.strftime("%Y-%m-%d %H:%M:%S"), "phases": {}}
+    tools = None if args.no_peers else llama_tools()
+    if tools is None:
+        log("no llama-server: the peer's half of each phase is skipped")
+    with tempfile.TemporaryDirectory(prefix="multiseq-gpu-") as tmp:
+        workdir = Path(tmp)
+        models_started = time.monotonic()
+        models = make_models(sizes, args.kit, args.models or workdir)
+        report["models_s"] = time.monotonic() - models_started
+        log(f"models made in {report['models_s']:.1f} s: {', '.join(str(path) for path in models.values())}")
+        for name in args.phases.split(","):
+            elapsed = time.monotonic() - started
+            if elapsed > args.budget_s:
+                report["phases"][name] = {"skipped": f"{elapsed:.0f} s spent, over --budget-s {args.budget_s:.0f}"}
+                continue
+            phase_started = time.monotonic()
+            log(f"phase {name} ...")
+            try:
+                result = PHASES[name](sizes, models, tools, workdir)
+            except Exception as error:  # noqa: BLE001 - one phase's failure must not lose the others'
+                result = {"error": f"{type(error).__name__}: {error}", "traceback": traceback.format_exc()}
+                log(f"phase {name} failed: {result['traceback']}")
+            result["seconds"] = time.monotonic() - phase_started
+            report["phases"][name] = result
+            write_report(report, args.out)
+    report["seconds"] = time.monotonic() - started
+    write_report(report, args.out)
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dry-run", action="store_true", help="tiny models and sizes, CPU: the scripts' own check")
+    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", BENCH / "out" / "gpu")))
+    parser.add_argument("--kit", type=Path, default=None, help="the unpacked kit (data/: vocabulary, header, template)")
+    parser.add_argument("--models", type=Path, default=None, help="where the models are made (default: a temp folder)")
+    parser.add_argument("--phases", default=",".join(PHASE_NAMES))
+    parser.add_argument("--no-peers", action="store_true", help="measure multiseq alone, even where llama-server is")
+    parser.add_argument("--budget-s", type=float, default=420.0, help="no phase starts after this many seconds")
+    args = parser.parse_args(argv)
+    unknown = set(args.phases.split(",")) - set(PHASES)
+    if unknown:
+        parser.error(f"unknown phases {sorted(unknown)}; choose from {', '.join(PHASE_NAMES)}")
+    report = run(args)
+    print(markdown(report))
+    failed = [name for name, result in report["phases"].items() if "error" in result]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
