@@ -45,7 +45,7 @@ def test_the_dry_run_measures_every_phase_and_writes_both_reports(tmp_path):
     assert finished.returncode == 0, finished.stderr[-4000:]
     report = json.loads((tmp_path / "out" / "results.json").read_text())
     assert report["mode"] == "dry run"
-    assert list(report["phases"]) == ["batch", "hostpath", "serve", "spec", "reader"]
+    assert list(report["phases"]) == ["batch", "hostpath", "serve", "spec", "reader", "batch-8b"]
     for name, result in report["phases"].items():
         assert "error" not in result and "skipped" not in result, (name, result)
     batch = report["phases"]["batch"]["rows"]

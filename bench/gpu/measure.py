@@ -18,9 +18,10 @@ Phases (issue 57), on random-weight models in real shapes made here first (make_
   np 1 and 16.
 - reader: a reasoning family's reader on every sequence against none (bench/reader_cost.py) on
   the DeepSeek-R1-Distill-Qwen-1.5B shape with its real tokenizer and template, np 64.
+- batch-8b: the batch phase at np 16 and 64 on the Llama-3.1-8B shape, last, when time is left.
 
-A phase that fails is recorded with its error and the next one runs; one that would start after
---budget-s is recorded as skipped. results.json and results.md go to --out after every phase.
+A phase that fails is recorded with its error and the next one runs; one that would not end
+inside --budget-s (GPU_PHASE_S says how long each takes) is recorded as skipped. results.json and results.md go to --out after every phase.
 Without a llama-server (the dry run on a machine that never built one) the peer's half of a
 phase is skipped and says so.
 """
@@ -57,7 +58,7 @@ from workloads import short_prompts  # noqa: E402
 from multiseq import Request, Runner, RunnerConfig, SamplingParams  # noqa: E402
 from multiseq.loading import open_model  # noqa: E402
 
-PHASE_NAMES = ("batch", "hostpath", "serve", "spec", "reader")
+PHASE_NAMES = ("batch", "hostpath", "serve", "spec", "reader", "batch-8b")
 TEMPLATE = "meta-llama-Llama-3.2-3B-Instruct.jinja"
 LLAMA_VOCAB = "ggml-vocab-llama-bpe.gguf"
 DEEPSEEK_HEADER = "deepseek-r1-distill-qwen-7b.header.gguf"
@@ -69,7 +70,9 @@ class Sizes:
 
     shape: str
     reader_shape: str
+    big_shape: str
     batch_parallels: tuple[int, ...]
+    big_parallels: tuple[int, ...]
     prompts_per_slot: int
     batch_tokens: int
     host_slots: int
@@ -83,8 +86,12 @@ class Sizes:
     reader_tokens: int
 
 
-GPU = Sizes("llama-1b", "deepseek-1.5b", (1, 16, 64), 4, 256, 64, 64, 64, 256, (1, 16), 16, 9, 64, 256)
-DRY = Sizes("tiny", "tiny-qwen2", (1, 4), 2, 16, 4, 8, 4, 8, (1, 2), 4, 3, 4, 16)
+GPU = Sizes("llama-1b", "deepseek-1.5b", "llama-8b", (1, 16, 64), (16, 64), 4, 256, 64, 64, 64, 256, (1, 16), 16, 9,
+            64, 256)
+DRY = Sizes("tiny", "tiny-qwen2", "tiny", (1, 4), (4,), 2, 16, 4, 8, 4, 8, (1, 2), 4, 3, 4, 16)
+# About how long each phase takes on the GPU (a guess until the first run says): a phase starts
+# only when it can end inside --budget-s.
+GPU_PHASE_S = {"batch": 120, "hostpath": 40, "serve": 60, "spec": 20, "reader": 40, "batch-8b": 150}
 
 
 # --- where the inputs are -------------------------------------------------------------------------
@@ -113,12 +120,32 @@ def data_file(kit: Path | None, name: str) -> Path:
     raise FileNotFoundError(f"{name} is in none of {', '.join(map(str, candidates))}")
 
 
-def make_models(sizes: Sizes, kit: Path | None, folder: Path) -> dict[str, Path]:
-    template = data_file(kit, TEMPLATE).read_text()
-    return {
-        "main": make_model(sizes.shape, folder / f"{sizes.shape}.gguf", data_file(kit, LLAMA_VOCAB), template),
-        "reader": make_model(sizes.reader_shape, folder / f"{sizes.reader_shape}.gguf", data_file(kit, DEEPSEEK_HEADER)),
-    }
+class Models:
+    """The phases' models, each made the first time a phase asks for it (the 8B one takes 16 GB
+    of disk and half a minute: only when its phase runs)."""
+
+    def __init__(self, sizes: Sizes, kit: Path | None, folder: Path) -> None:
+        self.sizes, self.kit, self.folder = sizes, kit, folder
+        self.made_s: dict[str, float] = {}
+
+    def _made(self, shape: str, vocab: str, template: str | None) -> Path:
+        started = time.monotonic()
+        text = data_file(self.kit, template).read_text() if template else None
+        path = make_model(shape, self.folder / f"{shape}.gguf", data_file(self.kit, vocab), text)
+        self.made_s.setdefault(shape, time.monotonic() - started)
+        return path
+
+    @property
+    def main(self) -> Path:
+        return self._made(self.sizes.shape, LLAMA_VOCAB, TEMPLATE)
+
+    @property
+    def big(self) -> Path:
+        return self._made(self.sizes.big_shape, LLAMA_VOCAB, TEMPLATE)
+
+    @property
+    def reader(self) -> Path:
+        return self._made(self.sizes.reader_shape, DEEPSEEK_HEADER, None)
 
 
 def llama_tools():
@@ -151,20 +178,28 @@ def batch_run(model: Path, prompts: list[str], parallel: int, tokens: int, workd
             "command_s": wall, "ttft_p95_s": summary["ttft_p95_s"]}
 
 
-def phase_batch(sizes: Sizes, models: dict[str, Path], tools, workdir: Path) -> dict:
+def phase_batch(sizes: Sizes, models: Models, tools, workdir: Path) -> dict:
+    return batch_rows(models.main, sizes.batch_parallels, sizes, tools, workdir)
+
+
+def phase_batch_big(sizes: Sizes, models: Models, tools, workdir: Path) -> dict:
+    return batch_rows(models.big, sizes.big_parallels, sizes, tools, workdir)
+
+
+def batch_rows(model: Path, parallels: tuple[int, ...], sizes: Sizes, tools, workdir: Path) -> dict:
     rows = []
-    for parallel in sizes.batch_parallels:
+    for parallel in parallels:
         prompts = short_prompts(parallel * sizes.prompts_per_slot)
         row = {"parallel": parallel, "prompts": len(prompts), "tokens": sizes.batch_tokens,
-               "multiseq": batch_run(models["main"], prompts, parallel, sizes.batch_tokens, workdir)}
+               "multiseq": batch_run(model, prompts, parallel, sizes.batch_tokens, workdir)}
         if tools:
             row["llama_server"] = peers.run_llama_server(
-                tools, models["main"], prompts, sizes.batch_tokens, parallel, os.cpu_count() or 1,
+                tools, model, prompts, sizes.batch_tokens, parallel, os.cpu_count() or 1,
                 256 + sizes.batch_tokens, {"temperature": 0.0}, log=log, seeds=list(range(len(prompts))))
             row["ratio"] = row["multiseq"]["tokens_per_s"] / row["llama_server"]["tokens_per_s"]
         rows.append(row)
-        log(f"batch np {parallel}: {summary_line(row)}")
-    return {"rows": rows}
+        log(f"batch {model.stem} np {parallel}: {summary_line(row)}")
+    return {"model": model.stem, "rows": rows}
 
 
 @contextlib.contextmanager
@@ -222,32 +257,32 @@ def host_share(model: Path, slots: int, tokens: int, sampling: str, sampled: boo
             "phase_ms": {name: 1000 * sum(step[name] for step in steps) / len(steps) for name in HOST_PHASES}}
 
 
-def phase_hostpath(sizes: Sizes, models: dict[str, Path], tools, workdir: Path) -> dict:
+def phase_hostpath(sizes: Sizes, models: Models, tools, workdir: Path) -> dict:
     rows = []
     for sampling in ("host", "backend"):
         for sampled in (False, True):
-            row = host_share(models["main"], sizes.host_slots, sizes.host_tokens, sampling, sampled)
+            row = host_share(models.main, sizes.host_slots, sizes.host_tokens, sampling, sampled)
             rows.append(row)
             log(f"hostpath np {sizes.host_slots} {sampling} {'sampled' if sampled else 'greedy'}: step "
                 f"{row['step_ms']:.2f} ms, device {row['device_ms']:.2f} ms, host share {row['host_share']:.1%}")
     return {"slots": sizes.host_slots, "rows": rows}
 
 
-def phase_serve(sizes: Sizes, models: dict[str, Path], tools, workdir: Path) -> dict:
+def phase_serve(sizes: Sizes, models: Models, tools, workdir: Path) -> dict:
     systems = "multiseq,llama-server" if tools else "multiseq"
-    return load.main(["--systems", systems, "--workloads", "distinct", "--model", str(models["main"]),
+    return load.main(["--systems", systems, "--workloads", "distinct", "--model", str(models.main),
                       "--clients", str(sizes.serve_clients), "--parallel", str(sizes.serve_clients),
                       "--requests", str(sizes.serve_requests), "--slot-ctx", "512"])
 
 
-def phase_spec(sizes: Sizes, models: dict[str, Path], tools, workdir: Path) -> dict:
-    figures = spec_cost.measure(str(models["main"]), list(sizes.spec_slots), sizes.spec_max_draft,
+def phase_spec(sizes: Sizes, models: Models, tools, workdir: Path) -> dict:
+    figures = spec_cost.measure(str(models.main), list(sizes.spec_slots), sizes.spec_max_draft,
                                 sizes.spec_repeats, os.cpu_count() or 1)
     return {"slots": {str(slots): rows for slots, rows in figures.items()}}
 
 
-def phase_reader(sizes: Sizes, models: dict[str, Path], tools, workdir: Path) -> dict:
-    model = open_model(str(models["reader"]))
+def phase_reader(sizes: Sizes, models: Models, tools, workdir: Path) -> dict:
+    model = open_model(str(models.reader))
     try:
         rates = {reader: reader_cost.one_run(model, sizes.reader_parallel, sizes.reader_tokens, os.cpu_count() or 1,
                                              reader, None) for reader in (True, False)}
@@ -258,7 +293,7 @@ def phase_reader(sizes: Sizes, models: dict[str, Path], tools, workdir: Path) ->
 
 
 PHASES = {"batch": phase_batch, "hostpath": phase_hostpath, "serve": phase_serve, "spec": phase_spec,
-          "reader": phase_reader}
+          "reader": phase_reader, "batch-8b": phase_batch_big}
 
 
 # --- the report -------------------------------------------------------------------------------------
@@ -285,7 +320,9 @@ def device_description() -> str:
 
 
 def markdown(report: dict) -> str:
-    lines = [f"# GPU check: {report['device']}", "", f"mode {report['mode']}, started {report['started']}", ""]
+    made = ", ".join(f"{shape} {seconds:.0f} s" for shape, seconds in report.get("models_made_s", {}).items())
+    lines = [f"# GPU check: {report['device']}", "", f"mode {report['mode']}, started {report['started']}, "
+             f"models made: {made or 'none'}", ""]
     for name, result in report["phases"].items():
         lines.append(f"## {name} ({result.get('seconds', 0):.0f} s)")
         if "error" in result or "skipped" in result:
@@ -337,7 +374,7 @@ def reader_table(result: dict) -> list[str]:
             f"tok/s, without {result['without_tokens_per_s']:.0f} tok/s ({result['ratio']:.3f}x)"]
 
 
-PHASE_TABLES = {"batch": batch_table, "hostpath": hostpath_table, "serve": serve_table, "spec": spec_table,
+PHASE_TABLES = {"batch": batch_table, "batch-8b": batch_table, "hostpath": hostpath_table, "serve": serve_table, "spec": spec_table,
                 "reader": reader_table}
 
 
@@ -348,7 +385,7 @@ def write_report(report: dict, out: Path) -> None:
 
 
 def run(args: argparse.Namespace) -> dict:
-    sizes = DRY if args.dry_run else GPU
+    sizes = DRY if args.dry_run or args.sizes == "tiny" else GPU
     started = time.monotonic()
     report = {"device": device_description(), "mode": "dry run" if args.dry_run else "gpu", "sizes": asdict(sizes),
               "started": time.strftime("%Y-%m-%d %H:%M:%S"), "phases": {}}
@@ -357,14 +394,14 @@ def run(args: argparse.Namespace) -> dict:
         log("no llama-server: the peer's half of each phase is skipped")
     with tempfile.TemporaryDirectory(prefix="multiseq-gpu-") as tmp:
         workdir = Path(tmp)
-        models_started = time.monotonic()
-        models = make_models(sizes, args.kit, args.models or workdir)
-        report["models_s"] = time.monotonic() - models_started
-        log(f"models made in {report['models_s']:.1f} s: {', '.join(str(path) for path in models.values())}")
+        models = Models(sizes, args.kit, args.models or workdir)
+        report["models_made_s"] = models.made_s
         for name in args.phases.split(","):
             elapsed = time.monotonic() - started
-            if elapsed > args.budget_s:
-                report["phases"][name] = {"skipped": f"{elapsed:.0f} s spent, over --budget-s {args.budget_s:.0f}"}
+            needs = 0 if sizes is DRY else GPU_PHASE_S[name]
+            if elapsed + needs > args.budget_s:
+                report["phases"][name] = {"skipped": f"{elapsed:.0f} s spent, and {name} takes about {needs} s: "
+                                                     f"over --budget-s {args.budget_s:.0f}"}
                 continue
             phase_started = time.monotonic()
             log(f"phase {name} ...")
@@ -384,12 +421,14 @@ def run(args: argparse.Namespace) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dry-run", action="store_true", help="tiny models and sizes, CPU: the scripts' own check")
+    parser.add_argument("--sizes", choices=("gpu", "tiny"), default="gpu",
+                        help="tiny: the dry run's models and sizes (to rehearse bench/gpu/run's setup on a CPU)")
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", BENCH / "out" / "gpu")))
     parser.add_argument("--kit", type=Path, default=None, help="the unpacked kit (data/: vocabulary, header, template)")
     parser.add_argument("--models", type=Path, default=None, help="where the models are made (default: a temp folder)")
     parser.add_argument("--phases", default=",".join(PHASE_NAMES))
     parser.add_argument("--no-peers", action="store_true", help="measure multiseq alone, even where llama-server is")
-    parser.add_argument("--budget-s", type=float, default=420.0, help="no phase starts after this many seconds")
+    parser.add_argument("--budget-s", type=float, default=420.0, help="a phase starts only when it can end within this many seconds of the start")
     args = parser.parse_args(argv)
     unknown = set(args.phases.split(",")) - set(PHASES)
     if unknown:
