@@ -146,7 +146,8 @@ def kv_lines(kv: dict[str, Any] | None) -> list[tuple[str, str]]:
 def pooling_text(pooling: str | None) -> str:
     """How the model's embeddings pool (/v1/embeddings, /embedding, batch-run's input lines)."""
     if pooling == "rank":
-        return "the GGUF says rank (a reranker's head), which multiseq does not run: embeddings pool by mean"
+        return ("a reranker (the GGUF says rank): it scores documents through /v1/rerank; --pooling mean, cls or "
+                "last uses it for embeddings instead")
     if pooling:
         return f"pooled by {pooling}, as the GGUF says (--pooling changes it)"
     return "pooled by mean: the GGUF names no pooling (--pooling mean, cls, last or none changes it)"

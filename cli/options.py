@@ -14,7 +14,7 @@ from typing import Any
 import click
 
 from .. import models
-from ..config import (DEFAULT_SLOT_CTX, KV_CACHE_TYPES, POOLINGS, REASONING_FORMATS, SPEC_TYPES, THREADS_ENV, TOOL_FORMATS, FlashAttention, OverflowPolicy, RunnerConfig, SamplingMode, SamplingParams,
+from ..config import (CONTEXT_POOLINGS, DEFAULT_SLOT_CTX, KV_CACHE_TYPES, REASONING_FORMATS, SPEC_TYPES, THREADS_ENV, TOOL_FORMATS, FlashAttention, OverflowPolicy, RunnerConfig, SamplingMode, SamplingParams,
                       SplitMode, default_of)
 
 ENGINE_FIELDS = ("model", "parallel", "slot_ctx", "kv_pool", "kv_layout", "threads", "n_keep", "n_discard", "seed", "chat_template",
@@ -180,9 +180,11 @@ def engine_options(slot_ctx_help: str = "Context tokens per slot (prompt + gener
         click.option("--spec-ngram-size-n", "spec_ngram_size", type=click.IntRange(1),
                      default=default_of(RunnerConfig, "spec_ngram_size"), show_default=True,
                      help="Tokens matched to find a draft (shorter: more drafts, fewer kept)."),
-        click.option("--pooling", type=click.Choice(list(POOLINGS)),
+        click.option("--pooling", type=click.Choice(list(CONTEXT_POOLINGS)),
                      help="How an embedding pools its tokens' rows: mean, cls (the first token's), last, or none "
-                          "(every token's row; /embedding only). [default: as the GGUF says, else mean]"),
+                          "(every token's row; /embedding only); rank: the model is a reranker (/v1/rerank), "
+                          "its classifier head scores a query with each document. [default: as the GGUF says, "
+                          "else mean]"),
     ])
 
 

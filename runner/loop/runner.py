@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from ..llama.batch import Backend
-from ..config import DEFAULT_SLOT_CTX, KV_POOL_AUTO, RunnerConfig
+from ..config import DEFAULT_SLOT_CTX, KV_POOL_AUTO, RANK, RunnerConfig
 from .delivery import PUBLISH_INTERVAL_S, Deliveries, RequestHandle, SnapshotPublisher  # noqa: F401 - re-exported
 from .cancelling import Cancelling
 from .engine import Engine
@@ -321,7 +321,8 @@ def _llama_backend(model, config: RunnerConfig, owns_model: bool) -> Backend:
     return LlamaBackend(model, config.parallel, session_ctx, config.n_batch, config.threads, owns_model=owns_model,
                         batch_invariant=config.batch_invariant, flash_attn=config.flash_attn.value,
                         cache_types=cache_types, pool_tokens=pool,
-                        windows_while_they_fit=pool is not None and config.kv_layout == "auto" and config.parallel > 1)
+                        windows_while_they_fit=pool is not None and config.kv_layout == "auto" and config.parallel > 1,
+                        ranks=(config.pooling or model.pooling) == RANK)
 
 
 def model_placement(config: RunnerConfig) -> dict[str, Any]:

@@ -11,7 +11,7 @@ import warnings
 import numpy as np
 
 from ..llama.batch import Backend
-from ..config import DEFAULT_POOLING, POOLINGS, OverflowPolicy, RunnerConfig
+from ..config import CONTEXT_POOLINGS, DEFAULT_POOLING, RANK, OverflowPolicy, RunnerConfig
 from ..sampling.grammar import TokenConstraint
 from ..request import Request
 from ..sampling.sampler import SequenceSampler
@@ -32,7 +32,9 @@ class SequenceMaker:
         self._base_seed = config.seed if config.seed is not None else int.from_bytes(os.urandom(8), "little")
         # How embedding requests pool by default: the config's, else as the GGUF says, else mean.
         model_pooling = getattr(backend, "model_pooling", None)
-        self.pooling = config.pooling or (model_pooling if model_pooling in POOLINGS else "mean")
+        self.pooling = config.pooling or (model_pooling if model_pooling in CONTEXT_POOLINGS else "mean")
+        self.ranks = getattr(backend, "ranks", False)
+        self.embeds_whole = getattr(backend, "embeds_whole", False)
 
     def new_sequence(self, request: Request, request_id: str) -> Sequence:
         """Tokenize and fit a request. Reads only the model and the config, so it may run on
@@ -44,6 +46,12 @@ class SequenceMaker:
             raise ValueError("the prompt tokenizes to no tokens")
         if request.embed is not None:
             return self._embedding_sequence(request, request_id, tokens)
+        if self.ranks:
+            raise ValueError("the model is used as a reranker (pooling rank): it scores a query with documents "
+                             "(/v1/rerank), it does not generate")
+        if self.embeds_whole:
+            raise ValueError("the model is an encoder (its attention sees the whole input, as a BERT's): it embeds, "
+                             "it does not generate")
         bos_kept = 1 if self.backend.add_bos else 0
         n_keep = (request.n_keep if request.n_keep is not None else self.config.n_keep) + bos_kept
         overflow = request.overflow or self.config.overflow
@@ -65,10 +73,24 @@ class SequenceMaker:
         part would not be the text's), nothing sampled."""
         if len(tokens) > self.window:
             raise ValueError(f"the input has {len(tokens)} tokens, more than a slot's {self.window}-token window")
-        sampler = SequenceSampler(request.sampling, 0, tokens, (), None, self.backend.token_bytes)
         pooling = self.pooling if request.embed == DEFAULT_POOLING else request.embed
+        self._check_pooling(pooling, len(tokens))
+        sampler = SequenceSampler(request.sampling, 0, tokens, (), None, self.backend.token_bytes)
         return Sequence(request_id, tokens, sampler, 0, OverflowPolicy.REJECT, 1, priority=request.priority,
-                        embedding=EmbeddingPool(pooling, len(tokens)))
+                        embedding=EmbeddingPool(pooling, len(tokens), whole=self.embeds_whole))
+
+    def _check_pooling(self, pooling: str, num_tokens: int) -> None:
+        """Whether this context can pool an input so: a reranker's context only ranks, and ranking
+        needs one; an input pooled whole fits one llama_decode."""
+        if self.ranks and pooling != RANK:
+            raise ValueError("the model is used as a reranker (pooling rank): it gives scores (/v1/rerank), not "
+                             "embeddings; start it with --pooling mean, cls or last for embeddings")
+        if pooling == RANK and not self.ranks:
+            raise ValueError("ranking needs a reranker's context: start the model with --pooling rank (a reranker's "
+                             "GGUF says rank itself)")
+        if self.embeds_whole and num_tokens > self.backend.n_batch:
+            raise ValueError(f"the input has {num_tokens} tokens; this model computes an input whole in one "
+                             f"llama_decode, at most --n-batch ({self.backend.n_batch}) tokens")
 
     def prompt_text(self, request: Request) -> str:
         """A request's prompt as text (its chat rendered with its tools; "" for token ids)."""

@@ -2,7 +2,8 @@
 
 Routes: POST /v1/chat/completions and /v1/completions (streamed as server-sent events, or
 not), llama-server's native /completion, /infill and /apply-template (native.py), POST
-/v1/embeddings and llama-server's /embedding (embeddings.py), GET /v1/models,
+/v1/embeddings and llama-server's /embedding (embeddings.py), a reranker's /v1/rerank and
+/rerank (rerank.py), GET /v1/models,
 GET /health (503 while the model loads, 200 when ready), GET /metrics,
 and with a data directory the Files and Batch APIs (batch_api.py). A request body becomes
 engine requests through multiseq.formats, the same translation batch-run applies to OpenAI
@@ -24,7 +25,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from ..loop.runner import Runner
-from . import batch_api, embeddings, messages, native, responses, tokens
+from . import batch_api, embeddings, messages, native, rerank, responses, tokens
 from .chat import chat_completions, completions
 from .door import ApiKeyGuard, SiteGuard, cors_options
 from .errors import INVALID_REQUEST, NOT_FOUND, SERVER_ERROR, ApiError, internal_error
@@ -130,6 +131,7 @@ def create_app(runner: Runner | None = None, settings: ServerSettings | None = N
         Route("/v1/embeddings", embeddings.create_embeddings, methods=["POST"]),
         Route("/embeddings", embeddings.create_embeddings, methods=["POST"]),
         Route("/embedding", embeddings.native_embedding, methods=["POST"]),
+        *(Route(path, rerank.rerank, methods=["POST"]) for path in rerank.PATHS),
         *batch_api.ROUTES,
         *responses.ROUTES,
     ]

@@ -15,7 +15,7 @@ import uuid
 from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response
 
-from ..config import is_int
+from ..config import RANK, is_int
 from ..formats.embeddings import (EUCLIDEAN, NATIVE_FIELDS, embedding_inputs, embeddings_body, embeddings_body_requests,
                                   encoding_format, input_requests, native_embeddings_body)
 from ..formats.fields import ItemError
@@ -74,6 +74,9 @@ async def _embedded(request: HttpRequest, item: PromptItem, field: str):
     when the client went away first)."""
     state = request.app.state.server
     runner = state.ready_runner()
+    if runner.pooling == RANK:
+        raise ApiError(400, "The served model is a reranker (pooling rank): it scores documents through /v1/rerank; "
+                       "start the server with --pooling mean, cls or last for embeddings.", INVALID_REQUEST)
     requests = item.prompt_requests or (item.request,)
     try:
         tokens = await state.pools.prepare(_checked_tokens, runner, [request.prompt for request in requests], field)
@@ -91,7 +94,9 @@ async def _embedded(request: HttpRequest, item: PromptItem, field: str):
 def _checked_tokens(runner, inputs: list, field: str) -> list[list[int]]:
     """Every input's tokens; an ItemError naming each that cannot be embedded (off the event
     loop: long texts take a while to tokenize)."""
-    backend, window = runner.backend, runner.window
+    backend = runner.backend
+    # An input pooled whole (a BERT's) is computed in one decode, so a batch's tokens bound it too.
+    window = min(runner.window, backend.n_batch) if getattr(backend, "embeds_whole", False) else runner.window
     tokens, problems = [], []
     for index, value in enumerate(inputs):
         ids = backend.tokenize(value) if isinstance(value, str) else list(value)

@@ -40,10 +40,12 @@ class ServerMetrics:
                                      "Gap between two consecutive pieces of one response", buckets=GAP_BUCKETS,
                                      registry=self.registry)
         self.requests = Counter("multiseq_api_requests", "Requests accepted, by the API they came through "
-                                "(chat, completions, responses, messages)", ["api"], registry=self.registry)
-        # Embedding requests, counted apart from generation: inputs embedded and their tokens.
-        self.embedding_inputs = Counter("multiseq_embedding_inputs", "Inputs embedded (each one request in the "
-                                        "batch)", registry=self.registry)
+                                "(chat, completions, responses, messages, embeddings, rerank)", ["api"],
+                                registry=self.registry)
+        # Embedding requests, counted apart from generation: inputs embedded (a reranker's
+        # documents among them) and their tokens.
+        self.embedding_inputs = Counter("multiseq_embedding_inputs", "Inputs embedded or ranked (each one request "
+                                        "in the batch)", registry=self.registry)
         self.embedding_tokens = Counter("multiseq_embedding_prompt_tokens", "Tokens of the inputs embedded",
                                         registry=self.registry)
         self.registry.register(_EngineCollector(runner_of))

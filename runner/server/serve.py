@@ -90,8 +90,17 @@ class Server(uvicorn.Server):
 def prepare_constraints(runner: Runner) -> None:
     """Build llguidance's tokenizer over the model's vocabulary while the model loads, not at
     the first request with tools or a schema: the build holds the GIL (115 ms of its 326 on
-    SmolLM2's 49k tokens, longer on bigger vocabularies), which would stall every stream."""
-    runner.backend.grammar_tokenizer()
+    SmolLM2's 49k tokens, longer on bigger vocabularies), which would stall every stream. Not
+    for a model that does not generate (an encoder, a reranker); and a vocabulary llguidance
+    cannot read fails only the constrained requests (each says why), never the server."""
+    backend = runner.backend
+    if getattr(backend, "ranks", False) or getattr(backend, "embeds_whole", False):
+        return
+    try:
+        backend.grammar_tokenizer()
+    except ValueError as error:
+        logger.warning("constrained output (schemas, grammars, forced tool calls) is not available with this "
+                       "model's vocabulary: %s", error)
 
 
 def freeze_loaded_objects() -> None:

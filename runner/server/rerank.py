@@ -1,0 +1,74 @@
+"""The rerank doors llama-server has: POST /rerank, /reranking, /v1/rerank and /v1/reranking, in
+Jina's and Cohere's shape or TEI's (runner/formats/rerank.py), for a reranker: a model served
+with pooling rank (its GGUF says so, or --pooling rank).
+
+Every document is a request of its own in the engine's batch, beside whatever else runs: the
+query and the document laid out as llama-server lays them out (runner/llama/rerank.py), scored
+whole by llama.cpp with the model's classifier head. The pairs are tokenized and checked in the
+prepare pool before any is queued: a pair longer than a slot's window or a decode's batch is a
+400 naming its document, and nothing of the request runs.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from starlette.requests import Request as HttpRequest
+from starlette.responses import JSONResponse, Response
+
+from ..config import RANK
+from ..formats.fields import ItemError
+from ..formats.reader import embeddings_item
+from ..formats.rerank import RerankQuery, rerank_body, rerank_query
+from ..request import Priority, Request
+from .bodies import read_json
+from .chat import CompletionCall
+from .errors import INVALID_REQUEST, ApiError
+
+NOT_SUPPORTED = "not_supported_error"
+PATHS = ("/rerank", "/reranking", "/v1/rerank", "/v1/reranking")
+
+
+async def rerank(request: HttpRequest) -> Response:
+    state = request.app.state.server
+    runner = state.ready_runner()
+    if runner.pooling != RANK:
+        raise ApiError(501, "The served model is not a reranker: serve a reranker's GGUF (it says pooling rank), or "
+                       "start the server with --pooling rank on a model with a classifier head.", NOT_SUPPORTED)
+    body = await read_json(request, state.settings.max_body_bytes)
+    state.check_model(body.get("model"))
+    try:
+        query = rerank_query(body)
+        pairs = await state.pools.prepare(_checked_pairs, runner, query)
+    except ItemError as error:
+        raise ApiError(400, str(error), INVALID_REQUEST, error.param) from None
+    item_id = uuid.uuid4().hex
+    requests = tuple(Request(prompt=tuple(tokens), embed=RANK, priority=Priority.INTERACTIVE, id=f"{item_id}#{index}")
+                     for index, tokens in enumerate(pairs))
+    state.metrics.requests.labels("rerank").inc()
+    state.metrics.embedding_inputs.inc(len(requests))
+    state.metrics.embedding_tokens.inc(sum(map(len, pairs)))
+    job = await state.submit(runner, embeddings_item(item_id, requests), streams=False)
+    results = await CompletionCall(state, job).results(request)
+    if results is None:
+        return Response(status_code=499)
+    return JSONResponse(rerank_body(query, results, state.settings.model_name))
+
+
+def _checked_pairs(runner, query: RerankQuery) -> list[list[int]]:
+    """Every document's input (the query beside it); an ItemError naming each that is too long
+    (off the event loop: long documents take a while to tokenize)."""
+    backend = runner.backend
+    limit = min(runner.window, backend.n_batch)
+    field = "texts" if query.tei else "documents"
+    pairs, problems = [], []
+    for index, document in enumerate(query.documents):
+        tokens = backend.rerank_tokens(query.query, document)
+        if len(tokens) > limit:
+            problems.append((f"{field}[{index}]", f"with the query it has {len(tokens)} tokens, more than the "
+                                                  f"{limit} a reranker scores at once (the slot window and --n-batch)"))
+        pairs.append(tokens)
+    if problems:
+        raise ItemError("; ".join(f"'{name}': {why}" for name, why in problems) + " (nothing was ranked)",
+                        problems[0][0])
+    return pairs
