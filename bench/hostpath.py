@@ -451,23 +451,38 @@ def _consume(piece) -> None:
     reads what it parses into, on its own thread, when it writes the stream)."""
 
 
+@dataclass
+class MeasuredStep:
+    """A decode step's phases (seconds), its whole Runner.step() and the clock's raw sums."""
+
+    phases: dict[str, float]
+    total: float
+    raw: dict[str, float]
+
+
+def decode_steps(runner: Runner, handles: list, clock: PhaseClock) -> list[MeasuredStep]:
+    """Step the runner by hand until every handle is done: the steps that decoded without
+    prefilling, timed (the first step, and any with a prompt chunk, are left out)."""
+    measured = []
+    while not all(handle.done for handle in handles):
+        clock.start_step()
+        started = time.perf_counter()
+        stepped = runner.step()
+        total = time.perf_counter() - started
+        if stepped and not clock.had_prefill:
+            measured.append(MeasuredStep(clock.phases(total), total, dict(clock.raw)))
+    return measured
+
+
 def run_engine(case: Case) -> EngineRun:
     """Run the case's requests through a hand-stepped Runner and time each step's phases."""
     runner = Runner(case.config(), backend=case.backend(), autostart=False)
     try:
         # Every piece goes to a consumer, as a streaming server's do.
         handles = [runner.submit(request, stream=True, on_piece=_consume) for request in case.requests()]
-        steps: list[dict[str, float]] = []
-        totals: list[float] = []
         with instrumented(runner) as clock:
-            while not all(handle.done for handle in handles):
-                clock.start_step()
-                started = time.perf_counter()
-                stepped = runner.step()
-                total = time.perf_counter() - started
-                if stepped and not clock.had_prefill:
-                    steps.append(clock.phases(total))
-                    totals.append(total)
+            measured = decode_steps(runner, handles, clock)
+        steps, totals = [step.phases for step in measured], [step.total for step in measured]
         results = [handle.result() for handle in handles]
     finally:
         runner.close()

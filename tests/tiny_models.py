@@ -249,6 +249,24 @@ class TinyShape:
     context: int = 4096
 
 
+def decoder_fields(arch: str, name: str, context: int, embedding: int, layers: int, feed_forward: int, heads: int,
+                   kv_heads: int, rope_base: float, norm_eps: float) -> dict[str, tuple[int, bytes]]:
+    """The hyperparameters of a decoder (llama, qwen2) as llama.cpp reads them, mostly f16."""
+    return {
+        "general.architecture": encode_value(arch),
+        "general.name": encode_value(name),
+        "general.file_type": encode_value(1),  # mostly f16
+        f"{arch}.context_length": encode_value(context),
+        f"{arch}.embedding_length": encode_value(embedding),
+        f"{arch}.block_count": encode_value(layers),
+        f"{arch}.feed_forward_length": encode_value(feed_forward),
+        f"{arch}.attention.head_count": encode_value(heads),
+        f"{arch}.attention.head_count_kv": encode_value(kv_heads),
+        f"{arch}.rope.freq_base": encode_value(float(rope_base)),
+        f"{arch}.attention.layer_norm_rms_epsilon": encode_value(float(norm_eps)),
+    }
+
+
 def _copied_fields(header: GGUFHeader) -> dict[str, tuple[int, bytes]]:
     """The tokenizer (every tokenizer.* key, the chat template among them) of `header`."""
     return {key: field for key, field in header.fields.items() if key.startswith("tokenizer.")}
@@ -267,20 +285,10 @@ def tiny_model_with_tokenizer_of(header_gguf: Path, out: Path, shape: TinyShape 
     source_name = header.value("general.name") if "general.name" in header.fields else Path(header_gguf).stem
     n_vocab = header.array_length("tokenizer.ggml.tokens")
     arch = "qwen2"
-    fields = {
-        "general.architecture": encode_value(arch),
-        "general.name": encode_value(f"tiny random {arch} with the tokenizer of {source_name}"),
-        "general.file_type": encode_value(1),  # mostly f16
-        f"{arch}.context_length": encode_value(shape.context),
-        f"{arch}.embedding_length": encode_value(shape.embedding),
-        f"{arch}.block_count": encode_value(shape.layers),
-        f"{arch}.feed_forward_length": encode_value(shape.feed_forward),
-        f"{arch}.attention.head_count": encode_value(shape.heads),
-        f"{arch}.attention.head_count_kv": encode_value(shape.kv_heads),
-        f"{arch}.rope.freq_base": encode_value(_header_float(header, f"{source_arch}.rope.freq_base", 1e6)),
-        f"{arch}.attention.layer_norm_rms_epsilon": encode_value(
-            _header_float(header, f"{source_arch}.attention.layer_norm_rms_epsilon", 1e-6)),
-    }
+    fields = decoder_fields(arch, f"tiny random {arch} with the tokenizer of {source_name}", shape.context,
+                            shape.embedding, shape.layers, shape.feed_forward, shape.heads, shape.kv_heads,
+                            _header_float(header, f"{source_arch}.rope.freq_base", 1e6),
+                            _header_float(header, f"{source_arch}.attention.layer_norm_rms_epsilon", 1e-6))
     fields.update(_copied_fields(header))
 
     rng = np.random.default_rng(seed)

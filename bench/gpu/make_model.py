@@ -30,7 +30,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 
-from tiny_models import encode_value, read_header, write_gguf  # noqa: E402
+from tiny_models import decoder_fields, encode_value, read_header, write_gguf  # noqa: E402
 
 POOL_VALUES = 1 << 22
 WEIGHT_SCALE = 0.02
@@ -77,20 +77,8 @@ class TiledWeights:
 
 
 def model_fields(shape: Shape, name: str, tokenizer_fields: dict, template: str | None) -> dict:
-    arch = shape.arch
-    fields = {
-        "general.architecture": encode_value(arch),
-        "general.name": encode_value(name),
-        "general.file_type": encode_value(1),  # mostly f16
-        f"{arch}.context_length": encode_value(shape.context),
-        f"{arch}.embedding_length": encode_value(shape.embedding),
-        f"{arch}.block_count": encode_value(shape.layers),
-        f"{arch}.feed_forward_length": encode_value(shape.feed_forward),
-        f"{arch}.attention.head_count": encode_value(shape.heads),
-        f"{arch}.attention.head_count_kv": encode_value(shape.kv_heads),
-        f"{arch}.rope.freq_base": encode_value(shape.rope_base),
-        f"{arch}.attention.layer_norm_rms_epsilon": encode_value(shape.norm_eps),
-    }
+    fields = decoder_fields(shape.arch, name, shape.context, shape.embedding, shape.layers, shape.feed_forward,
+                            shape.heads, shape.kv_heads, shape.rope_base, shape.norm_eps)
     fields.update(tokenizer_fields)
     if template is not None:
         fields["tokenizer.chat_template"] = encode_value(template)

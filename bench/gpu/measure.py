@@ -51,7 +51,7 @@ import peers  # noqa: E402
 import reader_cost  # noqa: E402
 import spec_cost  # noqa: E402
 from hostpath import PHASES as HOST_PHASES  # noqa: E402
-from hostpath import instrumented  # noqa: E402
+from hostpath import decode_steps, instrumented  # noqa: E402
 from make_model import make_model  # noqa: E402
 from workloads import short_prompts  # noqa: E402
 
@@ -203,25 +203,23 @@ def batch_rows(model: Path, parallels: tuple[int, ...], sizes: Sizes, tools, wor
 
 
 @contextlib.contextmanager
-def device_clock(runner: Runner):
-    """Time llama_decode followed by llama_synchronize, so that the device's work of a step is
-    counted where it happens, whether llama.cpp waits for it there or at the first read."""
+def device_timed(clock):
+    """Time llama_decode followed by llama_synchronize into the clock's "device" sum, so that
+    the device's work of a step is counted where it happens, whether llama.cpp waits for it
+    there or at the first read."""
     from multiseq.llama import backend as backend_module
 
     llama = backend_module.llama
     decode = llama.llama_decode
-    spent = {"seconds": 0.0}
 
-    def timed_decode(ctx, batch):
-        started = time.perf_counter()
+    def decode_and_wait(ctx, batch):
         code = decode(ctx, batch)
         llama.llama_synchronize(ctx)
-        spent["seconds"] += time.perf_counter() - started
         return code
 
-    llama.llama_decode = timed_decode
+    llama.llama_decode = clock.timed("device", decode_and_wait)
     try:
-        yield spent
+        yield
     finally:
         llama.llama_decode = decode
 
@@ -235,26 +233,16 @@ def host_share(model: Path, slots: int, tokens: int, sampling: str, sampled: boo
     try:
         handles = [runner.submit(Request(prompt=f"Request {index:05d}: tell me something.", sampling=params[index]),
                                  stream=True, on_piece=lambda piece: None) for index in range(slots)]
-        steps, totals, device = [], [], []
-        with instrumented(runner) as clock, device_clock(runner) as spent:
-            while not all(handle.done for handle in handles):
-                clock.start_step()
-                spent["seconds"] = 0.0
-                started = time.perf_counter()
-                stepped = runner.step()
-                total = time.perf_counter() - started
-                if stepped and not clock.had_prefill:
-                    steps.append(clock.phases(total))
-                    totals.append(total)
-                    device.append(spent["seconds"])
+        with instrumented(runner) as clock, device_timed(clock):
+            steps = decode_steps(runner, handles, clock)
     finally:
         runner.close()
-    step_ms = 1000 * sum(totals) / len(totals)
-    device_ms = 1000 * sum(device) / len(device)
-    return {"sampling": sampling, "sampled": sampled, "steps": len(totals), "step_ms": step_ms,
+    step_ms = 1000 * sum(step.total for step in steps) / len(steps)
+    device_ms = 1000 * sum(step.raw.get("device", 0.0) for step in steps) / len(steps)
+    return {"sampling": sampling, "sampled": sampled, "steps": len(steps), "step_ms": step_ms,
             "device_ms": device_ms, "host_share": 1 - device_ms / step_ms,
             "tokens_per_s": slots * 1000 / step_ms,
-            "phase_ms": {name: 1000 * sum(step[name] for step in steps) / len(steps) for name in HOST_PHASES}}
+            "phase_ms": {name: 1000 * sum(step.phases[name] for step in steps) / len(steps) for name in HOST_PHASES}}
 
 
 def phase_hostpath(sizes: Sizes, models: Models, tools, workdir: Path) -> dict:
