@@ -75,3 +75,45 @@ def test_bad_scoring_input_is_a_400_naming_what_is_wrong(base, body, param, word
     assert status == 400 and words in answer["error"]["message"]
     if param:
         assert answer["error"]["param"] == param
+
+
+def streamed(base: str, **body) -> list[dict]:
+    import urllib.request
+
+    request = urllib.request.Request(f"{base}/v1/completions", method="POST",
+                                     data=json.dumps({"model": "fake-model", "stream": True, **body}).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        lines = response.read().decode().splitlines()
+    return [json.loads(line[len("data: "):]) for line in lines if line.startswith("data: {")]
+
+
+def joined_choice(chunks: list[dict], index: int) -> dict:
+    """A streamed choice put together: its text, its logprobs' lists, its finish_reason."""
+    choices = [choice for chunk in chunks for choice in chunk["choices"] if choice["index"] == index]
+    logprobs = [choice["logprobs"] for choice in choices if choice["logprobs"]]
+    return {"text": "".join(choice["text"] for choice in choices),
+            "finish_reason": choices[-1]["finish_reason"],
+            "logprobs": {key: [value for entry in logprobs for value in entry[key]]
+                         for key in ("tokens", "token_logprobs", "top_logprobs", "text_offset")} if logprobs else None}
+
+
+@pytest.mark.parametrize("fields", [
+    dict(prompt="Hello there", max_tokens=3, logprobs=1),
+    dict(prompt=[[*b"The sky is"], [*b"Two and two"]], max_tokens=2, logprobs=2, seed=7),
+    dict(prompt="Hello there", max_tokens=0, logprobs=1),
+    dict(prompt="Hello there", max_tokens=2),
+])
+def test_a_streamed_echo_puts_together_as_the_whole_answer(base, fields):
+    """The prompt comes first (its text, and its tokens' logprobs as soon as it was computed),
+    then the output: joined, the chunks are the answer the same body gets unstreamed."""
+    _, whole = complete(base, echo=True, temperature=0, **fields)
+    chunks = streamed(base, echo=True, temperature=0, stream_options={"include_usage": True}, **fields)
+    for choice in whole["choices"]:
+        together = joined_choice(chunks, choice["index"])
+        first = next(c for chunk in chunks for c in chunk["choices"] if c["index"] == choice["index"])
+        assert choice["text"].startswith(first["text"]) and first["text"], "the prompt's text first"
+        assert together["text"] == choice["text"] and together["finish_reason"] == choice["finish_reason"]
+        assert together["logprobs"] == choice["logprobs"]
+    counts = ("prompt_tokens", "completion_tokens", "total_tokens")  # (the second run reuses the first's prompt)
+    assert [chunks[-1]["usage"][key] for key in counts] == [whole["usage"][key] for key in counts]

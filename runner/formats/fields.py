@@ -252,8 +252,6 @@ def echo_fields(body: dict[str, Any], n: int) -> tuple[bool, bool, dict[str, Any
         return False, False, body
     if n != 1:
         raise ItemError("'echo' takes n = 1: every choice of a prompt would repeat the same scores", "n")
-    if body.get("stream"):
-        raise ItemError("'echo' cannot stream: ask for the whole answer (stream false)", "echo")
     if body.get("max_tokens") == 0:
         return True, True, body | {"max_tokens": 1}
     return True, False, body

@@ -161,12 +161,18 @@ def echoed_choice(index: int, request: Request, result: Result, prompt_only: boo
     if result.logprobs is None or result.prompt_logprobs is None:
         return choice
     output = () if prompt_only else result.logprobs + ((result.end_logprob,) if result.end_logprob else ())
-    entries = completion_logprobs((*result.prompt_logprobs, *output))
-    first = result.prompt_token_bytes[0].decode("utf-8", "backslashreplace")
-    offsets = [0, *(len(first) + offset for offset in entries["text_offset"])]
-    choice["logprobs"] = {"tokens": [first, *entries["tokens"]], "token_logprobs": [None, *entries["token_logprobs"]],
-                          "top_logprobs": [None, *entries["top_logprobs"]], "text_offset": offsets}
+    choice["logprobs"] = echoed_logprobs(result.prompt_token_bytes[0], (*result.prompt_logprobs, *output))
     return choice
+
+
+def echoed_logprobs(first_token: bytes, logprobs: tuple[TokenLogprob, ...]) -> dict[str, Any]:
+    """An echoed prompt's logprobs (and any output's after them): the first token's entry null,
+    nothing coming before it."""
+    entries = completion_logprobs(logprobs)
+    first = first_token.decode("utf-8", "backslashreplace")
+    offsets = [0, *(len(first) + offset for offset in entries["text_offset"])]
+    return {"tokens": [first, *entries["tokens"]], "token_logprobs": [None, *entries["token_logprobs"]],
+            "top_logprobs": [None, *entries["top_logprobs"]], "text_offset": offsets}
 
 
 def stop_reason(result: Result) -> dict[str, Any]:

@@ -40,7 +40,7 @@ from .planning import StepPlan
 from ..request import FinishReason, Request
 from ..sampling.sampler import Sampled
 from .scheduler import Scheduler
-from .sequence import Sequence
+from .sequence import Sequence, scores_prompt
 from .sequence_maker import SequenceMaker
 from .speculation import Speculator, settle_drafts
 from .stats import RunnerSnapshot, StatsRecorder, runner_snapshot
@@ -242,8 +242,14 @@ class Engine:
         pieces = seq.pieces
         is_read = pieces.is_read and not (is_last and seq.ending.reason in (FinishReason.ERROR, FinishReason.CANCELLED))
         if text or (is_read and is_last):
+            prompt = {}
+            if not pieces.has_emitted and scores_prompt(seq):
+                prompt = dict(prompt_first_token=seq.sampler.token_bytes(seq.prompt_tokens[0]),
+                              prompt_logprobs=tuple(seq.prompt_logprobs))
+            pieces.has_emitted = True
             self._outbox.pieces.append(TextPiece(seq.id, text, pieces.take_unstreamed_logprobs(),
-                                                 pieces if is_read else None, len(pieces.text_parts), is_last))
+                                                 pieces if is_read else None, len(pieces.text_parts), is_last,
+                                                 **prompt))
 
     def _retire_ending(self, seqs: list[Sequence]) -> None:
         for seq in seqs:

@@ -37,6 +37,7 @@ class OutputPieces:
         self._num_logprobs_streamed = 0  # of self.logprobs, how many went out with text pieces
         self.assembler = TextAssembler(stop, min_indent)
         self.text_parts: list[str] = []  # one a piece
+        self.has_emitted = False  # whether a piece went out (the first carries a scored prompt's logprobs)
         self.has_reached_stop_string = False
         # The reading, shared by the step's thread and a consumer's: under the lock.
         self._lock = threading.Lock()

@@ -27,6 +27,10 @@ class TextPiece:
     output: OutputPieces | None = None
     num_parts: int = 0
     is_last: bool = False
+    # A scored prompt's (echo with logprobs) first piece: the prompt's first token and the log
+    # probabilities of the others, computed by then, so that a stream can echo the prompt first.
+    prompt_first_token: bytes = b""
+    prompt_logprobs: tuple[TokenLogprob, ...] | None = None
 
     @functools.cached_property
     def deltas(self) -> tuple[Delta, ...] | None:

@@ -24,8 +24,8 @@ from starlette.responses import JSONResponse, Response
 
 from ..formats.fields import ItemError
 from ..formats.openai_output import (INVALID_OUTPUT, INVALID_OUTPUT_CODE, INVALID_OUTPUT_STATUS, approximated_field,
-                                     chat_deltas, completion_body, schema_failure_message, stop_reason, stream_choice,
-                                     stream_chunk, usage_of)
+                                     chat_deltas, completion_body, echoed_logprobs, schema_failure_message, stop_reason,
+                                     stream_choice, stream_chunk, usage_of)
 from ..formats.reader import openai_body_item, unknown_body_fields
 from ..request import FinishReason, Priority, Result
 from .bodies import read_json
@@ -120,18 +120,28 @@ class CompletionCall:
                          for index in range(item.n)])
         latency = _LatencyObserver(state, job)
         streamed_logprobs = [0] * item.n
-        text_length = [0] * item.n
+        # Where a choice's next logprob entry's text starts: the entries' texts summed, as the
+        # whole answer counts them (a piece's text may differ: bytes of a character held back).
+        offsets = [0] * item.n
+        echoing = [item.echo] * item.n  # choices whose prompt is still to be echoed
         async for event in job.events_until_complete():
+            if echoing[event.choice]:
+                echoing[event.choice] = False
+                echo = _echoed_prompt(item, event, wants_logprobs)
+                offsets[event.choice] = sum(map(len, echo["logprobs"]["tokens"])) if echo["logprobs"] else 0
+                yield chunk([echo])
             if isinstance(event, PieceEvent):
                 latency.observe(event)
+                if item.echo_only:  # the one token run to score the prompt is not part of the answer
+                    continue
                 piece = event.piece
                 logprobs = piece.logprobs if wants_logprobs else None
                 for delta in _piece_deltas(is_chat, piece):
                     yield chunk([stream_choice(is_chat, event.choice, piece.text, logprobs,
-                                               text_offset=text_length[event.choice], delta=delta)])
+                                               text_offset=offsets[event.choice], delta=delta)])
                     logprobs = () if wants_logprobs else None  # a piece's logprobs go with its first chunk
                 streamed_logprobs[event.choice] += len(piece.logprobs)
-                text_length[event.choice] += len(piece.text)
+                offsets[event.choice] += sum(len(entry.text) for entry in piece.logprobs)
                 continue
             result = event.result
             if not result.ok:
@@ -139,12 +149,32 @@ class CompletionCall:
                 yield (_too_slow_error() if job.is_overrun else _failure_error(result, event.choice, item.n)).body()
                 return
             rest = result.logprobs[streamed_logprobs[event.choice]:] if wants_logprobs and result.logprobs else None
+            if item.echo_only:
+                rest, result = (() if wants_logprobs else None), dataclasses.replace(result, finish_reason=FinishReason.LENGTH)
+            elif item.echo and wants_logprobs and result.end_logprob:
+                rest = (*(rest or ()), result.end_logprob)  # as the whole answer has it: the token that ended it
             last = stream_choice(is_chat, event.choice, None, rest if wants_logprobs else None,
-                                 result.finish_reason.value, text_offset=text_length[event.choice])
+                                 result.finish_reason.value, text_offset=offsets[event.choice])
             last |= stop_reason(result)
             yield chunk([last]) | approximated_field([result])
         if include_usage:
-            yield chunk([], usage_of([job.results[choice] for choice in range(item.n)]))
+            yield chunk([], usage_of([job.results[choice] for choice in range(item.n)],
+                                     len(item.prompt_requests) or 1, item.echo_only))
+
+
+def _echoed_prompt(item: Any, event: PieceEvent | Any, wants_logprobs: bool) -> dict[str, Any]:
+    """A streamed completion's first chunk with echo: its prompt's text, and with logprobs
+    their entries (the first null), as soon as the prompt was computed (its first piece
+    carries them; a choice that ended without a piece, from its result)."""
+    if isinstance(event, PieceEvent):
+        first, scores = event.piece.prompt_first_token, event.piece.prompt_logprobs or ()
+    else:
+        first, scores = (event.result.prompt_token_bytes or (b"",))[0], event.result.prompt_logprobs or ()
+    request = item.requests[event.choice]
+    text = request.prompt if isinstance(request.prompt, str) else \
+        b"".join((first, *(entry.token_bytes for entry in scores))).decode("utf-8", "replace")
+    logprobs = echoed_logprobs(first, scores) if wants_logprobs else None
+    return {"index": event.choice, "text": text, "logprobs": logprobs, "finish_reason": None}
 
 
 def _piece_deltas(is_chat: bool, piece: Any) -> list[dict[str, Any] | None]:

@@ -254,7 +254,7 @@ def _joined(run: list[PieceEvent]) -> PieceEvent:
     last = pieces[-1]
     piece = TextPiece(first.piece.request_id, "".join(piece.text for piece in pieces),
                       tuple(logprob for piece in pieces for logprob in piece.logprobs), last.output, last.num_parts,
-                      last.is_last)
+                      last.is_last, first.piece.prompt_first_token, first.piece.prompt_logprobs)
     return PieceEvent(first.choice, piece, first.at)
 
 
