@@ -242,14 +242,9 @@ class Engine:
         pieces = seq.pieces
         is_read = pieces.is_read and not (is_last and seq.ending.reason in (FinishReason.ERROR, FinishReason.CANCELLED))
         if text or (is_read and is_last):
-            prompt = {}
-            if not pieces.has_emitted and scores_prompt(seq):
-                prompt = dict(prompt_first_token=seq.sampler.token_bytes(seq.prompt_tokens[0]),
-                              prompt_logprobs=tuple(seq.prompt_logprobs))
-            pieces.has_emitted = True
-            self._outbox.pieces.append(TextPiece(seq.id, text, pieces.take_unstreamed_logprobs(),
-                                                 pieces if is_read else None, len(pieces.text_parts), is_last,
-                                                 **prompt))
+            reading = pieces if is_read else None
+            self._outbox.pieces.append(TextPiece(seq.id, text, pieces.take_unstreamed_logprobs(), reading,
+                                                 len(pieces.text_parts), is_last, **_first_piece_prompt(seq)))
 
     def _retire_ending(self, seqs: list[Sequence]) -> None:
         for seq in seqs:
@@ -304,3 +299,16 @@ class Engine:
         """Every slot and counter at this moment, as plain values (for a dashboard)."""
         return runner_snapshot(self.scheduler, self.stats, self.window, now, self.host_cache,
                                getattr(self.backend, "layout", None))
+
+
+def _first_piece_prompt(seq: Sequence) -> dict:
+    """What a sequence's first piece carries of a scored prompt (TextPiece.prompt_first_token
+    and prompt_logprobs, so that a stream can echo it first); nothing for later pieces."""
+    pieces = seq.pieces
+    if pieces.has_emitted:
+        return {}
+    pieces.has_emitted = True
+    if not scores_prompt(seq):
+        return {}
+    return dict(prompt_first_token=seq.sampler.token_bytes(seq.prompt_tokens[0]),
+                prompt_logprobs=tuple(seq.prompt_logprobs))
