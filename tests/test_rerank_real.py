@@ -98,6 +98,19 @@ def test_jina_and_cohere_shape_highest_first_cut_to_top_n_with_documents(served)
         assert answer["usage"]["prompt_tokens"] == sum(len(runner.backend.rerank_tokens(QUERY, d)) for d in DOCUMENTS)
 
 
+def test_cohere_clients_v1_and_v2_rank_through_the_server(served):
+    import cohere
+
+    base, runner = served
+    expected = scores_alone(runner)
+    order = sorted(range(len(DOCUMENTS)), key=lambda index: -expected[index])
+    for client in (cohere.Client(api_key="unused", base_url=base), cohere.ClientV2(api_key="unused", base_url=base)):
+        answer = client.rerank(model="tiny-reranker", query=QUERY, documents=DOCUMENTS, top_n=2)
+        assert [result.index for result in answer.results] == order[:2]
+        assert [result.relevance_score for result in answer.results] == pytest.approx(
+            [expected[index] for index in order[:2]], abs=1e-3)
+
+
 def test_teis_shape_is_a_bare_list_with_scores_and_texts_when_asked(served):
     base, runner = served
     expected = scores_alone(runner)

@@ -26,7 +26,7 @@ from .chat import CompletionCall
 from .errors import INVALID_REQUEST, ApiError
 
 NOT_SUPPORTED = "not_supported_error"
-PATHS = ("/rerank", "/reranking", "/v1/rerank", "/v1/reranking")
+PATHS = ("/rerank", "/reranking", "/v1/rerank", "/v1/reranking", "/v2/rerank")  # /v2/rerank: Cohere's v2 client
 
 
 async def rerank(request: HttpRequest) -> Response:
