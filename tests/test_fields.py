@@ -98,7 +98,6 @@ def test_completions_logprobs_is_a_count_of_alternatives():
     ({"messages": chat(), "max_completion_tokens": "ten"}, None, "max_completion_tokens", "must be an integer"),
     ({"prompt": "x", "echo": True, "n": 2}, "/v1/completions", "n", "'echo' takes n = 1"),
     ({"prompt": "x", "echo": "yes"}, "/v1/completions", "echo", "true or false"),
-    ({"prompt": "x", "echo": True, "stream": True}, "/v1/completions", "echo", "cannot stream"),
     ({"messages": chat(), "echo": True}, None, "echo", "for chat"),
     ({"prompt": [[1, 2], "x", 3]}, "/v1/completions", "prompt", "'prompt[2]' must be"),
     ({"prompt": [[1, -2]]}, "/v1/completions", "prompt", "token id -2"),
