@@ -134,3 +134,15 @@ def test_an_encoder_does_not_generate_and_says_why(make_runner):
     backend.embeds_whole = True
     [result] = make_runner(backend).run_batch([Request(prompt="hello", sampling=SamplingParams(max_tokens=4))])
     assert not result.ok and "encoder" in result.error and "does not generate" in result.error
+
+
+def test_inputs_pooled_whole_that_find_no_kv_room_together_go_one_by_one_never_halved(make_runner):
+    backend = FakeBackend(n_batch=128, no_kv_slot_above=len(DOCUMENT) + 1)
+    backend.embeds_whole = True
+    long, short = make_runner(backend).run_batch([embed(), embed("a short one")])
+    assert long.ok and short.ok
+    assert np.allclose(long.embedding, rows_of(DOCUMENT).mean(axis=0), atol=1e-6)
+    for call in backend.calls:
+        for slot, length, _ in call.entries:
+            assert slot not in call.embedding_slots or length in (len(DOCUMENT) + 1, len("a short one") + 1), \
+                "an input was cut"

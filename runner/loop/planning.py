@@ -68,19 +68,22 @@ class StepPlan:
         return bool(self.chunks)
 
     def with_halved_prefill(self) -> StepPlan | None:
-        """The same step with every prompt chunk halved, for a retry when the KV had no room;
-        None when no chunk can shrink any more."""
+        """The same step with every prompt chunk halved, for a retry when the KV had no room (an
+        input computed whole is left for a later step instead: cut, it would pool to another
+        vector); None when no chunk can shrink any more."""
         if all(chunk.num_tokens <= 1 or not chunk.is_prefill for chunk in self.chunks):
             return None
         chunks = []
         for chunk in self.chunks:
+            if chunk.is_prefill and chunk.seq.embedding is not None and chunk.seq.embedding.whole:
+                continue
             if chunk.is_prefill and chunk.num_tokens > 1:
                 entry = chunk.entry
                 half = BatchEntry(entry.slot, entry.tokens[: len(entry.tokens) // 2], entry.start_pos, False,
                                   scores_prompt=entry.scores_prompt, embeds=entry.embeds)
                 chunk = Chunk(chunk.seq, half, True)
             chunks.append(chunk)
-        return StepPlan(chunks)
+        return StepPlan(chunks) if chunks else None
 
 
 class StepPlanner:
