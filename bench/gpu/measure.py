@@ -169,8 +169,10 @@ def batch_run(model: Path, prompts: list[str], parallel: int, tokens: int, workd
                "--ignore-eos", "--temperature", "0", "--slot-ctx", str(256 + tokens), "--no-dashboard",
                "--stats-json", str(stats)]
     started = time.perf_counter()
-    subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    finished = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     wall = time.perf_counter() - started
+    if finished.returncode != 0:  # what it said goes into the report: the device's run is the one chance
+        raise RuntimeError(f"batch-run exited {finished.returncode}:\n" + "\n".join(finished.stderr.splitlines()[-30:]))
     summary = json.loads(stats.read_text())
     if summary["generated_tokens"] != len(prompts) * tokens:
         raise RuntimeError(f"batch-run generated {summary['generated_tokens']} tokens, not {len(prompts) * tokens}")
