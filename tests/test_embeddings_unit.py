@@ -107,8 +107,9 @@ def test_an_embedding_request_says_what_is_wrong_with_it(fields, message):
 
 def test_an_input_pooled_whole_is_never_cut_and_waits_for_room_instead(make_runner):
     """A BERT's rows depend on every token of its input (its attention looks both ways): an
-    input goes into one decode whole, beyond the step's budget if it must, never in chunks."""
-    backend = FakeBackend(n_batch=128)
+    input goes into one decode whole, never in chunks: one that does not fit what is left of a
+    decode waits for the next (the step budget, for streams, does not apply: there are none)."""
+    backend = FakeBackend(n_batch=90)  # the document (73 tokens) and the first short one fill a decode
     backend.embeds_whole = True
     runner = make_runner(backend, step_tokens=8)
     short = "short text"

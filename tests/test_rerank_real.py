@@ -152,14 +152,18 @@ def test_a_model_that_is_no_reranker_refuses_rerank_clearly(encoder, serve_app):
         assert status == 501 and "--pooling rank" in json.loads(data)["error"]["message"]
 
 
-def test_an_encoders_input_is_computed_whole_beside_others_whatever_the_step_budget(encoder):
-    long_document = DOCUMENTS[2] * 3
-    with Runner(RunnerConfig(model=str(encoder), parallel=4, slot_ctx=512, batch_invariant=True)) as runner:
-        alone = runner.run_batch([Request(prompt=long_document, embed="default")])[0].embedding
-    with Runner(RunnerConfig(model=str(encoder), parallel=4, slot_ctx=512, step_tokens=16,
-                             batch_invariant=True)) as runner:
-        results = runner.run_batch([Request(prompt=text, embed="default") for text in (*DOCUMENTS, long_document)])
+def test_an_encoders_inputs_beside_each_other_pool_exactly_as_alone_and_it_does_not_generate(encoder):
+    """Whatever a step holds beside them (the planner's whole-input rule itself is checked on
+    the fake backend, where a cut shows), an encoder's inputs pool exactly to their vectors
+    computed alone, and a generation request is refused with the reason."""
+    texts = (DOCUMENTS[2] * 3, *DOCUMENTS)
+    config = dict(model=str(encoder), parallel=5, slot_ctx=512, n_batch=360, batch_invariant=True)
+    with Runner(RunnerConfig(**config)) as runner:
+        alone = [runner.run_batch([Request(prompt=text, embed="default")])[0].embedding for text in texts]
+    with Runner(RunnerConfig(**config, step_tokens=16)) as runner:
+        results = runner.run_batch([Request(prompt=text, embed="default") for text in texts])
         refused = runner.run_batch([Request(prompt="hello", sampling=SamplingParams(max_tokens=2))])[0]
-    assert all(result.ok for result in results) and results[-1].prompt_tokens > 16
-    assert np.array_equal(results[-1].embedding, alone)
-    assert "encoder" in refused.error
+    assert all(result.ok for result in results) and results[0].prompt_tokens > 256
+    for result, vector in zip(results, alone):
+        assert np.array_equal(result.embedding, vector)
+    assert "encoder" in refused.error and "does not generate" in refused.error

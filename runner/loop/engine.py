@@ -67,7 +67,7 @@ class Engine:
         self.scheduler = Scheduler(config.parallel, config.n_batch, self.window, self.maker.clamped_n_discard(),
                                    prefix_cache=config.prefix_cache, chunk_rules=backend.chunk_rules,
                                    isolate_prefill=config.batch_invariant, host_cache=self.host_cache,
-                                   step_tokens=config.step_tokens, pool=self.pool)
+                                   step_tokens=self.maker.step_tokens, pool=self.pool)
         self.stats = StatsRecorder()
         self.placement = KvPlacement(self.backend, self.scheduler, self.host_cache, self.stats)
         self._outbox = StepOutput()

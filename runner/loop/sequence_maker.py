@@ -35,6 +35,9 @@ class SequenceMaker:
         self.pooling = config.pooling or (model_pooling if model_pooling in CONTEXT_POOLINGS else "mean")
         self.ranks = getattr(backend, "ranks", False)
         self.embeds_whole = getattr(backend, "embeds_whole", False)
+        # A step's token budget keeps streams flowing beside long prompts; a model that does not
+        # generate (an encoder, a reranker) has no streams, and fills every decode instead.
+        self.step_tokens = None if self.embeds_whole else config.step_tokens
 
     def new_sequence(self, request: Request, request_id: str) -> Sequence:
         """Tokenize and fit a request. Reads only the model and the config, so it may run on
