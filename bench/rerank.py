@@ -98,7 +98,7 @@ def main() -> None:
                              "--host", "127.0.0.1", "--port", "{port}", "--no-webui", "--log-verbosity", "2"],
             "multiseq": [sys.executable, "-m", "multiseq.cli.main", "serve", "-m", str(model), "-np",
                          str(args.parallel), "--slot-ctx", "512", "-t", str(args.threads), "--port", "{port}",
-                         "--no-dashboard", "--max-queue", "4096"],
+                         "-b", "1024", "--no-dashboard", "--max-queue", "4096"],
         }
         all_scores = {}
         for system, command in commands.items():

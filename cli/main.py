@@ -241,7 +241,7 @@ def serve(ctx_size: int | None, kv_unified: bool | None, host: str, port: int, a
                                                         kv_unified is not False and not options["batch_invariant"])
     options["kv_layout"] = "pool" if kv_unified else "auto"
     if options["step_tokens"] is None:
-        options["step_tokens"] = min(max(SERVE_STEP_TOKENS, options["parallel"]), default_of(RunnerConfig, "n_batch"))
+        options["step_tokens"] = min(max(SERVE_STEP_TOKENS, options["parallel"]), options["n_batch"])
     config = runner_config(options)
     settings_defaults = sampling_defaults(options)
     if config.chat_template:

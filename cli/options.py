@@ -18,7 +18,7 @@ from ..config import (CONTEXT_POOLINGS, DEFAULT_SLOT_CTX, KV_CACHE_TYPES, REASON
                       SplitMode, default_of)
 
 ENGINE_FIELDS = ("model", "parallel", "slot_ctx", "kv_pool", "kv_layout", "threads", "n_keep", "n_discard", "seed", "chat_template",
-                 "tool_format", "reasoning_format", "cache_type_k", "cache_type_v", "prefix_cache", "cache_ram_mib", "step_tokens", "batch_invariant", "overflow", "n_gpu_layers", "main_gpu", "split_mode", "tensor_split",
+                 "tool_format", "reasoning_format", "cache_type_k", "cache_type_v", "prefix_cache", "cache_ram_mib", "step_tokens", "n_batch", "batch_invariant", "overflow", "n_gpu_layers", "main_gpu", "split_mode", "tensor_split",
                  "flash_attn", "sampling", "spec_type", "spec_draft_max", "spec_draft_min", "spec_ngram_size", "pooling")
 SAMPLING_FIELDS = ("max_tokens", "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "stop", "ignore_eos",
                    "strict_schema")
@@ -102,6 +102,10 @@ def engine_options(slot_ctx_help: str = "Context tokens per slot (prompt + gener
                                            "it. [default: 512, the whole batch]") -> Callable:
     return _apply([
         click.option("--step-tokens", type=click.IntRange(1), metavar="N", help=step_tokens_help),
+        click.option("-b", "--batch-size", "n_batch", type=click.IntRange(1), metavar="N",
+                     default=default_of(RunnerConfig, "n_batch"), show_default=True,
+                     help="Most tokens in one llama_decode (llama.cpp's -b and -ub alike). An encoder's or a "
+                          "reranker's input is computed whole in one: raise it for inputs longer than this."),
         click.option("-m", "--model", default=models.DEFAULT_MODEL, show_default=True,
                      help="Registry model name, path to a .gguf file, or a Hugging Face model: hf:OWNER/REPO[:QUANT] "
                           "or hf:OWNER/REPO/FILE.gguf."),

@@ -127,7 +127,7 @@ def test_an_input_longer_than_a_decode_can_take_whole_is_its_own_clear_error(mak
     backend.embeds_whole = True
     ok, too_long = make_runner(backend).run_batch([embed("fits"), embed(DOCUMENT)])
     assert ok.ok
-    assert not too_long.ok and "at most --n-batch (32) tokens" in too_long.error
+    assert not too_long.ok and "at most -b/--batch-size (32) tokens" in too_long.error
 
 
 def test_an_encoder_does_not_generate_and_says_why(make_runner):

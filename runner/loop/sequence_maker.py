@@ -93,7 +93,7 @@ class SequenceMaker:
                              "GGUF says rank itself)")
         if self.embeds_whole and num_tokens > self.backend.n_batch:
             raise ValueError(f"the input has {num_tokens} tokens; this model computes an input whole in one "
-                             f"llama_decode, at most --n-batch ({self.backend.n_batch}) tokens")
+                             f"llama_decode, at most -b/--batch-size ({self.backend.n_batch}) tokens")
 
     def prompt_text(self, request: Request) -> str:
         """A request's prompt as text (its chat rendered with its tools; "" for token ids)."""

@@ -66,7 +66,7 @@ def _checked_pairs(runner, query: RerankQuery) -> list[list[int]]:
         tokens = backend.rerank_tokens(query.query, document)
         if len(tokens) > limit:
             problems.append((f"{field}[{index}]", f"with the query it has {len(tokens)} tokens, more than the "
-                                                  f"{limit} a reranker scores at once (the slot window and --n-batch)"))
+                                                  f"{limit} a reranker scores at once (the slot window and -b/--batch-size)"))
         pairs.append(tokens)
     if problems:
         raise ItemError("; ".join(f"'{name}': {why}" for name, why in problems) + " (nothing was ranked)",
