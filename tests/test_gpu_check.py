@@ -59,3 +59,29 @@ def test_the_dry_run_measures_every_phase_and_writes_both_reports(tmp_path):
     assert report["phases"]["reader"]["ratio"] > 0
     table = (tmp_path / "out" / "results.md").read_text()
     assert "| np | prompts x tokens |" in table and "host share" in table and "with the reader" in table
+
+
+def load_prepare():
+    import importlib.machinery
+    import importlib.util
+
+    loader = importlib.machinery.SourceFileLoader("prepare", str(REPO / "bench" / "gpu" / "prepare"))
+    spec = importlib.util.spec_from_loader("prepare", loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+def test_the_kit_check_names_a_library_no_one_gives_and_a_build_without_cuda(tmp_path):
+    """prepare refuses to pack a kit that would fail on the device before any phase ran."""
+    import importlib.util
+    import shutil
+
+    prepare = load_prepare()
+    built = Path(importlib.util.find_spec("llama_cpp").submodule_search_locations[0]) / "lib"  # (not imported)
+    for sub in ("bin", "lib"):
+        (tmp_path / sub).mkdir()
+    shutil.copy2(next(built.glob("libllama.so*")), tmp_path / "lib" / "libllama.so")  # without its libggml
+    problems = prepare.check_kit(tmp_path)
+    assert any(problem.startswith("libllama.so needs libggml") for problem in problems), problems
+    assert problems[-1] == "the kit has no libggml-cuda: llama.cpp was built without CUDA"
