@@ -267,6 +267,31 @@ def decoder_fields(arch: str, name: str, context: int, embedding: int, layers: i
     }
 
 
+def decoder_tensors(n_vocab: int, layers: int, n_embd: int, n_embd_kv: int, feed_forward: int, weights, *,
+                    qkv_bias: bool, tied_output: bool, matrix_dtype=np.float16) -> dict[str, np.ndarray]:
+    """A decoder's tensors (llama, qwen2), drawn from `weights(*dims, dtype=...)` in file order:
+    the embeddings and output in f16, the layers' matrices in matrix_dtype, norms of ones."""
+    tensors = {"token_embd.weight": weights(n_vocab, n_embd, dtype=np.float16)}
+    for layer in range(layers):
+        block = f"blk.{layer}."
+        tensors[block + "attn_norm.weight"] = np.ones(n_embd, np.float32)
+        for part, rows in (("q", n_embd), ("k", n_embd_kv), ("v", n_embd_kv)):
+            tensors[f"{block}attn_{part}.weight"] = weights(rows, n_embd, dtype=matrix_dtype)
+            if qkv_bias:
+                tensors[f"{block}attn_{part}.bias"] = weights(rows, dtype=np.float32)
+        tensors.update({
+            block + "attn_output.weight": weights(n_embd, n_embd, dtype=matrix_dtype),
+            block + "ffn_norm.weight": np.ones(n_embd, np.float32),
+            block + "ffn_gate.weight": weights(feed_forward, n_embd, dtype=matrix_dtype),
+            block + "ffn_up.weight": weights(feed_forward, n_embd, dtype=matrix_dtype),
+            block + "ffn_down.weight": weights(n_embd, feed_forward, dtype=matrix_dtype),
+        })
+    tensors["output_norm.weight"] = np.ones(n_embd, np.float32)
+    if not tied_output:
+        tensors["output.weight"] = weights(n_vocab, n_embd, dtype=np.float16)
+    return tensors
+
+
 def _copied_fields(header: GGUFHeader) -> dict[str, tuple[int, bytes]]:
     """The tokenizer (every tokenizer.* key, the chat template among them) of `header`."""
     return {key: field for key, field in header.fields.items() if key.startswith("tokenizer.")}
@@ -292,31 +317,12 @@ def tiny_model_with_tokenizer_of(header_gguf: Path, out: Path, shape: TinyShape 
     fields.update(_copied_fields(header))
 
     rng = np.random.default_rng(seed)
-    n_embd = shape.embedding
-    n_embd_kv = shape.embedding // shape.heads * shape.kv_heads
 
     def weights(*dims: int, dtype=np.float32) -> np.ndarray:
         return (rng.standard_normal(dims, dtype=np.float32) * 0.02).astype(dtype)
 
-    tensors = {"token_embd.weight": weights(n_vocab, n_embd, dtype=np.float16)}
-    for layer in range(shape.layers):
-        block = f"blk.{layer}."
-        tensors.update({
-            block + "attn_norm.weight": np.ones(n_embd, np.float32),
-            block + "attn_q.weight": weights(n_embd, n_embd),
-            block + "attn_q.bias": weights(n_embd),
-            block + "attn_k.weight": weights(n_embd_kv, n_embd),
-            block + "attn_k.bias": weights(n_embd_kv),
-            block + "attn_v.weight": weights(n_embd_kv, n_embd),
-            block + "attn_v.bias": weights(n_embd_kv),
-            block + "attn_output.weight": weights(n_embd, n_embd),
-            block + "ffn_norm.weight": np.ones(n_embd, np.float32),
-            block + "ffn_gate.weight": weights(shape.feed_forward, n_embd),
-            block + "ffn_up.weight": weights(shape.feed_forward, n_embd),
-            block + "ffn_down.weight": weights(n_embd, shape.feed_forward),
-        })
-    tensors["output_norm.weight"] = np.ones(n_embd, np.float32)
-    tensors["output.weight"] = weights(n_vocab, n_embd, dtype=np.float16)
+    tensors = decoder_tensors(n_vocab, shape.layers, shape.embedding, shape.embedding // shape.heads * shape.kv_heads,
+                              shape.feed_forward, weights, qkv_bias=True, tied_output=False, matrix_dtype=np.float32)
     return write_gguf(Path(out), fields, tensors)
 
 

@@ -30,7 +30,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 
-from tiny_models import decoder_fields, encode_value, read_header, write_gguf  # noqa: E402
+from tiny_models import decoder_fields, decoder_tensors, encode_value, read_header, write_gguf  # noqa: E402
 
 POOL_VALUES = 1 << 22
 WEIGHT_SCALE = 0.02
@@ -86,27 +86,8 @@ def model_fields(shape: Shape, name: str, tokenizer_fields: dict, template: str 
 
 
 def model_tensors(shape: Shape, n_vocab: int, weights: TiledWeights) -> dict[str, np.ndarray]:
-    n_embd = shape.embedding
-    n_embd_kv = n_embd // shape.heads * shape.kv_heads
-    tensors = {"token_embd.weight": weights(n_vocab, n_embd)}
-    for layer in range(shape.layers):
-        block = f"blk.{layer}."
-        tensors[block + "attn_norm.weight"] = np.ones(n_embd, np.float32)
-        for part, rows in (("q", n_embd), ("k", n_embd_kv), ("v", n_embd_kv)):
-            tensors[f"{block}attn_{part}.weight"] = weights(rows, n_embd)
-            if shape.qkv_bias:
-                tensors[f"{block}attn_{part}.bias"] = weights(rows, dtype=np.float32)
-        tensors.update({
-            block + "attn_output.weight": weights(n_embd, n_embd),
-            block + "ffn_norm.weight": np.ones(n_embd, np.float32),
-            block + "ffn_gate.weight": weights(shape.feed_forward, n_embd),
-            block + "ffn_up.weight": weights(shape.feed_forward, n_embd),
-            block + "ffn_down.weight": weights(n_embd, shape.feed_forward),
-        })
-    tensors["output_norm.weight"] = np.ones(n_embd, np.float32)
-    if not shape.tied_output:
-        tensors["output.weight"] = weights(n_vocab, n_embd)
-    return tensors
+    return decoder_tensors(n_vocab, shape.layers, shape.embedding, shape.embedding // shape.heads * shape.kv_heads,
+                           shape.feed_forward, weights, qkv_bias=shape.qkv_bias, tied_output=shape.tied_output)
 
 
 def make_model(shape_name: str, out: Path, vocab_gguf: Path, template: str | None = None, seed: int = 0) -> Path:
