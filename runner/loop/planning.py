@@ -145,7 +145,9 @@ class StepPlanner:
             floor = 0 if len(chunks) > len(decoding) else self._least_progress(seq)
             start = seq.num_prefilled
             if seq.embedding is not None and seq.embedding.whole:
-                length = self._whole_length(seq, room, budget, first=len(chunks) == len(decoding))
+                # Whole or not at all: it waits for a decode with room (the step budget, there
+                # for streams, is the whole decode for a model that does not generate).
+                length = seq.num_prompt_remaining if seq.num_prompt_remaining <= room else 0
             else:
                 length = self._chunk_length(start, seq.num_prompt_remaining, min(room, max(budget, floor)))
             if length == 0:
@@ -158,13 +160,6 @@ class StepPlanner:
             budget -= length
             room -= length
         return StepPlan([chunks[slot] for slot in sorted(chunks)])
-
-    @staticmethod
-    def _whole_length(seq: Sequence, room: int, budget: int, first: bool) -> int:
-        """An input pooled whole goes whole or waits: within the step's budget, or beyond it
-        as the step's first prompt (so that an input longer than the budget runs at all)."""
-        length = seq.num_prompt_remaining
-        return length if length <= room and (length <= budget or first) else 0
 
     def _chunk_length(self, start: int, remaining: int, budget: int) -> int:
         """How much of a prompt's rest goes into this step, by the backend's chunk rules. When

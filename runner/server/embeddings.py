@@ -48,7 +48,7 @@ async def native_embedding(request: HttpRequest) -> Response:
     """llama-server's /embedding: per input, its pooled vector (normalized by embd_normalize)
     as a list of one, or with pooling none every token's row."""
     state = request.app.state.server
-    runner = state.ready_runner()
+    state.ready_runner()  # a 503 while the model loads, before the body is read
     body = await read_json(request, state.settings.max_body_bytes)
     field = "input" if "input" in body else "content"
     try:
@@ -94,9 +94,7 @@ async def _embedded(request: HttpRequest, item: PromptItem, field: str):
 def _checked_tokens(runner, inputs: list, field: str) -> list[list[int]]:
     """Every input's tokens; an ItemError naming each that cannot be embedded (off the event
     loop: long texts take a while to tokenize)."""
-    backend = runner.backend
-    # An input pooled whole (a BERT's) is computed in one decode, so a batch's tokens bound it too.
-    window = min(runner.window, backend.n_batch) if getattr(backend, "embeds_whole", False) else runner.window
+    backend, window = runner.backend, input_limit(runner)
     tokens, problems = [], []
     for index, value in enumerate(inputs):
         ids = backend.tokenize(value) if isinstance(value, str) else list(value)
@@ -110,6 +108,17 @@ def _checked_tokens(runner, inputs: list, field: str) -> list[list[int]]:
             problems.append((name, f"it has {len(ids)} tokens, more than a slot's {window}-token window"))
         tokens.append(ids)
     if problems:
-        raise ItemError("; ".join(f"'{name}': {why}" for name, why in problems) + " (nothing was embedded)",
-                        problems[0][0])
+        raise refusal(problems, "nothing was embedded")
     return tokens
+
+
+def input_limit(runner) -> int:
+    """The most tokens one input may have: a slot's window, and for an input computed whole in
+    one decode (a BERT's, a reranker's pair) a decode's batch too."""
+    backend = runner.backend
+    return min(runner.window, backend.n_batch) if getattr(backend, "embeds_whole", False) else runner.window
+
+
+def refusal(problems: list[tuple[str, str]], outcome: str) -> ItemError:
+    """One error naming every bad input (name, why), the first as the parameter."""
+    return ItemError("; ".join(f"'{name}': {why}" for name, why in problems) + f" ({outcome})", problems[0][0])

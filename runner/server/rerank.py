@@ -23,6 +23,7 @@ from ..formats.rerank import RerankQuery, rerank_body, rerank_query
 from ..request import Priority, Request
 from .bodies import read_json
 from .chat import CompletionCall
+from .embeddings import input_limit, refusal
 from .errors import INVALID_REQUEST, ApiError
 
 NOT_SUPPORTED = "not_supported_error"
@@ -58,8 +59,7 @@ async def rerank(request: HttpRequest) -> Response:
 def _checked_pairs(runner, query: RerankQuery) -> list[list[int]]:
     """Every document's input (the query beside it); an ItemError naming each that is too long
     (off the event loop: long documents take a while to tokenize)."""
-    backend = runner.backend
-    limit = min(runner.window, backend.n_batch)
+    backend, limit = runner.backend, input_limit(runner)  # (a reranker computes every pair whole)
     field = "texts" if query.tei else "documents"
     pairs, problems = [], []
     for index, document in enumerate(query.documents):
@@ -69,6 +69,5 @@ def _checked_pairs(runner, query: RerankQuery) -> list[list[int]]:
                                                   f"{limit} a reranker scores at once (the slot window and -b/--batch-size)"))
         pairs.append(tokens)
     if problems:
-        raise ItemError("; ".join(f"'{name}': {why}" for name, why in problems) + " (nothing was ranked)",
-                        problems[0][0])
+        raise refusal(problems, "nothing was ranked")
     return pairs
