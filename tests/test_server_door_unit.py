@@ -77,6 +77,21 @@ def test_a_mounted_app_wants_the_key_on_every_route_but_health(make_runner, serv
     assert call(base, "GET", "/api/metrics", headers={"x-api-key": KEY})[0] == 200
 
 
+def test_llama_servers_aliases_answer_and_want_the_key_as_their_routes_do(server):
+    """A client given the server's root as its OpenAI base URL (Continue's llama.cpp provider)
+    posts to /chat/completions; llama-server also answers /models, /responses and, without a
+    key, /v1/health."""
+    client, base = server(api_key=KEY)
+    root = openai.OpenAI(base_url=base, api_key=KEY, max_retries=0)
+    assert root.chat.completions.create(model=MODEL, messages=USER_HI).choices[0].message.content == REPLY
+    assert [model.id for model in root.models.list()] == [MODEL]
+    assert root.responses.create(model=MODEL, input="Hi", store=False).output_text == REPLY
+    assert call(base, "GET", "/v1/health")[0] == 200
+    for method, path, body in (("POST", "/chat/completions", chat_body()), ("GET", "/models", None),
+                               ("POST", "/responses", json.dumps({"input": "Hi"}))):
+        assert call(base, method, path, body)[0] == 401, path
+
+
 # --- 8. other sites and rebinding ----------------------------------------------------------------
 
 @pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded", None])

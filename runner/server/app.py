@@ -27,7 +27,7 @@ from starlette.routing import Route
 from ..loop.runner import Runner
 from . import batch_api, embeddings, messages, native, rerank, responses, tokens
 from .chat import chat_completions, completions
-from .door import ApiKeyGuard, SiteGuard, cors_options
+from .door import HEALTH_PATHS, ApiKeyGuard, SiteGuard, cors_options
 from .errors import INVALID_REQUEST, NOT_FOUND, SERVER_ERROR, ApiError, internal_error
 from .state import (CHAT_ENDPOINT, COMPLETIONS_ENDPOINT, DEFAULT_MAX_BATCH_LINES, DEFAULT_MAX_BODY_BYTES,  # noqa: F401
                     DEFAULT_MAX_QUEUE,
@@ -112,12 +112,16 @@ def create_app(runner: Runner | None = None, settings: ServerSettings | None = N
     app.state.server.close() once the server has stopped."""
     settings = settings or ServerSettings()
     routes = [
-        Route("/health", health, methods=["GET"]),
+        *(Route(path, health, methods=["GET"]) for path in HEALTH_PATHS),
         Route("/metrics", metrics, methods=["GET"]),
         Route("/props", props, methods=["GET"]),
         Route("/v1/models", list_models, methods=["GET"]),
+        Route("/models", list_models, methods=["GET"]),  # llama-server's alias
         Route("/v1/models/{model:path}", get_model, methods=["GET"]),
         Route(CHAT_ENDPOINT, chat_completions, methods=["POST"]),
+        # llama-server's alias: clients given the server's root as their OpenAI base URL post here
+        # (Continue's llama.cpp provider does).
+        Route(CHAT_ENDPOINT.removeprefix("/v1"), chat_completions, methods=["POST"]),
         Route(COMPLETIONS_ENDPOINT, completions, methods=["POST"]),
         Route(messages.ENDPOINT, messages.create_message, methods=["POST"]),
         Route(f"{messages.ENDPOINT}/count_tokens", messages.count_tokens, methods=["POST"]),

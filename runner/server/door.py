@@ -36,6 +36,7 @@ LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
 # Addresses that bind every interface: the Host a client uses cannot be known from them.
 WILDCARD_ADDRESSES = frozenset({"0.0.0.0", "::", ""})
 HEALTH_PATH, METRICS_PATH = "/health", "/metrics"
+HEALTH_PATHS = (HEALTH_PATH, "/v1/health")  # llama-server answers both, without a key
 MISDIRECTED = 421  # RFC 9110: the request names an authority this server does not answer for
 FORBIDDEN = 403
 UNAUTHORIZED = 401
@@ -146,7 +147,7 @@ class ApiKeyGuard:
     def __init__(self, app: ASGIApp, api_key: str | None, metrics_public: bool = False) -> None:
         self.app = app
         self._key = api_key.encode("utf-8") if api_key else None
-        self._open_paths = frozenset({HEALTH_PATH, METRICS_PATH} if metrics_public else {HEALTH_PATH})
+        self._open_paths = frozenset({*HEALTH_PATHS, METRICS_PATH} if metrics_public else HEALTH_PATHS)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if (scope["type"] == "http" and self._key is not None and route_path(scope) not in self._open_paths

@@ -235,6 +235,7 @@ def _not_found(response_id: str) -> ApiError:
 
 ROUTES = [
     Route("/v1/responses", create_response, methods=["POST"]),
+    Route("/responses", create_response, methods=["POST"]),  # llama-server's alias
     Route("/v1/responses/{response_id}", get_response, methods=["GET"]),
     Route("/v1/responses/{response_id}", delete_response, methods=["DELETE"]),
     Route("/v1/responses/{response_id}/cancel", cancel_response, methods=["POST"]),
