@@ -23,6 +23,7 @@ from multiseq.server import ServerSettings, create_app
 from multiseq.server.jobs import MAX_CHUNKS_PER_SECOND, PieceEvent
 from multiseq.server.metrics import LoopLagMonitor
 from multiseq.server.state import ServerState
+from multiseq.server.waker import LoopWaker
 from prometheus_client import CollectorRegistry
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
@@ -123,8 +124,8 @@ def test_a_cancel_from_the_loop_returns_at_once_while_the_worker_saves_a_slot(ma
     assert result.completion_tokens < 200
 
 
-def test_a_steps_pieces_reach_the_loop_in_one_hand_over(make_runner):
-    """8 streams: one call_soon_threadsafe from the runner's thread per step, not per piece,
+def test_a_steps_pieces_reach_the_loop_in_one_hand_over(make_runner, monkeypatch):
+    """8 streams: one wake-up of the loop from the runner's thread per step, not per piece,
     and each stream's text is the text the runner alone produces."""
     num_streams, max_tokens = 8, 20
     prompts = [f"stream number {index}" for index in range(num_streams)]
@@ -139,16 +140,16 @@ def test_a_steps_pieces_reach_the_loop_in_one_hand_over(make_runner):
         return "".join([event.piece.text async for event in job.events_until_complete()
                         if isinstance(event, PieceEvent)])
 
+    wake = LoopWaker.wake
+
+    def counted(waker: LoopWaker) -> None:
+        if threading.current_thread().name == RUNNER_THREAD:
+            hand_overs.append(waker)
+        wake(waker)
+
+    monkeypatch.setattr(LoopWaker, "wake", counted)
+
     async def run_streams() -> list[str]:
-        loop = asyncio.get_running_loop()
-        call_soon_threadsafe = loop.call_soon_threadsafe
-
-        def counted(callback, *args, **kwargs):
-            if threading.current_thread().name == RUNNER_THREAD:
-                hand_overs.append(callback)
-            return call_soon_threadsafe(callback, *args, **kwargs)
-
-        loop.call_soon_threadsafe = counted
         jobs = [await state.submit(runner, prompt_item(prompt, max_tokens)) for prompt in prompts]
         runner.start()
         return await asyncio.wait_for(asyncio.gather(*(stream(job) for job in jobs)), 10)
@@ -159,6 +160,30 @@ def test_a_steps_pieces_reach_the_loop_in_one_hand_over(make_runner):
     num_steps = runner.stats().num_steps
     assert 1 <= len(hand_overs) <= num_steps, f"{len(hand_overs)} hand-overs for {num_steps} steps"
     assert num_streams * max_tokens >= 4 * len(hand_overs), "many pieces per hand-over"
+
+
+def test_a_steps_output_is_told_as_the_next_decode_begins_and_at_once_when_none_follows(make_runner):
+    """The delivery listeners (a server's hand-over to its loop) hear of a step's pieces just
+    before the next step's decode, where llama.cpp lets go of the GIL, not as the step ends
+    (the loop would take the GIL while the engine plans); after a step that leaves nothing to
+    decode, at once: the last result never waits for a step that does not come."""
+    backend = FakeBackend(num_slots=1)
+    runner = make_runner(backend, autostart=False)
+    told, decodes = [], []
+    decode = backend.decode
+
+    def counted(entries):
+        decodes.append(len(told))
+        return decode(entries)
+
+    backend.decode = counted
+    runner.add_delivery_listener(lambda: told.append(len(decodes)))
+    handle = runner.submit(Request(prompt="hello", sampling=SamplingParams(max_tokens=3, temperature=0,
+                                                                            ignore_eos=True)))
+    assert runner.step() and told == [], "the first token's piece is told before the next decode, not yet"
+    assert runner.step() and told == [1] and decodes == [0, 1]
+    assert runner.step() and told == [1, 2, 3], "the last step's output is told at once"
+    assert not runner.step() and handle.result().completion_tokens == 3
 
 
 def test_metrics_show_the_event_loop_lag(make_runner, serve_app):

@@ -86,13 +86,15 @@ class Deliveries:
         self._lock = lock
         self._handles = handles
         self._listeners: list[Callable[[], None]] = []
+        self._is_telling_owed = False  # a delivery's listeners are still to be told (tell_owed)
 
-    def deliver(self, output: StepOutput) -> dict[str, str]:
+    def deliver(self, output: StepOutput, tell_now: bool = True) -> dict[str, str]:
         """Hand text pieces and results to their handles (under the engine lock, so that a
         cancel that returned is never followed by a piece of that request), then tell the
-        delivery listeners. A callback that raises fails its own request alone: the requests
-        whose pieces could not be delivered, and why (the caller fails them in the engine;
-        nothing more is delivered to them until their result)."""
+        delivery listeners (or, tell_now False, owe them that until tell_owed()). A callback
+        that raises fails its own request alone: the requests whose pieces could not be
+        delivered, and why (the caller fails them in the engine; nothing more is delivered to
+        them until their result)."""
         faults: dict[str, str] = {}
         if not output.pieces and not output.finished:
             return faults
@@ -109,7 +111,10 @@ class Deliveries:
             if handle is not None:
                 fault = faults.get(handle.id)
                 self._finish(handle, result if fault is None else result.failed_with(fault))
-        self.tell_listeners()
+        if tell_now:
+            self.tell_listeners()
+        else:
+            self._is_telling_owed = True
         return faults
 
     @staticmethod
@@ -146,7 +151,13 @@ class Deliveries:
             handle.finish(Result.failed_before_start(handle.id, f"internal error: {type(error).__name__}"))
         self.tell_listeners()
 
+    def tell_owed(self) -> None:
+        """Tell the listeners of a delivery that did not (deliver(..., tell_now=False))."""
+        if self._is_telling_owed:
+            self.tell_listeners()
+
     def tell_listeners(self) -> None:
+        self._is_telling_owed = False
         for listener in self._listeners:  # a list never changed in place: no lock to read it
             try:
                 listener()

@@ -252,7 +252,10 @@ class Runner:
     def add_delivery_listener(self, listener: Callable[[], None]) -> None:
         """Call `listener()` after each batch of on_piece/on_finish calls (one batch per step,
         or per cancel or rejection), on the thread that made them: a consumer that collects
-        what its callbacks get can hand the whole batch over at once."""
+        what its callbacks get can hand the whole batch over at once. A step's batch is told
+        as the next step's decode begins (where llama.cpp lets go of the GIL: a thread the
+        listener wakes then runs beside the decode, not between two), or at once when no
+        decode follows."""
         self._deliveries.add_listener(listener)
 
     def remove_delivery_listener(self, listener: Callable[[], None]) -> None:

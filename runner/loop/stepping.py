@@ -37,15 +37,21 @@ class Stepper:
                 self._inbox.note_engine_state(self.engine)
                 self._deliver()
                 if not plan:
+                    self._deliveries.tell_owed()
                     self._publisher.publish(time.perf_counter())
                     return False
+            # The listeners of the last step's output are told as llama.cpp is about to decode
+            # without the GIL: the thread they wake (a server's event loop) takes the GIL while
+            # this one waits in llama_decode, not while it plans.
+            self._deliveries.tell_owed()
             executed = self.engine.execute(plan)  # llama_decode and sampling, without the lock
             with self.lock:
                 self.apply_inbox()  # cancels that came during the decode drop its tokens
                 self.engine.update(executed)
                 self._inbox.note_engine_state(self.engine)
                 self._publisher.publish(time.perf_counter())  # before the results: readers see them counted
-                self._deliver()
+                # With more to decode, the next step tells the listeners just before its decode.
+                self._deliver(tell_now=not self.engine.has_work)
             return True
 
     def run_commands(self) -> None:
@@ -65,10 +71,11 @@ class Stepper:
         if self._inbox.apply_to(self.engine):
             self._deliver()
 
-    def _deliver(self) -> None:
+    def _deliver(self, tell_now: bool = True) -> None:
         """Deliver what the engine produced (under the engine lock); a request whose callback
-        raised fails in the engine, alone, and its result follows when it is retired."""
-        faults = self._deliveries.deliver(self.engine.take_output())
+        raised fails in the engine, alone, and its result follows when it is retired. The
+        delivery listeners are told now, or (tell_now False) owed until tell_owed()."""
+        faults = self._deliveries.deliver(self.engine.take_output(), tell_now)
         for request_id, message in faults.items():
             self.engine.fail_request(request_id, message)
 

@@ -1,8 +1,9 @@
 """One HTTP request in the engine: its choices as runner requests, bridged to the event loop.
 
 The runner's worker thread hands each text piece and each result to a LoopDispatcher, one per
-event loop, which collects them; after each step (a runner delivery listener) the dispatcher
-hands what it holds to the loop in one loop.call_soon_threadsafe, and on the loop routes each
+event loop, which collects them; after each step (a runner delivery listener, told as the next decode begins) the
+dispatcher wakes the loop once (a LoopWaker: the wake-up keeps the GIL, so the loop takes it
+while llama.cpp decodes), and on the loop routes each
 event to its request's own asyncio queue: no thread, no polling, and at most one wake-up of the
 loop per step rather than per token. With a stream interval, the loop takes what is held at
 most that often: a stream then gets the pieces of several steps as one chunk, one write where
@@ -28,6 +29,7 @@ from ..formats.reader import PromptItem
 from ..loop.step_output import TextPiece
 from ..request import Result
 from ..loop.runner import Runner
+from .waker import LoopWaker
 
 logger = logging.getLogger("multiseq.server")
 
@@ -71,6 +73,7 @@ class LoopDispatcher:
         self._lock = threading.Lock()  # put() and flush() may come from different threads
         self._is_take_asked = False  # the loop was asked to take what is held, and has not yet
         self._last_take = -math.inf  # loop.time() of the last take
+        self._waker = LoopWaker(loop, self._take_when_due)
         runner.add_delivery_listener(self.flush)
 
     def put(self, job: Job, event: PieceEvent | ResultEvent) -> None:
@@ -87,7 +90,7 @@ class LoopDispatcher:
                 return
             self._is_take_asked = True
         try:
-            self.loop.call_soon_threadsafe(self._take_when_due)
+            self._waker.wake()
         except RuntimeError:
             pass
 
@@ -111,6 +114,7 @@ class LoopDispatcher:
     def close(self) -> None:
         """Stop listening to the runner (the loop is done)."""
         self.runner.remove_delivery_listener(self.flush)
+        self._waker.close()
 
 
 def _route(events: list[tuple[Job, PieceEvent | ResultEvent]]) -> None:
