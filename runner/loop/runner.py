@@ -250,12 +250,10 @@ class Runner:
         return self._publisher.latest
 
     def add_delivery_listener(self, listener: Callable[[], None]) -> None:
-        """Call `listener()` after each batch of on_piece/on_finish calls (one batch per step,
-        or per cancel or rejection), on the thread that made them: a consumer that collects
-        what its callbacks get can hand the whole batch over at once. A step's batch is told
-        as the next step's decode begins (where llama.cpp lets go of the GIL: a thread the
-        listener wakes then runs beside the decode, not between two), or at once when no
-        decode follows."""
+        """Call `listener()` after each batch of on_piece/on_finish calls (one per step, told as
+        the next decode lets go of the GIL, or at once when none follows; one per cancel or
+        rejection), on the thread that made them: a consumer that collects what its callbacks
+        get can hand the whole batch over at once."""
         self._deliveries.add_listener(listener)
 
     def remove_delivery_listener(self, listener: Callable[[], None]) -> None:
