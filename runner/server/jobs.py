@@ -1,17 +1,17 @@
 """One HTTP request in the engine: its choices as runner requests, bridged to the event loop.
 
 The runner's worker thread hands each text piece and each result to a LoopDispatcher, one per
-event loop, which collects them; after each step (a runner delivery listener, told as the next decode begins) the
-dispatcher wakes the loop once (a LoopWaker: the wake-up keeps the GIL, so the loop takes it
-while llama.cpp decodes), and on the loop routes each
-event to its request's own asyncio queue: no thread, no polling, and at most one wake-up of the
-loop per step rather than per token. With a stream interval, the loop takes what is held at
-most that often: a stream then gets the pieces of several steps as one chunk, one write where
-there were several (many streams on a fast model cost the loop, and the engine that shares its
-GIL and cores, that much less). The handler (or the stream it returns) awaits that queue;
-when the client goes away, the job cancels whatever of it is still waiting or running without
-waiting for the engine (Runner.cancel_soon), ignores the pieces that still come for it, and the
-runner frees the slot at its next step.
+event loop, which collects them; after each step (a runner delivery listener, told as the next
+decode begins) the dispatcher wakes the loop once (a LoopWaker: the wake-up keeps the GIL, so
+the loop takes it while llama.cpp decodes), and on the loop routes each event to its request's
+own asyncio queue: no thread, no polling, and at most one wake-up of the loop per step rather
+than per token. With a stream interval, the loop takes what is held at most that often: a
+stream then gets the pieces of several steps as one chunk, one write where there were several
+(many streams on a fast model cost the loop, and the engine that shares its GIL and cores,
+that much less). The handler (or the stream it returns) awaits that queue; when the client
+goes away, the job cancels whatever of it is still waiting or running without waiting for the
+engine (Runner.cancel_soon), ignores the pieces that still come for it, and the runner frees
+the slot at its next step.
 """
 
 from __future__ import annotations
