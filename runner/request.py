@@ -11,7 +11,8 @@ from .config import CONTEXT_POOLINGS, DEFAULT_POOLING, OverflowPolicy, SamplingP
 from .sampling.logprobs import TokenLogprob
 from .tools import ChoiceMode, Tool, ToolCall, ToolChoice
 
-CHAT_ROLES = ("system", "user", "assistant", "tool")
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")  # developer: a system message, except
+# for a template with a developer role of its own (gpt-oss)
 # What a message may hold besides role and content: an assistant's calls, a tool result's call id.
 _MESSAGE_FIELDS = {"role", "content", "tool_calls", "tool_call_id", "name", "reasoning_content"}
 
@@ -138,12 +139,18 @@ def _check_messages(messages: tuple[dict, ...]) -> None:
             raise ValueError(f"message {index} has role {message.get('role')!r}; expected one of {', '.join(CHAT_ROLES)}")
         content = message.get("content")
         may_be_empty = message.get("role") == "assistant" and message.get("tool_calls")
-        if not (isinstance(content, str) or (content is None and may_be_empty)):
-            raise ValueError(f"message {index} content must be a string")
+        if not (isinstance(content, str) or _is_text_parts(content) or (content is None and may_be_empty)):
+            raise ValueError(f"message {index} content must be a string or a list of text parts")
         if message.get("tool_calls") is not None:
             _check_calls(message["tool_calls"], index)
         if message.get("role") == "tool" and not isinstance(message.get("tool_call_id"), str):
             raise ValueError(f"message {index} is a tool result and needs a 'tool_call_id' string")
+
+
+def _is_text_parts(content: object) -> bool:
+    """[{"type": "text", "text": "..."}, ...]: content given in parts, as OpenAI's API allows."""
+    return isinstance(content, (list, tuple)) and all(
+        isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str) for part in content)
 
 
 def _check_calls(calls: object, index: int) -> None:

@@ -113,6 +113,11 @@ class FakeGraphSampling:
         self.chains[slot][1] += 1
 
 
+def text_of(content) -> str:
+    """A message's content as text (its text parts joined, as a template that reads text joins them)."""
+    return content if isinstance(content, str) else "\n".join(part["text"] for part in content)
+
+
 class FakeBackend:
     def __init__(self, num_slots: int = 4, window: int = 256, n_batch: int = 64, replies: dict[str, str] | None = None,
                  noisy: bool = False, can_shift: bool = True, decode_delay: float = 0.0,
@@ -196,9 +201,9 @@ class FakeBackend:
     chat_template_source = None  # no Jinja template: tools take the generic format
 
     def render_chat(self, messages: tuple[dict, ...], tools: list[dict] | None = None,
-                    options: dict | None = None) -> str:
+                    options: dict | None = None, **shaping) -> str:
         assert tools is None, "a template that knows no tools is never given them"
-        return "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>"
+        return "".join(f"<{m['role']}>{text_of(m['content'])}" for m in messages) + "<assistant>"
 
     def token_bytes(self, token: int) -> bytes:
         return bytes([token]) if token < 256 else b""

@@ -41,8 +41,11 @@ def test_an_openai_line_with_every_field_it_can_honour():
     })
     assert item.is_valid, item.error
     request, sampling = item.request, item.request.sampling
-    assert request.messages == ({"role": "system", "content": "Be terse."},
-                                {"role": "user", "content": "Classify:\ngreat product"})
+    # The developer role and the text parts reach the template as they came (it reads them as
+    # llama-server's does: developer as system, parts joined by newlines where it reads text).
+    assert request.messages == ({"role": "developer", "content": "Be terse."},
+                                {"role": "user", "content": [{"type": "text", "text": "Classify:"},
+                                                             {"type": "text", "text": "great product"}]})
     assert sampling.json_schema == SCHEMA and sampling.logprobs and sampling.top_logprobs == 3
     assert (sampling.presence_penalty, sampling.frequency_penalty) == (0.5, -0.5)
     assert sampling.logit_bias == {42: -100, 7: 5} and sampling.max_tokens == 20 and sampling.seed == 9

@@ -35,7 +35,7 @@ class ControlTokenBackend(FakeBackend):
                 position += 1
         return tokens if not add_special else [256, *tokens]
 
-    def render_chat(self, messages, tools=None, options=None) -> str:
+    def render_chat(self, messages, tools=None, options=None, **shaping) -> str:
         return "".join(f"<|start|>{m['role']}<|message|>{m['content']}<|end|>" for m in messages) + "<|start|>assistant"
 
 

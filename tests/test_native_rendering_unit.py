@@ -24,11 +24,12 @@ class TemplateBackend:
     """Just what rendering needs: the model's Jinja template."""
 
     def __init__(self, source: str) -> None:
+        self.chat_template_source = source
         self.renderer = JinjaRenderer(source, "the template", "<s>", "</s>", add_bos=False)
 
-    def render_chat(self, messages, tools=None, options=None) -> str:
+    def render_chat(self, messages, tools=None, options=None, **shaping) -> str:
         try:
-            return self.renderer.render(messages, tools, options)
+            return self.renderer.render(messages, tools, options, **shaping)
         except ValueError as error:
             raise BackendError(str(error)) from None
 

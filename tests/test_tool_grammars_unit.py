@@ -14,7 +14,7 @@ from fakes import FakeBackend
 from multiseq.tools import ChoiceMode, Tool, ToolChoice, ToolFormat
 from multiseq.tools.grammars import tool_grammar
 from multiseq.tools.families import detect
-from multiseq.tools.prompts import call_text, generic_messages, native_messages
+from multiseq.tools.prompts import call_text, generic_messages
 
 WEATHER = Tool("get_weather", "The weather in a city", {
     "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"]})
@@ -112,13 +112,6 @@ def test_generic_messages_describe_the_tools_and_write_calls_and_results_as_text
     assert without_system[0]["role"] == "system" and without_system[1]["content"] == "Weather in Paris?"
     # The system part does not depend on the choice, so every turn keeps the same prefix.
     assert generic_messages(messages[:2], TOOLS, ToolFormat.GENERIC)[0] == rendered[0]
-
-
-def test_native_messages_give_templates_arguments_as_objects():
-    [message] = native_messages([{"role": "assistant", "content": None, "tool_calls": [
-        {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]}])
-    assert message["content"] == ""
-    assert message["tool_calls"][0]["function"]["arguments"] == {"city": "Paris"}
 
 
 def test_a_tools_own_definitions_resolve_inside_its_arguments():

@@ -22,8 +22,6 @@ MAX_STOP_STRINGS = 16
 MAX_STOP_LENGTH = 256
 MAX_COMPLETION_LOGPROBS = 20  # as vLLM allows (OpenAI's legacy API stopped at 5)
 MAX_PROMPTS = 2048  # prompts in one completions body (OpenAI's limit)
-# OpenAI's other names for the roles a chat template knows.
-ROLE_ALIASES = {"developer": "system"}
 
 
 class ItemError(ValueError):
@@ -258,8 +256,8 @@ def echo_fields(body: dict[str, Any], n: int) -> tuple[bool, bool, dict[str, Any
 
 
 def chat_messages(value: Any) -> list[dict[str, Any]]:
-    """Chat messages as the engine takes them: {role, content} with content a string (text
-    parts joined by newlines), developer as system, names dropped; an assistant's
+    """Chat messages as the engine takes them: {role, content} with content a string or a list
+    of text parts ({"type": "text", "text"}), names dropped; an assistant's
     `tool_calls` (content may then be null) and a tool result's `tool_call_id` kept; the
     legacy `function_call` and `function` role mapped onto them. Non-text parts and unknown
     fields fail, naming where they are."""
@@ -276,9 +274,9 @@ def _chat_message(message: Any, where: str) -> dict[str, Any]:
     if not isinstance(message, dict):
         raise ItemError(f"{where} must be an object with 'role' and 'content'", where)
     role = message.get("role")
-    if not isinstance(role, str) or (ROLE_ALIASES.get(role, role) not in CHAT_ROLES and role != "function"):
-        raise ItemError(f"{where} has role {json.dumps(role)}; expected one of "
-                        f"{', '.join([*CHAT_ROLES, *ROLE_ALIASES])}", f"{where}.role")
+    if not isinstance(role, str) or (role not in CHAT_ROLES and role != "function"):
+        raise ItemError(f"{where} has role {json.dumps(role)}; expected one of {', '.join(CHAT_ROLES)}",
+                        f"{where}.role")
     if message.get("audio") is not None:
         raise ItemError(f"{where}.audio cannot be honoured: the model reads text only", f"{where}.audio")
     unknown = sorted(set(message) - _MESSAGE_KEYS)
@@ -293,7 +291,7 @@ def _chat_message(message: Any, where: str) -> dict[str, Any]:
         if isinstance(message.get("reasoning_content"), str) and message["reasoning_content"]:
             converted_calls["reasoning_content"] = message["reasoning_content"]
         return converted_calls
-    converted: dict[str, Any] = {"role": ROLE_ALIASES.get(role, role),
+    converted: dict[str, Any] = {"role": role,
                                  "content": _content_text(content, f"{where}.content")}
     if calls:
         converted["tool_calls"] = calls
@@ -356,11 +354,13 @@ def _arguments(value: Any, where: str) -> str:
     if isinstance(value, str):
         return value
     if isinstance(value, dict):
-        return json.dumps(value, ensure_ascii=False)
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"))  # as llama-server writes it
     raise ItemError(f"{where} must be a JSON object given as text", where)
 
 
-def _content_text(content: Any, where: str) -> str:
+def _content_text(content: Any, where: str) -> str | list[dict[str, str]]:
+    """A message's content: its text, or its text parts as they came (the template reads them as
+    parts where it can; elsewhere they are joined by newlines, as llama-server joins them)."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
@@ -376,4 +376,4 @@ def _content_text(content: Any, where: str) -> str:
         if not isinstance(part.get("text"), str):
             raise ItemError(f"{where}[{index}] text part needs a 'text' string", f"{where}[{index}].text")
         texts.append(part["text"])
-    return "\n".join(texts)
+    return [{"type": "text", "text": text} for text in texts]

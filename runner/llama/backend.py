@@ -134,7 +134,7 @@ class LlamaModel:
         if chosen is None and embedded:
             chosen = ChatTemplate.embedded(embedded.decode("utf-8", "replace"))
         if chosen is None and chat_template_fallback:
-            chosen = ChatTemplate.builtin(chat_template_fallback)
+            chosen = load_user_template(chat_template_fallback, builtin_chat_templates())
         self.chat_template = chosen
         self._jinja: JinjaRenderer | None = None
         # Text work needs only the vocabulary (Vocabulary's methods say what each does).
@@ -224,20 +224,20 @@ class LlamaModel:
         which tool-call format the model writes."""
         return self.chat_template.jinja_source if self.chat_template is not None else None
 
-    def render_chat(self, messages: tuple[dict, ...], tools: list[dict] | None = None,
-                    options: dict | None = None) -> str:
-        """Chat messages -> prompt text in the model's template, ending where the model speaks.
-        With `tools` (OpenAI function specs), the Jinja template renders them itself: only a
-        template that knows tools is given them (runner.tools.prompts decides). `options` are
-        more names the Jinja template reads (enable_thinking, reasoning_effort); llama.cpp's
-        built-in templates know none."""
+    def render_chat(self, messages: Sequence[dict], tools: list[dict] | None = None, options: dict | None = None,
+                    **shaping) -> str:
+        """Chat messages -> prompt text in the model's template, as llama-server renders it:
+        `tools` (OpenAI function specs), `options` (chat_template_kwargs) and `shaping` as
+        JinjaRenderer.render takes them (a built-in template reads none of them)."""
         return render_chat(self.chat_template, messages, tools, options,
-                           lambda name, chat: apply_builtin_template(llama, name, chat), self._jinja_renderer)
+                           lambda name, chat: apply_builtin_template(llama, name, chat), self._jinja_renderer,
+                           **shaping)
 
     def _jinja_renderer(self, template: ChatTemplate) -> JinjaRenderer:
         if self._jinja is None:
             bos_text, eos_text = self._vocabulary.bos_and_eos_texts()
-            self._jinja = JinjaRenderer(template.jinja_source, template.description, bos_text, eos_text, self.add_bos)
+            self._jinja = JinjaRenderer(template.jinja_source, template.description, bos_text, eos_text, self.add_bos,
+                                        self._vocabulary.add_eos)
         return self._jinja
 
 

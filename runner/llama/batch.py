@@ -6,6 +6,7 @@ A backend sees slots, tokens and positions only; it never sees a request or a Se
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -160,8 +161,8 @@ class Backend(Protocol):
     last_embeddings: dict[int, np.ndarray]
 
     def tokenize(self, text: str, add_special: bool = True) -> list[int]: ...
-    def render_chat(self, messages: tuple[dict, ...], tools: list[dict] | None = None,
-                    options: dict | None = None) -> str: ...
+    def render_chat(self, messages: Sequence[dict], tools: list[dict] | None = None,
+                    options: dict | None = None, **shaping: Any) -> str: ...
     def token_bytes(self, token: int) -> bytes: ...
     def bos_and_eos_texts(self) -> tuple[str, str]:
         """The BOS and EOS tokens' texts, as templates write them ("" for none)."""

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import ctypes
 import threading
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from types import ModuleType
+from typing import Any
 
 from .chat_template import ChatTemplate, JinjaRenderer, load_chat_template
+from .template_input import joined_parts
 from ..errors import BackendError
 
 _PIECE_BUFFER_BYTES = 256
@@ -50,6 +52,7 @@ class Vocabulary:
         self._vocab = vocab
         self.n_vocab = llama.llama_vocab_n_tokens(vocab)
         self.add_bos = bool(llama.llama_vocab_get_add_bos(vocab))
+        self.add_eos = bool(llama.llama_vocab_get_add_eos(vocab))
         self._piece_cache: dict[int, bytes] = {}
         self._end_of_generation_tokens: list[int] | None = None
         self._grammar_tokenizer = None
@@ -198,29 +201,29 @@ def load_user_template(value: str, builtin_names: Collection[str]) -> ChatTempla
         raise BackendError(str(error)) from None
 
 
-def render_chat(template: ChatTemplate | None, messages: tuple[dict, ...], tools: list[dict] | None,
+def render_chat(template: ChatTemplate | None, messages: Sequence[Mapping[str, Any]], tools: list[dict] | None,
                 options: dict | None, apply_builtin: Callable[[str, tuple[dict, ...]], str | None],
-                jinja_renderer: Callable[[ChatTemplate], JinjaRenderer]) -> str:
-    """Chat messages -> prompt text in a model's chat template (see LlamaModel.render_chat):
-    llama.cpp's rendering of a built-in template (`apply_builtin`), else the Jinja template's,
-    rendered with jinja2 (`jinja_renderer`, the model's renderer of the template)."""
+                jinja_renderer: Callable[[ChatTemplate], JinjaRenderer], **shaping: Any) -> str:
+    """Chat messages -> prompt text in a model's chat template (see LlamaModel.render_chat): the
+    Jinja template's own rendering (`jinja_renderer`, with what JinjaRenderer.render takes as
+    `shaping`), or, for a llama.cpp built-in template (a name, or a GGUF template jinja2 cannot
+    compile), llama.cpp's rendering (`apply_builtin`)."""
     if template is None:
         raise BackendError("this model has no chat template; give a prompt instead of messages, or a chat "
                            "template (RunnerConfig.chat_template, batch-run --chat-template)")
-    if tools is not None and template.jinja_source is not None:
-        return _render_jinja(jinja_renderer(template), messages, tools, options)
-    if template.llama_name is not None:
-        text = apply_builtin(template.llama_name, messages)
-        if text is not None:
-            return text
-    if template.jinja_source is None:
+    if template.jinja_source is not None:
+        try:
+            return jinja_renderer(template).render(messages, tools, options, **shaping)
+        except ValueError as error:
+            raise BackendError(str(error)) from None
+    text = apply_builtin(template.llama_name, builtin_messages(messages))
+    if text is None:
         raise BackendError(f"llama.cpp does not support the chat template {template.llama_name[:40]!r}")
-    return _render_jinja(jinja_renderer(template), messages, None, options)
+    return text
 
 
-def _render_jinja(renderer: JinjaRenderer, messages: tuple[dict, ...], tools: list[dict] | None,
-                  options: dict | None) -> str:
-    try:
-        return renderer.render(messages, tools, options)
-    except ValueError as error:
-        raise BackendError(str(error)) from None
+def builtin_messages(messages: Sequence[Mapping[str, Any]]) -> tuple[dict, ...]:
+    """Messages as llama.cpp's built-in templates take them: a role they know and text."""
+    return tuple({"role": "system" if message["role"] == "developer" else message["role"],
+                  "content": joined_parts(message["content"]) if isinstance(message.get("content"), list)
+                  else message.get("content") or ""} for message in messages)

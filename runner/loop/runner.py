@@ -143,10 +143,10 @@ class Runner:
     def failure_message(self) -> str:
         return self._worker.failure_message
 
-    def count_prompt_tokens(self, request: Request) -> int:
-        """How many tokens the request's prompt comes to (a chat rendered with its tools), without
-        running it; ValueError or BackendError when it cannot be rendered. Any thread."""
-        return len(self.prompt_tokens(request))
+    def prompt_text(self, request: Request) -> str:
+        """The request's prompt as text (a chat rendered with its tools); ValueError or
+        BackendError when it cannot be rendered. Any thread."""
+        return self.engine.prompt_text(request)
 
     def prompt_tokens(self, request: Request) -> list[int]:
         """The request's prompt as tokens (a chat rendered with its tools); ValueError or

@@ -22,6 +22,7 @@ from typing import Any
 from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response
 
+from ..errors import BackendError
 from ..formats.fields import ItemError
 from ..formats.openai_output import (INVALID_OUTPUT, INVALID_OUTPUT_CODE, INVALID_OUTPUT_STATUS, approximated_field,
                                      chat_deltas, completion_body, echoed_logprobs, schema_failure_message, stop_reason,
@@ -233,10 +234,10 @@ async def count_prompt_tokens(request: HttpRequest, body: dict[str, Any]) -> int
     runner = state.ready_runner()
     try:
         item = await state.pools.prepare(openai_body_item, uuid.uuid4().hex, body, True, state.settings.defaults)
-        return await state.pools.prepare(runner.count_prompt_tokens, item.request)
+        return len(await state.pools.prepare(runner.prompt_tokens, item.request))
     except ItemError as error:
         raise ApiError(400, str(error), INVALID_REQUEST, error.param) from None
-    except ValueError as error:
+    except (ValueError, BackendError) as error:
         raise ApiError(400, str(error), INVALID_REQUEST, "messages") from None
 
 

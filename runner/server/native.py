@@ -19,13 +19,17 @@ its answer is written in llama-server's shape.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
 from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response
 
-from ..formats.fields import ItemError, chat_messages
+from ..errors import BackendError
+from ..formats.fields import ItemError
+from ..formats.reader import openai_body_item
+from ..formats.tool_fields import TOOL_FIELDS
 from ..formats.infill import FIELDS as INFILL_FIELDS
 from ..formats.infill import InfillWindow, infill_input, infill_tokens
 from ..request import FinishReason, Result
@@ -185,16 +189,18 @@ def completion_probabilities(result: Result) -> list[dict[str, Any]]:
 
 
 async def apply_template(request: HttpRequest) -> Response:
-    """The prompt a chat renders to in the model's template (with the assistant's turn opened)."""
+    """The prompt a chat renders to in the model's template (with the assistant's turn opened):
+    the messages, tools and template switches of a Chat Completions body, rendered as the chat
+    itself would be (its other fields are not read)."""
     state = request.app.state.server
     runner = state.ready_runner()
     body = await read_json(request, state.settings.max_body_bytes)
+    rendered = {name: value for name, value in body.items() if name == "messages" or name in TOOL_FIELDS}
     try:
-        messages = tuple(chat_messages(body.get("messages")))
+        item = await state.pools.prepare(openai_body_item, uuid.uuid4().hex, rendered, True, state.settings.defaults)
+        prompt = await state.pools.prepare(runner.prompt_text, item.request)
     except ItemError as error:
         raise ApiError(400, str(error), INVALID_REQUEST, error.param) from None
-    try:
-        prompt = await state.pools.prepare(runner.backend.render_chat, messages)
-    except ValueError as error:
+    except (ValueError, BackendError) as error:
         raise ApiError(400, f"'messages': {error}", INVALID_REQUEST, "messages") from None
     return JSONResponse({"prompt": prompt})

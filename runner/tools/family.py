@@ -197,6 +197,13 @@ class Family:
     # Whether content keeps the whitespace that comes right before a call ("Sure. " then a call:
     # "Sure. " or "Sure."); the JSON-call formats drop it, the others keep the text as written.
     keeps_space_before_calls: bool = True
+    # The family's own shaping of the messages its template is rendered with, after the common
+    # one (llama.cpp's handler for the family does the same: gpt-oss's reasoning as "thinking"):
+    # a function of the messages and the template's text, which it may leave as they are.
+    template_messages: Callable[[list[dict[str, Any]], str], list[dict[str, Any]]] | None = None
+    # What the family's handler adds to a rendered prompt (Gemma 4's model turn after a call).
+    finish_prompt: Callable[[str], str] | None = None
+    keeps_developer_role: bool = False  # the template has a developer role of its own (gpt-oss)
 
     def matches(self, template: str) -> bool:
         return any(all(part in template for part in fingerprint) for fingerprint in self.fingerprints)

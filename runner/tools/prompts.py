@@ -1,9 +1,8 @@
 """Tools and tool messages in the prompt, for templates that know tools and for those that don't.
 
 A template that knows tools (Hermes/Qwen, Llama 3.x, Mistral: recognised by the call format its
-text writes) is rendered with Hugging Face's conventions: `tools` as OpenAI function specs,
-assistant `tool_calls` with their arguments as objects, `tool` messages with their
-`tool_call_id`. Any other template (SmolLM2's, Gemma's, llama.cpp's built-ins) gets the generic
+text writes) renders them itself, with the messages shaped as llama-server shapes them
+(multiseq.llama.template_input). Any other template (SmolLM2's, Gemma's, llama.cpp's built-ins) gets the generic
 format: the tools are described in a system part, a call the assistant made is written into its
 content exactly as the grammar had the model write it (`{"tool_calls": [...]}`, the arguments
 verbatim), and a tool's result becomes a user message holding it as JSON. The system part is the
@@ -18,6 +17,7 @@ import secrets
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ..llama.template_input import joined_parts
 from .grammars import HERMES_CLOSE, HERMES_OPEN, MISTRAL_OPEN
 from .types import Tool, ToolFormat
 
@@ -122,8 +122,8 @@ def generic_messages(messages: Sequence[dict[str, Any]], tools: Sequence[Tool] |
     if not tools:
         return converted
     description = GENERIC_INSTRUCTIONS + tools_description(tools)
-    if converted and converted[0]["role"] == "system":
-        converted[0] = {"role": "system", "content": f"{converted[0]['content']}\n\n{description}"}
+    if converted and converted[0]["role"] in ("system", "developer"):
+        converted[0] = {"role": converted[0]["role"], "content": f"{converted[0]['content']}\n\n{description}"}
     else:
         converted.insert(0, {"role": "system", "content": description})
     return converted
@@ -135,8 +135,10 @@ def _call_names(messages: Sequence[dict[str, Any]]) -> dict[str, str]:
             for call in message.get("tool_calls") or () if call.get("id")}
 
 
-def _generic_message(message: dict[str, Any], names: dict[str, str], tool_format: ToolFormat) -> dict[str, str]:
+def _generic_message(message: dict[str, Any], names: dict[str, str], tool_format: ToolFormat) -> dict[str, Any]:
     content = message.get("content") or ""
+    if isinstance(content, list) and (message["role"] == "tool" or message.get("tool_calls")):
+        content = joined_parts(content)
     if message["role"] == "tool":
         name = message.get("name") or names.get(message.get("tool_call_id"), "")
         return {"role": "user", "content": json.dumps({"tool_response": {"name": name, "content": content}},
@@ -145,38 +147,6 @@ def _generic_message(message: dict[str, Any], names: dict[str, str], tool_format
         calls = call_text(tool_format, message["tool_calls"])
         return {"role": "assistant", "content": f"{content}\n{calls}" if content else calls}
     return {"role": message["role"], "content": content}
-
-
-def native_messages(messages: Sequence[dict[str, Any]], arguments_as_text: bool = False) -> list[dict[str, Any]]:
-    """Messages as Hugging Face templates expect them: a call's arguments as an object (most
-    templates write `arguments | tojson`; `arguments_as_text` keeps the JSON text, for the few
-    that concatenate it, as Functionary v3.2's), content never None (some concatenate it)."""
-    return [_native_message(message, arguments_as_text) for message in messages]
-
-
-def _native_message(message: dict[str, Any], arguments_as_text: bool) -> dict[str, Any]:
-    native = dict(message)
-    if native.get("content") is None:
-        native["content"] = ""
-    if native.get("tool_calls"):
-        native["tool_calls"] = [_native_call(call, arguments_as_text) for call in native["tool_calls"]]
-    return native
-
-
-def _native_call(call: dict[str, Any], arguments_as_text: bool) -> dict[str, Any]:
-    function = call["function"]
-    arguments = function.get("arguments")
-    arguments = _arguments_text(arguments) if arguments_as_text else _arguments_object(arguments)
-    return {**call, "function": {**function, "arguments": arguments}}
-
-
-def _arguments_object(arguments: Any) -> Any:
-    if not isinstance(arguments, str):
-        return arguments if arguments is not None else {}
-    try:
-        return json.loads(arguments) if arguments.strip() else {}
-    except ValueError:
-        return arguments  # not JSON: the template gets the text as it came
 
 
 _ALPHANUMERIC = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"

@@ -7,13 +7,13 @@ itself, and the control tokens its parser must see as text.
 
 from __future__ import annotations
 
+import datetime
 from typing import TYPE_CHECKING
 
-from ..errors import BackendError
 from .families import detect, family_named
 from .family import Family
 from .grammars import family_grammar, tool_grammar
-from .prompts import call_id_of_length, generic_messages, native_messages, thinks, with_call_ids_of_length
+from .prompts import call_id_of_length, generic_messages, thinks, with_call_ids_of_length
 from .reading import new_call_id, output_parser
 from .types import ToolFormat
 
@@ -41,6 +41,7 @@ class ToolSupport:
         self.reasons = split_reasoning and (thinks(template_source) if self.format is not None
                                             else self.family.reasoning is not None)
         self.variant = self.family.variant_of(template_source)
+
         self.special_markers: dict[str, int] = {}  # the family's markers that are control tokens (marker_tokens)
 
     def described(self) -> dict:
@@ -50,27 +51,31 @@ class ToolSupport:
         return {"name": family.name, "description": family.description,
                 "reasoning": list(family.reasoning) if family.reasoning else None, "detected": self.detected.name}
 
-    def render(self, backend: Backend, request: Request) -> str:
-        """The prompt of a chat request: the template's own rendering where the request has
-        neither tools nor tool messages, else with tools in this model's way (prompts.py)."""
+    def render(self, backend: Backend, request: Request, now: datetime.datetime | None = None) -> str:
+        """The prompt of a chat request, rendered as llama-server renders it: a template that
+        knows tools gets the messages as they are (calls, results, reasoning) and the tools when
+        there are some, so a conversation's prompt is the same with or without them; any other
+        template gets the generic format (prompts.py)."""
         messages, options = request.messages, dict(request.template_options or {})
         if self.family.call_id_length is not None:
             messages = tuple(with_call_ids_of_length(messages, self.family.call_id_length))
-        if not request.tools and not any(message["role"] == "tool" or message.get("tool_calls")
-                                         for message in messages):
-            return backend.render_chat(messages, options=options)
+        template = self.detected
+        shaping = {"adjust": self._adjustment(backend),
+                   "keeps_developer_role": template.keeps_developer_role, "now": now}
         if self.is_native:
-            tools = [tool.openai() for tool in request.tools or ()]
-            try:
-                return backend.render_chat(tuple(native_messages(messages)), tools=tools, options=options)
-            except BackendError:
-                if not any(message.get("tool_calls") for message in messages):
-                    raise
-                # A template that concatenates a call's arguments as text (Functionary v3.2's)
-                # fails on an object: render the arguments as the JSON text they came as.
-                return backend.render_chat(tuple(native_messages(messages, arguments_as_text=True)), tools=tools,
-                                           options=options)
-        return backend.render_chat(tuple(generic_messages(messages, request.tools, self.format)), options=options)
+            tools = [tool.openai() for tool in request.tools] if request.tools else None
+            prompt = backend.render_chat(messages, tools=tools, options=options, **shaping)
+        else:
+            prompt = backend.render_chat(tuple(generic_messages(messages, request.tools, self.format)),
+                                         options=options, **shaping)
+        return template.finish_prompt(prompt) if template.finish_prompt is not None else prompt
+
+    def _adjustment(self, backend: Backend):
+        """The detected family's own shaping of the messages for its template (None: none)."""
+        adjust, source = self.detected.template_messages, backend.chat_template_source
+        if adjust is None or source is None:
+            return None
+        return lambda messages: adjust(messages, source)
 
     def grammar(self, request: Request, prompt: str = "") -> str | None:
         """The grammar of the request's calls (None when it may make none, or when the family

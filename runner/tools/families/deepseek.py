@@ -317,6 +317,36 @@ def _parameter_value(raw: str, is_string: str | None, schema: Any) -> Any:
     return typed_value(raw, schema)
 
 
+def template_messages(messages: list[dict[str, Any]], source: str) -> list[dict[str, Any]]:
+    """DeepSeek V4's template writes the results that follow a turn of calls as one user block,
+    in the order of the calls (llama.cpp's DeepSeek V3.2/V4 handler sorts them so)."""
+    if not ("dsml_token" in source and DSML in source and "tool_calls" in source and "function_calls" not in source):
+        return messages
+    shaped = list(messages)
+    order: dict[str, int] = {}
+    index = 0
+    while index < len(shaped):
+        message = shaped[index]
+        if message["role"] == "assistant" and message.get("tool_calls"):
+            order = {call["id"]: number for number, call in enumerate(message["tool_calls"]) if call.get("id")}
+            index += 1
+            continue
+        if message["role"] not in ("user", "tool"):
+            index += 1
+            continue
+        end = index
+        while end < len(shaped) and shaped[end]["role"] in ("user", "tool"):
+            end += 1
+        places = [place for place in range(index, end) if shaped[place]["role"] == "tool"]
+        if len(places) > 1 and order:
+            results = sorted((shaped[place] for place in places), key=lambda result: order.get(
+                result.get("tool_call_id", ""), 0))
+            for place, result in zip(places, results):
+                shaped[place] = result
+        index = end
+    return shaped
+
+
 FAMILY = Family(
     name="deepseek",
     description="DeepSeek V3/R1 (<｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME + ```json), V3.1 "
@@ -351,4 +381,5 @@ FAMILY = Family(
                                   parameter_open=f'<{DSML}parameter name="{{key}}" string="{{string}}">',
                                   parameter_close=f"</{DSML}parameter>\n"),
     },
+    template_messages=template_messages,
 )

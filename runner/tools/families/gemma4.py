@@ -13,6 +13,7 @@ thinking is off; with thinking on the model opens the channel itself.
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -258,6 +259,64 @@ def _scalar(text: str, start: int) -> tuple[Any, int]:
     return value, end
 
 
+def template_messages(messages: list[dict[str, Any]], source: str) -> list[dict[str, Any]]:
+    """Gemma 4's first templates read a turn of calls, their results and the answer after them
+    as one model turn holding `tool_responses` (llama.cpp's Gemma 4 handler; the published
+    template reads role:tool messages itself)."""
+    if "{#- OpenAI Chat Completions:" in source:
+        return messages
+    shaped, index = [], 0
+    while index < len(messages):
+        message = messages[index]
+        if message["role"] != "assistant" or not message.get("tool_calls"):
+            shaped.append(message)
+            index += 1
+            continue
+        turn, index = _model_turn(messages, index)
+        shaped.append(turn)
+    return shaped
+
+
+def _model_turn(messages: list[dict[str, Any]], index: int) -> tuple[dict[str, Any], int]:
+    """The turn of calls at `index` with the results after it and the answer after them, and
+    where the messages go on."""
+    calls = list(messages[index]["tool_calls"])
+    reasoning = messages[index].get("reasoning_content")
+    index += 1
+    responses = []
+    while index < len(messages) and messages[index]["role"] == "tool":
+        result = messages[index]
+        name = calls[len(responses)]["function"].get("name", "") if len(responses) < len(calls) else ""
+        responses.append({"name": name or result.get("tool_call_id", ""), "response": _response(result.get("content"))})
+        index += 1
+    turn: dict[str, Any] = {"role": "assistant", "tool_calls": calls}
+    if responses:
+        turn["tool_responses"] = responses
+    if index < len(messages) and messages[index]["role"] == "assistant" and not messages[index].get("tool_calls") \
+            and messages[index].get("content"):
+        turn["content"] = messages[index]["content"]
+        index += 1
+    if isinstance(reasoning, str):
+        turn["reasoning_content"] = reasoning
+    return turn, index
+
+
+def _response(content: Any) -> Any:
+    """A result as the template writes it: JSON where its text is JSON."""
+    if isinstance(content, str):
+        try:
+            return json.loads(content)
+        except ValueError:
+            return content
+    return content
+
+
+def finish_prompt(prompt: str) -> str:
+    """A prompt whose last turn is closed (content and calls in one turn) opens the model's next
+    one, as llama.cpp's Gemma 4 handler does: the model then starts with its reasoning channel."""
+    return prompt + "<|turn>model\n" if prompt.endswith("<turn|>\n") else prompt
+
+
 FAMILY = Family(
     name="gemma4",
     description="<|tool_call>call:NAME{key:<|\"|>text<|\"|>,n:1}<tool_call|>, "
@@ -275,4 +334,6 @@ FAMILY = Family(
     # until <|tool_call>, a control token free text never holds.
     call_syntax=CallSyntax(call_open=CALL_OPEN + "call:{name}{", call_close="}" + CALL_CLOSE, parameter_open="{key}:",
                            parameter_separator=",", string_quote=QUOTE, sorts_keys=True, name_pattern=r"[\w.\-]+"),
+    template_messages=template_messages,
+    finish_prompt=finish_prompt,
 )

@@ -32,6 +32,7 @@ from __future__ import annotations
 import re
 from collections.abc import Hashable
 from dataclasses import dataclass, replace
+from typing import Any
 
 from ..family import (CONTENT, CUT_OFF, REASONING, Call, CallSyntax, Family, FamilyParse, Open, ParseContext,
                       Segment, Text, Thought, held_back, json_object_text, skip_space)
@@ -267,6 +268,19 @@ def _first_of(text: str, start: int, markers: tuple[str, ...]) -> tuple[int, str
     return min(found) if found else (-1, "")
 
 
+def template_messages(messages: list[dict[str, Any]], source: str) -> list[dict[str, Any]]:
+    """A turn's reasoning as the template reads it, `thinking`, and a turn of calls with its
+    reasoning but not its content (llama.cpp's gpt-oss handler)."""
+    shaped = []
+    for message in messages:
+        if isinstance(message.get("reasoning_content"), str):
+            message = message | {"thinking": message["reasoning_content"]}
+            if message.get("tool_calls"):
+                message.pop("content", None)
+        shaped.append(message)
+    return shaped
+
+
 FAMILY = Family(
     name="gpt-oss",
     description="Harmony channels: <|channel|>analysis (reasoning), final (content), "
@@ -283,4 +297,6 @@ FAMILY = Family(
                            call_close=CALL, separator=START + "assistant",
                            reasoning=(CHANNEL + "analysis" + MESSAGE, END + START + "assistant"),
                            constrains_auto=False),
+    template_messages=template_messages,
+    keeps_developer_role=True,  # the template has a developer message of its own
 )

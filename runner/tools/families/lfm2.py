@@ -114,6 +114,12 @@ def parse(text: str, context: ParseContext) -> FamilyParse:
     return then(reasoning, body, content_and_calls(text[body:], context, (CALL,), _read_calls, hidden=(END_OF_TURN,)))
 
 
+def template_messages(messages: list[dict[str, Any]], source: str) -> list[dict[str, Any]]:
+    """A turn's reasoning as the template reads it, `thinking` (llama.cpp's LFM2 handler)."""
+    return [message | {"thinking": message["reasoning_content"]} if isinstance(message.get("reasoning_content"), str)
+            else message for message in messages]
+
+
 FAMILY = Family(
     name="lfm2",
     description='<|tool_call_start|>[name(key="value", n=1)]<|tool_call_end|> (Liquid LFM2, LFM2.5), <think>',
@@ -132,4 +138,5 @@ FAMILY = Family(
                            name_pattern=_IDENTIFIER + r"(?:\." + _IDENTIFIER + ")*", key_pattern=_IDENTIFIER,
                            fallback=CallSyntax(block_open=CALL + "[", block_close="]" + END_CALL, separator=", ",
                                                call_open='{"name": "{name}", "arguments": ', call_close="}")),
+    template_messages=template_messages,
 )

@@ -11,6 +11,8 @@ open the block in the prompt: text the output starts with is content.
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..family import CONTENT, Call, Family, FamilyParse, Open, ParseContext, Text, then
 from ._json_calls import (JSON_CLOSERS, NO_NAME, RAW, THINK_CLOSE, THINK_OPEN, Body, Malformed, Pending, Progress,
                           arguments_at, call_array, content_until, lead, next_char, read_raw, skip_json_space)
@@ -80,6 +82,29 @@ def _word(text: str, position: int, punctuation: str) -> tuple[str, int]:
     return text[start:position], position
 
 
+def template_messages(messages: list[dict[str, Any]], source: str) -> list[dict[str, Any]]:
+    """Ministral 3's and Magistral's templates read a system or assistant turn as blocks: its
+    reasoning as a `thinking` block, then its text (llama.cpp's Ministral 3 handler; Mistral
+    Small 3.2, whose template writes call ids, reads text)."""
+    if not all(part in source for part in ("[SYSTEM_PROMPT]", "[TOOL_CALLS]", "[ARGS]")) or "[CALL_ID]" in source:
+        return messages
+    return [_as_blocks(message) if message["role"] in ("system", "assistant") else message for message in messages]
+
+
+def _as_blocks(message: dict[str, Any]) -> dict[str, Any]:
+    blocks: list[dict[str, Any]] = []
+    if isinstance(message.get("reasoning_content"), str):
+        blocks.append({"type": "thinking", "thinking": message["reasoning_content"]})
+    content = message.get("content")
+    if isinstance(content, str):
+        blocks.append({"type": "text", "text": content})
+    elif isinstance(content, list):
+        blocks.extend(content)
+    shaped = message | {"content": blocks}
+    shaped.pop("reasoning_content", None)
+    return shaped
+
+
 FAMILY = Family(
     name="mistral",
     description='[TOOL_CALLS][{"name": ..., "arguments": {...}}] or [TOOL_CALLS]name[ARGS]{...} (Mistral, Devstral)',
@@ -91,4 +116,5 @@ FAMILY = Family(
     legacy_format="mistral",
     keeps_space_before_calls=False,
     call_id_length=9,  # Mistral's templates refuse any other id ("alphanumeric strings with length 9")
+    template_messages=template_messages,
 )
