@@ -24,6 +24,8 @@ from typing import Any
 import jinja2
 from jinja2 import nodes
 from jinja2.ext import Extension
+from jinja2.runtime import LoopContext
+from jinja2.utils import Namespace
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from .template_caps import TemplateCaps, probe_caps, template_reasons, tracking_filter, tracking_test, with_tracking
@@ -134,13 +136,19 @@ class _GenerationBlocks(Extension):
         return nodes.Scope(body, lineno=lineno)
 
 
-class _ListsGrow(ImmutableSandboxedEnvironment):
-    """A sandbox where a list may grow or shrink (append, pop), as in llama.cpp's engine (Kimi K2's
-    template gathers the names of the calls so), and nothing else may change; and where a string
-    plus null or an undefined name is the string, as llama.cpp's engine has it (Firefunction v2's
-    template adds its undefined `functions` to its system prompt)."""
+class _TemplateSandbox(ImmutableSandboxedEnvironment):
+    """The sandbox a template runs in, with llama.cpp's engine's rules where jinja2's differ: a
+    list may grow or shrink (append, pop: Kimi K2's template gathers the names of the calls so),
+    nothing else may change; a string plus null or an undefined name is the string (Firefunction
+    v2's template adds its undefined `functions` to its system prompt).
+
+    A template reads a message's fields hundreds of times per render, so the sandbox's checks are
+    spared where their answer is known: a field of a plain dict is its value, so is a public name
+    of a namespace or a loop, and whether an attribute may be read is decided once per type and
+    name."""
 
     intercepted_binops = frozenset({"+"})
+    _safe_methods: dict[tuple[type, str], bool] = {}
 
     def call_binop(self, context, operator, left, right):
         if operator == "+":
@@ -150,10 +158,36 @@ class _ListsGrow(ImmutableSandboxedEnvironment):
                 return left
         return super().call_binop(context, operator, left, right)
 
+    def getattr(self, obj, attribute):
+        kind = type(obj)
+        if kind is dict and attribute not in _DICT_ATTRIBUTES:
+            # What the sandbox gives after finding no attribute of that name: the item, or undefined.
+            try:
+                return obj[attribute]
+            except KeyError:
+                return self.undefined(obj=obj, name=attribute)
+        if kind in _TEMPLATE_OBJECTS and not attribute.startswith("_"):  # ns.found, loop.index0
+            try:
+                return getattr(obj, attribute)
+            except AttributeError:
+                return self.undefined(obj=obj, name=attribute)
+        return super().getattr(obj, attribute)
+
     def is_safe_attribute(self, obj, attr, value) -> bool:
-        if isinstance(obj, list) and attr in ("append", "pop"):
-            return super(ImmutableSandboxedEnvironment, self).is_safe_attribute(obj, attr, value)
-        return super().is_safe_attribute(obj, attr, value)
+        # jinja2's checks read only the object's type and the attribute's name.
+        kind = type(obj)
+        known = self._safe_methods.get((kind, attr))
+        if known is None:
+            if kind is list and attr in ("append", "pop"):
+                known = super(ImmutableSandboxedEnvironment, self).is_safe_attribute(obj, attr, value)
+            else:
+                known = super().is_safe_attribute(obj, attr, value)
+            self._safe_methods[(kind, attr)] = known
+        return known
+
+
+_DICT_ATTRIBUTES = frozenset(dir(dict))
+_TEMPLATE_OBJECTS = (Namespace, LoopContext)  # what a template makes itself: its public names are its values
 
 
 def _is_null(value: object) -> bool:
@@ -163,8 +197,9 @@ def _is_null(value: object) -> bool:
 def _environment(tracking: bool) -> jinja2.Environment:
     """The sandbox templates run in; `tracking`: one whose lookups, filters and tests note what
     they touch of probe values (for TemplateCaps)."""
-    environment_class = with_tracking(_ListsGrow) if tracking else _ListsGrow
-    environment = environment_class(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols", _GenerationBlocks])
+    environment_class = with_tracking(_TemplateSandbox) if tracking else _TemplateSandbox
+    environment = environment_class(trim_blocks=True, lstrip_blocks=True,
+                                    extensions=["jinja2.ext.loopcontrols", _GenerationBlocks])
     environment.globals.update(raise_exception=_raise_exception,
                                strftime_now=lambda date_format: datetime.datetime.now().strftime(date_format))
     environment.filters["tojson"] = _tojson
