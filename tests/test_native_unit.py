@@ -4,11 +4,16 @@ llama.cpp provider, llama.vscode), on the fake backend through HTTP."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from fakes import FakeBackend
 from helpers import post_json as post
+from multiseq.errors import BackendError
+from multiseq.llama.chat_template import JinjaRenderer
 from multiseq.server import ServerSettings, create_app
+
+TEMPLATES = Path(__file__).parent / "data" / "llama.cpp-templates"
 
 
 @pytest.fixture
@@ -51,3 +56,64 @@ def test_apply_template_renders_the_chat_as_the_model_sees_it(base):
 def test_bad_input_is_a_400_naming_the_field(base, path, body, param):
     status, data = post(base, path, body)
     assert status == 400 and json.loads(data)["error"]["param"] == param
+
+
+class TemplateBackend(FakeBackend):
+    """The fake backend with a real model's chat template (its BOS and EOS texts made up)."""
+
+    def __init__(self, template: str) -> None:
+        super().__init__()
+        self.chat_template_source = (TEMPLATES / template).read_text()
+        self._renderer = JinjaRenderer(self.chat_template_source, "the model's chat template", "<s>", "</s>",
+                                       add_bos=False)
+
+    def render_chat(self, messages, tools=None, options=None, **shaping) -> str:
+        try:
+            return self._renderer.render(messages, tools, options, **shaping)
+        except ValueError as error:
+            raise BackendError(str(error)) from None
+
+
+def template_server(make_runner, serve_app, template: str) -> str:
+    return serve_app(create_app(make_runner(TemplateBackend(template)), ServerSettings(model_name="fake-model")))
+
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}}}}
+
+
+def test_apply_template_renders_tools_and_template_switches_as_a_chat_would(make_runner, serve_app):
+    base = template_server(make_runner, serve_app, "Qwen-Qwen3-0.6B.jinja")
+    chat = {"messages": [{"role": "user", "content": "Weather in Paris?"}]}
+    status, data = post(base, "/apply-template", chat | {"tools": [WEATHER],
+                                                         "chat_template_kwargs": {"enable_thinking": False}})
+    prompt = json.loads(data)["prompt"]
+    assert status == 200 and '"name": "get_weather"' in prompt.split("</tools>")[-2]
+    assert prompt.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n"), "enable_thinking false closes the thinking"
+    status, data = post(base, "/apply-template", chat)
+    assert json.loads(data)["prompt"].endswith("<|im_start|>user\nWeather in Paris?<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_a_conversation_keeps_its_prompt_when_a_turn_offers_tools(make_runner, serve_app):
+    """The messages reach the template in one shape, tools or none: only what the template writes
+    for the tools (its system block) differs, and the rest of the conversation's prompt is the same."""
+    base = template_server(make_runner, serve_app, "Qwen-Qwen2.5-7B-Instruct.jinja")
+    history = {"messages": [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]}
+    without = json.loads(post(base, "/apply-template", history)[1])["prompt"]
+    with_tools = json.loads(post(base, "/apply-template", history | {"tools": [WEATHER]})[1])["prompt"]
+    after_system = "<|im_end|>\n<|im_start|>user\nWeather in Paris?"
+    assert without[without.index(after_system):] == with_tools[with_tools.index(after_system):]
+    assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>' in without
+
+
+def test_a_template_that_refuses_the_chat_is_a_400_with_its_message(make_runner, serve_app):
+    base = serve_app(create_app(make_runner(TemplateBackend("google-gemma-2-2b-it.jinja")),
+                                ServerSettings(model_name="fake-model")))
+    status, data = post(base, "/apply-template", {"messages": [{"role": "assistant", "content": "Hi"}]})
+    error = json.loads(data)["error"]
+    assert status == 400 and "Conversation roles must alternate user/assistant/user/assistant/..." in error["message"]
+    assert error["param"] == "messages"
