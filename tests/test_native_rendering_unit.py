@@ -71,3 +71,20 @@ def test_mistral_templates_get_nine_character_call_ids_the_same_every_turn():
     parser.close()
     [call] = parser.result().tool_calls
     assert len(call.id) == 9 and call.id.isalnum()
+
+
+def test_a_turns_results_are_one_user_turn_for_a_template_that_insists_on_turns_in_turn():
+    """Gemma 3's template refuses two user turns in a row: the generic format writes the results
+    of two parallel calls, and the question after them, as one user turn."""
+    source = (Path(__file__).parent.parent / "models" / "templates" / "gemma3.jinja").read_text()
+    history = [{"role": "user", "content": "Weather in Paris and Rome?"},
+               {"role": "assistant", "content": None, "tool_calls": [
+                   {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}},
+                   {"id": "c2", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'}}]},
+               {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+               {"role": "tool", "tool_call_id": "c2", "content": "rain"},
+               {"role": "user", "content": "And tomorrow?"}]
+    prompt = ToolSupport(source).render(TemplateBackend(source), Request(messages=history, tools=(WEATHER,)))
+    assert ('<start_of_turn>user\n{"tool_response": {"name": "get_weather", "content": "sunny"}}\n'
+            '{"tool_response": {"name": "get_weather", "content": "rain"}}\nAnd tomorrow?<end_of_turn>\n'
+            '<start_of_turn>model\n') in prompt

@@ -40,9 +40,9 @@ DELIBERATE = {
     "HuggingFaceTB-SmolLM3-3B.jinja": GENERIC_TOOLS,
     "llama-cpp-rwkv-world.jinja": GENERIC_TOOLS,
     "microsoft-Phi-3.5-mini-instruct.jinja": GENERIC_TOOLS,
-    # ... and Gemma 2's refuses a tool message (llama-server answers 400), which the generic
-    # format writes as a user turn.
-    "google-gemma-2-2b-it.jinja": ("tool_call", "tools", "reasoning_call"),
+    # ... and Gemma 2's refuses a tool message, or two user turns in a row (llama-server answers
+    # 400), where the generic format writes a turn's results as one user turn.
+    "google-gemma-2-2b-it.jinja": GENERIC_TOOLS,
     # Mistral's templates refuse a call id that is not 9 alphanumeric characters (llama-server
     # answers 400 to OpenAI's call_...); multiseq renames each id the same way on every turn.
     "Mistral-Small-3.2-24B-Instruct-2506.jinja": NINE_CHARACTER_IDS,

@@ -21,10 +21,6 @@ from typing import Any
 
 from .template_caps import TemplateCaps
 
-# What a family's own shaping of the messages may do after the common one (gpt-oss's "thinking").
-MessagesAdjustment = Any  # Callable[[list[dict]], list[dict]]
-
-
 def template_message(message: Mapping[str, Any]) -> dict[str, Any]:
     """One message as llama.cpp writes it for a template (common_chat_msg::to_json_oaicompat)."""
     shaped: dict[str, Any] = {"role": message["role"]}

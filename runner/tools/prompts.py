@@ -116,17 +116,38 @@ def _arguments_text(arguments: Any) -> str:
 def generic_messages(messages: Sequence[dict[str, Any]], tools: Sequence[Tool] | None,
                      tool_format: ToolFormat) -> list[dict[str, str]]:
     """Messages any template renders (role and content only): the tools described in the
-    system message, calls written into the assistant's content, tool results as user messages."""
+    system message, calls written into the assistant's content, a turn's tool results as one
+    user message."""
     names = _call_names(messages)
-    converted = [_generic_message(message, names, tool_format) for message in messages]
+    converted = _results_merged(messages, [_generic_message(message, names, tool_format) for message in messages])
     if not tools:
         return converted
     description = GENERIC_INSTRUCTIONS + tools_description(tools)
     if converted and converted[0]["role"] in ("system", "developer"):
-        converted[0] = {"role": converted[0]["role"], "content": f"{converted[0]['content']}\n\n{description}"}
+        converted[0] = {"role": converted[0]["role"],
+                        "content": f"{_text(converted[0]['content'])}\n\n{description}"}
     else:
         converted.insert(0, {"role": "system", "content": description})
     return converted
+
+
+def _results_merged(messages: Sequence[dict[str, Any]], converted: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The results of a turn of calls, and the user's words right after them, as one user message
+    (a line each): a template that insists on user and assistant turns in turn (Gemma's) takes
+    two results, or a result and a question, so."""
+    merged: list[dict[str, Any]] = []
+    after_results = False
+    for original, message in zip(messages, converted):
+        if after_results and original["role"] in ("tool", "user"):
+            merged[-1] = {"role": "user", "content": f"{_text(merged[-1]['content'])}\n{_text(message['content'])}"}
+        else:
+            merged.append(message)
+        after_results = original["role"] == "tool" or (after_results and original["role"] == "user")
+    return merged
+
+
+def _text(content: str | list[dict[str, Any]]) -> str:
+    return content if isinstance(content, str) else joined_parts(content)
 
 
 def _call_names(messages: Sequence[dict[str, Any]]) -> dict[str, str]:
@@ -138,7 +159,7 @@ def _call_names(messages: Sequence[dict[str, Any]]) -> dict[str, str]:
 def _generic_message(message: dict[str, Any], names: dict[str, str], tool_format: ToolFormat) -> dict[str, Any]:
     content = message.get("content") or ""
     if isinstance(content, list) and (message["role"] == "tool" or message.get("tool_calls")):
-        content = joined_parts(content)
+        content = _text(content)
     if message["role"] == "tool":
         name = message.get("name") or names.get(message.get("tool_call_id"), "")
         return {"role": "user", "content": json.dumps({"tool_response": {"name": name, "content": content}},
