@@ -26,7 +26,7 @@ import importlib
 # the engine load.
 _PUBLIC = {
     "BackendError": "errors", "CANCELLED_BEFORE_START": "loop.sequence", "Engine": "loop.engine",
-    "FinishReason": "request", "OverflowPolicy": "config", "Priority": "request", "Request": "request",
+    "FinishReason": "request", "MEDIA_MARKER": "llama.media", "OverflowPolicy": "config", "Priority": "request", "Request": "request",
     "RequestHandle": "loop.delivery", "Result": "request", "RunStats": "loop.stats", "Runner": "loop.runner",
     "RunnerConfig": "config", "RunnerSnapshot": "loop.stats", "SamplingParams": "config",
     "StepOutput": "loop.step_output", "TextPiece": "loop.step_output", "Timings": "request",

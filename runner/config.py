@@ -299,6 +299,8 @@ class RunnerConfig:
     n_discard: int = 0  # tokens dropped per generation shift; 0: half of what follows n_keep
     overflow: OverflowPolicy = OverflowPolicy.SLIDE
     seed: int | None = None  # base seed for requests without one; None: fresh entropy
+    # The model's projector GGUF (llama.cpp's mmproj): prompts may then hold images or audio.
+    mmproj: str | None = None
     # Overrides the model's template: a llama.cpp built-in template name, Jinja template text,
     # or the path of a Jinja template file (rendered with jinja2; see chat_template.py).
     chat_template: str | None = None
@@ -352,6 +354,8 @@ class RunnerConfig:
         object.__setattr__(self, "overflow", OverflowPolicy(self.overflow))
         _require(self.model is None or isinstance(self.model, (str, os.PathLike)),
                  f"model must be a registry name or a path, got {self.model!r}")
+        _require(self.mmproj is None or isinstance(self.mmproj, (str, os.PathLike)),
+                 f"mmproj must be a path, got {self.mmproj!r}")
         _require(self.chat_template is None or isinstance(self.chat_template, str),
                  f"chat_template must be a string, got {self.chat_template!r}")
         _require(self.seed is None or (is_int(self.seed) and 0 <= self.seed < 2**64),

@@ -9,6 +9,7 @@ from typing import Any
 
 from .config import CONTEXT_POOLINGS, DEFAULT_POOLING, OverflowPolicy, SamplingParams
 from .sampling.logprobs import TokenLogprob
+from .llama.media import MEDIA_MARKER, MEDIA_PART_TYPES
 from .tools import ChoiceMode, Tool, ToolCall, ToolChoice
 
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")  # developer: a system message, except
@@ -57,6 +58,10 @@ class Request:
     # reranker: the prompt is a query and a document together (the backend's rerank_tokens), and
     # the result its scores, the first being its relevance.
     embed: str | None = None
+    # Images (or audio) a prompt string refers to, in order: each stands where the prompt holds
+    # multiseq.MEDIA_MARKER. A chat's media are parts of its messages' content instead:
+    # {"type": "image", "data": bytes} (or "audio").
+    media: tuple[bytes, ...] = ()
 
     def __post_init__(self) -> None:
         if (self.prompt is None) == (self.messages is None):
@@ -80,12 +85,32 @@ class Request:
         if isinstance(self.priority, bool) or not isinstance(self.priority, int):
             raise ValueError(f"priority must be an integer, got {self.priority!r}")
         self._check_tools()
+        self._check_media()
         if self.embed is not None:
             if self.embed not in (*CONTEXT_POOLINGS, DEFAULT_POOLING):
                 raise ValueError(f"embed must be one of {', '.join(CONTEXT_POOLINGS)} or {DEFAULT_POOLING}, "
                                  f"got {self.embed!r}")
             if self.prompt is None:
                 raise ValueError("an embedding request needs a prompt (text or token ids), not messages")
+
+    def _check_media(self) -> None:
+        object.__setattr__(self, "media", tuple(self.media))
+        if not all(isinstance(data, (bytes, bytearray)) and data for data in self.media):
+            raise ValueError("media must be non-empty bytes (an image's or audio's file content)")
+        if self.media and not isinstance(self.prompt, str):
+            raise ValueError("media go with a prompt string that places them (multiseq.MEDIA_MARKER); a chat's "
+                             "media are parts of its messages")
+        if self.media and self.prompt.count(MEDIA_MARKER) != len(self.media):
+            raise ValueError(f"the prompt places {self.prompt.count(MEDIA_MARKER)} media (MEDIA_MARKER), and "
+                             f"{len(self.media)} are given")
+
+    @property
+    def all_media(self) -> list[bytes]:
+        """Every medium of the request in prompt order: the prompt's, or its messages' parts."""
+        if self.messages is None:
+            return list(self.media)
+        return [part["data"] for message in self.messages if isinstance(message.get("content"), (list, tuple))
+                for part in message["content"] if part.get("type") in MEDIA_PART_TYPES]
 
     def _check_tools(self) -> None:
         if self.tools is not None:
@@ -148,9 +173,12 @@ def _check_messages(messages: tuple[dict, ...]) -> None:
 
 
 def _is_text_parts(content: object) -> bool:
-    """[{"type": "text", "text": "..."}, ...]: content given in parts, as OpenAI's API allows."""
-    return isinstance(content, (list, tuple)) and all(
-        isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str) for part in content)
+    """[{"type": "text", "text": "..."}, {"type": "image", "data": b"..."}, ...]: content given in
+    parts, as OpenAI's API allows (media as their files' bytes)."""
+    return isinstance(content, (list, tuple)) and all(isinstance(part, dict) and (
+        part.get("type") == "text" and isinstance(part.get("text"), str)
+        or part.get("type") in MEDIA_PART_TYPES and isinstance(part.get("data"), (bytes, bytearray)) and part["data"])
+        for part in content)
 
 
 def _check_calls(calls: object, index: int) -> None:

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from multiseq.llama.batch import ChainSpec, ChunkRules
+from multiseq.llama.media import MediaChunk, MediaPrompt, MediaSpan, placeholder_of
+from multiseq.llama.template_input import joined_parts
 from multiseq.llama.text import FimTokens
 from multiseq.errors import BackendError, NoKvSlot
 from multiseq.sampling.grammar import tokenizer_from_pieces
@@ -114,11 +116,32 @@ class FakeGraphSampling:
 
 
 def text_of(content) -> str:
-    """A message's content as text (its text parts joined, as a template that reads text joins them)."""
-    return content if isinstance(content, str) else "\n".join(part["text"] for part in content)
+    """A message's content as text (its parts joined as a template that reads text gets them)."""
+    return content if isinstance(content, str) else joined_parts(content)
+
+
+FAKE_MEDIA_TOKENS = 6  # the tokens a medium takes in the fake model
+
+
+def fake_media_name(data: bytes) -> str:
+    """How a medium stands in the fake's prompt text (replies are keyed by that text)."""
+    return f"[media {hashlib.sha256(data).hexdigest()[:8]}]"
+
+
+def fake_prompt_text(tokens: list[int]) -> str:
+    """A fake prompt's text: its bytes, a medium's run of placeholders as its name."""
+    text, previous = b"", None
+    for token in tokens:
+        if token < 0 and token != previous:
+            text += FakeBackend.media_names.get(token, "[media]").encode()
+        elif 0 <= token < 256:
+            text += bytes([token])
+        previous = token
+    return text.decode("utf-8", "replace")
 
 
 class FakeBackend:
+    media_names: dict[int, str] = {}  # placeholder -> fake_media_name, for every medium seen
     def __init__(self, num_slots: int = 4, window: int = 256, n_batch: int = 64, replies: dict[str, str] | None = None,
                  noisy: bool = False, can_shift: bool = True, decode_delay: float = 0.0,
                  no_kv_slot_above: int | None = None, sliding_window: int | None = None,
@@ -164,6 +187,7 @@ class FakeBackend:
         self.num_generated_fed = [0] * num_slots
         self.has_pending_token = [False] * num_slots
         self.calls: list[DecodeCall] = []
+        self.media_decodes: list[tuple[int, int]] = []  # (slot, placeholder) of every medium decoded
         self.shifts: list[tuple[int, int, int]] = []
         self.reuses: list[tuple[int, int, int]] = []  # (slot, source slot, length) of every reused prefix
         self.saves: list[int] = []  # slots whose state was saved to host memory
@@ -189,6 +213,18 @@ class FakeBackend:
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
         return [BOS, *text.encode("utf-8")] if add_special else list(text.encode("utf-8"))
+
+    def tokenize_media(self, texts: list[str], media: list[bytes]) -> MediaPrompt:
+        """A medium takes FAKE_MEDIA_TOKENS placeholders (anything but b"not an image" reads)."""
+        tokens, spans = self.tokenize(texts[0]), []
+        for index, (data, text) in enumerate(zip(media, texts[1:])):
+            if data == b"not an image":
+                raise ValueError(f"media {index} is not an image or audio that llama.cpp can read ({len(data)} bytes)")
+            placeholder = placeholder_of(b"fake projector", data)
+            FakeBackend.media_names[placeholder] = fake_media_name(data)
+            spans.append(MediaSpan(len(tokens), MediaChunk(None, None, placeholder, FAKE_MEDIA_TOKENS, True)))
+            tokens += [placeholder] * FAKE_MEDIA_TOKENS + list(text.encode("utf-8"))
+        return MediaPrompt(tokens, tuple(spans))
 
     bos_token = BOS
 
@@ -230,7 +266,7 @@ class FakeBackend:
     # --- the model ---------------------------------------------------------------------------
 
     def _next_token(self, slot: int) -> int:
-        prompt = bytes(t for t in self.prompts[slot] if t < 256).decode("utf-8", "replace")
+        prompt = fake_prompt_text(self.prompts[slot])
         reply = self.replies.get(prompt)
         if reply is not None:
             generated = self.num_generated_fed[slot]
@@ -321,6 +357,11 @@ class FakeBackend:
                 self.last_embeddings[entry.slot] = fake_embedding_rows(kv)[-len(entry.tokens):]
             else:
                 assert not entry.num_drafted, "only a decoding slot's entry has a draft"
+                if any(token < 0 for token in entry.tokens):  # a medium: whole, alone, no row
+                    assert len(set(entry.tokens)) == 1 and len(entry.tokens) == FAKE_MEDIA_TOKENS, \
+                        f"a medium is decoded whole and alone: {entry.tokens}"
+                    assert not entry.wants_output, "a medium's entry gets no logits row"
+                    self.media_decodes.append((entry.slot, entry.tokens[0]))
                 kv.extend(entry.tokens)
                 self.prompts[entry.slot].extend(entry.tokens)
                 if entry.wants_output:

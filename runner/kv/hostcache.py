@@ -187,7 +187,7 @@ class HostCache:
                 self._remove(key)
         if not self._make_room(len(state)):
             return False
-        self._entries[self._next_key] = HostEntry(np.asarray(tokens, dtype=np.int32), state, scores)
+        self._entries[self._next_key] = HostEntry(np.asarray(tokens, dtype=np.int64), state, scores)
         self._next_key += 1
         self.num_bytes += len(state)
         return True
@@ -217,7 +217,7 @@ class HostCache:
             return None
         self.num_bytes += len(state)
         self.num_parked_bytes += len(state)
-        entry = HostEntry(np.asarray(tokens, dtype=np.int32), state)
+        entry = HostEntry(np.asarray(tokens, dtype=np.int64), state)
         self._parked[id(entry)] = entry
         return entry
 

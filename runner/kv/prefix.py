@@ -30,7 +30,7 @@ def worth_waiting_for(num_in_flight: int, num_held: int) -> bool:
     wait for it rather than compute those tokens too."""
     return num_in_flight >= num_held + MIN_WAIT_TOKENS
 
-_EMPTY = np.zeros(0, dtype=np.int32)
+_EMPTY = np.zeros(0, dtype=np.int64)
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ import numpy as np
 # when it loads, with llama_cpp just below; a value the user set is kept.
 os.environ.setdefault("GOMP_SPINCOUNT", "1000")
 import llama_cpp as llama  # noqa: E402
+import llama_cpp.mtmd_cpp as mtmd  # noqa: E402
 
 from .batch import BatchEntry
 from .chat_template import ChatTemplate, JinjaRenderer
@@ -38,10 +39,10 @@ from ..errors import BackendError, NoKvSlot
 from .batch_arrays import BatchArrays, chunk_rules_for, rows_in_entry_order
 from .chains import SlotChains
 from .embeddings import POOLING_NAMES, EmbeddingOutput
-from .devices import (Device, GgmlRegistry, LlamaBuild, cpu_features, describe_placement,
-                            text_of)
+from .devices import Platform, describe_placement
 from .kv import KV_TYPES, SlotKv, kv_bytes_per_token
 from .layout import moved_states, put_back
+from .media import MediaDecoder, MediaPrompt, Projector
 from .rerank import RerankLayout, rerank_template
 from .log import capturing_llama_log, flash_attention_used, forward_llama_log, layer_devices
 from .text import Vocabulary, apply_builtin_template, load_user_template, render_chat
@@ -74,6 +75,8 @@ def _init_llama_once() -> None:
         if _log_callback is None:
             _log_callback = llama.llama_log_callback(forward_llama_log)
             llama.llama_log_set(_log_callback, None)
+            mtmd.mtmd_log_set(_log_callback, None)  # the multimodal library's log, as llama.cpp's
+            mtmd.mtmd_helper_log_set(_log_callback, None)
             llama.llama_backend_init()
 
 
@@ -137,6 +140,7 @@ class LlamaModel:
             chosen = load_user_template(chat_template_fallback, builtin_chat_templates())
         self.chat_template = chosen
         self._jinja: JinjaRenderer | None = None
+        self.projector: Projector | None = None  # load_projector: what reads its images or audio
         # Text work needs only the vocabulary (Vocabulary's methods say what each does).
         self.tokenize = vocabulary.tokenize
         self.token_bytes = vocabulary.token_bytes
@@ -213,7 +217,20 @@ class LlamaModel:
         and how many layers each holds."""
         return describe_placement(self.layer_devices, device_descriptions())
 
+    def load_projector(self, path: str, threads: int, flash_attn: str = "auto") -> None:
+        """Read a projector GGUF (--mmproj) for this model: its prompts may hold images or audio."""
+        self.projector = Projector(llama, mtmd, self.handle, path, threads, gpu_offload_supported(),
+                                   _FLASH_ATTENTION[flash_attn])
+
+    def tokenize_media(self, texts: list[str], media: list[bytes]) -> MediaPrompt:
+        """Texts with media between them as tokens (see multiseq.llama.media)."""
+        if self.projector is None:
+            raise ValueError("the model reads text only: give it a projector (--mmproj) to read images or audio")
+        return self.projector.tokenize(texts, media)
+
     def close(self) -> None:
+        if self.projector is not None:
+            self.projector.close()
         if self.handle:
             llama.llama_model_free(self.handle)
             self.handle = None
@@ -279,6 +296,7 @@ class LlamaBackend:
         self.slot_kv = SlotKv(llama, self._ctx, self.pooled, n_swa, num_slots)
         self.can_shift = self.slot_kv.can_shift
         self._batch = _BatchBuffers(n_batch)
+        self.media = MediaDecoder(llama, model.projector, n_batch) if model.projector is not None else None
         self.graph_sampling = SlotChains(llama, self._ctx, self._batch, model.n_vocab)
         self.n_embd = llama.llama_model_n_embd_out(model.handle)
         self.embedding_output = EmbeddingOutput(llama, self.n_embd, llama.llama_model_n_cls_out(model.handle)
@@ -301,6 +319,7 @@ class LlamaBackend:
         self.model_pooling = model.pooling
         self.bos_token = model.bos_token
         self.render_tokens = model.render_tokens
+        self.tokenize_media = model.tokenize_media
         # The KV of one slot (SlotKv's methods say what each does), for the engine.
         for name in ("clear_slot", "reuse_prefix", "undo_failed_decode", "rewind_slot", "save_slot", "restore_slot",
                      "shift_slot", "slot_pos_max", "slot_pos_min"):
@@ -362,6 +381,8 @@ class LlamaBackend:
         put_back(self.slot_kv, states)
 
     def close(self) -> None:
+        if self.media is not None:
+            self.media.close()
         if self._ctx:
             self.graph_sampling.close()
             llama.llama_free(self._ctx)
@@ -373,7 +394,15 @@ class LlamaBackend:
         """The step's llama_decode; the logits rows of the entries that want output, in entry
         order, as a (rows, n_vocab) array valid until the next decode. A row whose slot has a
         sampler chain holds no logits when no row beside it needed them (its token is in
-        graph_sampling.sampled_tokens).
+        graph_sampling.sampled_tokens). Media chunks go first, each decoded from its embeddings."""
+        if self.media is None or not any(entry.tokens[0] < 0 for entry in entries):
+            return self._decode_entries(entries)
+        rows = self.media.decode_step(self._ctx, entries, self._decode_entries, self.slot_kv)
+        self.last_decode_seconds += self.media.last_seconds
+        return rows
+
+    def _decode_entries(self, entries: list[BatchEntry]) -> np.ndarray:
+        """decode() of entries that are tokens.
 
         In a pool, prompt chunks beside decoding tokens go in a llama_decode of their own, as
         llama.cpp's split does between KV windows: in one micro-batch the chunk's rows share
@@ -381,6 +410,9 @@ class LlamaBackend:
         masked for the whole tile and skipped (SmolLM2, 3 decoding tokens beside a 96-token
         chunk: 457 against 360 ms as two calls, 290 with windows)."""
         self.last_embeddings = {}
+        if not entries:  # a step of media chunks alone
+            self.last_decode_seconds = 0.0
+            return np.empty((0, self.n_vocab), dtype=np.float32)
         chunks = [entry for entry in entries if entry.is_prompt_chunk] if self.pooled else []
         if not chunks or len(chunks) == len(entries) or self.graph_sampling.has_chains:
             rows = self._decode_once(entries)
@@ -443,58 +475,23 @@ def _note_no_gpu(n_gpu_layers: int) -> None:
                         f"GPU section how to install one with a GPU backend")
 
 
-_ggml_registry: GgmlRegistry | None = None
+def _libggml() -> str | None:
+    """The path of the ggml library llama_cpp loaded (None: not found)."""
+    try:
+        from llama_cpp import _ggml as ggml_module
+
+        return ggml_module.libggml._name
+    except (ImportError, AttributeError):
+        return None
 
 
-def _ggml() -> GgmlRegistry | None:
-    """ggml's device registry, bound on the library llama_cpp loaded; None when it cannot be
-    found (tried again at the next call)."""
-    global _ggml_registry
-    if _ggml_registry is None:
-        try:
-            from llama_cpp import _ggml as ggml_module
-
-            _ggml_registry = GgmlRegistry(ctypes.CDLL(ggml_module.libggml._name))
-        except (ImportError, AttributeError, OSError):
-            return None
-    return _ggml_registry
-
-
-def backends() -> list[str]:
-    """The ggml backends this build registered (CPU, CUDA, Metal, Vulkan, BLAS, ...)."""
-    _init_llama_once()
-    registry = _ggml()
-    return registry.backends() if registry is not None else []
-
-
-def devices() -> list[Device]:
-    """Every device the build's backends see, with its memory (free and total)."""
-    _init_llama_once()
-    registry = _ggml()
-    return registry.devices() if registry is not None else []
+# The devices and the build, read through ggml's registry on llama.cpp's library (devices.py).
+_platform = Platform(llama, lambda: _init_llama_once(), _libggml)
+backends, devices, device_descriptions = _platform.backends, _platform.devices, _platform.device_descriptions
+llama_build = _platform.build
 
 
 def free_memory_for_kv(model: LlamaModel) -> int | None:
     """Bytes free where the model's KV goes: the GPUs that hold its layers (their free memory,
     together), else host memory."""
-    from .kv_sizing import free_host_memory
-
-    gpus = [device for device in devices() if device.name in model.layer_devices and device.kind != "CPU"]
-    if gpus:
-        return sum(device.memory_free_bytes for device in gpus)
-    return free_host_memory()
-
-
-def device_descriptions() -> dict[str, str]:
-    return {device.name: device.description for device in devices()}
-
-
-def llama_build() -> LlamaBuild:
-    """What this llama.cpp was built with (version, GPU offload, backends, CPU features), and
-    the devices it sees."""
-    _init_llama_once()
-    system_info = text_of(llama.llama_print_system_info()).strip()
-    return LlamaBuild(llama_cpp_python=llama.__version__, gpu_offload=gpu_offload_supported(),
-                      max_devices=int(llama.llama_max_devices()), supports_mmap=bool(llama.llama_supports_mmap()),
-                      supports_mlock=bool(llama.llama_supports_mlock()), backends=backends(), devices=devices(),
-                      cpu_features=cpu_features(system_info), system_info=system_info)
+    return _platform.free_memory(model.layer_devices)

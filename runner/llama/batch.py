@@ -149,6 +149,7 @@ class Backend(Protocol):
     window: int  # the per-slot window the engine must enforce
     pool_size: int | None  # the cells of one KV pool the slots share; None: each slot has its window
     n_vocab: int  # the width of a logits row
+    n_batch: int  # the most tokens one llama_decode takes
     can_shift: bool  # whether a slot's KV positions can be moved (generation shift)
     add_bos: bool  # whether tokenize() puts a BOS token first
     last_decode_seconds: float  # time of the last decode() call's llama_decode alone
@@ -159,6 +160,11 @@ class Backend(Protocol):
     # Per slot whose entry embeds, in the last decode: its tokens' embedding rows (the final
     # hidden state after the output norm), (tokens, n_embd), owned by the caller.
     last_embeddings: dict[int, np.ndarray]
+
+    def tokenize_media(self, texts: list[str], media: list[bytes]) -> Any:
+        """Texts with media between them as tokens (multiseq.llama.media.MediaPrompt: a medium's
+        tokens are placeholders); ValueError when a medium cannot be read, or the model has no
+        projector."""
 
     def tokenize(self, text: str, add_special: bool = True) -> list[int]: ...
     def render_chat(self, messages: Sequence[dict], tools: list[dict] | None = None,

@@ -124,3 +124,61 @@ class GgmlRegistry:
                                 _DEVICE_KINDS[kind] if 0 <= kind < len(_DEVICE_KINDS) else str(kind),
                                 free.value, total.value))
         return found
+
+
+class Platform:
+    """What llama.cpp's build runs on: its ggml backends and devices, and what it was built
+    with. `llama` is llama_cpp as multiseq.llama.backend loaded it; `ready` loads its backends;
+    `libggml` names the ggml library it loaded (None: not found)."""
+
+    def __init__(self, llama, ready, libggml) -> None:
+        self._llama = llama
+        self._ready = ready
+        self._libggml = libggml
+        self._registry: GgmlRegistry | None = None
+
+    def _ggml(self) -> GgmlRegistry | None:
+        """ggml's device registry, bound on the library llama_cpp loaded; None when it cannot be
+        found (tried again at the next call)."""
+        if self._registry is None:
+            name = self._libggml()
+            try:
+                self._registry = GgmlRegistry(ctypes.CDLL(name)) if name else None
+            except OSError:
+                return None
+        return self._registry
+
+    def backends(self) -> list[str]:
+        """The ggml backends this build registered (CPU, CUDA, Metal, Vulkan, BLAS, ...)."""
+        self._ready()
+        registry = self._ggml()
+        return registry.backends() if registry is not None else []
+
+    def devices(self) -> list[Device]:
+        """Every device the build's backends see, with its memory (free and total)."""
+        self._ready()
+        registry = self._ggml()
+        return registry.devices() if registry is not None else []
+
+    def device_descriptions(self) -> dict[str, str]:
+        return {device.name: device.description for device in self.devices()}
+
+    def free_memory(self, layer_devices: dict[str, int]) -> int | None:
+        """Bytes free on the GPUs that hold a model's layers (together), else in host memory."""
+        from .kv_sizing import free_host_memory
+
+        gpus = [device for device in self.devices() if device.name in layer_devices and device.kind != "CPU"]
+        if gpus:
+            return sum(device.memory_free_bytes for device in gpus)
+        return free_host_memory()
+
+    def build(self) -> LlamaBuild:
+        """What this llama.cpp was built with (version, GPU offload, backends, CPU features), and
+        the devices it sees."""
+        self._ready()
+        llama = self._llama
+        system_info = text_of(llama.llama_print_system_info()).strip()
+        return LlamaBuild(llama_cpp_python=llama.__version__, gpu_offload=bool(llama.llama_supports_gpu_offload()),
+                          max_devices=int(llama.llama_max_devices()), supports_mmap=bool(llama.llama_supports_mmap()),
+                          supports_mlock=bool(llama.llama_supports_mlock()), backends=self.backends(),
+                          devices=self.devices(), cpu_features=cpu_features(system_info), system_info=system_info)

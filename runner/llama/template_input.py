@@ -19,13 +19,16 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from .media import MEDIA_MARKER, MEDIA_PART_TYPES
 from .template_caps import TemplateCaps
 
 def template_message(message: Mapping[str, Any]) -> dict[str, Any]:
     """One message as llama.cpp writes it for a template (common_chat_msg::to_json_oaicompat)."""
     shaped: dict[str, Any] = {"role": message["role"]}
     content = message.get("content")
-    if isinstance(content, list):
+    if isinstance(content, (list, tuple)) and any(part.get("type") in MEDIA_PART_TYPES for part in content):
+        shaped["content"] = joined_parts(content)  # media: the text with their markers in place
+    elif isinstance(content, (list, tuple)):
         shaped["content"] = [{"type": part.get("type", "text"), "text": part.get("text", "")} for part in content]
     else:
         shaped["content"] = content or ""
@@ -50,8 +53,17 @@ def _template_call(call: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def joined_parts(parts: Sequence[Mapping[str, Any]]) -> str:
-    """Text parts as one text, a newline between two (llama.cpp's concat_content_parts)."""
-    return "\n".join(str(part.get("text", "")) for part in parts if part.get("type", "text") == "text")
+    """Content parts as one text, as llama.cpp joins them (concat_content_parts): a newline
+    between two text parts, none around a medium, which stands as MEDIA_MARKER."""
+    text, after_media = "", False
+    for part in parts:
+        if part.get("type") in MEDIA_PART_TYPES:
+            text += MEDIA_MARKER
+            after_media = True
+        elif part.get("type", "text") == "text":
+            text += ("\n" if text and not after_media else "") + str(part.get("text", ""))
+            after_media = False
+    return text
 
 
 def _content_for(content: Any, caps: TemplateCaps) -> Any:

@@ -82,6 +82,8 @@ class Vocabulary:
         cached piece is only ever stored whole."""
         piece = self._piece_cache.get(token)
         if piece is None:
+            if token < 0:  # a medium's placeholder (multiseq.llama.media): no text
+                return b""
             piece = token_piece(self._llama, self._vocab, token, render_special=False)
             self._piece_cache[token] = piece
         return piece

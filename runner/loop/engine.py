@@ -293,7 +293,7 @@ class Engine:
     def prefix_holding(self, prompt: list[int] | np.ndarray, share_more_than: int | None = None) -> PrefixHolding:
         """How much of `prompt` this engine holds, and (share_more_than) the KV of the longest
         prefix held when it is longer than that, for another server to import."""
-        return self.placement.holding(np.asarray(prompt, dtype=np.int32), share_more_than)
+        return self.placement.holding(np.asarray(prompt, dtype=np.int64), share_more_than)
 
     def snapshot(self, now: float) -> RunnerSnapshot:
         """Every slot and counter at this moment, as plain values (for a dashboard)."""

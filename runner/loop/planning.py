@@ -69,13 +69,14 @@ class StepPlan:
 
     def with_halved_prefill(self) -> StepPlan | None:
         """The same step with every prompt chunk halved, for a retry when the KV had no room (an
-        input computed whole is left for a later step instead: cut, it would pool to another
-        vector); None when no chunk can shrink any more."""
+        input computed whole, or a media chunk, is left for a later step instead: cut, it would
+        pool to another vector, or be another image); None when no chunk can shrink any more."""
         if all(chunk.num_tokens <= 1 or not chunk.is_prefill for chunk in self.chunks):
             return None
         chunks = []
         for chunk in self.chunks:
-            if chunk.is_prefill and chunk.seq.embedding is not None and chunk.seq.embedding.whole:
+            if chunk.is_prefill and (chunk.seq.embedding is not None and chunk.seq.embedding.whole
+                                     or chunk.seq.media.at(chunk.entry.start_pos) is not None):
                 continue
             if chunk.is_prefill and chunk.num_tokens > 1:
                 entry = chunk.entry
@@ -144,12 +145,18 @@ class StepPlanner:
             # The first prompt chunk of a step goes whatever the budget, so prompts progress.
             floor = 0 if len(chunks) > len(decoding) else self._least_progress(seq)
             start = seq.num_prefilled
+            media = seq.media.at(start)
             if seq.embedding is not None and seq.embedding.whole:
                 # Whole or not at all: it waits for a decode with room (the step budget, there
                 # for streams, is the whole decode for a model that does not generate).
                 length = seq.num_prompt_remaining if seq.num_prompt_remaining <= room else 0
+            elif media is not None:
+                # A media chunk goes whole, in a chunk of its own (its embeddings are a decode of
+                # their own), when the decode has room for it.
+                length = media.media.num_tokens if media.media.num_tokens <= room else 0
             else:
-                length = self._chunk_length(start, seq.num_prompt_remaining, min(room, max(budget, floor)))
+                # Text up to the next media chunk, cut by the rules as a prompt's rest would be.
+                length = self._chunk_length(start, seq.media.text_before(start), min(room, max(budget, floor)))
             if length == 0:
                 continue
             tokens = seq.prompt_tokens[start:start + length]
@@ -172,9 +179,12 @@ class StepPlanner:
 
     def _least_progress(self, seq: Sequence) -> int:
         """Room enough for one chunk of seq's prompt that the rules allow: the smallest chunk,
-        or its whole rest when no cut would leave a rest the rules allow."""
+        or its whole rest when no cut would leave a rest the rules allow (a media chunk: whole)."""
         rules = self.chunk_rules
-        remaining = seq.num_prompt_remaining
+        media = seq.media.at(seq.num_prefilled)
+        if media is not None:
+            return media.media.num_tokens
+        remaining = seq.media.text_before(seq.num_prefilled)
         return remaining if remaining <= 2 * rules.min_tokens + rules.alignment else rules.min_tokens + rules.alignment - 1
 
 

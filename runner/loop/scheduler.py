@@ -9,7 +9,7 @@ admitted sequence goes, and the prefix it starts from, its SlotChooser (runner.l
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -32,7 +32,7 @@ _LOOKAHEAD_PER_SLOT = 4
 GROWTH_RESERVE_TOKENS = 256
 
 
-_NONE = np.zeros(0, dtype=np.int32)
+_NONE = np.zeros(0, dtype=np.int64)
 
 
 class PromptDoesNotFit(ValueError):
@@ -189,6 +189,8 @@ class Scheduler:
                 self.chooser.place(seq, free, copy_sources)
             if placement is None:
                 continue
+            if seq.media and seq.parked is None:
+                placement = replace(placement, num_cached=seq.media.reusable(placement.num_cached))
             idle_evictions = ()
             if room is not None:
                 idle_evictions = room.make(seq, placement, copy_sources)

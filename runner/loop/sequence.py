@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..config import OverflowPolicy, SamplingParams
+from ..llama.media import PromptMedia
 from .pieces import OutputPieces
 from ..errors import RequestFault
 from ..request import FinishReason, Priority
@@ -86,11 +87,13 @@ class Sequence:
     def __init__(self, request_id: str, prompt_tokens: list[int], sampler: SequenceSampler, n_keep: int,
                  overflow: OverflowPolicy, max_tokens: int, prompt_tokens_dropped: int = 0,
                  submitted_at: float | None = None, priority: int = Priority.BATCH,
-                 tool_parser: OutputParser | None = None, embedding: EmbeddingPool | None = None) -> None:
+                 tool_parser: OutputParser | None = None, embedding: EmbeddingPool | None = None,
+                 media_spans: tuple = ()) -> None:
         self.id = request_id
         self.embedding = embedding  # an embedding request's rows, pooled: it ends with its prompt
         self.priority = priority
         self.prompt_tokens = prompt_tokens
+        self.media = PromptMedia(media_spans, len(prompt_tokens))  # where images stand: each computed whole
         self.sampler = sampler
         self.n_keep = n_keep
         self.overflow = overflow
@@ -132,9 +135,9 @@ class Sequence:
 
     @property
     def prompt_array(self) -> np.ndarray:
-        """The prompt as int32 tokens, for comparing prefixes."""
+        """The prompt as tokens, for comparing prefixes (int64: a medium's placeholders are big)."""
         if self._prompt_array is None:
-            self._prompt_array = np.asarray(self.prompt_tokens, dtype=np.int32)
+            self._prompt_array = np.asarray(self.prompt_tokens, dtype=np.int64)
         return self._prompt_array
 
     @property
@@ -345,7 +348,7 @@ def reusable_kv_tokens(seq: Sequence, with_generated: bool) -> np.ndarray:
     num_generated_in_kv = seq.n_past - len(seq.prompt_tokens)
     if not with_generated or seq.tokens_shifted_out or num_generated_in_kv <= 0:
         return seq.prompt_array[:reusable_prompt_length(seq)]
-    return np.asarray(seq.prompt_tokens + seq.output_tokens[:num_generated_in_kv], dtype=np.int32)
+    return np.asarray(seq.prompt_tokens + seq.output_tokens[:num_generated_in_kv], dtype=np.int64)
 
 
 def scores_prompt(seq: Sequence) -> bool:

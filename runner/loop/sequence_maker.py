@@ -11,6 +11,7 @@ import warnings
 import numpy as np
 
 from ..llama.batch import Backend
+from ..llama.media import MEDIA_MARKER
 from ..config import CONTEXT_POOLINGS, DEFAULT_POOLING, RANK, OverflowPolicy, RunnerConfig
 from ..sampling.grammar import TokenConstraint
 from ..request import Request
@@ -44,6 +45,9 @@ class SequenceMaker:
         any thread; raises ValueError or BackendError when this request cannot run."""
         params = request.sampling
         text = self.prompt_text(request)
+        media = request.all_media
+        if media:
+            return self._media_sequence(request, request_id, text, media)
         tokens = self._tokens_of(request, text)
         if not tokens:
             raise ValueError("the prompt tokenizes to no tokens")
@@ -62,6 +66,11 @@ class SequenceMaker:
         if params.prompt_logprobs is not None and fit.num_dropped:
             raise ValueError(f"a scored prompt (echo with logprobs) must fit the slot's {self.window}-token window "
                              f"with its output; it has {len(tokens)} tokens")
+        return self._generating_sequence(request, request_id, text, fit, n_keep, overflow)
+
+    def _generating_sequence(self, request: Request, request_id: str, text: str, fit, n_keep: int,
+                             overflow: OverflowPolicy, media_spans: tuple = ()) -> Sequence:
+        params = request.sampling
         seed = params.seed if params.seed is not None else self._derive_seed(request_id)
         banned = self.backend.end_of_generation_tokens() if params.ignore_eos else ()
         banned_early = self.backend.end_of_generation_tokens() if params.min_tokens and not banned else ()
@@ -69,7 +78,29 @@ class SequenceMaker:
                                   self.backend.token_bytes, banned_early)
         return Sequence(request_id, fit.tokens, sampler, n_keep, overflow, fit.max_tokens,
                         prompt_tokens_dropped=fit.num_dropped, priority=request.priority,
-                        tool_parser=self.tools.parser(request, text))
+                        tool_parser=self.tools.parser(request, text), media_spans=media_spans)
+
+    def _media_sequence(self, request: Request, request_id: str, text: str, media: list[bytes]) -> Sequence:
+        """A prompt with images or audio: cut into text and media by the model's projector, and
+        never slid (a medium cut in two is not the medium): one that does not fit its window,
+        with room to generate, is refused, as is one whose output must end within it."""
+        if request.embed is not None or request.sampling.prompt_logprobs is not None:
+            raise ValueError("a prompt with media gives a generated answer only: no embedding, no prompt log "
+                             "probabilities")
+        pieces = text.split(MEDIA_MARKER)
+        if len(pieces) != len(media) + 1:
+            raise ValueError(f"the chat template wrote {len(pieces) - 1} of the request's {len(media)} media into the "
+                             f"prompt; it must write each once")
+        prompt = self.backend.tokenize_media(pieces, media)
+        if prompt.spans and prompt.spans[-1].end == len(prompt.tokens):
+            raise ValueError("the prompt ends with a medium: text must follow it (the model's answer starts from "
+                             "a text token)")
+        too_long = next((span for span in prompt.spans if span.media.num_tokens > self.backend.n_batch), None)
+        if too_long is not None:
+            raise ValueError(f"a medium takes {too_long.media.num_tokens} tokens, more than one llama_decode holds "
+                             f"(-b/--batch-size {self.backend.n_batch})")
+        fit = fit_prompt(prompt.tokens, self.window, 0, request.sampling.max_tokens, OverflowPolicy.REJECT)
+        return self._generating_sequence(request, request_id, text, fit, 0, OverflowPolicy.REJECT, prompt.spans)
 
     def _embedding_sequence(self, request: Request, request_id: str, tokens: list[int]) -> Sequence:
         """An embedding request's sequence: its whole prompt in one window (an embedding of a
@@ -102,8 +133,11 @@ class SequenceMaker:
         return request.prompt if request.prompt is not None else self.tools.render(self.backend, request)
 
     def prompt_tokens(self, request: Request) -> list[int]:
-        """The tokens a request's prompt comes to (its chat rendered with its tools). Reads only
-        the model, so it may run on any thread."""
+        """The tokens a request's prompt comes to (its chat rendered with its tools; a medium as
+        the placeholders that stand for it). Reads only the model, so it may run on any thread."""
+        media = request.all_media
+        if media:
+            return self.backend.tokenize_media(self.prompt_text(request).split(MEDIA_MARKER), media).tokens
         return self._tokens_of(request, self.prompt_text(request))
 
     def _tokens_of(self, request: Request, text: str) -> list[int]:

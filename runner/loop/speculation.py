@@ -315,7 +315,9 @@ class Speculator:
         draft, state.source = state.text.draft(most), OWN_TEXT
         if not draft and self.shared is not None:
             draft, state.source = self.shared.draft(state.text.tokens, most), SHARED_POOL
-        return draft
+        # A medium's placeholder (a negative id) is not a token the model can write: a draft
+        # ends before one.
+        return draft[:next((index for index, token in enumerate(draft) if token < 0), len(draft))]
 
     def _worthwhile_lengths(self, plan: StepPlan, candidates: dict[int, list[int]], room: int) -> dict[int, int]:
         """How many of each candidate's draft tokens to verify: the most likely tokens first, as

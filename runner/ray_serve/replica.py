@@ -134,7 +134,7 @@ class Engine:
         try:
             async with lock:
                 tokens = np.asarray(await self.app.state.server.pools.prepare(runner.prompt_tokens, item.request),
-                                    dtype=np.int32)
+                                    dtype=np.int64)
                 await self._import_from(donors[0], runner, tokens)
         except asyncio.CancelledError:
             raise

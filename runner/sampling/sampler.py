@@ -80,7 +80,9 @@ class SequenceSampler:
             self.bias_values = np.fromiter(params.logit_bias.values(), dtype=np.float32)
         self.recent: deque[int] | None = None
         if params.uses_penalties:
-            self.recent = deque(prompt_tokens[-params.repeat_last_n:], maxlen=params.repeat_last_n)
+            # A medium's placeholders (negative ids) are no tokens to penalize.
+            self.recent = deque((token for token in prompt_tokens[-params.repeat_last_n:] if token >= 0),
+                                maxlen=params.repeat_last_n)
         self.constraint = constraint
         self.token_bytes = token_bytes or (lambda token: b"")
 

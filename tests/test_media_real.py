@@ -1,0 +1,76 @@
+"""Images through llama.cpp's multimodal library on Gemma 3 270M with a tiny random projector
+(tests/tiny_projectors.py): the answer does not depend on what runs beside it or on a reused
+prefix, an image asked again is not computed again, and a model without a projector, or a
+file llama.cpp cannot decode, fails its request alone."""
+
+from __future__ import annotations
+
+import pytest
+from tiny_projectors import image_of, tiny_gemma3_projector
+
+from multiseq import Request, SamplingParams
+
+pytestmark = pytest.mark.model
+
+GREEDY = SamplingParams(max_tokens=8, temperature=0)
+IMAGES = {"png": image_of(80, 60, 1), "jpeg": image_of(50, 100, 2, "JPEG"), "alpha": image_of(40, 40, 3, alpha=True)}
+
+
+@pytest.fixture(scope="module")
+def seeing_gemma(unpacked_model, tmp_path_factory, request):
+    """Gemma 3 (loaded for batch-invariant runners) with a tiny projector for this module's
+    tests, taken off after them."""
+    gemma = unpacked_model("gemma3-270m")
+    path = tiny_gemma3_projector(tmp_path_factory.mktemp("mmproj") / "mmproj.gguf", text_embedding=640)
+    gemma.load_projector(str(path), threads=2, flash_attn="off")
+    request.addfinalizer(lambda: (gemma.projector.close(), setattr(gemma, "projector", None)))
+    return gemma
+
+
+def ask(image: bytes, question: str = "Describe this image.") -> Request:
+    return Request(messages=[{"role": "user", "content": [{"type": "image", "data": image},
+                                                         {"type": "text", "text": question}]}], sampling=GREEDY)
+
+
+def test_image_chats_are_answered_the_same_batched_and_alone(seeing_gemma, real_runner):
+    requests = [ask(image) for image in IMAGES.values()]
+    together = real_runner(seeing_gemma, 4, slot_ctx=1024, batch_invariant=True).run_batch(requests)
+    alone = [real_runner(seeing_gemma, 1, slot_ctx=1024, batch_invariant=True).run_batch([request])[0]
+             for request in requests]
+    assert [result.error for result in together] == [None] * 3
+    assert [result.text for result in together] == [result.text for result in alone]
+    # BOS, the turn's opening, <start_of_image>, 4 image tokens, <end_of_image>, the question, the model's turn
+    assert {result.prompt_tokens for result in together} == {19}
+
+
+def test_an_image_asked_again_is_reused_not_encoded_again(seeing_gemma, real_runner):
+    runner, image = real_runner(seeing_gemma, 1, slot_ctx=1024), image_of(64, 48, 9)
+    encoded_before = seeing_gemma.projector.encoded
+    runner.run_batch([ask(image)])
+    again = runner.run_batch([ask(image, "What color is it?")])[0]
+    # BOS and the turn's opening (4), <start_of_image>, the image's 4 tokens, <end_of_image>
+    assert again.prompt_tokens_cached == 10
+    assert seeing_gemma.projector.encoded - encoded_before == 1
+
+
+def test_a_reused_prefix_with_an_image_answers_as_one_computed_afresh(seeing_gemma, real_runner):
+    """Batch-invariant: a prefix is reused only up to a multiple of 4 tokens, so here to the
+    image's start (5), which is computed again: the answer is the one computed from nothing."""
+    runner = real_runner(seeing_gemma, 1, slot_ctx=1024, batch_invariant=True)
+    runner.run_batch([ask(IMAGES["jpeg"])])
+    again = runner.run_batch([ask(IMAGES["jpeg"], "What color is it?")])[0]
+    afresh = real_runner(seeing_gemma, 1, slot_ctx=1024, batch_invariant=True, prefix_cache=False).run_batch(
+        [ask(IMAGES["jpeg"], "What color is it?")])[0]
+    assert again.prompt_tokens_cached == 5 and again.text == afresh.text
+
+
+def test_a_file_llama_cpp_cannot_decode_fails_its_request_alone(seeing_gemma, real_runner):
+    broken = IMAGES["png"][:40]  # a PNG cut short
+    bad, good = real_runner(seeing_gemma, 2, slot_ctx=1024).run_batch([ask(broken), ask(IMAGES["jpeg"])])
+    assert bad.error == "media 0 is not an image or audio that llama.cpp can read (40 bytes)"
+    assert good.error is None
+
+
+def test_a_model_without_a_projector_says_it_reads_text_only(smollm, real_runner):
+    [result] = real_runner(smollm, 1).run_batch([ask(IMAGES["png"])])
+    assert result.error == "the model reads text only: give it a projector (--mmproj) to read images or audio"

@@ -1,0 +1,77 @@
+"""Images in prompts on the fake backend: a medium stands as placeholder tokens made from its
+content, is prefilled whole in a chunk of its own, is reused as a prefix like text (never from
+inside it), and a prompt that cannot hold its media is refused alone."""
+
+from __future__ import annotations
+
+from fakes import FAKE_MEDIA_TOKENS, FakeBackend, fake_media_name
+from multiseq import MEDIA_MARKER, Request, SamplingParams
+from multiseq.llama.batch import ChunkRules
+
+CAT, DOG = b"\x89PNG a cat", b"\x89PNG a dog"
+GREEDY = SamplingParams(max_tokens=8, temperature=0)
+
+
+def ask(image: bytes, question: str, **fields) -> Request:
+    return Request(messages=[{"role": "user", "content": [{"type": "image", "data": image},
+                                                         {"type": "text", "text": question}]}],
+                   sampling=GREEDY, **fields)
+
+
+def test_a_medium_is_prefilled_whole_and_alone_and_its_answer_depends_on_it(make_runner):
+    backend = FakeBackend(replies={f"<user>{fake_media_name(CAT)}What is it?<assistant>": "a cat",
+                                   f"<user>{fake_media_name(DOG)}What is it?<assistant>": "a dog"})
+    with make_runner(backend, step_tokens=4) as runner:  # a budget smaller than a medium
+        cat, dog = runner.run_batch([ask(CAT, "What is it?"), ask(DOG, "What is it?")])
+    assert (cat.text, dog.text) == ("a cat", "a dog")
+    assert sorted(placeholder for _, placeholder in backend.media_decodes) == sorted(
+        {token for token in runner.prompt_tokens(ask(CAT, "What is it?")) + runner.prompt_tokens(ask(DOG, "x"))
+         if token < 0})
+    assert cat.prompt_tokens == len("<user>What is it?<assistant>") + 1 + FAKE_MEDIA_TOKENS
+
+
+def test_one_image_asked_again_is_computed_once(make_runner):
+    backend = FakeBackend(num_slots=1)
+    with make_runner(backend) as runner:
+        first = runner.run_batch([ask(CAT, "What is it?")])[0]
+        again = runner.run_batch([ask(CAT, "What color is it?")])[0]
+    assert len(backend.media_decodes) == 1, "the second question reuses the image's KV"
+    assert again.prompt_tokens_cached >= 1 + len("<user>") + FAKE_MEDIA_TOKENS
+    assert first.error is None and again.error is None
+
+
+def test_another_image_is_not_taken_for_the_first(make_runner):
+    backend = FakeBackend(num_slots=1)
+    with make_runner(backend) as runner:
+        runner.run_batch([ask(CAT, "What is it?")])
+        other = runner.run_batch([ask(DOG, "What is it?")])[0]
+    assert other.prompt_tokens_cached == 1 + len("<user>"), "the text before the image, nothing of it"
+    assert len(backend.media_decodes) == 2
+
+
+def test_a_reused_prefix_that_would_end_inside_a_medium_ends_before_it(make_runner):
+    """The chunk rules leave the last 16 of the 26 prompt tokens to compute, so they would reuse
+    10 (inside the image, at 7 to 13): the prefix ends where the image starts."""
+    backend = FakeBackend(num_slots=1, chunk_rules=ChunkRules(min_tokens=16, alignment=1, exact_reuse=True))
+    with make_runner(backend) as runner:
+        runner.run_batch([ask(CAT, "ab")])
+        again = runner.run_batch([ask(CAT, "ac")])[0]
+    assert again.error is None and again.prompt_tokens_cached == 1 + len("<user>")
+    assert len(backend.media_decodes) == 2
+
+
+def test_a_prompt_string_places_its_media_with_the_marker(make_runner):
+    backend = FakeBackend(replies={f"Look: {fake_media_name(CAT)} Well?": "a cat"})
+    with make_runner(backend) as runner:
+        [result] = runner.run_batch([Request(prompt=f"Look: {MEDIA_MARKER} Well?", media=(CAT,), sampling=GREEDY)])
+    assert result.text == "a cat"
+
+
+def test_media_that_do_not_fit_or_cannot_be_read_fail_their_request_alone(make_runner):
+    backend = FakeBackend(window=32)
+    with make_runner(backend) as runner:
+        long, unreadable, fine = runner.run_batch([
+            ask(CAT, "x" * 40), ask(b"not an image", "What is it?"), ask(DOG, "Hi")])
+    assert "the prompt has" in long.error and "context window is 32 tokens" in long.error
+    assert unreadable.error == "media 0 is not an image or audio that llama.cpp can read (12 bytes)"
+    assert fine.error is None
