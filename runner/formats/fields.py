@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 from typing import Any
 
 from ..config import SamplingParams, is_int, is_number
 from ..sampling.grammar import ConstraintError, check_constraint
 from ..request import CHAT_ROLES
+from .item_error import ItemError
+from .media_input import MAX_MEDIA_PER_REQUEST, openai_media_part
 
 MAX_CHOICES = 128
 # OpenAI takes up to 4 stop strings; vLLM and llama.cpp clients send a few more. Every piece of
@@ -22,14 +25,6 @@ MAX_STOP_STRINGS = 16
 MAX_STOP_LENGTH = 256
 MAX_COMPLETION_LOGPROBS = 20  # as vLLM allows (OpenAI's legacy API stopped at 5)
 MAX_PROMPTS = 2048  # prompts in one completions body (OpenAI's limit)
-
-
-class ItemError(ValueError):
-    """One line's problem, said in words a user can act on; `param` names the field."""
-
-    def __init__(self, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.param = param
 
 
 def non_finite_path(value: Any) -> str | None:
@@ -255,22 +250,28 @@ def echo_fields(body: dict[str, Any], n: int) -> tuple[bool, bool, dict[str, Any
     return True, False, body
 
 
-def chat_messages(value: Any) -> list[dict[str, Any]]:
+def chat_messages(value: Any, media_root: Path | None = None) -> list[dict[str, Any]]:
     """Chat messages as the engine takes them: {role, content} with content a string or a list
-    of text parts ({"type": "text", "text"}), names dropped; an assistant's
-    `tool_calls` (content may then be null) and a tool result's `tool_call_id` kept; the
-    legacy `function_call` and `function` role mapped onto them. Non-text parts and unknown
-    fields fail, naming where they are."""
+    of parts, names dropped; an assistant's `tool_calls` (content may then be null) and a tool
+    result's `tool_call_id` kept; the legacy `function_call` and `function` role mapped onto
+    them. Images and audio (image_url, input_audio parts) become {"type": "image" | "audio",
+    "data"} parts, read from data URLs, or from files under media_root where one is given
+    (media_input.py). Unknown parts and fields fail, naming where they are."""
     if not isinstance(value, list) or not value:
         raise ItemError("'messages' must be a non-empty list of {role, content} objects", "messages")
-    return [_chat_message(message, f"messages[{index}]") for index, message in enumerate(value)]
+    messages = [_chat_message(message, f"messages[{index}]", media_root) for index, message in enumerate(value)]
+    count = sum(1 for message in messages if isinstance(message.get("content"), list)
+                for part in message["content"] if part["type"] != "text")
+    if count > MAX_MEDIA_PER_REQUEST:
+        raise ItemError(f"'messages' hold {count} images or audio; at most {MAX_MEDIA_PER_REQUEST} are taken", "messages")
+    return messages
 
 
 _MESSAGE_KEYS = {"role", "content", "name", "refusal", "tool_calls", "tool_call_id", "function_call", "audio",
                  "reasoning_content"}
 
 
-def _chat_message(message: Any, where: str) -> dict[str, Any]:
+def _chat_message(message: Any, where: str, media_root: Path | None) -> dict[str, Any]:
     if not isinstance(message, dict):
         raise ItemError(f"{where} must be an object with 'role' and 'content'", where)
     role = message.get("role")
@@ -278,12 +279,12 @@ def _chat_message(message: Any, where: str) -> dict[str, Any]:
         raise ItemError(f"{where} has role {json.dumps(role)}; expected one of {', '.join(CHAT_ROLES)}",
                         f"{where}.role")
     if message.get("audio") is not None:
-        raise ItemError(f"{where}.audio cannot be honoured: the model reads text only", f"{where}.audio")
+        raise ItemError(f"{where}.audio cannot be honoured: an assistant's audio is not read back", f"{where}.audio")
     unknown = sorted(set(message) - _MESSAGE_KEYS)
     if unknown:
         raise ItemError(f"{where} has unknown field {unknown[0]!r}", f"{where}.{unknown[0]}")
     if role in ("tool", "function"):
-        return _tool_result(message, where)
+        return _tool_result(message, where, media_root)
     calls = _assistant_calls(message, where) if role == "assistant" else None
     content = message.get("content")
     if content is None and calls:
@@ -292,7 +293,7 @@ def _chat_message(message: Any, where: str) -> dict[str, Any]:
             converted_calls["reasoning_content"] = message["reasoning_content"]
         return converted_calls
     converted: dict[str, Any] = {"role": role,
-                                 "content": _content_text(content, f"{where}.content")}
+                                 "content": _content_text(content, f"{where}.content", media_root)}
     if calls:
         converted["tool_calls"] = calls
     reasoning = message.get("reasoning_content")
@@ -303,7 +304,7 @@ def _chat_message(message: Any, where: str) -> dict[str, Any]:
     return converted
 
 
-def _tool_result(message: dict[str, Any], where: str) -> dict[str, Any]:
+def _tool_result(message: dict[str, Any], where: str, media_root: Path | None) -> dict[str, Any]:
     """A tool's result: {"role": "tool", "tool_call_id", "content"}; the legacy
     {"role": "function", "name", "content"} answers the call named after its function."""
     call_id = message.get("tool_call_id") if message["role"] == "tool" else message.get("name")
@@ -311,7 +312,7 @@ def _tool_result(message: dict[str, Any], where: str) -> dict[str, Any]:
     if not isinstance(call_id, str) or not call_id:
         raise ItemError(f"{where} is a tool result and needs a {field!r} string", f"{where}.{field}")
     result: dict[str, Any] = {"role": "tool", "tool_call_id": call_id,
-                              "content": _content_text(message.get("content") or "", f"{where}.content")}
+                              "content": _content_text(message.get("content") or "", f"{where}.content", media_root)}
     if isinstance(message.get("name"), str):
         result["name"] = message["name"]
     return result
@@ -358,22 +359,23 @@ def _arguments(value: Any, where: str) -> str:
     raise ItemError(f"{where} must be a JSON object given as text", where)
 
 
-def _content_text(content: Any, where: str) -> str | list[dict[str, str]]:
-    """A message's content: its text, or its text parts as they came (the template reads them as
-    parts where it can; elsewhere they are joined by newlines, as llama-server joins them)."""
+def _content_text(content: Any, where: str, media_root: Path | None = None) -> str | list[dict[str, Any]]:
+    """A message's content: its text, or its parts as they came: text parts (the template reads
+    them as parts where it can; elsewhere they are joined by newlines, as llama-server joins
+    them), images and audio as {"type", "data"}."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
-        raise ItemError(f"{where} must be a string or a list of text parts", where)
-    texts = []
+        raise ItemError(f"{where} must be a string or a list of parts", where)
+    parts = []
     for index, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
-        if kind != "text":
-            if isinstance(kind, str):
-                raise ItemError(f"{where}[{index}] is a {kind!r} part, which cannot be honoured: the model reads "
-                                f"text only", f"{where}[{index}].type")
+        if not isinstance(kind, str):
             raise ItemError(f"{where}[{index}] must be an object with a 'type'", f"{where}[{index}]")
+        if kind != "text":
+            parts.append(openai_media_part(part, f"{where}[{index}]", media_root))
+            continue
         if not isinstance(part.get("text"), str):
             raise ItemError(f"{where}[{index}] text part needs a 'text' string", f"{where}[{index}].text")
-        texts.append(part["text"])
-    return [{"type": "text", "text": text} for text in texts]
+        parts.append({"type": "text", "text": part["text"]})
+    return parts

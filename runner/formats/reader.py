@@ -140,10 +140,10 @@ def line_overrides(fields: dict[str, Any]) -> dict[str, Any]:
 
 def build_request(item_id: str, prompt: Any, messages: Any, overrides: dict[str, Any],
                   defaults: SamplingParams, constraint_field: str = "response_format",
-                  tools: dict[str, Any] | None = None) -> Request:
-    """A Request from one item's parts (`tools`: its tool fields as Request keywords);
-    ItemError names what is wrong. A schema or grammar is compiled here, so a bad one fails
-    its line before the run starts."""
+                  tools: dict[str, Any] | None = None, media_root: Path | None = None) -> Request:
+    """A Request from one item's parts (`tools`: its tool fields as Request keywords; media
+    files read under media_root); ItemError names what is wrong. A schema or grammar is
+    compiled here, so a bad one fails its line before the run starts."""
     if tools and messages is None:
         raise ItemError("tools need 'messages': a prompt is not rendered by the chat template", "tools")
     if prompt is None and messages is None:
@@ -151,7 +151,7 @@ def build_request(item_id: str, prompt: Any, messages: Any, overrides: dict[str,
     if prompt is not None and not isinstance(prompt, tuple) and (not isinstance(prompt, str) or not prompt.strip()):
         raise ItemError("'prompt' must be a non-empty string", "prompt")
     if messages is not None:
-        messages = chat_messages(messages)
+        messages = chat_messages(messages, media_root)
     try:
         sampling = dataclasses.replace(defaults, **overrides)
     except ValueError as error:
@@ -204,7 +204,7 @@ def _reject_unknown(fields: set[str], known: set[str]) -> None:
 
 # --- readers --------------------------------------------------------------------------------
 
-def parse_jsonl_line(text: str, line_number: int, defaults: SamplingParams) -> PromptItem:
+def parse_jsonl_line(text: str, line_number: int, defaults: SamplingParams, media_root: Path | None = None) -> PromptItem:
     """One JSONL line: {"id"?, "prompt" | "messages", "n"?, per-item sampling fields}, or an
     embeddings line: {"id"?, "input", "pooling"?}."""
     item_id = str(line_number)
@@ -217,7 +217,7 @@ def parse_jsonl_line(text: str, line_number: int, defaults: SamplingParams) -> P
         _reject_unknown(set(data), _JSONL_FIELDS | set(SAMPLING_FIELDS))
         n = choice_count(data.get("n", 1))
         request = build_request(item_id, data.get("prompt"), data.get("messages"), line_overrides(data), defaults,
-                                constraint_param(data), tool_overrides(data))
+                                constraint_param(data), tool_overrides(data), media_root)
         return PromptItem(line_number, item_id, request, is_chat="messages" in data, n=n)
     except ItemError as error:
         return PromptItem(line_number, item_id, None, f"line {line_number}: {error}", error_param=error.param)
@@ -245,7 +245,8 @@ def parse_text_line(text: str, line_number: int, defaults: SamplingParams, mode:
     return PromptItem(line_number, item_id, request, is_chat=mode is TextMode.CHAT)
 
 
-def parse_openai_line(text: str, line_number: int, defaults: SamplingParams) -> PromptItem:
+def parse_openai_line(text: str, line_number: int, defaults: SamplingParams,
+                      media_root: Path | None = None) -> PromptItem:
     """One OpenAI Batch API input line: {custom_id, method, url, body}."""
     item_id = str(line_number)
     is_chat = False
@@ -262,7 +263,7 @@ def parse_openai_line(text: str, line_number: int, defaults: SamplingParams) -> 
             requests = embeddings_body_requests(item_id, body)
             return embeddings_item(item_id, requests, encoding_format(body), body.get("dimensions"), line_number)
         is_chat = url == CHAT_URL
-        return openai_body_item(item_id, data.get("body"), is_chat, defaults, line_number)
+        return openai_body_item(item_id, data.get("body"), is_chat, defaults, line_number, media_root)
     except ItemError as error:
         return PromptItem(line_number, item_id, None, f"line {line_number}: {error}", is_chat=is_chat,
                           error_param=error.param)
@@ -275,7 +276,7 @@ def _openai_url(url: Any) -> str:
 
 
 def openai_body_item(item_id: str, body: Any, is_chat: bool, defaults: SamplingParams,
-                     line_number: int = 0) -> PromptItem:
+                     line_number: int = 0, media_root: Path | None = None) -> PromptItem:
     """One OpenAI request body, for /v1/chat/completions (is_chat) or /v1/completions: what a
     Batch API line carries and what the server receives. The one translation of a body into
     requests; ItemError (naming the field) when it cannot run."""
@@ -285,7 +286,8 @@ def openai_body_item(item_id: str, body: Any, is_chat: bool, defaults: SamplingP
     if is_chat:
         if body.get("echo"):
             raise ItemError("field 'echo' cannot be honoured for chat: it repeats a completions prompt", "echo")
-        return PromptItem(line_number, item_id, _openai_request(item_id, body, is_chat, defaults), is_chat=is_chat, n=n)
+        return PromptItem(line_number, item_id, _openai_request(item_id, body, is_chat, defaults, media_root),
+                          is_chat=is_chat, n=n)
     prompts = completion_prompts(body.get("prompt"))
     echo, echo_only, body = echo_fields(body, n)
     requests = tuple(_openai_request(item_id, body | {"prompt": prompt}, is_chat, defaults) for prompt in prompts)
@@ -304,7 +306,8 @@ def unknown_body_fields(body: dict[str, Any], is_chat: bool) -> list[str]:
     return sorted(set(body) - _known_body_fields(is_chat))
 
 
-def _openai_request(item_id: str, body: dict[str, Any], is_chat: bool, defaults: SamplingParams) -> Request:
+def _openai_request(item_id: str, body: dict[str, Any], is_chat: bool, defaults: SamplingParams,
+                    media_root: Path | None = None) -> Request:
     content_field = "messages" if is_chat else "prompt"
     if content_field not in body:
         raise ItemError(f"{content_field!r} is required for {CHAT_URL if is_chat else COMPLETIONS_URL}",
@@ -316,14 +319,14 @@ def _openai_request(item_id: str, body: dict[str, Any], is_chat: bool, defaults:
     _reject_unknown(set(fields), _known_body_fields(is_chat))
     overrides = line_overrides(fields) | extra
     return build_request(item_id, fields.get("prompt"), fields.get("messages"), overrides, defaults,
-                         constraint_param(fields), tool_overrides(fields) if is_chat else None)
+                         constraint_param(fields), tool_overrides(fields) if is_chat else None, media_root)
 
 
 def parse_line(line: RawLine, prompt_format: PromptFormat, defaults: SamplingParams,
-               text_mode: TextMode = TextMode.CHAT) -> PromptItem | None:
+               text_mode: TextMode = TextMode.CHAT, media_root: Path | None = None) -> PromptItem | None:
     """One line of a prompts file as an item (None for a blank line). Whatever its bytes, the
     result is a request or an error naming the line: bytes that are not UTF-8 are that line's
-    error, never the file's."""
+    error, never the file's. Images a line names by path are read under media_root."""
     if line.is_blank:
         return None
     try:
@@ -331,9 +334,9 @@ def parse_line(line: RawLine, prompt_format: PromptFormat, defaults: SamplingPar
     except LineDecodeError as error:
         return PromptItem(line.number, str(line.number), None, f"line {line.number}: {error}")
     if prompt_format is PromptFormat.JSONL:
-        return parse_jsonl_line(text, line.number, defaults)
+        return parse_jsonl_line(text, line.number, defaults, media_root)
     if prompt_format is PromptFormat.OPENAI:
-        return parse_openai_line(text, line.number, defaults)
+        return parse_openai_line(text, line.number, defaults, media_root)
     return parse_text_line(text, line.number, defaults, text_mode)
 
 
@@ -353,9 +356,10 @@ def line_id(line: RawLine, prompt_format: PromptFormat) -> str | None:
 
 def read_prompts(path: Path, prompt_format: PromptFormat, defaults: SamplingParams,
                  text_mode: TextMode = TextMode.CHAT) -> Iterator[PromptItem]:
-    """The file's items, lazily, in file order: one line is read and parsed at a time."""
+    """The file's items, lazily, in file order: one line is read and parsed at a time. Images
+    a line names by path are read from the file's folder (and below)."""
     for line in iter_lines(path):
-        item = parse_line(line, prompt_format, defaults, text_mode)
+        item = parse_line(line, prompt_format, defaults, text_mode, path.parent)
         if item is not None:
             yield item
 

@@ -54,7 +54,7 @@ def scan_file(path: Path, prompt_format: PromptFormat, strict: bool, defaults: S
     collector = HashCollector()
     scan = FileScan(num_items=0)
     for line in iter_lines(path):
-        item_id = _check_line(line, prompt_format, strict, defaults, text_mode, scan)
+        item_id = _check_line(line, prompt_format, strict, defaults, text_mode, scan, path.parent)
         if item_id is not None:
             collector.add(item_id)
     scan.num_items = len(collector)
@@ -69,11 +69,11 @@ def scan_file(path: Path, prompt_format: PromptFormat, strict: bool, defaults: S
 
 
 def _check_line(line, prompt_format: PromptFormat, strict: bool, defaults: SamplingParams, text_mode: TextMode,
-                scan: FileScan) -> str | None:
+                scan: FileScan, media_root: Path) -> str | None:
     """The line's id (None when blank); with `strict`, its error is noted in the scan."""
     if not strict:
         return line_id(line, prompt_format)
-    item = parse_line(line, prompt_format, defaults, text_mode)
+    item = parse_line(line, prompt_format, defaults, text_mode, media_root)
     if item is None:
         return None
     if not item.is_valid:
