@@ -148,6 +148,7 @@ class Projector:
         self._embeddings: OrderedDict[int, np.ndarray] = OrderedDict()
         self._embedding_bytes = 0
         self.encoded = 0  # media chunks encoded (a chunk found in the cache is not counted)
+        self.encode_seconds = 0.0
 
     def close(self) -> None:
         if self._ctx:
@@ -243,8 +244,10 @@ class Projector:
             if found is not None:
                 self._embeddings.move_to_end(media.placeholder)
                 return found
+            started = time.perf_counter()
             if self._mtmd.mtmd_encode_chunk(self._ctx, media.chunk) != 0:
                 raise BackendError("llama.cpp could not encode a media chunk")
+            self.encode_seconds += time.perf_counter() - started
             pointer = self._mtmd.mtmd_get_output_embd(self._ctx)
             rows = np.ctypeslib.as_array(pointer, shape=(media.num_tokens, self.n_embd)).copy()
             self.encoded += 1
@@ -281,6 +284,8 @@ class MediaDecoder:
         self._num_seq_ids = np.ctypeslib.as_array(self._batch.n_seq_id, shape=(capacity,))
         self._outputs = np.ctypeslib.as_array(self._batch.logits, shape=(capacity,))
         self.last_seconds = 0.0  # the last step's media decodes, llama_decode alone
+        self.decoded = self.tokens_decoded = 0  # media chunks prefilled (a reused one is not), their tokens
+        self.projector = projector
 
     def close(self) -> None:
         if self._batch is not None:
@@ -330,6 +335,8 @@ class MediaDecoder:
             if media.non_causal:
                 llama.llama_set_causal_attn(ctx, True)
         self.last_seconds += time.perf_counter() - started
+        self.decoded += code == 0
+        self.tokens_decoded += count if code == 0 else 0
         if code == 1:
             raise NoKvSlot("llama_decode found no KV slot for a media chunk")
         if code != 0:

@@ -145,6 +145,13 @@ class _EngineCollector:
                        "were output", stats.draft_tokens_accepted)
         if snapshot.host_cache is not None:
             yield from _ram_cache_metrics(snapshot.host_cache)
+        media = getattr(runner.backend, "media", None)
+        if media is not None:
+            yield _counter("multiseq_media_encoded", "Images or audio encoded by the projector (one found in its "
+                           "cache, or reused as a prefix, is not)", media.projector.encoded)
+            yield _counter("multiseq_media_encode_seconds", "Time the projector spent encoding", media.projector.encode_seconds)
+            yield _counter("multiseq_media_prefilled", "Images or audio decoded into a slot's KV (a reused one is not)",
+                           media.decoded)
 
 
 def _pool_metrics(pool: PoolSnapshot, runner: Runner) -> Iterator[Metric]:

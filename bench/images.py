@@ -1,0 +1,248 @@
+"""Images against llama-server: the same model (Gemma 3 270M) and projector (random weights, made
+here with tests/tiny_projectors.py), the same images, through `multiseq serve --mmproj` and
+`llama-server --mmproj` (built from the same sources by bench/peers.py).
+
+    python bench/images.py [same] [questions] [captions] [--threads 2]
+
+- same: 16 images (PNG, JPEG, GIF, BMP, one with alpha; 24 to 300 pixels a side), one question
+  each, greedy, one at a time on -np 1 with flash attention off and a full-size sliding-window
+  cache on both (the tiny projector: 4 tokens an image): answers and prompt token counts
+  compared. Then in process, batch-invariant: the 16 on 16 slots against each alone, and a
+  second question on each image (its prefix reused) against the same asked afresh.
+- questions: one image, 8 questions sent at once to -np 8 (a projector in a small VLM's shapes:
+  SmolVLM-256M's SigLIP tower, 12 layers of 768, 512-pixel images in 16-pixel patches, 64 image
+  tokens): wall time on both; multiseq's /metrics say how often the image was encoded and
+  prefilled.
+- captions: 64 images, one question each, 16 slots, the same projector: images per second on
+  both, and multiseq's time encoding.
+
+Prints a line per result and, last, one JSON line of the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(REPO / "tests"))
+from peers import _free_port, _stop, ensure_llama_tools, start_server  # noqa: E402
+from templates import post  # noqa: E402
+from tiny_projectors import image_of, tiny_gemma3_projector  # noqa: E402
+
+MODEL = "gemma3-270m"
+TEXT_EMBEDDING = 640  # Gemma 3 270M's width
+SMOLVLM_TOWER = dict(image_size=512, patch=16, merge=4, embedding=768, heads=12, feed_forward=3072, layers=12)
+
+
+def sixteen_images() -> list[bytes]:
+    formats = ["PNG", "JPEG", "GIF", "BMP"]
+    sizes = [(24, 24), (40, 30), (64, 64), (100, 50), (50, 100), (128, 96), (200, 200), (300, 120)]
+    images = [image_of(*sizes[index % len(sizes)], seed=index, image_format=formats[index % 4]) for index in range(15)]
+    return images + [image_of(48, 48, seed=99, alpha=True)]
+
+
+def data_url(image: bytes) -> str:
+    kind = {b"\x89P": "png", b"\xff\xd8": "jpeg", b"GI": "gif", b"BM": "bmp"}[image[:2]]
+    return f"data:image/{kind};base64,{base64.b64encode(image).decode()}"
+
+
+def chat(image: bytes, question: str, max_tokens: int) -> dict:
+    return {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_url(image)}},
+                                                      {"type": "text", "text": question}]}],
+            "max_tokens": max_tokens, "temperature": 0, "top_k": 1}
+
+
+def answer(base: str, body: dict) -> dict:
+    reply = post(base, "/v1/chat/completions", body)
+    if "error" in reply:
+        return {"error": str(reply["error"])[:200]}
+    return {"text": reply["choices"][0]["message"]["content"], "prompt_tokens": reply["usage"]["prompt_tokens"]}
+
+
+class Servers:
+    """llama-server and multiseq serve on the same model and projector, one at a time."""
+
+    def __init__(self, projector: Path, parallel: int, threads: int, workdir: Path) -> None:
+        from multiseq import models
+
+        self.model = models.resolve(MODEL)
+        self.projector, self.parallel, self.threads, self.workdir = projector, parallel, threads, workdir
+
+    def commands(self, port: int) -> dict[str, list[str]]:
+        both = ["--mmproj", str(self.projector), "-np", str(self.parallel), "-t", str(self.threads), "-fa", "off"]
+        return {
+            "llama-server": [str(ensure_llama_tools().server), "-m", str(self.model.path), "--chat-template-file",
+                             self.model.chat_template_fallback, *both, "-c", str(2048 * self.parallel), "--swa-full",
+                             "--no-webui", "--port", str(port)],
+            "multiseq": [sys.executable, "-m", "multiseq.cli.main", "serve", "-m", MODEL, *both, "--slot-ctx", "2048",
+                         "--port", str(port)],
+        }
+
+    def run(self, name: str, work):
+        port = _free_port()
+        process, base = start_server(self.commands(port)[name], self.workdir / f"{name}.log", port)
+        try:
+            return work(base)
+        finally:
+            _stop(process)
+
+
+def metrics(base: str) -> dict[str, float]:
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(base + "/metrics", timeout=30) as response:
+        lines = response.read().decode().splitlines()
+    return {line.split()[0]: float(line.split()[1]) for line in lines
+            if line.startswith("multiseq_media") or line.startswith("multiseq_prompt_tokens")}
+
+
+def at_once(base: str, bodies: list[dict]) -> tuple[list[dict], float]:
+    results: list[dict] = [{}] * len(bodies)
+
+    def send(index: int) -> None:
+        results[index] = answer(base, bodies[index])
+
+    started = time.perf_counter()
+    threads = [threading.Thread(target=send, args=(index,)) for index in range(len(bodies))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return results, time.perf_counter() - started
+
+
+def same(args, workdir: Path, figures: dict) -> None:
+    projector = tiny_gemma3_projector(workdir / "tiny-mmproj.gguf", TEXT_EMBEDDING)
+    images = sixteen_images()
+    bodies = [chat(image, "Describe this image.", 16) for image in images]
+    servers = Servers(projector, 1, args.threads, workdir)
+    theirs = servers.run("llama-server", lambda base: [answer(base, body) for body in bodies])
+    ours = servers.run("multiseq", lambda base: [answer(base, body) for body in bodies])
+    same_text = sum(1 for a, b in zip(theirs, ours) if "text" in a and a == b)
+    for index, (a, b) in enumerate(zip(theirs, ours)):
+        print(f"image {index:2d}: prompt tokens {a.get('prompt_tokens')}/{b.get('prompt_tokens')} "
+              f"{'same' if a == b else 'DIFFERENT'} {json.dumps(b.get('text', b.get('error')))[:50]}", flush=True)
+    batched, reused = _in_process(projector, images)
+    figures["same"] = {"images": len(images), "same_as_llama_server": same_text, "batched_equal_alone": batched,
+                       "reused_equal_recomputed": reused}
+    print(f"same answer as llama-server: {same_text}/16; 16 slots == alone: {batched}/16; reused == afresh: "
+          f"{reused}/16", flush=True)
+
+
+def _in_process(projector: Path, images: list[bytes]) -> tuple[int, int]:
+    from multiseq import Request, Runner, RunnerConfig, SamplingParams
+
+    def ask(image: bytes, question: str) -> Request:
+        return Request(messages=[{"role": "user", "content": [{"type": "image", "data": image},
+                                                             {"type": "text", "text": question}]}],
+                       sampling=SamplingParams(max_tokens=16, temperature=0))
+
+    def runner(parallel: int, **config) -> Runner:
+        return Runner(RunnerConfig(model=MODEL, mmproj=str(projector), parallel=parallel, slot_ctx=1024,
+                                   batch_invariant=True, **config))
+
+    with runner(16) as together:
+        batched = together.run_batch([ask(image, "Describe this image.") for image in images])
+    with runner(1) as alone:
+        single = [alone.run_batch([ask(image, "Describe this image.")])[0] for image in images]
+        again = [alone.run_batch([ask(image, "What is in it?")])[0] for image in images]
+    with runner(1, prefix_cache=False) as afresh:
+        fresh = [afresh.run_batch([ask(image, "What is in it?")])[0] for image in images]
+    return (sum(a.text == b.text for a, b in zip(batched, single)),
+            sum(a.text == b.text for a, b in zip(again, fresh)))
+
+
+def questions(args, workdir: Path, figures: dict) -> None:
+    projector = _smolvlm_projector(workdir)
+    image = image_of(512, 512, seed=7, image_format="JPEG")
+    asked = ["Describe this image.", "What colors are in it?", "Is there a person?", "What is in the corner?",
+             "Is it day or night?", "How many objects are there?", "What style is it?", "Give it a title."]
+    bodies = [chat(image, question, 24) for question in asked]
+    servers = Servers(projector, 8, args.threads, workdir)
+    found = {}
+    for name in ("llama-server", "multiseq"):
+        def work(base: str, name=name) -> None:
+            results, seconds = at_once(base, bodies)
+            errors = [result["error"] for result in results if "error" in result]
+            found[name] = {"seconds": round(seconds, 2), "errors": errors[:2]}
+            if name == "multiseq":
+                found[name]["metrics"] = metrics(base)
+        servers.run(name, work)
+        print(f"{name}: 8 questions about one image in {found[name]['seconds']} s {found[name].get('metrics', '')}",
+              flush=True)
+    found["ratio"] = round(found["multiseq"]["seconds"] / found["llama-server"]["seconds"], 3)
+    figures["questions"] = found
+
+
+def captions(args, workdir: Path, figures: dict) -> None:
+    projector = _smolvlm_projector(workdir)
+    images = [image_of(512, 384, seed=1000 + index, image_format="JPEG") for index in range(args.images)]
+    bodies = [chat(image, "Describe this image in one sentence.", 16) for image in images]
+    servers = Servers(projector, 16, args.threads, workdir)
+    found = {}
+    for name in ("llama-server", "multiseq"):
+        def work(base: str, name=name) -> None:
+            results, seconds = _sixteen_clients(base, bodies)
+            found[name] = {"seconds": round(seconds, 2), "images_per_s": round(len(bodies) / seconds, 3),
+                           "errors": [result["error"] for result in results if "error" in result][:2]}
+            if name == "multiseq":
+                found[name]["metrics"] = metrics(base)
+        servers.run(name, work)
+        print(f"{name}: {len(bodies)} captions in {found[name]['seconds']} s ({found[name]['images_per_s']} images/s)",
+              flush=True)
+    found["ratio"] = round(found["multiseq"]["images_per_s"] / found["llama-server"]["images_per_s"], 3)
+    figures["captions"] = found
+
+
+def _sixteen_clients(base: str, bodies: list[dict]) -> tuple[list[dict], float]:
+    """16 clients, each sending its next body as its last is answered."""
+    results: list[dict] = [{}] * len(bodies)
+    queue = list(range(len(bodies)))
+    lock = threading.Lock()
+
+    def client() -> None:
+        while True:
+            with lock:
+                if not queue:
+                    return
+                index = queue.pop(0)
+            results[index] = answer(base, bodies[index])
+
+    started = time.perf_counter()
+    threads = [threading.Thread(target=client) for _ in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return results, time.perf_counter() - started
+
+
+def _smolvlm_projector(workdir: Path) -> Path:
+    path = workdir / "smolvlm-shaped-mmproj.gguf"
+    return path if path.exists() else tiny_gemma3_projector(path, TEXT_EMBEDDING, **SMOLVLM_TOWER)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("parts", nargs="*", default=["same", "questions", "captions"],
+                        choices=["same", "questions", "captions"])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--images", type=int, default=64, help="captions: how many images")
+    args = parser.parse_args()
+    figures: dict = {}
+    with tempfile.TemporaryDirectory() as folder:
+        for part in args.parts:
+            {"same": same, "questions": questions, "captions": captions}[part](args, Path(folder), figures)
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()
