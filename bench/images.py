@@ -62,7 +62,7 @@ def chat(image: bytes, question: str, max_tokens: int) -> dict:
 
 
 def answer(base: str, body: dict) -> dict:
-    reply = post(base, "/v1/chat/completions", body)
+    reply = post(base, "/v1/chat/completions", body, timeout=1800)  # a queue of images takes minutes
     if "error" in reply:
         return {"error": str(reply["error"])[:200]}
     return {"text": reply["choices"][0]["message"]["content"], "prompt_tokens": reply["usage"]["prompt_tokens"]}

@@ -81,12 +81,12 @@ CONVERSATIONS: dict[str, dict] = {
 }
 
 
-def post(base: str, path: str, body: dict) -> dict:
+def post(base: str, path: str, body: dict, timeout: float = 60) -> dict:
     request = urllib.request.Request(base + path, data=json.dumps(body).encode(), method="POST",
                                      headers={"Content-Type": "application/json"})
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     try:
-        with opener.open(request, timeout=60) as response:
+        with opener.open(request, timeout=timeout) as response:
             return json.loads(response.read())
     except urllib.error.HTTPError as error:
         text = error.read().decode("utf-8", "replace")
