@@ -5,10 +5,18 @@ file llama.cpp cannot decode, fails its request alone."""
 
 from __future__ import annotations
 
+import base64
+import json
+import urllib.request
+
+import anthropic
+import openai
 import pytest
+from helpers import serving
 from tiny_projectors import image_of, tiny_gemma3_projector
 
 from multiseq import Request, SamplingParams
+from multiseq.server import ServerSettings, create_app
 
 pytestmark = pytest.mark.model
 
@@ -74,3 +82,35 @@ def test_a_file_llama_cpp_cannot_decode_fails_its_request_alone(seeing_gemma, re
 def test_a_model_without_a_projector_says_it_reads_text_only(smollm, real_runner):
     [result] = real_runner(smollm, 1).run_batch([ask(IMAGES["png"])])
     assert result.error == "the model reads text only: give it a projector (--mmproj) to read images or audio"
+
+
+def data_url(image: bytes, kind: str = "png") -> str:
+    return f"data:image/{kind};base64,{base64.b64encode(image).decode()}"
+
+
+def test_the_three_apis_answer_an_image_as_the_engine_does(seeing_gemma, real_runner):
+    """One image and question through Chat Completions (image_url), Responses (input_image) and
+    Messages (an image block), with the official clients: the answer the engine gives, every
+    time; /props and /v1/models say the model reads images."""
+    runner = real_runner(seeing_gemma, 2, slot_ctx=1024, batch_invariant=True)
+    expected = runner.run_batch([ask(IMAGES["jpeg"])])[0].text
+    url = data_url(IMAGES["jpeg"], "jpeg")
+    with serving(create_app(runner, ServerSettings(model_name="gemma"))) as base:
+        chat = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0).chat.completions.create(
+            model="gemma", max_tokens=8, temperature=0, messages=[{"role": "user", "content": [
+                {"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "Describe this image."}]}])
+        response = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0).responses.create(
+            model="gemma", max_output_tokens=8, temperature=0, input=[{"role": "user", "content": [
+                {"type": "input_image", "image_url": url}, {"type": "input_text", "text": "Describe this image."}]}])
+        message = anthropic.Anthropic(base_url=base, api_key="unused", max_retries=0).messages.create(
+            model="gemma", max_tokens=8, extra_body={"temperature": 0}, messages=[{"role": "user", "content": [
+                {"type": "image", "source": {"type": "base64", "media_type": "image/jpeg",
+                                             "data": base64.b64encode(IMAGES["jpeg"]).decode()}},
+                {"type": "text", "text": "Describe this image."}]}])
+        props = json.loads(urllib.request.urlopen(f"{base}/props").read())
+        card = json.loads(urllib.request.urlopen(f"{base}/v1/models").read())["data"][0]
+    assert chat.choices[0].message.content == expected
+    assert response.output_text == expected
+    assert "".join(block.text for block in message.content if block.type == "text") == expected
+    assert props["modalities"] == {"vision": True, "audio": False}
+    assert card["capabilities"] == ["completion", "multimodal"]

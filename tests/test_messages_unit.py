@@ -130,8 +130,13 @@ def test_stop_sequences_streaming_and_counting():
     ({"messages": []}, "messages", "non-empty"),
     ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role", "'user', 'assistant' or 'system'"),
     ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content", "string or a list"),
-    ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "messages[0].content[0].type",
-     "'image' blocks are not supported"),
+    ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "messages[0].content[0].source",
+     "must be base64 data"),
+    ({"messages": [{"role": "user", "content": [{"type": "image", "source": {
+        "type": "base64", "media_type": "image/png", "data": "aGVsbG8="}}]}]}, "messages[0].content[0].source.data",
+     "is not an image or audio in a format multiseq reads"),
+    ({"messages": [{"role": "user", "content": [{"type": "document", "source": {}}]}]}, "messages[0].content[0].type",
+     "'document' blocks are not supported"),
     ({"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "document"}]}]},
      "messages[0].content[1].type", "'document'"),
     ({"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": [
@@ -156,7 +161,7 @@ def test_a_bad_body_is_a_400_naming_the_field(fields, field, reason):
 def test_count_tokens_needs_no_max_tokens_but_checks_the_rest():
     assert translate_request({"model": MODEL, "messages": [{"role": "user", "content": "Hi"}]}, for_counting=True)
     assert refusal({"model": MODEL, "messages": [{"role": "user", "content": [{"type": "image"}]}]},
-                   for_counting=True).param == "messages[0].content[0].type"
+                   for_counting=True).param == "messages[0].content[0].source"
 
 
 def test_errors_are_in_anthropics_shape_with_the_same_status():
@@ -486,7 +491,7 @@ def test_errors_are_in_anthropics_shape_and_name_the_field(server):
         client.messages.create(model=MODEL, max_tokens=8, messages=[{"role": "user", "content": [
             {"type": "text", "text": "What is this?"},
             {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}]}])
-    assert_anthropic_error(bad_block.value.body, "invalid_request_error", "messages[0].content[1].type")
+    assert_anthropic_error(bad_block.value.body, "invalid_request_error", "messages[0].content[1].source.data")
     with pytest.raises(anthropic.BadRequestError) as orphan:
         client.messages.create(model=MODEL, max_tokens=8, messages=[
             {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"},
@@ -570,3 +575,18 @@ def test_a_system_message_between_turns_is_kept_where_it_stands():
         {"role": "user", "content": "Again"}]}).chat_body
     assert [message["role"] for message in body["messages"]] == ["user", "system", "user"]
     assert body["messages"][1]["content"] == "Be brief."
+
+
+def test_image_blocks_become_the_chats_image_parts_in_their_place():
+    import base64
+
+    from tiny_projectors import image_of
+
+    png = base64.b64encode(image_of(8, 8, seed=1)).decode()
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": png}}
+    request = translate_request({"model": MODEL, "max_tokens": 8, "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "Compare"}, image, {"type": "text", "text": "with"},
+                                     image]}]})
+    assert request.chat_body["messages"] == [{"role": "user", "content": [
+        {"type": "text", "text": "Compare"}, {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{png}"}},
+        {"type": "text", "text": "with"}, {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{png}"}}]}]

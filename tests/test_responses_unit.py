@@ -189,6 +189,10 @@ def test_fields_codex_sends_are_accepted_and_unknown_ones_ignored():
     ({"input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": {}}]}, "input[0].arguments"),
     ({"input": [{"role": "tool", "content": "a"}]}, "input[0].role"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
+     "input[0].content[0].image_url"),
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "file_id": "file-1"}]}]},
+     "input[0].content[0].image_url"),
+    ({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "file-1"}]}]},
      "input[0].content[0].type"),
     ({"input": [{"type": "web_search_call", "id": "ws_1"}]}, "input[0].type"),
     ({"input": [{"content": "no role"}]}, "input[0].type"),
@@ -657,3 +661,15 @@ def test_a_reasoning_item_comes_back_as_the_next_turns_reasoning_content():
     assert messages[1] == {"role": "assistant", "content": None, "reasoning_content": "Call the tool.", "tool_calls": [
         {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}]}
     assert messages[3] == {"role": "assistant", "content": "Sunny."}
+
+
+def test_an_input_image_becomes_the_chats_image_part_in_its_place():
+    import base64
+
+    from tiny_projectors import image_of
+
+    url = "data:image/png;base64," + base64.b64encode(image_of(8, 8, seed=1)).decode()
+    request = parse_request({"input": [{"role": "user", "content": [
+        {"type": "input_text", "text": "What is it?"}, {"type": "input_image", "image_url": url}]}]})
+    assert chat_body(request, [])["messages"] == [{"role": "user", "content": [
+        {"type": "text", "text": "What is it?"}, {"type": "image_url", "image_url": {"url": url}}]}]

@@ -297,6 +297,8 @@ class LlamaBackend:
         self.can_shift = self.slot_kv.can_shift
         self._batch = _BatchBuffers(n_batch)
         self.media = MediaDecoder(llama, model.projector, n_batch) if model.projector is not None else None
+        self.modalities = {"vision": bool(model.projector and model.projector.reads_images),
+                           "audio": bool(model.projector and model.projector.reads_audio)}
         self.graph_sampling = SlotChains(llama, self._ctx, self._batch, model.n_vocab)
         self.n_embd = llama.llama_model_n_embd_out(model.handle)
         self.embedding_output = EmbeddingOutput(llama, self.n_embd, llama.llama_model_n_cls_out(model.handle)

@@ -58,7 +58,15 @@ async def metrics(request: HttpRequest) -> Response:
 
 
 def _model_card(state: ServerState) -> dict[str, Any]:
-    return {"id": state.settings.model_name, "object": "model", "created": 0, "owned_by": "multiseq"}
+    card = {"id": state.settings.model_name, "object": "model", "created": 0, "owned_by": "multiseq"}
+    if state.runner is not None and any(_modalities(state.runner).values()):
+        card["capabilities"] = ["completion", "multimodal"]  # as llama-server lists a model that reads media
+    return card
+
+
+def _modalities(runner) -> dict[str, bool]:
+    """What the model reads besides text, as llama-server's /props says it."""
+    return getattr(runner.backend, "modalities", None) or {"vision": False, "audio": False}
 
 
 async def props(request: HttpRequest) -> Response:
@@ -69,6 +77,7 @@ async def props(request: HttpRequest) -> Response:
         raise ApiError(503, "The model is still loading.", SERVER_ERROR)
     return JSONResponse({"model": state.settings.model_name, "tool_format": state.runner.tool_family,
                          "total_slots": state.runner.config.parallel, "slot_ctx": state.runner.window,
+                         "modalities": _modalities(state.runner),
                          "embedding": {"pooling": state.runner.pooling, "n_embd": state.runner.backend.n_embd}})
 
 

@@ -11,6 +11,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from ..formats.item_error import ItemError
+from ..formats.media_input import checked, medium_bytes
 from ..tools.types import Tool
 from .errors import ApiError
 
@@ -20,7 +22,7 @@ from .errors import ApiError
 BLOCK_SEPARATOR = "\n"
 TOOL_ERROR_PREFIX = "Error: "  # Chat Completions tool messages have no is_error: the text says it
 # Blocks a local text model cannot read: refused by name rather than silently dropped.
-UNREADABLE_BLOCKS = ("image", "document")
+UNREADABLE_BLOCKS = ("document",)
 # Reasoning a client cannot read back (redacted); a thinking block's text becomes the turn's
 # reasoning_content, which a thinking template renders where it keeps reasoning.
 DROPPED_BLOCKS = ("thinking", "redacted_thinking")
@@ -168,26 +170,54 @@ def _blocks(content: Any, path: str) -> list[dict[str, Any]]:
         if not isinstance(kind, str):
             raise invalid(f"{path}[{index}].type", "each content block needs a type")
         if kind in UNREADABLE_BLOCKS:
-            raise invalid(f"{path}[{index}].type", f"'{kind}' blocks are not supported: this server runs a "
-                                                    "text-only model")
+            raise invalid(f"{path}[{index}].type", f"'{kind}' blocks are not supported: send a document's text, "
+                                                    "or its pages as images")
     return content
 
 
 def _user_messages(blocks: list[dict[str, Any]], path: str, tool_uses: dict[str, str]) -> list[dict[str, Any]]:
     """A user turn: its tool results as tool messages, in order, then its text as one user
     message (Anthropic puts the results first; a turn of results only has no user message)."""
-    results, texts = [], []
+    results, parts = [], []
     for index, block in enumerate(blocks):
         kind, where = block["type"], f"{path}[{index}]"
         if kind == "text":
-            texts.append(_text_of(block, where))
+            parts.append({"type": "text", "text": _text_of(block, where)})
+        elif kind == "image":
+            parts.append(_image_part(block, where))
         elif kind == "tool_result":
             results.append(_tool_message(block, where, tool_uses))
         elif kind not in DROPPED_BLOCKS:
             raise invalid(f"{where}.type", f"'{kind}' blocks are not allowed in a user message")
-    if texts or not results:
-        results.append({"role": "user", "content": BLOCK_SEPARATOR.join(texts)})
+    if parts or not results:
+        results.append({"role": "user", "content": _content_of(parts)})
     return results
+
+
+def _content_of(parts: list[dict[str, Any]]) -> str | list[dict[str, Any]]:
+    """Text blocks as one text (a newline between two); with images, the parts in order, which
+    the chat path joins the same way around them."""
+    if any(part["type"] != "text" for part in parts):
+        return parts
+    return BLOCK_SEPARATOR.join(part["text"] for part in parts)
+
+
+def _image_part(block: dict[str, Any], path: str) -> dict[str, Any]:
+    """An image block ({"source": {"type": "base64", "media_type", "data"}}) as a chat part."""
+    source = block.get("source")
+    if not isinstance(source, dict) or source.get("type") != "base64":
+        raise invalid(f"{path}.source", "an image's source must be base64 data ({'type': 'base64', 'media_type', "
+                                        "'data'}): this server fetches nothing")
+    media_type, data = source.get("media_type"), source.get("data")
+    if not isinstance(media_type, str) or not isinstance(data, str) or not data:
+        raise invalid(f"{path}.source", "an image's source needs a 'media_type' and base64 'data'")
+    url = f"data:{media_type};base64,{data}"
+    where = f"{path}.source.data"
+    try:  # checked here, so that an error names the block's own field
+        checked(medium_bytes(url, where), where, "image")
+    except ItemError as error:
+        raise invalid(where, str(error).removeprefix(where).strip()) from None
+    return {"type": "image_url", "image_url": {"url": url}}
 
 
 def _tool_message(block: dict[str, Any], path: str, tool_uses: dict[str, str]) -> dict[str, Any]:
@@ -198,14 +228,19 @@ def _tool_message(block: dict[str, Any], path: str, tool_uses: dict[str, str]) -
         raise invalid(f"{path}.tool_use_id", f"unexpected tool_use_id {json.dumps(tool_use_id)}: each tool_result "
                                              "must answer a tool_use block of the previous (assistant) message")
     content = block.get("content", "")
-    if isinstance(content, list):
-        content = BLOCK_SEPARATOR.join(_text_of(part, f"{path}.content[{index}]") for index, part in enumerate(content))
+    if isinstance(content, list):  # text and images (a tool that reads an image file returns one)
+        content = _content_of([_image_part(part, f"{path}.content[{index}]") if isinstance(part, dict) and
+                               part.get("type") == "image" else {"type": "text", "text": _text_of(
+                                   part, f"{path}.content[{index}]")} for index, part in enumerate(content)])
     elif not isinstance(content, str):
-        raise invalid(f"{path}.content", "must be a string or a list of text blocks")
+        raise invalid(f"{path}.content", "must be a string or a list of text and image blocks")
     is_error = block.get("is_error", False)
     if is_error is not None and not isinstance(is_error, bool):
         raise invalid(f"{path}.is_error", "must be true or false")
-    return {"role": "tool", "tool_call_id": tool_use_id, "content": TOOL_ERROR_PREFIX + content if is_error else content}
+    if is_error:
+        content = TOOL_ERROR_PREFIX + content if isinstance(content, str) else \
+            [{"type": "text", "text": TOOL_ERROR_PREFIX}, *content]
+    return {"role": "tool", "tool_call_id": tool_use_id, "content": content}
 
 
 def _assistant_message(blocks: list[dict[str, Any]], path: str) -> dict[str, Any]:

@@ -11,6 +11,8 @@ import uuid
 from collections.abc import Iterable
 from typing import Any
 
+from ..formats.item_error import ItemError
+from ..formats.media_input import checked, medium_bytes
 from .errors import INVALID_REQUEST, ApiError
 
 MESSAGE_ROLES = ("user", "assistant", "system", "developer")
@@ -98,14 +100,30 @@ def _content_part(part: Any, where: str) -> dict[str, Any]:
     kind = part.get("type") if isinstance(part, dict) else None
     if kind == "refusal" and isinstance(part.get("refusal"), str):
         return {"type": "refusal", "refusal": part["refusal"]}
+    if kind == "input_image":
+        return _image_part(part, where)
     if kind not in TEXT_PART_TYPES:
         if isinstance(kind, str):
             raise bad_request(f"{where}.type", f"{where} is an {json.dumps(kind)} part, which this server cannot "
-                                               f"honour: the model reads text only (input_text, output_text).")
+                                               f"honour: the parts are input_text, output_text and input_image.")
         raise bad_request(where, f"{where} must be an object with a 'type'.")
     if not isinstance(part.get("text"), str):
         raise bad_request(f"{where}.text", f"{where}.text must be a string.")
     return text_part(kind, part["text"])
+
+
+def _image_part(part: dict[str, Any], where: str) -> dict[str, Any]:
+    """An input_image part with its image as a data URL (file ids name nothing stored here),
+    checked here so that an error names the part's own field."""
+    url = part.get("image_url")
+    if not isinstance(url, str) or not url:
+        raise bad_request(f"{where}.image_url", f"{where}.image_url must be the image as a data URL "
+                                                f"(data:image/png;base64,...); file_id is not taken.")
+    try:
+        checked(medium_bytes(url, f"{where}.image_url"), f"{where}.image_url", "image")
+    except ItemError as error:
+        raise bad_request(error.param or f"{where}.image_url", f"{error}.") from None
+    return {"type": "input_image", "image_url": url, "detail": part.get("detail", "auto")}
 
 
 def text_part(kind: str, text: str) -> dict[str, Any]:
@@ -182,6 +200,11 @@ def _reasoning_text(item: dict[str, Any]) -> str:
                    if isinstance(part, dict) and part.get("type") == "reasoning_text" and isinstance(part.get("text"), str))
 
 
-def message_text(item: dict[str, Any]) -> str:
-    """A message item's text: its parts joined by newlines, as the chat path joins parts."""
-    return "\n".join(part["text"] if "text" in part else part["refusal"] for part in item["content"])
+def message_text(item: dict[str, Any]) -> str | list[dict[str, Any]]:
+    """A message item's content for the chat path: its text parts joined by newlines, as the
+    chat path joins parts; with images, the parts in order (the chat path joins them alike)."""
+    if not any(part["type"] == "input_image" for part in item["content"]):
+        return "\n".join(part["text"] if "text" in part else part["refusal"] for part in item["content"])
+    return [{"type": "image_url", "image_url": {"url": part["image_url"]}} if part["type"] == "input_image"
+            else {"type": "text", "text": part["text"] if "text" in part else part["refusal"]}
+            for part in item["content"]]
