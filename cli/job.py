@@ -76,6 +76,7 @@ class BatchJob:
     dashboard: bool | None
     open_runner: Callable[[RunnerConfig], OpenedRunner]
     errors_file: Path | None = None  # failed lines go here, as OpenAI's error file (None: with the results)
+    media_root: Path | None = None  # where images the lines name are read (None: the prompts file's folder)
 
     def run(self, interrupts: Interrupts) -> int:
         """The exit code (errors before the run are raised as click exceptions)."""
@@ -112,7 +113,7 @@ class BatchJob:
         sniff_text(self.prompts_file)
         file_format = self.prompt_format or detect_format(self.prompts_file)
         scan = scan_file(self.prompts_file, file_format, self.strict, self.defaults, self.text_mode,
-                         keep_id_hashes=self.resume)
+                         keep_id_hashes=self.resume, media_root=self.media_root)
         if scan.duplicates:
             raise InputError("duplicate ids in the input: " + "; ".join(scan.duplicates))
         if self.strict and scan.num_bad:
@@ -147,7 +148,7 @@ class BatchJob:
             raise click.UsageError(f"cannot write --errors {self.errors_file}: {error.strerror or error}") from None
 
     def _items(self, file_format: PromptFormat, done: IdSet) -> Iterator[PromptItem]:
-        items = read_prompts(self.prompts_file, file_format, self.defaults, self.text_mode)
+        items = read_prompts(self.prompts_file, file_format, self.defaults, self.text_mode, self.media_root)
         return (item for item in items if item.id not in done) if len(done) else items
 
     def _run_model(self, file_format: PromptFormat, scan: FileScan, done: IdSet, sink: ResultSink,

@@ -28,6 +28,7 @@ from ..server.limits import (DEFAULT_KEEP_ALIVE_SECONDS, DEFAULT_MAX_BATCH_LINES
 from ..server.routing import ROUTINGS
 from ..models.folders import DATA_DIR_VARIABLE
 from .dashboard import ServerDashboard
+from .images import DEFAULT_IMAGE_PROMPT, image_prompts_file
 from .job import BatchJob, OpenedRunner, check_chat_template
 from .options import (SERVE_STEP_TOKENS, StreamInterval, engine_options, overflow_option, runner_config,
                       sampling_defaults, sampling_options)
@@ -73,8 +74,24 @@ def info_command(model: str | None, as_json: bool) -> None:
 
 # --- batch-run -----------------------------------------------------------------------------
 
-@cli.command("batch-run")
-@click.argument("prompts_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+class _BatchRunCommand(click.Command):
+    """batch-run, which takes a prompts file or --images DIR: exactly one, checked as its
+    arguments are parsed (as click checks a required argument)."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        rest = super().parse_args(ctx, args)
+        if (ctx.params.get("prompts_file") is None) == (ctx.params.get("images_dir") is None):
+            raise click.UsageError("give a PROMPTS_FILE, or --images DIR (not both)", ctx)
+        return rest
+
+
+@cli.command("batch-run", cls=_BatchRunCommand)
+@click.argument("prompts_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=False)
+@click.option("--images", "images_dir", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="Instead of a prompts file: ask --prompt about every image in this folder (and below), a "
+                   "result per file, its path as the id (--resume takes up where a run stopped). Needs --mmproj.")
+@click.option("--prompt", "image_prompt", default=DEFAULT_IMAGE_PROMPT, show_default=True,
+              help="With --images: what is asked about each image.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
               help="Results file (JSON lines). Default: standard output.")
 @click.option("--format", "prompt_format", type=click.Choice([f.value for f in PromptFormat]),
@@ -100,14 +117,15 @@ def info_command(model: str | None, as_json: bool) -> None:
 @click.option("--worker-gpus", type=click.FloatRange(0), help="GPUs Ray gives each worker (with --ray; Ray hides "
               "the GPUs from a worker that asks for none, so give 1 with -ngl). Default: 0.")
 @click.option("-v", "--verbose", is_flag=True, help="Show llama.cpp warnings.")
-def batch_run(prompts_file: Path, output: Path | None, prompt_format: str | None, text_mode: str, order: str,
-              errors_file: Path | None, resume: bool, strict: bool, stats_json: Path | None, dashboard: bool | None,
-              ray_address: str | None, workers: int | None, worker_gpus: float | None, verbose: bool,
-              **options) -> None:
+def batch_run(prompts_file: Path | None, images_dir: Path | None, image_prompt: str, output: Path | None,
+              prompt_format: str | None, text_mode: str, order: str, errors_file: Path | None, resume: bool,
+              strict: bool, stats_json: Path | None, dashboard: bool | None, ray_address: str | None,
+              workers: int | None, worker_gpus: float | None, verbose: bool, **options) -> None:
     """Run every prompt in PROMPTS_FILE and write one result per line.
 
     PROMPTS_FILE is JSON lines ({"id"?, "prompt" | "messages", ...}), plain text (one prompt
-    per line) or an OpenAI Batch API input file, of any size: it is read as the run goes. Results
+    per line) or an OpenAI Batch API input file, of any size: it is read as the run goes; or,
+    with --images DIR, the images of a folder, each asked --prompt. Results
     follow the same format (OpenAI Batch output for OpenAI input); --errors FILE puts the failed
     lines in FILE (rewritten on each run, --resume included). A summary goes to standard error.
     Exit code: 0 when every item succeeded, 1 when some failed or were cancelled, 2 for a usage
@@ -116,6 +134,11 @@ def batch_run(prompts_file: Path, output: Path | None, prompt_format: str | None
     logging.getLogger("multiseq.llama").setLevel(logging.WARNING if verbose else logging.ERROR)
     defaults = sampling_defaults(options)
     config = runner_config(options)
+    media_root = None
+    if images_dir is not None:
+        if not config.mmproj:
+            raise click.UsageError("--images needs the model's projector: --mmproj FILE")
+        prompts_file, media_root = image_prompts_file(images_dir, image_prompt), images_dir
     open_runner = _open_runner
     if ray_address is not None:
         if dashboard:
@@ -127,7 +150,7 @@ def batch_run(prompts_file: Path, output: Path | None, prompt_format: str | None
         raise click.UsageError(f"{'--workers' if workers is not None else '--worker-gpus'} needs --ray")
     job = BatchJob(prompts_file, output, PromptFormat(prompt_format) if prompt_format else None, TextMode(text_mode),
                    defaults, config, order == "input", resume, strict, stats_json, dashboard, open_runner,
-                   errors_file)
+                   errors_file, media_root)
     with Interrupts() as interrupts:
         try:
             code = job.run(interrupts)

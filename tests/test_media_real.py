@@ -114,3 +114,28 @@ def test_the_three_apis_answer_an_image_as_the_engine_does(seeing_gemma, real_ru
     assert "".join(block.text for block in message.content if block.type == "text") == expected
     assert props["modalities"] == {"vision": True, "audio": False}
     assert card["capabilities"] == ["completion", "multimodal"]
+
+
+def test_batch_run_captions_a_folder_and_resumes_it(tmp_path, run_cli):
+    """batch-run --images DIR: a result per image file, its path the id; a file that is no image
+    fails alone; --resume runs what did not succeed."""
+    projector = tiny_gemma3_projector(tmp_path / "mmproj.gguf", text_embedding=640)
+    photos = tmp_path / "photos"
+    (photos / "2026").mkdir(parents=True)
+    (photos / "cat.png").write_bytes(IMAGES["png"])
+    (photos / "2026" / "dog.jpg").write_bytes(IMAGES["jpeg"])
+    (photos / "notes.png").write_bytes(b"not an image at all")
+    out = tmp_path / "captions.jsonl"
+    common = ["batch-run", "--images", str(photos), "-m", "gemma3-270m", "--mmproj", str(projector), "-n", "4",
+              "--temperature", "0", "-o", str(out), "--no-dashboard"]
+    first = run_cli(*common)
+    records = {record["id"]: record for record in map(json.loads, out.read_text().splitlines())}
+    assert first.exit_code == 1 and sorted(records) == ["2026/dog.jpg", "cat.png", "notes.png"]
+    assert records["cat.png"]["error"] is None and records["cat.png"]["prompt_tokens"] == 19
+    assert "notes.png" not in records or "is not an image or audio" in records["notes.png"]["error"]
+    (photos / "notes.png").write_bytes(IMAGES["alpha"])
+    again = run_cli(*common, "--resume")
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert again.exit_code == 0 and sorted(record["id"] for record in records) == ["2026/dog.jpg", "cat.png",
+                                                                                  "notes.png"]
+    assert all(record["error"] is None for record in records)

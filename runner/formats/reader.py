@@ -355,11 +355,11 @@ def line_id(line: RawLine, prompt_format: PromptFormat) -> str | None:
 
 
 def read_prompts(path: Path, prompt_format: PromptFormat, defaults: SamplingParams,
-                 text_mode: TextMode = TextMode.CHAT) -> Iterator[PromptItem]:
+                 text_mode: TextMode = TextMode.CHAT, media_root: Path | None = None) -> Iterator[PromptItem]:
     """The file's items, lazily, in file order: one line is read and parsed at a time. Images
-    a line names by path are read from the file's folder (and below)."""
+    a line names by path are read from media_root (default: the file's folder) and below."""
     for line in iter_lines(path):
-        item = parse_line(line, prompt_format, defaults, text_mode, path.parent)
+        item = parse_line(line, prompt_format, defaults, text_mode, media_root or path.parent)
         if item is not None:
             yield item
 

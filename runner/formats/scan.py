@@ -44,7 +44,7 @@ class FileScan:
 
 
 def scan_file(path: Path, prompt_format: PromptFormat, strict: bool, defaults: SamplingParams, text_mode: TextMode,
-              keep_id_hashes: bool = False) -> FileScan:
+              keep_id_hashes: bool = False, media_root: Path | None = None) -> FileScan:
     """Count the items; find duplicate ids (not in text files, whose ids are line numbers);
     with `strict`, parse every line and keep the first errors; with `keep_id_hashes`, keep
     each item's id hash (sorted) for count_done."""
@@ -54,7 +54,7 @@ def scan_file(path: Path, prompt_format: PromptFormat, strict: bool, defaults: S
     collector = HashCollector()
     scan = FileScan(num_items=0)
     for line in iter_lines(path):
-        item_id = _check_line(line, prompt_format, strict, defaults, text_mode, scan, path.parent)
+        item_id = _check_line(line, prompt_format, strict, defaults, text_mode, scan, media_root or path.parent)
         if item_id is not None:
             collector.add(item_id)
     scan.num_items = len(collector)
