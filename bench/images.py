@@ -15,6 +15,8 @@ here with tests/tiny_projectors.py), the same images, through `multiseq serve --
   prefilled.
 - captions: 64 images, one question each, 16 slots, the same projector: images per second on
   both, and multiseq's time encoding.
+- streams: 16 text chats streaming 200 tokens each while an image request (the same projector)
+  comes every 2 s after the last was answered: the longest gap between two chunks of a stream.
 
 Prints a line per result and, last, one JSON line of the figures.
 """
@@ -202,6 +204,66 @@ def captions(args, workdir: Path, figures: dict) -> None:
     figures["captions"] = found
 
 
+def streams(args, workdir: Path, figures: dict) -> None:
+    """16 text chats streaming (EOS ignored, so every stream runs its length) while an image
+    request comes every few seconds: the longest gap between two chunks of any stream, from
+    the first image on (before it, the streams' own prompts are prefilled)."""
+    projector = _smolvlm_projector(workdir)
+    servers = Servers(projector, 17, args.threads, workdir)
+    found = {}
+    for name in ("llama-server", "multiseq"):
+        found[name] = servers.run(name, lambda base: _gaps_beside_images(base, args.images_beside))
+        print(f"{name}: longest gap {found[name]['longest_gap_s']} s, median gap {found[name]['median_gap_s']} s, "
+              f"images answered in {found[name]['image_seconds']} s", flush=True)
+    found["ratio"] = round(found["multiseq"]["longest_gap_s"] / found["llama-server"]["longest_gap_s"], 3)
+    figures["streams"] = found
+
+
+def _gaps_beside_images(base: str, num_images: int) -> dict:
+    gaps: list[float] = []
+    long_gaps: list[tuple[float, float]] = []
+    lock = threading.Lock()
+    origin = time.perf_counter()
+
+    def stream(index: int) -> None:
+        body = json.dumps({"messages": [{"role": "user", "content": f"Tell me a long story about the number {index}."}],
+                           "max_tokens": 200, "temperature": 0, "ignore_eos": True, "stream": True}).encode()
+        request = urllib.request.Request(base + "/v1/chat/completions", data=body, method="POST",
+                                         headers={"Content-Type": "application/json"})
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        last = None
+        with opener.open(request, timeout=1800) as response:
+            for line in response:
+                if not line.startswith(b"data: {"):
+                    continue
+                now = time.perf_counter()
+                if last is not None and last - origin >= 3:  # after the streams' prompts, from the first image on
+                    with lock:
+                        gaps.append(now - last)
+                        if now - last > 0.4:
+                            long_gaps.append((round(last - origin, 2), round(now - last, 3)))
+                last = now
+
+    streamers = [threading.Thread(target=stream, args=(index,)) for index in range(16)]
+    for thread in streamers:
+        thread.start()
+    time.sleep(3)  # the streams are flowing
+    image_seconds = []
+    sent_at = []
+    for index in range(num_images):
+        started = time.perf_counter()
+        sent_at.append(round(started - origin, 2))
+        answer(base, chat(image_of(512, 384, seed=5000 + index, image_format="JPEG"), "Describe this image.", 4))
+        image_seconds.append(round(time.perf_counter() - started, 2))
+        time.sleep(2)
+    for thread in streamers:
+        thread.join()
+    gaps.sort()
+    return {"longest_gap_s": round(gaps[-1], 3), "median_gap_s": round(gaps[len(gaps) // 2], 3),
+            "image_seconds": image_seconds, "chunks": len(gaps), "images_sent_at_s": sent_at,
+            "gaps_over_0_4_s": sorted(set(long_gaps))[:12]}
+
+
 def _sixteen_clients(base: str, bodies: list[dict]) -> tuple[list[dict], float]:
     """16 clients, each sending its next body as its last is answered."""
     results: list[dict] = [{}] * len(bodies)
@@ -232,15 +294,17 @@ def _smolvlm_projector(workdir: Path) -> Path:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("parts", nargs="*", default=["same", "questions", "captions"],
-                        choices=["same", "questions", "captions"])
+    parser.add_argument("parts", nargs="*", default=["same", "questions", "captions", "streams"],
+                        choices=["same", "questions", "captions", "streams"])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--images", type=int, default=64, help="captions: how many images")
+    parser.add_argument("--images-beside", type=int, default=3, help="streams: images sent beside the streams")
     args = parser.parse_args()
     figures: dict = {}
     with tempfile.TemporaryDirectory() as folder:
         for part in args.parts:
-            {"same": same, "questions": questions, "captions": captions}[part](args, Path(folder), figures)
+            {"same": same, "questions": questions, "captions": captions, "streams": streams}[part](
+                args, Path(folder), figures)
     print(json.dumps(figures))
 
 

@@ -140,6 +140,20 @@ def fake_prompt_text(tokens: list[int]) -> str:
     return text.decode("utf-8", "replace")
 
 
+class FakeMediaChunk(MediaChunk):
+    """A medium whose encoding beside the steps takes `backend.encode_checks` readiness checks."""
+
+    def __init__(self, backend: FakeBackend, placeholder: int) -> None:
+        super().__init__(None, None, placeholder, FAKE_MEDIA_TOKENS, True)
+        self.backend = backend
+
+    def ready(self, encode_beside: bool) -> bool:
+        if not encode_beside:
+            return True
+        self.backend.beside_checks.append(self.placeholder)
+        return self.backend.beside_checks.count(self.placeholder) > self.backend.encode_checks
+
+
 class FakeBackend:
     media_names: dict[int, str] = {}  # placeholder -> fake_media_name, for every medium seen
     def __init__(self, num_slots: int = 4, window: int = 256, n_batch: int = 64, replies: dict[str, str] | None = None,
@@ -188,6 +202,8 @@ class FakeBackend:
         self.has_pending_token = [False] * num_slots
         self.calls: list[DecodeCall] = []
         self.media_decodes: list[tuple[int, int]] = []  # (slot, placeholder) of every medium decoded
+        self.encode_checks = 3  # steps a medium encoded beside them takes (FakeMediaChunk)
+        self.beside_checks: list[int] = []  # placeholders asked for while a stream was watched
         self.shifts: list[tuple[int, int, int]] = []
         self.reuses: list[tuple[int, int, int]] = []  # (slot, source slot, length) of every reused prefix
         self.saves: list[int] = []  # slots whose state was saved to host memory
@@ -222,7 +238,7 @@ class FakeBackend:
                 raise ValueError(f"media {index} is not an image or audio that llama.cpp can read ({len(data)} bytes)")
             placeholder = placeholder_of(b"fake projector", data)
             FakeBackend.media_names[placeholder] = fake_media_name(data)
-            spans.append(MediaSpan(len(tokens), MediaChunk(None, None, placeholder, FAKE_MEDIA_TOKENS, True)))
+            spans.append(MediaSpan(len(tokens), FakeMediaChunk(self, placeholder)))
             tokens += [placeholder] * FAKE_MEDIA_TOKENS + list(text.encode("utf-8"))
         return MediaPrompt(tokens, tuple(spans))
 

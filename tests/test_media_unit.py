@@ -75,3 +75,24 @@ def test_media_that_do_not_fit_or_cannot_be_read_fail_their_request_alone(make_r
     assert "the prompt has" in long.error and "context window is 32 tokens" in long.error
     assert unreadable.error == "media 0 is not an image or audio that llama.cpp can read (12 bytes)"
     assert fine.error is None
+
+
+def test_a_medium_is_encoded_beside_the_steps_while_a_stream_is_watched(make_runner):
+    """With a stream decoding, the image waits for its encoding beside the steps (the stream's
+    tokens keep coming); with none, the step that needs the image encodes it at once."""
+    backend = FakeBackend(num_slots=2)
+    with make_runner(backend, autostart=False) as runner:
+        stream = runner.submit(Request(prompt="Tell me", sampling=SamplingParams(max_tokens=30, temperature=0)),
+                               stream=True)
+        runner.step()  # the stream's prompt
+        image = runner.submit(ask(CAT, "What is it?"))
+        while not image.done:
+            runner.step()
+        while not stream.done:
+            runner.step()
+        assert image.result().error is None and stream.result().error is None
+    assert backend.beside_checks.count(backend.media_decodes[0][1]) == backend.encode_checks + 1
+    quiet = FakeBackend(num_slots=2)
+    with make_runner(quiet) as runner:
+        runner.run_batch([Request(prompt="Tell me", sampling=GREEDY), ask(CAT, "What is it?")])
+    assert quiet.beside_checks == [] and len(quiet.media_decodes) == 1

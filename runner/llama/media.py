@@ -55,16 +55,24 @@ class MediaChunk:
     how many tokens it takes, whether the model attends across all of them at once (Gemma 3's
     images), and llama.cpp's chunk, freed with this object."""
 
-    def __init__(self, mtmd: ModuleType, chunk, placeholder: int, num_tokens: int, non_causal: bool) -> None:
+    def __init__(self, mtmd: ModuleType, chunk, placeholder: int, num_tokens: int, non_causal: bool,
+                 projector: Projector | None = None) -> None:
         self._mtmd = mtmd
         self._chunk = chunk
         self.placeholder = placeholder
         self.num_tokens = num_tokens
         self.non_causal = non_causal
+        self._projector = weakref.ref(projector) if projector is not None else None
 
     @property
     def chunk(self):
         return self._chunk
+
+    def ready(self, encode_beside: bool) -> bool:
+        """Whether it may be decoded now: its embeddings are at hand, or (encode_beside False)
+        the step may encode it; else it is queued for the encoder thread (see Projector.ready)."""
+        projector = self._projector() if self._projector is not None else None
+        return projector is None or projector.ready(self) or not encode_beside
 
     def __del__(self) -> None:
         if getattr(self, "_chunk", None):
@@ -143,17 +151,58 @@ class Projector:
                                f"later), which multiseq does not run yet")
         self.n_embd = llama.llama_model_n_embd_inp(model_handle)
         self._identity = _file_identity(Path(path))
-        self._lock = threading.Lock()  # mtmd's context encodes one chunk at a time
+        self._lock = threading.Lock()  # the held chunks, the embeddings kept, the queue to encode
+        self._encoding = threading.Lock()  # mtmd's context encodes one chunk at a time
         self._held: weakref.WeakValueDictionary[int, MediaChunk] = weakref.WeakValueDictionary()
         self._embeddings: OrderedDict[int, np.ndarray] = OrderedDict()
         self._embedding_bytes = 0
+        self._queue: OrderedDict[int, MediaChunk] = OrderedDict()  # media to encode, oldest first
+        self._wake = threading.Condition(self._lock)
+        self._encoder: threading.Thread | None = None
+        self._closing = False
         self.encoded = 0  # media chunks encoded (a chunk found in the cache is not counted)
         self.encode_seconds = 0.0
 
     def close(self) -> None:
+        with self._lock:
+            self._closing = True
+            self._wake.notify_all()
+        if self._encoder is not None:
+            self._encoder.join()
         if self._ctx:
             self._mtmd.mtmd_free(self._ctx)
             self._ctx = None
+
+    def ready(self, media: MediaChunk) -> bool:
+        """Whether the chunk's embeddings are at hand; if not, it is queued for the encoder
+        thread, which encodes while the engine decodes the other sequences: an image's encoding
+        takes seconds on a CPU, and done in the step it would stop every stream. (Beside the
+        decodes it runs slower, the two sharing the cores: where no stream is watched, the step
+        encodes instead.)"""
+        with self._lock:
+            if media.placeholder in self._embeddings:
+                return True
+            if media.placeholder not in self._queue and not self._closing:
+                self._queue[media.placeholder] = media
+                self._wake.notify()
+                if self._encoder is None:
+                    self._encoder = threading.Thread(target=self._encode_queued, name="multiseq-media-encoder",
+                                                     daemon=True)
+                    self._encoder.start()
+            return False
+
+    def _encode_queued(self) -> None:
+        while True:
+            with self._lock:
+                while not self._queue and not self._closing:
+                    self._wake.wait()
+                if self._closing:
+                    return
+                _, media = self._queue.popitem(last=False)
+            try:
+                self.embeddings(media)
+            except BackendError:  # the decode encodes it again, and fails its request with the reason
+                pass
 
     def tokenize(self, texts: list[str], media: list[bytes]) -> MediaPrompt:
         """The tokens of texts with media between them (texts[0], media[0], texts[1], ...), BOS
@@ -226,7 +275,7 @@ class Projector:
             mtmd = self._mtmd
             media = MediaChunk(mtmd, mtmd.mtmd_input_chunk_copy(chunk), placeholder,
                                mtmd.mtmd_input_chunk_get_n_tokens(chunk),
-                               bool(mtmd.mtmd_decode_use_non_causal(self._ctx, chunk)))
+                               bool(mtmd.mtmd_decode_use_non_causal(self._ctx, chunk)), self)
             self._held[placeholder] = media
             return media
 
@@ -238,21 +287,32 @@ class Projector:
 
     def embeddings(self, media: MediaChunk) -> np.ndarray:
         """The chunk's embeddings (num_tokens, n_embd), encoded once and kept while they fit
-        EMBEDDING_CACHE_BYTES (the most recently used first)."""
-        with self._lock:
-            found = self._embeddings.get(media.placeholder)
+        EMBEDDING_CACHE_BYTES (the most recently used first). Kept ones are found without
+        waiting for an encode under way."""
+        found = self._kept(media.placeholder)
+        if found is not None:
+            return found
+        with self._encoding:
+            found = self._kept(media.placeholder)  # the encoder thread may have made it meanwhile
             if found is not None:
-                self._embeddings.move_to_end(media.placeholder)
                 return found
             started = time.perf_counter()
             if self._mtmd.mtmd_encode_chunk(self._ctx, media.chunk) != 0:
                 raise BackendError("llama.cpp could not encode a media chunk")
-            self.encode_seconds += time.perf_counter() - started
             pointer = self._mtmd.mtmd_get_output_embd(self._ctx)
             rows = np.ctypeslib.as_array(pointer, shape=(media.num_tokens, self.n_embd)).copy()
+        with self._lock:
+            self.encode_seconds += time.perf_counter() - started
             self.encoded += 1
             self._keep(media.placeholder, rows)
-            return rows
+        return rows
+
+    def _kept(self, placeholder: int) -> np.ndarray | None:
+        with self._lock:
+            found = self._embeddings.get(placeholder)
+            if found is not None:
+                self._embeddings.move_to_end(placeholder)
+            return found
 
     def _keep(self, placeholder: int, rows: np.ndarray) -> None:
         self._embeddings[placeholder] = rows

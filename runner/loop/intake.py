@@ -52,6 +52,7 @@ class Intake:
             self._inbox.forget(handle.id)
             self._reject(handle, error)
             return handle
+        seq.streams = stream or on_piece is not None
         has_worker = self._inbox.post_request(seq)
         if not has_worker:  # no worker drains the inbox: queue it now (a step() may be running)
             with self._lock:

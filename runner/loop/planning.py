@@ -132,6 +132,9 @@ class StepPlanner:
                 prefilling, decoding = prefilling[:1], []
             else:
                 prefilling = []
+        # A medium not encoded yet is encoded beside the steps while a stream is being watched
+        # (it would stop for the encoding), in the step that needs it otherwise (faster).
+        streaming = any(seq.streams for seq in decoding)
         chunks: dict[int, Chunk] = {}
         for seq in decoding:
             chunks[seq.slot] = Chunk(seq, BatchEntry(seq.slot, [seq.last_token], seq.n_past, True), False)
@@ -152,8 +155,9 @@ class StepPlanner:
                 length = seq.num_prompt_remaining if seq.num_prompt_remaining <= room else 0
             elif media is not None:
                 # A media chunk goes whole, in a chunk of its own (its embeddings are a decode of
-                # their own), when the decode has room for it.
-                length = media.media.num_tokens if media.media.num_tokens <= room else 0
+                # their own), when the decode has room for it and its embeddings are at hand.
+                fits = media.media.num_tokens <= room
+                length = media.media.num_tokens if fits and media.media.ready(encode_beside=streaming) else 0
             else:
                 # Text up to the next media chunk, cut by the rules as a prompt's rest would be.
                 length = self._chunk_length(start, seq.media.text_before(start), min(room, max(budget, floor)))

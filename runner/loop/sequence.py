@@ -94,6 +94,7 @@ class Sequence:
         self.priority = priority
         self.prompt_tokens = prompt_tokens
         self.media = PromptMedia(media_spans, len(prompt_tokens))  # where images stand: each computed whole
+        self.streams = False  # its pieces are watched as they come (a stream, not a batch line)
         self.sampler = sampler
         self.n_keep = n_keep
         self.overflow = overflow
@@ -110,8 +111,7 @@ class Sequence:
         self.n_past = 0  # tokens in the slot's KV; the next token goes at this position
         self._prompt_array: np.ndarray | None = None
         self.tokens_shifted_out = 0
-        # Draft tokens verified for it (speculative decoding), and how many came true and were output.
-        self.num_drafted = self.num_draft_accepted = 0
+        self.num_drafted = self.num_draft_accepted = 0  # draft tokens verified for it, and kept (output)
         self.is_window_exhausted = False  # the window filled up and could not slide
         self.schema_error: str | None = None  # why the finished output does not validate
         self.submitted_at = time.perf_counter() if submitted_at is None else submitted_at
