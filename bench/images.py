@@ -17,6 +17,7 @@ here with tests/tiny_projectors.py), the same images, through `multiseq serve --
   both, and multiseq's time encoding.
 - streams: 16 text chats streaming 200 tokens each while an image request (the same projector)
   comes every 2 s after the last was answered: the longest gap between two chunks of a stream.
+- memory: 500 image requests in process, each image new: the resident memory after each 50.
 
 Prints a line per result and, last, one JSON line of the figures.
 """
@@ -264,6 +265,33 @@ def _gaps_beside_images(base: str, num_images: int) -> dict:
             "gaps_over_0_4_s": sorted(set(long_gaps))[:12]}
 
 
+def memory(args, workdir: Path, figures: dict) -> None:
+    """500 image requests (each image new) through the engine in process: its resident memory
+    after each 50, the embeddings kept (bounded by EMBEDDING_CACHE_BYTES) and the media chunks
+    still held (only those of prompts not yet ended)."""
+    from multiseq import Request, Runner, RunnerConfig, SamplingParams
+
+    projector = tiny_gemma3_projector(workdir / "tiny-mmproj.gguf", TEXT_EMBEDDING)
+    marks = []
+    with Runner(RunnerConfig(model=MODEL, mmproj=str(projector), parallel=8, slot_ctx=512)) as runner:
+        for batch in range(10):
+            results = runner.run_batch([Request(messages=[{"role": "user", "content": [
+                {"type": "image", "data": image_of(64, 48, seed=batch * 100 + index, image_format="JPEG")},
+                {"type": "text", "text": "Describe this image."}]}], sampling=SamplingParams(max_tokens=2))
+                for index in range(50)])
+            assert all(result.error is None for result in results), results[0].error
+            marks.append(round(_resident_mib()))
+        kept = runner.backend.model.projector
+        figures["memory"] = {"rss_mib_after_each_50": marks, "encoded": kept.encoded,
+                             "embeddings_kept_mib": round(kept._embedding_bytes / 2**20, 2), "chunks_held": len(kept._held)}
+    print(f"resident memory after each 50 image requests: {marks} MiB; {figures['memory']}", flush=True)
+
+
+def _resident_mib() -> float:
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmRSS")) / 1024
+
+
 def _sixteen_clients(base: str, bodies: list[dict]) -> tuple[list[dict], float]:
     """16 clients, each sending its next body as its last is answered."""
     results: list[dict] = [{}] * len(bodies)
@@ -294,8 +322,8 @@ def _smolvlm_projector(workdir: Path) -> Path:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("parts", nargs="*", default=["same", "questions", "captions", "streams"],
-                        choices=["same", "questions", "captions", "streams"])
+    parser.add_argument("parts", nargs="*", default=["same", "questions", "captions", "streams", "memory"],
+                        choices=["same", "questions", "captions", "streams", "memory"])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--images", type=int, default=64, help="captions: how many images")
     parser.add_argument("--images-beside", type=int, default=3, help="streams: images sent beside the streams")
@@ -303,7 +331,7 @@ def main() -> None:
     figures: dict = {}
     with tempfile.TemporaryDirectory() as folder:
         for part in args.parts:
-            {"same": same, "questions": questions, "captions": captions, "streams": streams}[part](
+            {"same": same, "questions": questions, "captions": captions, "streams": streams, "memory": memory}[part](
                 args, Path(folder), figures)
     print(json.dumps(figures))
 
