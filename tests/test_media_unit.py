@@ -96,3 +96,25 @@ def test_a_medium_is_encoded_beside_the_steps_while_a_stream_is_watched(make_run
     with make_runner(quiet) as runner:
         runner.run_batch([Request(prompt="Tell me", sampling=GREEDY), ask(CAT, "What is it?")])
     assert quiet.beside_checks == [] and len(quiet.media_decodes) == 1
+
+
+def test_llama_servers_completion_takes_a_prompt_with_multimodal_data(make_runner, serve_app):
+    """/completion's {"prompt_string" with <__media__>, "multimodal_data": [base64]}, as
+    llama-server takes it."""
+    import base64
+    import json
+
+    from helpers import post_json
+    from multiseq.server import ServerSettings, create_app
+    from tiny_projectors import image_of
+
+    png = image_of(8, 8, seed=4)
+    backend = FakeBackend(replies={f"Look: {fake_media_name(png)} Well?": "a square"})
+    base = serve_app(create_app(make_runner(backend), ServerSettings(model_name="fake")))
+    status, data = post_json(base, "/completion", {"prompt": {"prompt_string": "Look: <__media__> Well?",
+                                                              "multimodal_data": [base64.b64encode(png).decode()]},
+                                                   "n_predict": 8, "temperature": 0})
+    assert status == 200 and json.loads(data)["content"] == "a square"
+    status, data = post_json(base, "/completion", {"prompt": {"prompt_string": "No marker", "multimodal_data": [
+        base64.b64encode(png).decode()]}, "n_predict": 8})
+    assert status == 400 and "places 0 media (<__media__>), and 1 are given" in json.loads(data)["error"]["message"]

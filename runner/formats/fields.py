@@ -16,7 +16,7 @@ from ..config import SamplingParams, is_int, is_number
 from ..sampling.grammar import ConstraintError, check_constraint
 from ..request import CHAT_ROLES
 from .item_error import ItemError
-from .media_input import MAX_MEDIA_PER_REQUEST, openai_media_part
+from .media_input import MAX_MEDIA_PER_REQUEST, PromptWithMedia, media_prompt, openai_media_part
 
 MAX_CHOICES = 128
 # OpenAI takes up to 4 stop strings; vLLM and llama.cpp clients send a few more. Every piece of
@@ -202,10 +202,11 @@ def completion_logprobs(value: Any, echo: bool = False) -> dict[str, Any]:
     return {"logprobs": True, "top_logprobs": value} | ({"prompt_logprobs": value} if echo else {})
 
 
-def completion_prompts(value: Any) -> list[str | tuple[int, ...]]:
-    """The completions API's prompt: a string, its token ids, or a list of either (each its own
-    choices); ItemError naming the prompt that is not."""
-    if isinstance(value, str) or _is_token_list(value):
+def completion_prompts(value: Any) -> list[str | tuple[int, ...] | PromptWithMedia]:
+    """The completions API's prompt: a string, its token ids, llama-server's {"prompt_string",
+    "multimodal_data"}, or a list of those (each its own choices); ItemError naming the prompt
+    that is not."""
+    if isinstance(value, (str, dict)) or _is_token_list(value):
         return [_one_prompt(value, "prompt")]
     if not isinstance(value, list) or not value:
         raise ItemError("'prompt' must be a string, a list of token ids, or a non-empty list of either", "prompt")
@@ -219,7 +220,9 @@ def _is_token_list(value: Any) -> bool:
                                                           for token in value)
 
 
-def _one_prompt(value: Any, where: str) -> str | tuple[int, ...]:
+def _one_prompt(value: Any, where: str) -> str | tuple[int, ...] | PromptWithMedia:
+    if isinstance(value, dict):
+        return media_prompt(value, where)
     if isinstance(value, str):
         if not value.strip():
             raise ItemError(f"'{where}' must be a non-empty string", "prompt")

@@ -17,9 +17,11 @@ from __future__ import annotations
 import base64
 import binascii
 import struct
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..llama.media import MEDIA_MARKER
 from .item_error import ItemError
 
 MAX_MEDIUM_BYTES = 20 * 2**20  # one image's or audio's file
@@ -48,6 +50,37 @@ def openai_media_part(part: dict[str, Any], where: str, media_root: Path | None 
                                                  f"{where}.input_audio.data", "audio")}
     raise ItemError(f"{where} is a {kind!r} part, which cannot be honoured: the parts are text, image_url and "
                     f"input_audio", f"{where}.type")
+
+
+LLAMA_SERVER_MARKER = "<__media__>"  # where llama-server's /completion prompt places a medium (mtmd's default)
+
+
+@dataclass(frozen=True)
+class PromptWithMedia:
+    """A prompt string placing media (multiseq.MEDIA_MARKER), and the media in order."""
+
+    text: str
+    media: tuple[bytes, ...]
+
+
+def media_prompt(value: dict[str, Any], where: str) -> PromptWithMedia:
+    """llama-server's multimodal prompt: {"prompt_string" with a <__media__> marker per medium,
+    "multimodal_data": [base64, ...]}."""
+    text, data = value.get("prompt_string"), value.get("multimodal_data", [])
+    if not isinstance(text, str) or not text.strip():
+        raise ItemError(f"'{where}.prompt_string' must be a non-empty string", "prompt")
+    if not isinstance(data, list) or not all(isinstance(item, str) for item in data) or len(data) > MAX_MEDIA_PER_REQUEST:
+        raise ItemError(f"'{where}.multimodal_data' must be a list of at most {MAX_MEDIA_PER_REQUEST} base64 strings",
+                        "prompt")
+    if text.count(LLAMA_SERVER_MARKER) != len(data):
+        raise ItemError(f"'{where}.prompt_string' places {text.count(LLAMA_SERVER_MARKER)} media ({LLAMA_SERVER_MARKER}), "
+                        f"and {len(data)} are given", "prompt")
+    media = []
+    for index, item in enumerate(data):
+        part = f"{where}.multimodal_data[{index}]"
+        medium = _base64(item, part)
+        media.append(checked(medium, part, "audio" if sniff(medium)[0] == "audio" else "image"))
+    return PromptWithMedia(text.replace(LLAMA_SERVER_MARKER, MEDIA_MARKER), tuple(media))
 
 
 def medium_bytes(url: str, where: str, media_root: Path | None = None) -> bytes:

@@ -27,6 +27,7 @@ from typing import Any
 
 from ..config import DEFAULT_POOLING, POOLINGS, SamplingParams
 from ..request import Request
+from .media_input import PromptWithMedia
 from .fields import (COMMON_FIELDS, IGNORED_OPENAI_FIELDS, SAMPLING_FIELDS, ItemError, chat_messages,
                      check_constraint_compiles, choice_count, completion_logprobs, completion_prompts, constraint_param,
                      echo_fields, non_finite_path, reject_unsupported, response_format_overrides, sampling_overrides)
@@ -148,6 +149,9 @@ def build_request(item_id: str, prompt: Any, messages: Any, overrides: dict[str,
         raise ItemError("tools need 'messages': a prompt is not rendered by the chat template", "tools")
     if prompt is None and messages is None:
         raise ItemError("needs a 'prompt' or 'messages'")
+    media: tuple[bytes, ...] = ()
+    if isinstance(prompt, PromptWithMedia):  # llama-server's {"prompt_string", "multimodal_data"}
+        prompt, media = prompt.text, prompt.media
     if prompt is not None and not isinstance(prompt, tuple) and (not isinstance(prompt, str) or not prompt.strip()):
         raise ItemError("'prompt' must be a non-empty string", "prompt")
     if messages is not None:
@@ -158,7 +162,7 @@ def build_request(item_id: str, prompt: Any, messages: Any, overrides: dict[str,
         raise ItemError(str(error), _field_named_in(str(error), overrides)) from None
     check_constraint_compiles(sampling, constraint_field)
     try:
-        return Request(prompt=prompt, messages=messages, id=item_id, sampling=sampling, **(tools or {}))
+        return Request(prompt=prompt, messages=messages, id=item_id, sampling=sampling, media=media, **(tools or {}))
     except ValueError as error:
         raise ItemError(str(error)) from None
 
