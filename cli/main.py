@@ -435,8 +435,12 @@ def _configure_server_logs(verbose: bool, access_log: bool) -> None:
 
 def _resolved_config(config: RunnerConfig, resolved: models.ResolvedModel) -> RunnerConfig:
     """The config with its model as the file it resolved to, unless a registry name: a
-    Hugging Face model is then not looked up again when the runner loads it."""
-    return config if resolved.spec is not None else dataclasses.replace(config, model=str(resolved.path))
+    Hugging Face model is then not looked up again when the runner loads it (and its
+    repository's projector is given, unless one is or --no-mmproj)."""
+    if resolved.spec is not None:
+        return config
+    projector = config.mmproj or (str(resolved.projector) if resolved.projector and config.auto_mmproj else None)
+    return dataclasses.replace(config, model=str(resolved.path), mmproj=projector)
 
 
 def _open_runner(config: RunnerConfig) -> OpenedRunner:

@@ -17,7 +17,7 @@ from .. import models
 from ..config import (CONTEXT_POOLINGS, DEFAULT_SLOT_CTX, KV_CACHE_TYPES, REASONING_FORMATS, SPEC_TYPES, THREADS_ENV, TOOL_FORMATS, FlashAttention, OverflowPolicy, RunnerConfig, SamplingMode, SamplingParams,
                       SplitMode, default_of)
 
-ENGINE_FIELDS = ("model", "mmproj", "parallel", "slot_ctx", "kv_pool", "kv_layout", "threads", "n_keep", "n_discard", "seed", "chat_template",
+ENGINE_FIELDS = ("model", "mmproj", "auto_mmproj", "parallel", "slot_ctx", "kv_pool", "kv_layout", "threads", "n_keep", "n_discard", "seed", "chat_template",
                  "tool_format", "reasoning_format", "cache_type_k", "cache_type_v", "prefix_cache", "cache_ram_mib", "step_tokens", "n_batch", "batch_invariant", "overflow", "n_gpu_layers", "main_gpu", "split_mode", "tensor_split",
                  "flash_attn", "sampling", "spec_type", "spec_draft_max", "spec_draft_min", "spec_ngram_size", "pooling")
 SAMPLING_FIELDS = ("max_tokens", "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "stop", "ignore_eos",
@@ -137,6 +137,8 @@ def engine_options(slot_ctx_help: str = "Context tokens per slot (prompt + gener
         click.option("--mmproj", metavar="FILE", type=click.Path(exists=True, dir_okay=False),
                      help="The model's projector GGUF (llama.cpp's mmproj): prompts may then hold images (or audio, "
                           "where the projector reads it)."),
+        click.option("--mmproj-auto/--no-mmproj", "auto_mmproj", default=True, show_default=True,
+                     help="With a Hugging Face model (-hf), load the projector its repository holds for it."),
         click.option("--chat-template", metavar="NAME_OR_FILE",
                      help="Chat template for messages: a llama.cpp built-in name (chatml, gemma, llama3, ...) or a "
                           "Jinja template file. Default: the model's own."),

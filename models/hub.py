@@ -57,6 +57,7 @@ class HubModel:
     path: Path  # the file's place in a snapshot folder (a link to its blob), the first part of a split model
     repo: str
     file: str  # its path in the repository
+    projector: Path | None = None  # the repository's projector for it (mmproj), as llama.cpp's -hf fetches it
 
     @property
     def name(self) -> str:
@@ -253,11 +254,35 @@ def _first_line(error: BaseException) -> str:
 
 
 def resolve(text: str) -> HubModel:
-    """An hf: name -> the model's file in the Hugging Face cache (downloaded unless offline)."""
+    """An hf: name -> the model's file in the Hugging Face cache (downloaded unless offline),
+    with the repository's projector for it where it has one (choose_projector)."""
     ref = parse(text)
-    parts = choose(ref, _repo_files(ref.repo))
+    files = _repo_files(ref.repo)
+    parts = choose(ref, files)
     paths = [_download(ref.repo, part) for part in parts]
-    return HubModel(paths[0], ref.repo, parts[0])
+    projector = choose_projector(parts[0], files)
+    return HubModel(paths[0], ref.repo, parts[0], _download(ref.repo, projector) if projector else None)
+
+
+def choose_projector(model: str, files: list[str]) -> str | None:
+    """The projector (an mmproj GGUF) llama.cpp's -hf takes for a model among a repository's
+    files: in the model's folder or one above it, the deepest such folder first, then the
+    quantization closest to the model's (an f16 projector for a Q8_0 model before an f32)."""
+    folder = model.rsplit("/", 1)[0] if "/" in model else ""
+    bits = _quant_bits(model)
+    found = []
+    for path in files:
+        place = path.rsplit("/", 1)[0] if "/" in path else ""
+        if "mmproj" in path.rsplit("/", 1)[-1] and path.endswith(".gguf") and \
+                (not place or folder == place or folder.startswith(place + "/")):
+            found.append((-place.count("/") - bool(place), abs(_quant_bits(path) - bits), path))
+    return min(found)[2] if found else None
+
+
+def _quant_bits(path: str) -> int:
+    """The bits of a file's quantization as its name says (Q4_K_M: 4, F16: 16; 0: none said)."""
+    match = re.search(r"(?<![A-Za-z0-9])(?:I?Q|B?F)(\d+)", path.rsplit("/", 1)[-1], re.IGNORECASE)
+    return int(match[1]) if match else 0
 
 
 def cached_ggufs() -> list[CachedGguf]:

@@ -52,6 +52,7 @@ class ResolvedModel:
     path: Path
     spec: ModelSpec | None
     hub_name: str | None = None
+    projector: Path | None = None  # the model's projector its repository holds (hf: models), loaded unless one is given
 
     @property
     def name(self) -> str:
@@ -257,7 +258,7 @@ def resolve(name_or_path: str | os.PathLike | None = None, progress: ProgressCal
     if hub.is_hub_name(text):
         found = hub.resolve(text)
         _check_gguf_file(found.path)
-        return ResolvedModel(found.path, None, found.name)
+        return ResolvedModel(found.path, None, found.name, found.projector)
     path = Path(text).expanduser()
     if path.suffix != ".gguf" and not path.exists():
         raise ModelError(unknown_model_message(text))

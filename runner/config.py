@@ -301,6 +301,9 @@ class RunnerConfig:
     seed: int | None = None  # base seed for requests without one; None: fresh entropy
     # The model's projector GGUF (llama.cpp's mmproj): prompts may then hold images or audio.
     mmproj: str | None = None
+    # Without mmproj: load the projector a Hugging Face repository holds beside its model (as
+    # llama.cpp's -hf does; --no-mmproj turns it off).
+    auto_mmproj: bool = True
     # Overrides the model's template: a llama.cpp built-in template name, Jinja template text,
     # or the path of a Jinja template file (rendered with jinja2; see chat_template.py).
     chat_template: str | None = None

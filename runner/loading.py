@@ -17,8 +17,10 @@ def open_model(name_or_path: str | os.PathLike | None = None, chat_template: str
     file by path, loaded. `placement` is n_gpu_layers, main_gpu, split_mode and tensor_split, as
     RunnerConfig has them. Raises ModelError or BackendError."""
     resolved = models.resolve(name_or_path)
-    return LlamaModel(str(resolved.path), chat_template, resolved.chat_template_fallback,
-                      repack_weights=repack_weights, **placement)
+    model = LlamaModel(str(resolved.path), chat_template, resolved.chat_template_fallback,
+                       repack_weights=repack_weights, **placement)
+    model.found_projector = str(resolved.projector) if resolved.projector else None
+    return model
 
 
 def _kv_report(model: LlamaModel, path) -> dict:

@@ -109,6 +109,26 @@ def test_offline_resolution_finds_the_cached_file(hub_cache):
     assert models.resolve("hf:owner/tiny-GGUF/sub/tiny-F16.gguf").path == snapshot / "sub" / "tiny-F16.gguf"
 
 
+@pytest.mark.parametrize("model, files, chosen", [
+    ("m-Q4_K_M.gguf", ["m-Q4_K_M.gguf", "mmproj-m-f32.gguf", "mmproj-m-f16.gguf"], "mmproj-m-f16.gguf"),
+    ("m-Q8_0.gguf", ["m-Q8_0.gguf", "mmproj-m-Q8_0.gguf", "mmproj-m-f16.gguf"], "mmproj-m-Q8_0.gguf"),
+    ("sub/m-Q4_K_M.gguf", ["sub/m-Q4_K_M.gguf", "mmproj-f16.gguf", "sub/mmproj-f16.gguf"], "sub/mmproj-f16.gguf"),
+    ("sub/m-Q4_K_M.gguf", ["sub/m-Q4_K_M.gguf", "mmproj-f16.gguf", "other/mmproj-f16.gguf"], "mmproj-f16.gguf"),
+    ("m-Q4_K_M.gguf", ["m-Q4_K_M.gguf", "imatrix.gguf"], None),
+])
+def test_a_models_projector_is_its_repositorys_nearest_mmproj(model, files, chosen):
+    """As llama.cpp's -hf: in the model's folder or above it, the deepest first, then the
+    quantization closest to the model's."""
+    assert hub.choose_projector(model, files) == chosen
+
+
+def test_a_hub_model_resolves_with_its_projector(hub_cache):
+    snapshot = add_repo(hub_cache, "owner/vision-GGUF", {"vision-Q4_K_M.gguf": FAKE_GGUF,
+                                                        "mmproj-vision-f16.gguf": FAKE_GGUF + b"p"})
+    resolved = models.resolve("hf:owner/vision-GGUF")
+    assert resolved.path == snapshot / "vision-Q4_K_M.gguf" and resolved.projector == snapshot / "mmproj-vision-f16.gguf"
+
+
 def test_a_split_model_resolves_to_its_first_part(hub_cache):
     snapshot = add_repo(hub_cache, "owner/big-GGUF", {f"big-Q8_0-0000{index}-of-00003.gguf": FAKE_GGUF
                                                      for index in (1, 2, 3)})

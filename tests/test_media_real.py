@@ -139,3 +139,25 @@ def test_batch_run_captions_a_folder_and_resumes_it(tmp_path, run_cli):
     assert again.exit_code == 0 and sorted(record["id"] for record in records) == ["2026/dog.jpg", "cat.png",
                                                                                   "notes.png"]
     assert all(record["error"] is None for record in records)
+
+
+def test_a_hub_model_reads_images_with_its_repositorys_projector(tmp_path, hub_cache, run_cli):
+    """-hf OWNER/REPO, offline: the projector beside the model in the repository is loaded (as
+    llama.cpp's -hf fetches it), and --no-mmproj leaves it."""
+    from helpers import add_hub_repo
+
+    from multiseq import models
+
+    projector = tiny_gemma3_projector(tmp_path / "built-mmproj.gguf", text_embedding=640)
+    add_hub_repo(hub_cache, "someone/gemma-3-270m-vision-GGUF", {
+        "gemma-3-270m-Q4_K_M.gguf": models.resolve("gemma3-270m").path, "mmproj-gemma-3-270m-f16.gguf": projector})
+    lines = tmp_path / "in.jsonl"
+    lines.write_text(json.dumps({"id": "cat", "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": data_url(IMAGES["png"])}}, {"type": "text", "text": "Hi"}]}]}) + "\n")
+    common = ["batch-run", str(lines), "-hf", "someone/gemma-3-270m-vision-GGUF", "--chat-template",
+              models.resolve("gemma3-270m").chat_template_fallback, "-n", "2", "--no-dashboard"]
+    seeing = run_cli(*common, "-o", str(tmp_path / "seeing.jsonl"))
+    blind = run_cli(*common, "--no-mmproj", "-o", str(tmp_path / "blind.jsonl"))
+    assert seeing.exit_code == 0, (tmp_path / "seeing.jsonl").read_text()
+    assert json.loads((tmp_path / "seeing.jsonl").read_text())["prompt_tokens"] == 16
+    assert blind.exit_code == 1 and "reads text only" in json.loads((tmp_path / "blind.jsonl").read_text())["error"]

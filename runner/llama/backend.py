@@ -141,6 +141,7 @@ class LlamaModel:
         self.chat_template = chosen
         self._jinja: JinjaRenderer | None = None
         self.projector: Projector | None = None  # load_projector: what reads its images or audio
+        self.found_projector: str | None = None  # one found beside it (a Hugging Face repository's)
         # Text work needs only the vocabulary (Vocabulary's methods say what each does).
         self.tokenize = vocabulary.tokenize
         self.token_bytes = vocabulary.token_bytes

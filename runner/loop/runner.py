@@ -338,9 +338,9 @@ def _open_llama_backend(config: RunnerConfig) -> Backend:
     model = open_model(config.model, config.chat_template, repack_weights=not config.batch_invariant,
                             **model_placement(config))
     try:
-        if config.mmproj:
-            model.load_projector(config.mmproj, config.threads,
-                                 "off" if config.batch_invariant else config.flash_attn.value)
+        projector = config.mmproj or (model.found_projector if config.auto_mmproj else None)
+        if projector:
+            model.load_projector(projector, config.threads, "off" if config.batch_invariant else config.flash_attn.value)
         return _llama_backend(model, config, owns_model=True)
     except BaseException:
         model.close()
