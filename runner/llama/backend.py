@@ -42,7 +42,7 @@ from .embeddings import POOLING_NAMES, EmbeddingOutput
 from .devices import Platform, describe_placement
 from .kv import KV_TYPES, SlotKv, kv_bytes_per_token
 from .layout import moved_states, put_back
-from .media import MediaDecoder, MediaPrompt, Projector
+from .media import MediaDecoder, MediaPrompt, Projector, is_placeholder
 from .rerank import RerankLayout, rerank_template
 from .log import capturing_llama_log, flash_attention_used, forward_llama_log, layer_devices
 from .text import Vocabulary, apply_builtin_template, load_user_template, render_chat
@@ -398,7 +398,7 @@ class LlamaBackend:
         order, as a (rows, n_vocab) array valid until the next decode. A row whose slot has a
         sampler chain holds no logits when no row beside it needed them (its token is in
         graph_sampling.sampled_tokens). Media chunks go first, each decoded from its embeddings."""
-        if self.media is None or not any(entry.tokens[0] < 0 for entry in entries):
+        if self.media is None or not any(is_placeholder(entry.tokens[0]) for entry in entries):
             return self._decode_entries(entries)
         rows = self.media.decode_step(self._ctx, entries, self._decode_entries, self.slot_kv)
         self.last_decode_seconds += self.media.last_seconds

@@ -28,7 +28,8 @@ from jinja2.runtime import LoopContext
 from jinja2.utils import Namespace
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from .template_caps import TemplateCaps, probe_caps, template_reasons, tracking_filter, tracking_test, with_tracking
+from .template_caps import (RENDER_ERRORS, TemplateCaps, probe_caps, template_reasons, tracking_filter, tracking_test,
+                            with_tracking)
 from .template_input import (preserve_reasoning_names, reasoning_effort_names, template_messages, template_tools,
                              template_variables)
 
@@ -219,10 +220,6 @@ def compile_jinja(source: str, description: str, tracking: bool = False) -> jinj
         raise ValueError(f"{description} does not compile: line {error.lineno}: {error.message}") from None
 
 
-_RENDER_ERRORS = (jinja2.TemplateError, TypeError, ValueError, LookupError, AttributeError, ArithmeticError,
-                  RecursionError)
-
-
 class JinjaRenderer:
     """A compiled Jinja chat template with the model's BOS and EOS texts, rendered as
     llama-server renders it (template_input.py says with what)."""
@@ -280,7 +277,7 @@ class JinjaRenderer:
         variables.update(add_generation_prompt=True, strftime_now=_strftime(now))
         try:
             text = self._template.render(**variables)
-        except _RENDER_ERRORS as error:
+        except RENDER_ERRORS as error:
             raise ValueError(f"{self._description} failed: {error}") from None
         # Templates often begin with {{ bos_token }}; the tokenizer adds BOS itself where the
         # model wants one, so keeping it would give the prompt two (and the same for EOS).

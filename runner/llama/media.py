@@ -132,7 +132,7 @@ class Projector:
 
     def __init__(self, llama: ModuleType, mtmd: ModuleType, model_handle, path: str, threads: int,
                  use_gpu: bool, flash_attn_type: int) -> None:
-        self._llama, self._mtmd = llama, mtmd
+        self._mtmd = mtmd
         params = mtmd.mtmd_context_params_default()
         params.use_gpu = use_gpu
         params.n_threads = threads
@@ -142,7 +142,6 @@ class Projector:
         self._ctx = mtmd.mtmd_init_from_file(str(path).encode(), model_handle, params)
         if not self._ctx:
             raise BackendError(f"llama.cpp could not load the projector file {path} for this model")
-        self.path = str(path)
         self.reads_images = bool(mtmd.mtmd_support_vision(self._ctx))
         self.reads_audio = bool(mtmd.mtmd_support_audio(self._ctx))
         if mtmd.mtmd_decode_use_mrope(self._ctx):
@@ -323,7 +322,7 @@ class Projector:
 
 
 def _file_identity(path: Path) -> bytes:
-    """What tells one projector file from another: its size and its content's hash."""
+    """What tells one projector file from another: its content's hash."""
     digest = hashlib.sha256()
     with path.open("rb") as file:
         for block in iter(lambda: file.read(1 << 20), b""):
@@ -336,7 +335,7 @@ class MediaDecoder:
     (a batch holds tokens or embeddings, not both), before the step's other entries."""
 
     def __init__(self, llama: ModuleType, projector: Projector, capacity: int) -> None:
-        self._llama, self._projector = llama, projector
+        self._llama, self.projector = llama, projector
         self.capacity = capacity
         self._batch = llama.llama_batch_init(capacity, projector.n_embd, 1)
         self._positions = np.ctypeslib.as_array(self._batch.pos, shape=(capacity,))
@@ -344,8 +343,7 @@ class MediaDecoder:
         self._num_seq_ids = np.ctypeslib.as_array(self._batch.n_seq_id, shape=(capacity,))
         self._outputs = np.ctypeslib.as_array(self._batch.logits, shape=(capacity,))
         self.last_seconds = 0.0  # the last step's media decodes, llama_decode alone
-        self.decoded = self.tokens_decoded = 0  # media chunks prefilled (a reused one is not), their tokens
-        self.projector = projector
+        self.decoded = 0  # media chunks prefilled (a reused one is not)
 
     def close(self) -> None:
         if self._batch is not None:
@@ -357,8 +355,8 @@ class MediaDecoder:
         media ends with text), then `decode_rest` of the others, whose rows it returns. Where a
         decode fails, the media decoded before it are cut back out of their slots' KV (`kv`:
         multiseq.llama.kv.SlotKv, told of each decode too: it applies the queued copies)."""
-        media = [entry for entry in entries if entry.tokens and is_placeholder(entry.tokens[0])]
-        rest = [entry for entry in entries if not (entry.tokens and is_placeholder(entry.tokens[0]))]
+        media = [entry for entry in entries if is_placeholder(entry.tokens[0])]
+        rest = [entry for entry in entries if not is_placeholder(entry.tokens[0])]
         decoded = []
         self.last_seconds = 0.0
         try:
@@ -373,12 +371,12 @@ class MediaDecoder:
             raise
 
     def _decode(self, ctx, slot: int, placeholder: int, count: int, start_pos: int) -> None:
-        media = self._projector.media_of(placeholder)
+        media = self.projector.media_of(placeholder)
         if count != media.num_tokens:
             raise BackendError("a media chunk was cut by a prompt chunk")
         if count > self.capacity:
             raise BackendError(f"a media chunk of {count} tokens does not fit one llama_decode ({self.capacity})")
-        self._embeddings[:count] = self._projector.embeddings(media)
+        self._embeddings[:count] = self.projector.embeddings(media)
         self._positions[:count] = np.arange(start_pos, start_pos + count, dtype=np.int32)
         self._num_seq_ids[:count] = 1
         for index in range(count):
@@ -396,7 +394,6 @@ class MediaDecoder:
                 llama.llama_set_causal_attn(ctx, True)
         self.last_seconds += time.perf_counter() - started
         self.decoded += code == 0
-        self.tokens_decoded += count if code == 0 else 0
         if code == 1:
             raise NoKvSlot("llama_decode found no KV slot for a media chunk")
         if code != 0:

@@ -22,7 +22,8 @@ from typing import Any
 
 import jinja2
 
-PROBE_ERRORS = (jinja2.TemplateError, TypeError, ValueError, LookupError, AttributeError, ArithmeticError,
+# What a template's rendering raises when it fails or refuses (a probe's answer, a request's 400).
+RENDER_ERRORS = (jinja2.TemplateError, TypeError, ValueError, LookupError, AttributeError, ArithmeticError,
                 RecursionError)
 
 
@@ -218,7 +219,7 @@ def _probe(render: Render, variables: dict[str, Any]) -> tuple[bool, str, dict[s
     values = {name: tracked(value) for name, value in variables.items()}
     try:
         return True, render(values), values
-    except PROBE_ERRORS:
+    except RENDER_ERRORS:
         return False, "", values
 
 
@@ -356,7 +357,7 @@ def template_reasons(render: Render, source: str) -> bool:
             variables["tools"] = tools
         try:
             return render(variables)
-        except PROBE_ERRORS:
+        except RENDER_ERRORS:
             return None
 
     past = [_USER, {"role": "assistant", "content": _ANSWER, "reasoning_content": _THOUGHT}]

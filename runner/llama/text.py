@@ -16,6 +16,7 @@ from types import ModuleType
 from typing import Any
 
 from .chat_template import ChatTemplate, JinjaRenderer, load_chat_template
+from .media import is_placeholder
 from .template_input import joined_parts
 from ..errors import BackendError
 
@@ -82,7 +83,7 @@ class Vocabulary:
         cached piece is only ever stored whole."""
         piece = self._piece_cache.get(token)
         if piece is None:
-            if token < 0:  # a medium's placeholder (multiseq.llama.media): no text
+            if is_placeholder(token):  # a medium's: no text
                 return b""
             piece = token_piece(self._llama, self._vocab, token, render_special=False)
             self._piece_cache[token] = piece

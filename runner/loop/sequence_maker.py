@@ -87,11 +87,7 @@ class SequenceMaker:
         if request.embed is not None or request.sampling.prompt_logprobs is not None:
             raise ValueError("a prompt with media gives a generated answer only: no embedding, no prompt log "
                              "probabilities")
-        pieces = text.split(MEDIA_MARKER)
-        if len(pieces) != len(media) + 1:
-            raise ValueError(f"the chat template wrote {len(pieces) - 1} of the request's {len(media)} media into the "
-                             f"prompt; it must write each once")
-        prompt = self.backend.tokenize_media(pieces, media)
+        prompt = self._media_prompt(text, media)
         if prompt.spans and prompt.spans[-1].end == len(prompt.tokens):
             raise ValueError("the prompt ends with a medium: text must follow it (the model's answer starts from "
                              "a text token)")
@@ -137,8 +133,17 @@ class SequenceMaker:
         the placeholders that stand for it). Reads only the model, so it may run on any thread."""
         media = request.all_media
         if media:
-            return self.backend.tokenize_media(self.prompt_text(request).split(MEDIA_MARKER), media).tokens
+            return self._media_prompt(self.prompt_text(request), media).tokens
         return self._tokens_of(request, self.prompt_text(request))
+
+    def _media_prompt(self, text: str, media: list[bytes]):
+        """The prompt text (a MEDIA_MARKER where each medium stands) cut and tokenized by the
+        projector; ValueError where the template did not write each medium once."""
+        pieces = text.split(MEDIA_MARKER)
+        if len(pieces) != len(media) + 1:
+            raise ValueError(f"the chat template wrote {len(pieces) - 1} of the request's {len(media)} media into the "
+                             f"prompt; it must write each once")
+        return self.backend.tokenize_media(pieces, media)
 
     def _tokens_of(self, request: Request, text: str) -> list[int]:
         if not isinstance(request.prompt, tuple):

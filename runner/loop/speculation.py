@@ -34,6 +34,7 @@ from collections.abc import Sequence as Seq
 import numpy as np
 
 from ..llama.batch import BatchEntry, micro_batches
+from ..llama.media import is_placeholder
 from ..config import RunnerConfig
 from ..errors import RequestFault, request_fault
 from .planning import Chunk, StepPlan
@@ -317,7 +318,7 @@ class Speculator:
             draft, state.source = self.shared.draft(state.text.tokens, most), SHARED_POOL
         # A medium's placeholder (a negative id) is not a token the model can write: a draft
         # ends before one.
-        return draft[:next((index for index, token in enumerate(draft) if token < 0), len(draft))]
+        return draft[:next((index for index, token in enumerate(draft) if is_placeholder(token)), len(draft))]
 
     def _worthwhile_lengths(self, plan: StepPlan, candidates: dict[int, list[int]], room: int) -> dict[int, int]:
         """How many of each candidate's draft tokens to verify: the most likely tokens first, as

@@ -26,6 +26,7 @@ from functools import cached_property
 import numpy as np
 
 from ..llama.batch import ChainSpec
+from ..llama.media import is_placeholder
 from ..config import SamplingParams
 from .constrained import candidates_allowed, masked_argmax, masked_top_k, pad_candidates
 from .grammar import TokenConstraint, allowed_bits, fill_bitmasks
@@ -81,7 +82,7 @@ class SequenceSampler:
         self.recent: deque[int] | None = None
         if params.uses_penalties:
             # A medium's placeholders (negative ids) are no tokens to penalize.
-            self.recent = deque((token for token in prompt_tokens[-params.repeat_last_n:] if token >= 0),
+            self.recent = deque((token for token in prompt_tokens[-params.repeat_last_n:] if not is_placeholder(token)),
                                 maxlen=params.repeat_last_n)
         self.constraint = constraint
         self.token_bytes = token_bytes or (lambda token: b"")
