@@ -107,19 +107,43 @@ def metrics(base: str) -> dict[str, float]:
             if line.startswith("multiseq_media") or line.startswith("multiseq_prompt_tokens")}
 
 
-def at_once(base: str, bodies: list[dict]) -> tuple[list[dict], float]:
+def clients(base: str, bodies: list[dict], count: int) -> tuple[list[dict], float]:
+    """`count` clients, each sending the next body as its last is answered (one per body: all
+    at once); the answers in body order, and the seconds until the last came."""
     results: list[dict] = [{}] * len(bodies)
+    queue = list(range(len(bodies)))
+    lock = threading.Lock()
 
-    def send(index: int) -> None:
-        results[index] = answer(base, bodies[index])
+    def client() -> None:
+        while True:
+            with lock:
+                if not queue:
+                    return
+                index = queue.pop(0)
+            results[index] = answer(base, bodies[index])
 
     started = time.perf_counter()
-    threads = [threading.Thread(target=send, args=(index,)) for index in range(len(bodies))]
+    threads = [threading.Thread(target=client) for _ in range(count)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
     return results, time.perf_counter() - started
+
+
+def on_both(servers: Servers, bodies: list[dict], count: int) -> dict:
+    """The bodies sent by `count` clients to llama-server, then to multiseq: each one's seconds
+    and first errors, multiseq's media and prompt metrics."""
+    found = {}
+    for name in ("llama-server", "multiseq"):
+        def work(base: str, name=name) -> None:
+            results, seconds = clients(base, bodies, count)
+            found[name] = {"seconds": round(seconds, 2),
+                           "errors": [result["error"] for result in results if "error" in result][:2]}
+            if name == "multiseq":
+                found[name]["metrics"] = metrics(base)
+        servers.run(name, work)
+    return found
 
 
 def same(args, workdir: Path, figures: dict) -> None:
@@ -169,16 +193,8 @@ def questions(args, workdir: Path, figures: dict) -> None:
     asked = ["Describe this image.", "What colors are in it?", "Is there a person?", "What is in the corner?",
              "Is it day or night?", "How many objects are there?", "What style is it?", "Give it a title."]
     bodies = [chat(image, question, 24) for question in asked]
-    servers = Servers(projector, 8, args.threads, workdir)
-    found = {}
+    found = on_both(Servers(projector, 8, args.threads, workdir), bodies, len(bodies))
     for name in ("llama-server", "multiseq"):
-        def work(base: str, name=name) -> None:
-            results, seconds = at_once(base, bodies)
-            errors = [result["error"] for result in results if "error" in result]
-            found[name] = {"seconds": round(seconds, 2), "errors": errors[:2]}
-            if name == "multiseq":
-                found[name]["metrics"] = metrics(base)
-        servers.run(name, work)
         print(f"{name}: 8 questions about one image in {found[name]['seconds']} s {found[name].get('metrics', '')}",
               flush=True)
     found["ratio"] = round(found["multiseq"]["seconds"] / found["llama-server"]["seconds"], 3)
@@ -189,16 +205,9 @@ def captions(args, workdir: Path, figures: dict) -> None:
     projector = _smolvlm_projector(workdir)
     images = [image_of(512, 384, seed=1000 + index, image_format="JPEG") for index in range(args.images)]
     bodies = [chat(image, "Describe this image in one sentence.", 16) for image in images]
-    servers = Servers(projector, 16, args.threads, workdir)
-    found = {}
+    found = on_both(Servers(projector, 16, args.threads, workdir), bodies, 16)
     for name in ("llama-server", "multiseq"):
-        def work(base: str, name=name) -> None:
-            results, seconds = _sixteen_clients(base, bodies)
-            found[name] = {"seconds": round(seconds, 2), "images_per_s": round(len(bodies) / seconds, 3),
-                           "errors": [result["error"] for result in results if "error" in result][:2]}
-            if name == "multiseq":
-                found[name]["metrics"] = metrics(base)
-        servers.run(name, work)
+        found[name]["images_per_s"] = round(len(bodies) / found[name]["seconds"], 3)
         print(f"{name}: {len(bodies)} captions in {found[name]['seconds']} s ({found[name]['images_per_s']} images/s)",
               flush=True)
     found["ratio"] = round(found["multiseq"]["images_per_s"] / found["llama-server"]["images_per_s"], 3)
@@ -290,29 +299,6 @@ def memory(args, workdir: Path, figures: dict) -> None:
 def _resident_mib() -> float:
     with open("/proc/self/status") as status:
         return next(int(line.split()[1]) for line in status if line.startswith("VmRSS")) / 1024
-
-
-def _sixteen_clients(base: str, bodies: list[dict]) -> tuple[list[dict], float]:
-    """16 clients, each sending its next body as its last is answered."""
-    results: list[dict] = [{}] * len(bodies)
-    queue = list(range(len(bodies)))
-    lock = threading.Lock()
-
-    def client() -> None:
-        while True:
-            with lock:
-                if not queue:
-                    return
-                index = queue.pop(0)
-            results[index] = answer(base, bodies[index])
-
-    started = time.perf_counter()
-    threads = [threading.Thread(target=client) for _ in range(16)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return results, time.perf_counter() - started
 
 
 def _smolvlm_projector(workdir: Path) -> Path:

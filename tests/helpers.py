@@ -253,3 +253,22 @@ def assert_same_greedy_texts(got: list[str], expected: list[str], model, what: s
                     f"but on this machine {dependence}; the greedy texts part{where}")
     assert got == expected, f"{what}: the greedy texts part{where}, though this build's logits do not depend on " \
                             f"the batch's shape"
+
+
+class TemplateModel:
+    """What chat rendering reads of a model: its Jinja chat template, and its BOS and EOS texts
+    (the tokenizer adds neither), rendered as LlamaModel.render_chat renders a Jinja template."""
+
+    def __init__(self, source: str, bos: str = "<s>", eos: str = "</s>") -> None:
+        from multiseq.llama.chat_template import JinjaRenderer
+
+        self.chat_template_source = source
+        self.renderer = JinjaRenderer(source, "the model's chat template", bos, eos, add_bos=False)
+
+    def render_chat(self, messages, tools=None, options=None, **shaping) -> str:
+        from multiseq.errors import BackendError
+
+        try:
+            return self.renderer.render(messages, tools, options, **shaping)
+        except ValueError as error:
+            raise BackendError(str(error)) from None

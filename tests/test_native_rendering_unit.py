@@ -6,9 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from helpers import TemplateModel
 from multiseq import Request
-from multiseq.llama.chat_template import JinjaRenderer
-from multiseq.errors import BackendError
 from multiseq.tools import Tool
 from multiseq.tools.support import ToolSupport
 
@@ -20,23 +19,9 @@ HISTORY = [{"role": "user", "content": "Weather in Paris?"},
            {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]
 
 
-class TemplateBackend:
-    """Just what rendering needs: the model's Jinja template."""
-
-    def __init__(self, source: str) -> None:
-        self.chat_template_source = source
-        self.renderer = JinjaRenderer(source, "the template", "<s>", "</s>", add_bos=False)
-
-    def render_chat(self, messages, tools=None, options=None, **shaping) -> str:
-        try:
-            return self.renderer.render(messages, tools, options, **shaping)
-        except ValueError as error:
-            raise BackendError(str(error)) from None
-
-
 def rendered(template: str) -> str:
     source = (TEMPLATES / template).read_text()
-    return ToolSupport(source).render(TemplateBackend(source), Request(messages=HISTORY, tools=(WEATHER,)))
+    return ToolSupport(source).render(TemplateModel(source), Request(messages=HISTORY, tools=(WEATHER,)))
 
 
 def test_a_template_that_concatenates_arguments_gets_them_as_text():
@@ -60,8 +45,8 @@ def test_mistral_templates_get_nine_character_call_ids_the_same_every_turn():
     every turn so the prompt's prefix does not change."""
     source = (TEMPLATES / "mistralai-Mistral-Nemo-Instruct-2407.jinja").read_text()
     request = Request(messages=CLIENT_IDS, tools=(WEATHER,))
-    first = ToolSupport(source).render(TemplateBackend(source), request)
-    assert first == ToolSupport(source).render(TemplateBackend(source), request)
+    first = ToolSupport(source).render(TemplateModel(source), request)
+    assert first == ToolSupport(source).render(TemplateModel(source), request)
     assert "toolu_01AbCdEf" not in first
     [renamed] = {part.split('"')[0] for part in first.split('"id": "')[1:]}
     assert len(renamed) == 9 and renamed.isalnum() and f'"call_id": "{renamed}"' in first
@@ -84,7 +69,7 @@ def test_a_turns_results_are_one_user_turn_for_a_template_that_insists_on_turns_
                {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
                {"role": "tool", "tool_call_id": "c2", "content": "rain"},
                {"role": "user", "content": "And tomorrow?"}]
-    prompt = ToolSupport(source).render(TemplateBackend(source), Request(messages=history, tools=(WEATHER,)))
+    prompt = ToolSupport(source).render(TemplateModel(source), Request(messages=history, tools=(WEATHER,)))
     assert ('<start_of_turn>user\n{"tool_response": {"name": "get_weather", "content": "sunny"}}\n'
             '{"tool_response": {"name": "get_weather", "content": "rain"}}\nAnd tomorrow?<end_of_turn>\n'
             '<start_of_turn>model\n') in prompt

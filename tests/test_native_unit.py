@@ -8,9 +8,8 @@ from pathlib import Path
 
 import pytest
 from fakes import FakeBackend
+from helpers import TemplateModel
 from helpers import post_json as post
-from multiseq.errors import BackendError
-from multiseq.llama.chat_template import JinjaRenderer
 from multiseq.server import ServerSettings, create_app
 
 TEMPLATES = Path(__file__).parent / "data" / "llama.cpp-templates"
@@ -63,15 +62,9 @@ class TemplateBackend(FakeBackend):
 
     def __init__(self, template: str) -> None:
         super().__init__()
-        self.chat_template_source = (TEMPLATES / template).read_text()
-        self._renderer = JinjaRenderer(self.chat_template_source, "the model's chat template", "<s>", "</s>",
-                                       add_bos=False)
-
-    def render_chat(self, messages, tools=None, options=None, **shaping) -> str:
-        try:
-            return self._renderer.render(messages, tools, options, **shaping)
-        except ValueError as error:
-            raise BackendError(str(error)) from None
+        self._template = TemplateModel((TEMPLATES / template).read_text())
+        self.chat_template_source = self._template.chat_template_source
+        self.render_chat = self._template.render_chat
 
 
 def template_server(make_runner, serve_app, template: str) -> str:

@@ -16,12 +16,12 @@ import json
 from pathlib import Path
 
 import pytest
+from helpers import TemplateModel
 
 from multiseq.config import SamplingParams
 from multiseq.errors import BackendError
 from multiseq.formats.fields import ItemError
 from multiseq.formats.reader import openai_body_item
-from multiseq.llama.chat_template import JinjaRenderer
 from multiseq.tools.support import ToolSupport
 
 DATA = Path(__file__).parent / "data"
@@ -50,20 +50,6 @@ DELIBERATE = {
 }
 
 
-class TemplateModel:
-    """What rendering reads of a model: its chat template and BOS and EOS texts."""
-
-    def __init__(self, source: str) -> None:
-        self.chat_template_source = source
-        self.renderer = JinjaRenderer(source, "the template", BOS, EOS, add_bos=False)
-
-    def render_chat(self, messages, tools=None, options=None, **shaping) -> str:
-        try:
-            return self.renderer.render(messages, tools, options, **shaping)
-        except ValueError as error:
-            raise BackendError(str(error)) from None
-
-
 def rendering(model: TemplateModel, support: ToolSupport, body: dict) -> dict:
     """A conversation as multiseq's /apply-template renders it: the prompt's digest, or the error."""
     try:
@@ -77,7 +63,7 @@ def rendering(model: TemplateModel, support: ToolSupport, body: dict) -> dict:
 @pytest.mark.parametrize("template", sorted(RECORDED["renderings"]))
 def test_a_template_renders_every_conversation_as_llama_server_does(template):
     source = (TEMPLATES / template).read_text()
-    model, support = TemplateModel(source), ToolSupport(source)
+    model, support = TemplateModel(source, BOS, EOS), ToolSupport(source)
     recorded = RECORDED["renderings"][template]
     assert vars(model.renderer.caps) == recorded["caps"], "what the template does, as llama.cpp finds it"
     for name, body in RECORDED["conversations"].items():
