@@ -38,8 +38,7 @@ def openai_media_part(part: dict[str, Any], where: str, media_root: Path | None 
         url = value.get("url") if isinstance(value, dict) else value
         if not isinstance(url, str) or not url:
             raise ItemError(f"{where}.image_url must be an object with a 'url' string", f"{where}.image_url")
-        return {"type": "image", "data": checked(medium_bytes(url, f"{where}.image_url.url", media_root),
-                                                 f"{where}.image_url.url", "image")}
+        return {"type": "image", "data": image_bytes(url, f"{where}.image_url.url", media_root)}
     if kind == "input_audio":
         value = part.get("input_audio")
         data = value.get("data") if isinstance(value, dict) else None
@@ -81,6 +80,11 @@ def media_prompt(value: dict[str, Any], where: str) -> PromptWithMedia:
         medium = _base64(item, part)
         media.append(checked(medium, part, "audio" if sniff(medium)[0] == "audio" else "image"))
     return PromptWithMedia(text.replace(LLAMA_SERVER_MARKER, MEDIA_MARKER), tuple(media))
+
+
+def image_bytes(url: str, where: str, media_root: Path | None = None) -> bytes:
+    """An image's bytes from its URL (medium_bytes), checked as an image (checked)."""
+    return checked(medium_bytes(url, where, media_root), where, "image")
 
 
 def medium_bytes(url: str, where: str, media_root: Path | None = None) -> bytes:

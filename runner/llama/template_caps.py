@@ -58,9 +58,7 @@ class _Tracked:
     stats: _Stats
 
     def _used(self, op: str | None = None) -> None:
-        self.stats.used = True
-        if op is not None:
-            self.stats.ops.add(op)
+        mark_used(self, op=op)
 
 
 class TrackedStr(str, _Tracked):
@@ -197,9 +195,8 @@ def tracking_filter(name: str, function: Callable) -> Callable:
                 args = (*args[:at], untracked(args[at]), *args[at + 1:])
         return function(*args, **kwargs)
 
-    for attribute in ("jinja_pass_arg",):
-        if hasattr(function, attribute):
-            setattr(filtered, attribute, getattr(function, attribute))
+    if hasattr(function, "jinja_pass_arg"):  # what jinja2 hands first (the context): the filter's own
+        filtered.jinja_pass_arg = function.jinja_pass_arg
     return filtered
 
 

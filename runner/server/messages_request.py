@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..formats.item_error import ItemError
-from ..formats.media_input import checked, medium_bytes
+from ..formats.media_input import image_bytes
 from ..tools.types import Tool
 from .errors import ApiError
 
@@ -214,7 +214,7 @@ def _image_part(block: dict[str, Any], path: str) -> dict[str, Any]:
     url = f"data:{media_type};base64,{data}"
     where = f"{path}.source.data"
     try:  # checked here, so that an error names the block's own field
-        checked(medium_bytes(url, where), where, "image")
+        image_bytes(url, where)
     except ItemError as error:
         raise invalid(where, str(error).removeprefix(where).strip()) from None
     return {"type": "image_url", "image_url": {"url": url}}

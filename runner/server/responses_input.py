@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..formats.item_error import ItemError
-from ..formats.media_input import checked, medium_bytes
+from ..formats.media_input import image_bytes
 from .errors import INVALID_REQUEST, ApiError
 
 MESSAGE_ROLES = ("user", "assistant", "system", "developer")
@@ -120,7 +120,7 @@ def _image_part(part: dict[str, Any], where: str) -> dict[str, Any]:
         raise bad_request(f"{where}.image_url", f"{where}.image_url must be the image as a data URL "
                                                 f"(data:image/png;base64,...); file_id is not taken.")
     try:
-        checked(medium_bytes(url, f"{where}.image_url"), f"{where}.image_url", "image")
+        image_bytes(url, f"{where}.image_url")
     except ItemError as error:
         raise bad_request(error.param or f"{where}.image_url", f"{error}.") from None
     return {"type": "input_image", "image_url": url, "detail": part.get("detail", "auto")}
