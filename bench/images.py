@@ -37,7 +37,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(REPO / "tests"))
-from peers import _free_port, _stop, ensure_llama_tools, start_server  # noqa: E402
+from peers import _free_port, _stop, each_by_clients, ensure_llama_tools, start_server  # noqa: E402
 from templates import post  # noqa: E402
 from tiny_projectors import image_of, tiny_gemma3_projector  # noqa: E402
 
@@ -110,24 +110,8 @@ def metrics(base: str) -> dict[str, float]:
 def clients(base: str, bodies: list[dict], count: int) -> tuple[list[dict], float]:
     """`count` clients, each sending the next body as its last is answered (one per body: all
     at once); the answers in body order, and the seconds until the last came."""
-    results: list[dict] = [{}] * len(bodies)
-    queue = list(range(len(bodies)))
-    lock = threading.Lock()
-
-    def client() -> None:
-        while True:
-            with lock:
-                if not queue:
-                    return
-                index = queue.pop(0)
-            results[index] = answer(base, bodies[index])
-
     started = time.perf_counter()
-    threads = [threading.Thread(target=client) for _ in range(count)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    results = each_by_clients(count, bodies, lambda body: answer(base, body))
     return results, time.perf_counter() - started
 
 

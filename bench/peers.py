@@ -537,32 +537,40 @@ def _drive_clients(base: str, prompts: list[str], parallel: int, timeout_s: floa
                    make_body: Callable[[str, int], dict]) -> list[dict]:
     """Send every prompt with exactly ``parallel`` concurrent client threads;
     ``make_body(prompt, index)`` gives each request's body."""
-    work: queue.Queue = queue.Queue()
-    for item in enumerate(prompts):
-        work.put(item)
-    results: list[dict | None] = [None] * len(prompts)
+    return each_by_clients(parallel, list(enumerate(prompts)),
+                           lambda item: _stream_completion(base, make_body(item[1], item[0]), timeout_s))
+
+
+def each_by_clients(clients: int, items: Sequence, work: Callable[[Any], Any]) -> list:
+    """``work(item)`` for every item, by exactly ``clients`` threads, each taking the next item
+    as its last is done (the way a pool of users sends requests); the results in item order.
+    The first error stops the rest and is raised here, in the caller's thread."""
+    pending: queue.Queue = queue.Queue()
+    for index in range(len(items)):
+        pending.put(index)
+    results: list = [None] * len(items)
     errors: list[BaseException] = []
 
     def client() -> None:
         while not errors:
             try:
-                idx, prompt = work.get_nowait()
+                index = pending.get_nowait()
             except queue.Empty:
                 return
             try:
-                results[idx] = _stream_completion(base, make_body(prompt, idx), timeout_s)
+                results[index] = work(items[index])
             except BaseException as exc:  # surfaced in the caller's thread
                 errors.append(exc)
                 return
 
-    threads = [threading.Thread(target=client, daemon=True) for _ in range(parallel)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    threads = [threading.Thread(target=client, daemon=True) for _ in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
     if errors:
         raise errors[0]
-    return results  # type: ignore[return-value]
+    return results
 
 
 def _stop(proc: subprocess.Popen) -> None:

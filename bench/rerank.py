@@ -23,7 +23,6 @@ import json
 import random
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -53,27 +52,14 @@ def post(base: str, body: dict) -> dict:
 
 def drive(base: str, work: list[tuple[str, list[str]]], clients: int) -> tuple[float, list[dict[int, float]]]:
     """Seconds to rank every query's documents with `clients` clients; each query's scores."""
-    scores: list[dict[int, float]] = [{} for _ in work]
-    queue = list(range(len(work)))
-    lock = threading.Lock()
-
-    def client() -> None:
-        while True:
-            with lock:
-                if not queue:
-                    return
-                index = queue.pop(0)
-            query, documents = work[index]
-            answer = post(base, {"query": query, "documents": documents})
-            scores[index] = {result["index"]: result["relevance_score"] for result in answer["results"]}
+    def rank(query_and_documents: tuple[str, list[str]]) -> dict[int, float]:
+        query, documents = query_and_documents
+        answer = post(base, {"query": query, "documents": documents})
+        return {result["index"]: result["relevance_score"] for result in answer["results"]}
 
     post(base, {"query": work[0][0], "documents": work[0][1][:2]})  # warm-up
-    threads = [threading.Thread(target=client) for _ in range(clients)]
     started = time.perf_counter()
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    scores = peers.each_by_clients(clients, work, rank)
     return time.perf_counter() - started, scores
 
 
