@@ -27,7 +27,7 @@ import numpy as np
 
 from multiseq.llama.batch import ChainSpec, ChunkRules
 from multiseq.llama.media import MediaChunk, MediaPrompt, MediaSpan, placeholder_of
-from multiseq.llama.template_input import joined_parts
+from multiseq.llama.template_input import content_text
 from multiseq.llama.text import FimTokens
 from multiseq.errors import BackendError, NoKvSlot
 from multiseq.sampling.grammar import tokenizer_from_pieces
@@ -113,11 +113,6 @@ class FakeGraphSampling:
 
     def accept(self, slot: int, token: int) -> None:
         self.chains[slot][1] += 1
-
-
-def text_of(content) -> str:
-    """A message's content as text (its parts joined as a template that reads text gets them)."""
-    return content if isinstance(content, str) else joined_parts(content)
 
 
 FAKE_MEDIA_TOKENS = 6  # the tokens a medium takes in the fake model
@@ -255,7 +250,7 @@ class FakeBackend:
     def render_chat(self, messages: tuple[dict, ...], tools: list[dict] | None = None,
                     options: dict | None = None, **shaping) -> str:
         assert tools is None, "a template that knows no tools is never given them"
-        return "".join(f"<{m['role']}>{text_of(m['content'])}" for m in messages) + "<assistant>"
+        return "".join(f"<{m['role']}>{content_text(m['content'])}" for m in messages) + "<assistant>"
 
     def token_bytes(self, token: int) -> bytes:
         return bytes([token]) if token < 256 else b""

@@ -66,6 +66,11 @@ def joined_parts(parts: Sequence[Mapping[str, Any]]) -> str:
     return text
 
 
+def content_text(content: Any) -> str:
+    """A message's content as text: its parts joined (joined_parts), no content as ""."""
+    return joined_parts(content) if isinstance(content, (list, tuple)) else content or ""
+
+
 def _content_for(content: Any, caps: TemplateCaps) -> Any:
     """Content as text or as parts, by which of the two the template reads."""
     only_text = caps.supports_string_content and not caps.supports_typed_content

@@ -17,7 +17,7 @@ from typing import Any
 
 from .chat_template import ChatTemplate, JinjaRenderer, load_chat_template
 from .media import is_placeholder
-from .template_input import joined_parts
+from .template_input import content_text
 from ..errors import BackendError
 
 _PIECE_BUFFER_BYTES = 256
@@ -228,5 +228,4 @@ def render_chat(template: ChatTemplate | None, messages: Sequence[Mapping[str, A
 def builtin_messages(messages: Sequence[Mapping[str, Any]]) -> tuple[dict, ...]:
     """Messages as llama.cpp's built-in templates take them: a role they know and text."""
     return tuple({"role": "system" if message["role"] == "developer" else message["role"],
-                  "content": joined_parts(message["content"]) if isinstance(message.get("content"), list)
-                  else message.get("content") or ""} for message in messages)
+                  "content": content_text(message.get("content"))} for message in messages)

@@ -17,7 +17,7 @@ import secrets
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..llama.template_input import joined_parts
+from ..llama.template_input import content_text
 from .grammars import HERMES_CLOSE, HERMES_OPEN, MISTRAL_OPEN
 from .types import Tool, ToolFormat
 
@@ -125,7 +125,7 @@ def generic_messages(messages: Sequence[dict[str, Any]], tools: Sequence[Tool] |
     description = GENERIC_INSTRUCTIONS + tools_description(tools)
     if converted and converted[0]["role"] in ("system", "developer"):
         converted[0] = {"role": converted[0]["role"],
-                        "content": f"{_text(converted[0]['content'])}\n\n{description}"}
+                        "content": f"{content_text(converted[0]['content'])}\n\n{description}"}
     else:
         converted.insert(0, {"role": "system", "content": description})
     return converted
@@ -139,15 +139,12 @@ def _results_merged(messages: Sequence[dict[str, Any]], converted: list[dict[str
     after_results = False
     for original, message in zip(messages, converted):
         if after_results and original["role"] in ("tool", "user"):
-            merged[-1] = {"role": "user", "content": f"{_text(merged[-1]['content'])}\n{_text(message['content'])}"}
+            joined = f"{content_text(merged[-1]['content'])}\n{content_text(message['content'])}"
+            merged[-1] = {"role": "user", "content": joined}
         else:
             merged.append(message)
         after_results = original["role"] == "tool" or (after_results and original["role"] == "user")
     return merged
-
-
-def _text(content: str | list[dict[str, Any]]) -> str:
-    return content if isinstance(content, str) else joined_parts(content)
 
 
 def _call_names(messages: Sequence[dict[str, Any]]) -> dict[str, str]:
@@ -159,7 +156,7 @@ def _call_names(messages: Sequence[dict[str, Any]]) -> dict[str, str]:
 def _generic_message(message: dict[str, Any], names: dict[str, str], tool_format: ToolFormat) -> dict[str, Any]:
     content = message.get("content") or ""
     if isinstance(content, list) and (message["role"] == "tool" or message.get("tool_calls")):
-        content = _text(content)
+        content = content_text(content)
     if message["role"] == "tool":
         name = message.get("name") or names.get(message.get("tool_call_id"), "")
         return {"role": "user", "content": json.dumps({"tool_response": {"name": name, "content": content}},

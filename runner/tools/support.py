@@ -41,7 +41,6 @@ class ToolSupport:
         self.reasons = split_reasoning and (thinks(template_source) if self.format is not None
                                             else self.family.reasoning is not None)
         self.variant = self.family.variant_of(template_source)
-
         self.special_markers: dict[str, int] = {}  # the family's markers that are control tokens (marker_tokens)
 
     def described(self) -> dict:
