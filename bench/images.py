@@ -2,13 +2,15 @@
 here with tests/tiny_projectors.py), the same images, through `multiseq serve --mmproj` and
 `llama-server --mmproj` (built from the same sources by bench/peers.py).
 
-    python bench/images.py [same] [questions] [captions] [--threads 2]
+    python bench/images.py [same] [same-mrope] [questions] [captions] [streams] [memory] [--threads 2]
 
 - same: 16 images (PNG, JPEG, GIF, BMP, one with alpha; 24 to 300 pixels a side), one question
   each, greedy, one at a time on -np 1 with flash attention off and a full-size sliding-window
   cache on both (the tiny projector: 4 tokens an image): answers and prompt token counts
   compared. Then in process, batch-invariant: the 16 on 16 slots against each alone, and a
   second question on each image (its prefix reused) against the same asked afresh.
+- same-mrope: the same on Qwen2-VL's text model and projector (M-RoPE: an image's tokens stand
+  at its rows and columns, and take fewer positions than tokens), tiny and random, made here.
 - questions: one image, 8 questions sent at once to -np 8 (a projector in a small VLM's shapes:
   SmolVLM-256M's SigLIP tower, 12 layers of 768, 512-pixel images in 16-pixel patches, 64 image
   tokens): wall time on both; multiseq's /metrics say how often the image was encoded and
@@ -74,20 +76,21 @@ def answer(base: str, body: dict) -> dict:
 class Servers:
     """llama-server and multiseq serve on the same model and projector, one at a time."""
 
-    def __init__(self, projector: Path, parallel: int, threads: int, workdir: Path) -> None:
+    def __init__(self, projector: Path, parallel: int, threads: int, workdir: Path, model: str = MODEL) -> None:
         from multiseq import models
 
-        self.model = models.resolve(MODEL)
+        self.model, self.name = models.resolve(model), model
         self.projector, self.parallel, self.threads, self.workdir = projector, parallel, threads, workdir
 
     def commands(self, port: int) -> dict[str, list[str]]:
         both = ["--mmproj", str(self.projector), "-np", str(self.parallel), "-t", str(self.threads), "-fa", "off"]
+        template = self.model.chat_template_fallback
         return {
-            "llama-server": [str(ensure_llama_tools().server), "-m", str(self.model.path), "--chat-template-file",
-                             self.model.chat_template_fallback, *both, "-c", str(2048 * self.parallel), "--swa-full",
-                             "--no-webui", "--port", str(port)],
-            "multiseq": [sys.executable, "-m", "multiseq.cli.main", "serve", "-m", MODEL, *both, "--slot-ctx", "2048",
-                         "--port", str(port)],
+            "llama-server": [str(ensure_llama_tools().server), "-m", str(self.model.path),
+                             *(["--chat-template-file", template] if template else []), *both,
+                             "-c", str(2048 * self.parallel), "--swa-full", "--no-webui", "--port", str(port)],
+            "multiseq": [sys.executable, "-m", "multiseq.cli.main", "serve", "-m", self.name, *both,
+                         "--slot-ctx", "2048", "--port", str(port)],
         }
 
     def run(self, name: str, work):
@@ -130,25 +133,38 @@ def on_both(servers: Servers, bodies: list[dict], count: int) -> dict:
     return found
 
 
-def same(args, workdir: Path, figures: dict) -> None:
-    projector = tiny_gemma3_projector(workdir / "tiny-mmproj.gguf", TEXT_EMBEDDING)
+def same(args, workdir: Path, figures: dict, model: str = MODEL, projector: Path | None = None,
+         part: str = "same") -> None:
+    projector = projector or tiny_gemma3_projector(workdir / "tiny-mmproj.gguf", TEXT_EMBEDDING)
     images = sixteen_images()
     bodies = [chat(image, "Describe this image.", 16) for image in images]
-    servers = Servers(projector, 1, args.threads, workdir)
+    servers = Servers(projector, 1, args.threads, workdir, model)
     theirs = servers.run("llama-server", lambda base: [answer(base, body) for body in bodies])
     ours = servers.run("multiseq", lambda base: [answer(base, body) for body in bodies])
     same_text = sum(1 for a, b in zip(theirs, ours) if "text" in a and a == b)
     for index, (a, b) in enumerate(zip(theirs, ours)):
         print(f"image {index:2d}: prompt tokens {a.get('prompt_tokens')}/{b.get('prompt_tokens')} "
               f"{'same' if a == b else 'DIFFERENT'} {json.dumps(b.get('text', b.get('error')))[:50]}", flush=True)
-    batched, reused = _in_process(projector, images)
-    figures["same"] = {"images": len(images), "same_as_llama_server": same_text, "batched_equal_alone": batched,
+    batched, reused = _in_process(projector, images, model)
+    figures[part] = {"images": len(images), "same_as_llama_server": same_text, "batched_equal_alone": batched,
                        "reused_equal_recomputed": reused}
     print(f"same answer as llama-server: {same_text}/16; 16 slots == alone: {batched}/16; reused == afresh: "
           f"{reused}/16", flush=True)
 
 
-def _in_process(projector: Path, images: list[bytes]) -> tuple[int, int]:
+def same_mrope(args, workdir: Path, figures: dict) -> None:
+    """`same` on a model with M-RoPE: Qwen2-VL's text model and projector, tiny and random
+    (tests/tiny_models.py, the tokenizer of DeepSeek-R1-Distill-Qwen-7B), images at their own
+    size (4 to 80 tokens, taking fewer positions than tokens)."""
+    from tiny_models import deepseek_qwen_header, tiny_model_with_tokenizer_of
+    from tiny_projectors import tiny_qwen2vl_projector
+
+    model = tiny_model_with_tokenizer_of(deepseek_qwen_header(), workdir / "tiny-qwen2vl.gguf", arch="qwen2vl")
+    projector = tiny_qwen2vl_projector(workdir / "tiny-qwen2vl-mmproj.gguf", text_embedding=64)
+    same(args, workdir, figures, str(model), projector, "same_mrope")
+
+
+def _in_process(projector: Path, images: list[bytes], model: str = MODEL) -> tuple[int, int]:
     from multiseq import Request, Runner, RunnerConfig, SamplingParams
 
     def ask(image: bytes, question: str) -> Request:
@@ -157,7 +173,7 @@ def _in_process(projector: Path, images: list[bytes]) -> tuple[int, int]:
                        sampling=SamplingParams(max_tokens=16, temperature=0))
 
     def runner(parallel: int, **config) -> Runner:
-        return Runner(RunnerConfig(model=MODEL, mmproj=str(projector), parallel=parallel, slot_ctx=1024,
+        return Runner(RunnerConfig(model=model, mmproj=str(projector), parallel=parallel, slot_ctx=1024,
                                    batch_invariant=True, **config))
 
     with runner(16) as together:
@@ -292,8 +308,9 @@ def _smolvlm_projector(workdir: Path) -> Path:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("parts", nargs="*", default=["same", "questions", "captions", "streams", "memory"],
-                        choices=["same", "questions", "captions", "streams", "memory"])
+    parts = {"same": same, "same-mrope": same_mrope, "questions": questions, "captions": captions, "streams": streams,
+             "memory": memory}
+    parser.add_argument("parts", nargs="*", default=list(parts), choices=list(parts))
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--images", type=int, default=64, help="captions: how many images")
     parser.add_argument("--images-beside", type=int, default=3, help="streams: images sent beside the streams")
@@ -301,8 +318,7 @@ def main() -> None:
     figures: dict = {}
     with tempfile.TemporaryDirectory() as folder:
         for part in args.parts:
-            {"same": same, "questions": questions, "captions": captions, "streams": streams, "memory": memory}[part](
-                args, Path(folder), figures)
+            parts[part](args, Path(folder), figures)
     print(json.dumps(figures))
 
 

@@ -302,19 +302,26 @@ def _header_float(header: GGUFHeader, key: str, default: float) -> float:
 
 
 def tiny_model_with_tokenizer_of(header_gguf: Path, out: Path, shape: TinyShape = TinyShape(),
-                                 seed: int = 0) -> Path:
+                                 seed: int = 0, arch: str = "qwen2") -> Path:
     """A qwen2 GGUF at `out` with tiny random weights and the tokenizer and chat template of the
-    GGUF whose header is `header_gguf` (a whole GGUF, or just its header). Returns `out`."""
+    GGUF whose header is `header_gguf` (a whole GGUF, or just its header). Returns `out`.
+    arch "qwen2vl": Qwen2-VL's text model (the same weights), which places tokens with M-RoPE:
+    its rotary dimensions split in sections for time, rows and columns."""
     header = read_header(header_gguf)
     source_arch = header.value("general.architecture") if "general.architecture" in header.fields else ""
     source_name = header.value("general.name") if "general.name" in header.fields else Path(header_gguf).stem
     n_vocab = header.array_length("tokenizer.ggml.tokens")
-    arch = "qwen2"
     fields = decoder_fields(arch, f"tiny random {arch} with the tokenizer of {source_name}", shape.context,
                             shape.embedding, shape.layers, shape.feed_forward, shape.heads, shape.kv_heads,
                             _header_float(header, f"{source_arch}.rope.freq_base", 1e6),
                             _header_float(header, f"{source_arch}.attention.layer_norm_rms_epsilon", 1e-6))
     fields.update(_copied_fields(header))
+    if arch == "qwen2vl":  # Qwen2-VL's proportions (16, 24, 24, 0 of 128 dimensions' 64 pairs)
+        half = shape.embedding // shape.heads // 2
+        rows = half * 3 // 8
+        sections = [half - 2 * rows, rows, rows, 0]
+        fields[f"{arch}.rope.dimension_sections"] = (
+            ARRAY, struct.pack("<IQ", INT32, 4) + struct.pack("<4i", *sections))
 
     rng = np.random.default_rng(seed)
 

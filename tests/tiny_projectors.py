@@ -2,16 +2,22 @@
 own GGUF writer, its key names from its constants), and small test images.
 
     path = tiny_gemma3_projector(tmp_path / "mmproj.gguf", text_embedding=640)  # for Gemma 3 270M
+    path = tiny_qwen2vl_projector(tmp_path / "mmproj.gguf", text_embedding=64)  # for a tiny qwen2vl
 
 A Gemma 3 projector: a SigLIP vision tower of one layer (56 x 56 pixels in 14-pixel patches,
 16 patches pooled 2 x 2 into 4 image tokens) and the projection into the text model's width.
-Its images mean nothing to the model, but every path an image takes through llama.cpp (decoding
-the file, the encoder, the embeddings decoded without causal attention) is the real one.
+A Qwen2-VL projector: a vision tower of one layer that reads an image at its own size (in
+28-pixel squares, each one image token: 2 x 2 patches merged) and places its tokens with M-RoPE
+(rows and columns), so that an image takes fewer positions than tokens.
+Their images mean nothing to the model, but every path an image takes through llama.cpp
+(decoding the file, the encoder, the embeddings decoded without causal attention or at 2-D
+positions) is the real one.
 """
 
 from __future__ import annotations
 
 import io
+from collections.abc import Callable
 from pathlib import Path
 
 import gguf
@@ -21,15 +27,47 @@ import numpy as np
 def tiny_gemma3_projector(out: Path, text_embedding: int, image_size: int = 56, patch: int = 14, merge: int = 2,
                           embedding: int = 32, heads: int = 2, feed_forward: int = 64, layers: int = 1,
                           seed: int = 0) -> Path:
+    writer, weights = _tower_writer(out, gguf.VisionProjectorType.GEMMA3, image_size, patch, embedding, heads,
+                                    feed_forward, layers, text_embedding, seed)
+    writer.add_uint32(gguf.Keys.ClipVision.Projector.SCALE_FACTOR, merge)
+    weights("v.patch_embd.weight", embedding, 3, patch, patch, dtype=np.float16)  # a convolution's kernel
+    weights("v.patch_embd.bias", embedding)
+    weights("v.position_embd.weight", (image_size // patch) ** 2, embedding)
+    _layers(writer, weights, layers, embedding, feed_forward)
+    writer.add_tensor("mm.soft_emb_norm.weight", np.ones(embedding, np.float32))
+    weights("mm.input_projection.weight", embedding, text_embedding, scale=1.0)
+    return _written(writer, out)
+
+
+def tiny_qwen2vl_projector(out: Path, text_embedding: int, patch: int = 14, embedding: int = 32, heads: int = 2,
+                           feed_forward: int = 64, layers: int = 1, merger: int = 128, seed: int = 0) -> Path:
+    """A Qwen2-VL projector (llama.cpp's "qwen2vl_merger"): two convolutions over the image's
+    patches (one per video frame, both on a still image), the tower, and the merger that takes
+    2 x 2 patches into one token of the text model's width."""
+    writer, weights = _tower_writer(out, gguf.VisionProjectorType.QWEN2VL, 112, patch, embedding, heads,
+                                    feed_forward, layers, text_embedding, seed)
+    weights("v.patch_embd.weight", embedding, 3, patch, patch, dtype=np.float16)
+    weights("v.patch_embd.weight.1", embedding, 3, patch, patch, dtype=np.float16)
+    _layers(writer, weights, layers, embedding, feed_forward)
+    weights("mm.0.weight", merger, 4 * embedding, scale=0.2)
+    weights("mm.0.bias", merger)
+    weights("mm.2.weight", text_embedding, merger, scale=0.5)
+    weights("mm.2.bias", text_embedding)
+    return _written(writer, out)
+
+
+def _tower_writer(out: Path, projector_type: str, image_size: int, patch: int, embedding: int, heads: int,
+                  feed_forward: int, layers: int, text_embedding: int,
+                  seed: int) -> tuple[gguf.GGUFWriter, Callable[..., None]]:
+    """A writer with a vision tower's hyperparameters, and a function adding random weights."""
     rng = np.random.default_rng(seed)
     keys = gguf.Keys.ClipVision
     writer = gguf.GGUFWriter(str(out), "clip")
-    writer.add_clip_projector_type(gguf.VisionProjectorType.GEMMA3)
+    writer.add_clip_projector_type(projector_type)
     writer.add_clip_has_vision_encoder(True)
     for key, value in ((keys.IMAGE_SIZE, image_size), (keys.PATCH_SIZE, patch), (keys.EMBEDDING_LENGTH, embedding),
                        (keys.FEED_FORWARD_LENGTH, feed_forward), (keys.PROJECTION_DIM, text_embedding),
-                       (keys.BLOCK_COUNT, layers), (keys.Attention.HEAD_COUNT, heads),
-                       (keys.Projector.SCALE_FACTOR, merge)):
+                       (keys.BLOCK_COUNT, layers), (keys.Attention.HEAD_COUNT, heads)):
         writer.add_uint32(key, value)
     writer.add_float32(keys.Attention.LAYERNORM_EPS, 1e-6)
     writer.add_array(keys.IMAGE_MEAN, [0.5, 0.5, 0.5])
@@ -39,28 +77,30 @@ def tiny_gemma3_projector(out: Path, text_embedding: int, image_size: int = 56, 
     def weights(name: str, *shape: int, scale: float = 0.05, dtype=np.float32) -> None:
         writer.add_tensor(name, (rng.standard_normal(shape) * scale).astype(dtype))
 
-    def ones(name: str, size: int) -> None:
-        writer.add_tensor(name, np.ones(size, np.float32))
+    return writer, weights
 
-    weights("v.patch_embd.weight", embedding, 3, patch, patch, dtype=np.float16)  # a convolution's kernel
-    weights("v.patch_embd.bias", embedding)
-    weights("v.position_embd.weight", (image_size // patch) ** 2, embedding)
+
+def _layers(writer: gguf.GGUFWriter, weights: Callable[..., None], layers: int, embedding: int,
+            feed_forward: int) -> None:
+    """The tower's layers (attention and a GELU feed-forward, each after a layer norm) and the
+    norm after them."""
     for layer in range(layers):
         block = f"v.blk.{layer}."
         for part in ("attn_q", "attn_k", "attn_v", "attn_out"):
             weights(block + part + ".weight", embedding, embedding)
             weights(block + part + ".bias", embedding)
         for norm in ("ln1", "ln2"):
-            ones(block + norm + ".weight", embedding)
+            writer.add_tensor(block + norm + ".weight", np.ones(embedding, np.float32))
             writer.add_tensor(block + norm + ".bias", np.zeros(embedding, np.float32))
         weights(block + "ffn_up.weight", feed_forward, embedding)
         weights(block + "ffn_up.bias", feed_forward)
         weights(block + "ffn_down.weight", embedding, feed_forward)
         weights(block + "ffn_down.bias", embedding)
-    ones("v.post_ln.weight", embedding)
+    writer.add_tensor("v.post_ln.weight", np.ones(embedding, np.float32))
     writer.add_tensor("v.post_ln.bias", np.zeros(embedding, np.float32))
-    ones("mm.soft_emb_norm.weight", embedding)
-    weights("mm.input_projection.weight", embedding, text_embedding, scale=1.0)
+
+
+def _written(writer: gguf.GGUFWriter, out: Path) -> Path:
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

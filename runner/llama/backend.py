@@ -297,9 +297,12 @@ class LlamaBackend:
         self.slot_kv = SlotKv(llama, self._ctx, self.pooled, n_swa, num_slots)
         self.can_shift = self.slot_kv.can_shift
         self._batch = _BatchBuffers(n_batch)
-        self.media = MediaDecoder(llama, model.projector, n_batch) if model.projector is not None else None
-        self.modalities = {"vision": bool(model.projector and model.projector.reads_images),
-                           "audio": bool(model.projector and model.projector.reads_audio)}
+        projector = model.projector
+        self.media = MediaDecoder(llama, mtmd, projector, n_batch) if projector is not None else None
+        if projector is not None and projector.uses_mrope:  # an image takes fewer positions than tokens
+            self.slot_kv.stretches, self._batch.position_of = True, self.slot_kv.positions.position
+        self.modalities = {"vision": bool(projector and projector.reads_images),
+                           "audio": bool(projector and projector.reads_audio)}
         self.graph_sampling = SlotChains(llama, self._ctx, self._batch, model.n_vocab)
         self.n_embd = llama.llama_model_n_embd_out(model.handle)
         self.embedding_output = EmbeddingOutput(llama, self.n_embd, llama.llama_model_n_cls_out(model.handle)
@@ -310,19 +313,11 @@ class LlamaBackend:
         self.last_embeddings: dict = {}
         self.last_decode_seconds = 0.0  # the llama_decode call alone, without filling the batch
         # Text work needs only the model; the runner reaches it through the backend.
-        self.tokenize, self.token_bytes = model.tokenize, model.token_bytes
-        self.is_end_of_generation = model.is_end_of_generation
-        self.end_of_generation_tokens = model.end_of_generation_tokens
-        self.render_chat = model.render_chat
-        self.chat_template_source = model.chat_template_source
-        self.grammar_tokenizer = model.grammar_tokenizer
-        self.bos_and_eos_texts = model.bos_and_eos_texts
-        self.fim_tokens = model.fim_tokens
-        self.rerank_tokens = model.rerank_tokens
+        for name in ("tokenize", "token_bytes", "is_end_of_generation", "end_of_generation_tokens", "render_chat",
+                     "chat_template_source", "grammar_tokenizer", "bos_and_eos_texts", "fim_tokens", "rerank_tokens",
+                     "bos_token", "render_tokens", "tokenize_media"):
+            setattr(self, name, getattr(model, name))
         self.model_pooling = model.pooling
-        self.bos_token = model.bos_token
-        self.render_tokens = model.render_tokens
-        self.tokenize_media = model.tokenize_media
         # The KV of one slot (SlotKv's methods say what each does), for the engine.
         for name in ("clear_slot", "reuse_prefix", "undo_failed_decode", "rewind_slot", "save_slot", "restore_slot",
                      "shift_slot", "slot_pos_max", "slot_pos_min"):

@@ -8,6 +8,8 @@ step's entries; `rows_in_entry_order` puts the rows of two decodes back in the s
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from .batch import BatchEntry, ChunkRules
@@ -30,6 +32,9 @@ class BatchArrays:
         self.output_indices: list[int] = []  # where each output row's token is in the batch
         # Per entry that embeds: its slot and where its tokens are in the batch.
         self.embedding_spans: list[tuple[int, int, int]] = []
+        # (slot, index) -> the model's position of that token, where it is not the index (a
+        # model whose images take fewer positions than tokens: multiseq.llama.positions).
+        self.position_of: Callable[[int, int], int] | None = None
 
     def fill(self, entries: list[BatchEntry]) -> int:
         """Write the entries into the arrays; return the number of output rows requested.
@@ -46,7 +51,8 @@ class BatchArrays:
             if entry.embeds:
                 self.embedding_spans.append((entry.slot, len(tokens), len(tokens) + length))
             tokens += entry.tokens
-            positions += range(entry.start_pos, entry.start_pos + length)
+            start = entry.start_pos if self.position_of is None else self.position_of(entry.slot, entry.start_pos)
+            positions += range(start, start + length)
             seq_ids += [entry.slot] * length
             if entry.wants_output or entry.scores_prompt:
                 output_indices += range(len(tokens) - entry.num_outputs, len(tokens))

@@ -15,7 +15,8 @@ from types import ModuleType
 import numpy as np
 
 from .batch import SlotState
-from .kv_states import StateFormatError, restreamed
+from .kv_states import StateFormatError, cell_positions, restreamed
+from .positions import SlotPositions
 
 # The KV cache types by llama.cpp's names (-ctk/-ctv), as ggml's enum (ggml.h) numbers them;
 # llama-cpp-python does not export them all (no GGML_TYPE_BF16).
@@ -61,6 +62,11 @@ class SlotKv:
         self._num_slots = num_slots
         self.rebind(ctx, is_pool)
         self.can_shift = bool(llama.llama_memory_can_shift(self._memory))
+        # Where each slot's tokens stand in the model's positions: its index, but after an image
+        # of a model with M-RoPE (`stretches`: the backend's projector places images so). Every
+        # length below is in tokens, and translated here.
+        self.positions = SlotPositions()
+        self.stretches = False
 
     def rebind(self, ctx, is_pool: bool) -> None:
         """Work on another context (the backend's, after it changed layout)."""
@@ -82,6 +88,7 @@ class SlotKv:
     def clear_slot(self, slot: int) -> None:
         self._llama.llama_memory_seq_rm(self._memory, slot, -1, -1)
         self.awaiting_copy.pop(slot, None)
+        self.positions.clear(slot)
 
     def reuse_prefix(self, slot: int, source_slot: int, length: int) -> bool:
         """Make the slot's KV hold positions [0, length) of the source slot's.
@@ -98,15 +105,17 @@ class SlotKv:
         elif source_slot != slot:
             self._llama.llama_memory_seq_cp(self._memory, source_slot, slot, -1, -1)
             self.awaiting_copy[slot] = (source_slot, length)
+        self.positions.copy(slot, source_slot)
         return self.cut_back(slot, length)
 
     def share_front(self, slot: int, source_slot: int, length: int) -> None:
-        """In a pool: the slot also holds the source's cells for positions [0, length)."""
-        self._llama.llama_memory_seq_cp(self._memory, source_slot, slot, 0, length)
+        """In a pool: the slot also holds the source's cells for its first `length` tokens."""
+        end = self.positions.position(source_slot, length)
+        self._llama.llama_memory_seq_cp(self._memory, source_slot, slot, 0, end)
 
     def drop_front(self, slot: int, length: int) -> None:
-        """The slot lets go of positions [0, length) (the rest keeps its positions)."""
-        self._llama.llama_memory_seq_rm(self._memory, slot, 0, length)
+        """The slot lets go of its first `length` tokens' cells (the rest keep their positions)."""
+        self._llama.llama_memory_seq_rm(self._memory, slot, 0, self.positions.position(slot, length))
 
     def undo_failed_decode(self, slot: int, start_pos: int) -> bool:
         return self.cut_back(slot, start_pos)
@@ -133,6 +142,8 @@ class SlotKv:
         if not self.load_state(slot, state):
             self.clear_slot(slot)
             return False
+        if self.stretches:
+            self.positions.read_cells(slot, cell_positions(state))
         return self.cut_back(slot, length)
 
     def load_state(self, slot: int, state: SlotState) -> bool:
@@ -155,16 +166,19 @@ class SlotKv:
         attend to the window before it, so those n_swa positions must be there (all positions
         for a model without one). Otherwise the slot is cleared and False returned."""
         llama = self._llama
-        removed = llama.llama_memory_seq_rm(self._memory, slot, length, -1)
+        positions = self.positions
+        last_kept = positions.last_position(slot, length)  # a medium cut through: its cells go, it fails
+        removed = llama.llama_memory_seq_rm(self._memory, slot, positions.position(slot, length), -1)
+        needed_from = positions.position(slot, max(0, length - self._n_swa)) if self._n_swa else 0
+        positions.cut(slot, length)
         if slot in self.awaiting_copy:
             source, copied = self.awaiting_copy[slot]
             self.awaiting_copy[slot] = (source, min(copied, length))
         if length == 0:
             self.awaiting_copy.pop(slot, None)
             return True
-        needed_from = max(0, length - self._n_swa) if self._n_swa else 0
         intact = (removed and 0 <= llama.llama_memory_seq_pos_min(self._memory, slot) <= needed_from
-                  and llama.llama_memory_seq_pos_max(self._memory, slot) == length - 1)
+                  and llama.llama_memory_seq_pos_max(self._memory, slot) == last_kept)
         if not intact:
             self.clear_slot(slot)
         return intact

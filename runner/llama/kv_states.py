@@ -66,6 +66,23 @@ def cell_count(state) -> int:
     return _blocks(memoryview(state).cast("B"))[0].cell_count
 
 
+def cell_positions(state) -> np.ndarray:
+    """The positions of the state's cells (its full cache's), in the order saved: one row per
+    cell of its position and, where the model keeps 2-D positions (M-RoPE), its x and y (else
+    0, 0)."""
+    view = memoryview(state).cast("B")
+    blocks, ext_bytes = _layout(view)
+    block = blocks[0]
+    if not block.cells:
+        return np.zeros((0, 3), dtype=np.int32)
+    start = block.cells[0]
+    words = np.frombuffer(view[start:start + block.cell_count * (12 + ext_bytes)], dtype=np.int32).reshape(
+        block.cell_count, -1)
+    if not ext_bytes:  # pos, n_seq_id, seq_id
+        return np.column_stack([words[:, 0], np.zeros((block.cell_count, 2), dtype=np.int32)])
+    return words[:, [0, 2, 3]].copy()  # pos, n_seq_id, ext (x, y, tok), seq_id
+
+
 def restreamed(state, streams: int) -> np.ndarray:
     """The state as a context with `streams` KV streams reads it (the same bytes where it
     already has that many: every KV cache of one context has its stream count, so the first
@@ -96,8 +113,12 @@ def _put(out: np.ndarray, at: int, data) -> int:
 
 
 def _blocks(view: memoryview) -> list[_Block]:
+    return _layout(view)[0]
+
+
+def _layout(view: memoryview) -> tuple[list[_Block], int]:
     """The state's KV caches, read for each cell layout the format allows; the one that reads
-    the bytes exactly, end to end."""
+    the bytes exactly, end to end; and the bytes of a cell's ext in it."""
     for ext_bytes, has_v in _CELL_LAYOUTS:
         try:
             blocks, at = [], _HEADER_BYTES
@@ -106,7 +127,7 @@ def _blocks(view: memoryview) -> list[_Block]:
                 blocks.append(block)
                 at = block.end
             if blocks:
-                return blocks
+                return blocks, ext_bytes
         except (StateFormatError, struct.error):
             continue
     raise StateFormatError("not a one-sequence KV state of a known layout")

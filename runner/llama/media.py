@@ -52,15 +52,17 @@ def placeholder_of(projector_identity: bytes, media: bytes) -> int:
 
 class MediaChunk:
     """One encoded unit of media in a prompt (an image, a slice of audio): its placeholder id,
-    how many tokens it takes, whether the model attends across all of them at once (Gemma 3's
+    how many tokens and positions it takes (fewer positions with M-RoPE: its tokens stand at
+    their row and column), whether the model attends across all of them at once (Gemma 3's
     images), and llama.cpp's chunk, freed with this object."""
 
     def __init__(self, mtmd: ModuleType, chunk, placeholder: int, num_tokens: int, non_causal: bool,
-                 projector: Projector | None = None) -> None:
+                 projector: Projector | None = None, num_positions: int | None = None) -> None:
         self._mtmd = mtmd
         self._chunk = chunk
         self.placeholder = placeholder
         self.num_tokens = num_tokens
+        self.num_positions = num_tokens if num_positions is None else num_positions
         self.non_causal = non_causal
         self._projector = weakref.ref(projector) if projector is not None else None
 
@@ -144,10 +146,7 @@ class Projector:
             raise BackendError(f"llama.cpp could not load the projector file {path} for this model")
         self.reads_images = bool(mtmd.mtmd_support_vision(self._ctx))
         self.reads_audio = bool(mtmd.mtmd_support_audio(self._ctx))
-        if mtmd.mtmd_decode_use_mrope(self._ctx):
-            self.close()
-            raise BackendError(f"the projector {Path(path).name} places media with M-RoPE positions (Qwen2-VL and "
-                               f"later), which multiseq does not run yet")
+        self.uses_mrope = bool(mtmd.mtmd_decode_use_mrope(self._ctx))  # Qwen2-VL and later
         self.n_embd = llama.llama_model_n_embd_inp(model_handle)
         self._identity = _file_identity(Path(path))
         self._lock = threading.Lock()  # the held chunks, the embeddings kept, the queue to encode
@@ -274,7 +273,8 @@ class Projector:
             mtmd = self._mtmd
             media = MediaChunk(mtmd, mtmd.mtmd_input_chunk_copy(chunk), placeholder,
                                mtmd.mtmd_input_chunk_get_n_tokens(chunk),
-                               bool(mtmd.mtmd_decode_use_non_causal(self._ctx, chunk)), self)
+                               bool(mtmd.mtmd_decode_use_non_causal(self._ctx, chunk)), self,
+                               mtmd.mtmd_input_chunk_get_n_pos(chunk))
             self._held[placeholder] = media
             return media
 
@@ -334,11 +334,19 @@ class MediaDecoder:
     """The media chunks of a step, each decoded from its embeddings in a llama_decode of its own
     (a batch holds tokens or embeddings, not both), before the step's other entries."""
 
-    def __init__(self, llama: ModuleType, projector: Projector, capacity: int) -> None:
-        self._llama, self.projector = llama, projector
+    def __init__(self, llama: ModuleType, mtmd: ModuleType, projector: Projector, capacity: int) -> None:
+        self._llama, self._mtmd, self.projector = llama, mtmd, projector
         self.capacity = capacity
         self._batch = llama.llama_batch_init(capacity, projector.n_embd, 1)
-        self._positions = np.ctypeslib.as_array(self._batch.pos, shape=(capacity,))
+        # With M-RoPE, an embedding's position has 4 parts (time, row, column, unused), given
+        # part after part (llama.cpp's decode_embd_batch): positions of 4 x capacity, in place
+        # of the batch's own until it is freed.
+        self._position_type = type(self._batch.pos)
+        self._own_positions = ctypes.cast(self._batch.pos, ctypes.c_void_p).value  # (a field read shares the struct)
+        sections = 4 if projector.uses_mrope else 1
+        self._positions = np.zeros(sections * capacity, dtype=np.int32)
+        self._batch.pos = self._positions.ctypes.data_as(self._position_type)
+        self._decoder_positions = (mtmd.mtmd_decoder_pos * capacity)() if projector.uses_mrope else None
         self._embeddings = np.ctypeslib.as_array(self._batch.embd, shape=(capacity, projector.n_embd))
         self._num_seq_ids = np.ctypeslib.as_array(self._batch.n_seq_id, shape=(capacity,))
         self._outputs = np.ctypeslib.as_array(self._batch.logits, shape=(capacity,))
@@ -347,6 +355,7 @@ class MediaDecoder:
 
     def close(self) -> None:
         if self._batch is not None:
+            self._batch.pos = ctypes.cast(ctypes.c_void_p(self._own_positions), self._position_type)
             self._llama.llama_batch_free(self._batch)
             self._batch = None
 
@@ -354,15 +363,18 @@ class MediaDecoder:
         """Decode the step's media entries (one medium each, never an output row: a prompt with
         media ends with text), then `decode_rest` of the others, whose rows it returns. Where a
         decode fails, the media decoded before it are cut back out of their slots' KV (`kv`:
-        multiseq.llama.kv.SlotKv, told of each decode too: it applies the queued copies)."""
+        multiseq.llama.kv.SlotKv, told of each decode too: it applies the queued copies, and
+        keeps where each medium stands in its slot's positions)."""
         media = [entry for entry in entries if is_placeholder(entry.tokens[0])]
         rest = [entry for entry in entries if not is_placeholder(entry.tokens[0])]
         decoded = []
         self.last_seconds = 0.0
         try:
             for entry in media:
-                self._decode(ctx, entry.slot, entry.tokens[0], len(entry.tokens), entry.start_pos)
+                chunk = self._decode(ctx, entry.slot, entry.tokens[0], len(entry.tokens),
+                                     kv.positions.position(entry.slot, entry.start_pos))
                 kv.decoded()
+                kv.positions.placed(entry.slot, entry.start_pos, chunk.num_tokens, chunk.num_positions)
                 decoded.append(entry)
             return decode_rest(rest)
         except (NoKvSlot, BackendError):
@@ -370,14 +382,14 @@ class MediaDecoder:
                 kv.cut_back(entry.slot, entry.start_pos)
             raise
 
-    def _decode(self, ctx, slot: int, placeholder: int, count: int, start_pos: int) -> None:
+    def _decode(self, ctx, slot: int, placeholder: int, count: int, position: int) -> MediaChunk:
         media = self.projector.media_of(placeholder)
         if count != media.num_tokens:
             raise BackendError("a media chunk was cut by a prompt chunk")
         if count > self.capacity:
             raise BackendError(f"a media chunk of {count} tokens does not fit one llama_decode ({self.capacity})")
         self._embeddings[:count] = self.projector.embeddings(media)
-        self._positions[:count] = np.arange(start_pos, start_pos + count, dtype=np.int32)
+        self._place(media, count, position)
         self._num_seq_ids[:count] = 1
         for index in range(count):
             self._batch.seq_id[index][0] = slot
@@ -398,3 +410,21 @@ class MediaDecoder:
             raise NoKvSlot("llama_decode found no KV slot for a media chunk")
         if code != 0:
             raise BackendError(f"llama_decode of a media chunk failed with code {code}")
+        return media
+
+    def _place(self, media: MediaChunk, count: int, position: int) -> None:
+        """The positions of the medium's tokens from `position`: one after another, or with
+        M-RoPE an image's at its time position and each token's row and column (llama.cpp's
+        mtmd_helper_image_get_decoder_pos), audio's one after another in every part."""
+        if self._decoder_positions is None:
+            self._positions[:count] = np.arange(position, position + count, dtype=np.int32)
+            return
+        mtmd = self._mtmd
+        if mtmd.mtmd_input_chunk_get_type(media.chunk) == mtmd.MTMD_INPUT_CHUNK_TYPE_IMAGE:
+            mtmd.mtmd_helper_image_get_decoder_pos(mtmd.mtmd_input_chunk_get_tokens_image(media.chunk), position,
+                                                   self._decoder_positions)
+            parts = np.frombuffer(self._decoder_positions, dtype=np.uint32).reshape(-1, 4)[:count]
+            sections = parts[:, [0, 2, 1, 3]].astype(np.int32)  # t, y, x, z: llama.cpp's order of the parts
+        else:
+            sections = np.repeat(np.arange(position, position + count, dtype=np.int32)[:, None], 4, axis=1)
+        self._positions[:4 * count] = sections.T.reshape(-1)
