@@ -54,12 +54,18 @@ class MediaChunk:
     """One encoded unit of media in a prompt (an image, a slice of audio): its placeholder id,
     how many tokens and positions it takes (fewer positions with M-RoPE: its tokens stand at
     their row and column), whether the model attends across all of them at once (Gemma 3's
-    images), and llama.cpp's chunk, freed with this object."""
+    images), and llama.cpp's chunk, freed with this object.
+
+    Freed by a weakref.finalize, not __del__: Python runs __del__ before it clears the object's
+    weak references, so another thread could still find the chunk in the registry (a weak
+    dictionary) while it is being freed and decode a freed chunk; finalize runs after."""
 
     def __init__(self, mtmd: ModuleType, chunk, placeholder: int, num_tokens: int, non_causal: bool,
                  projector: Projector | None = None, num_positions: int | None = None) -> None:
-        self._mtmd = mtmd
         self._chunk = chunk
+        if chunk is not None:
+            freeing = weakref.finalize(self, mtmd.mtmd_input_chunk_free, chunk)
+            freeing.atexit = False  # (the process's end frees it; the library may be gone by then)
         self.placeholder = placeholder
         self.num_tokens = num_tokens
         self.num_positions = num_tokens if num_positions is None else num_positions
@@ -75,11 +81,6 @@ class MediaChunk:
         the step may encode it; else it is queued for the encoder thread (see Projector.ready)."""
         projector = self._projector() if self._projector is not None else None
         return projector is None or projector.ready(self) or not encode_beside
-
-    def __del__(self) -> None:
-        if getattr(self, "_chunk", None):
-            self._mtmd.mtmd_input_chunk_free(self._chunk)
-            self._chunk = None
 
 
 @dataclass(frozen=True)
