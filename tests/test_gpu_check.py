@@ -32,7 +32,7 @@ def test_a_made_model_has_its_shape_and_the_vocabulary_it_was_given(tmp_path):
     assert made.value("qwen2.block_count") == shape.layers
     assert made.value("tokenizer.chat_template") == "{{ messages }}"
     assert made.array_length("tokenizer.ggml.tokens") == read_header(header).array_length("tokenizer.ggml.tokens")
-    names = {tensor.name for tensor in made.tensors}
+    names = set(made.tensor_names)
     assert "blk.1.attn_q.bias" in names and "output.weight" in names  # qwen2: biases, an output of its own
 
 

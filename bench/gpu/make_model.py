@@ -30,7 +30,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 
-from tiny_models import decoder_fields, decoder_tensors, encode_value, read_header, write_gguf  # noqa: E402
+from gguf_lite import decoder_fields, encode_value, read_header, write_gguf  # noqa: E402
+from tiny_models import decoder_tensors  # noqa: E402  (numpy only: gguf-py is not imported)
 
 POOL_VALUES = 1 << 22
 WEIGHT_SCALE = 0.02
