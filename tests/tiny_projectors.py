@@ -56,6 +56,66 @@ def tiny_qwen2vl_projector(out: Path, text_embedding: int, patch: int = 14, embe
     return _written(writer, out)
 
 
+def tiny_qwen2_audio_projector(out: Path, text_embedding: int, mel_bins: int = 128, embedding: int = 32,
+                               heads: int = 2, feed_forward: int = 64, layers: int = 1, seed: int = 0) -> Path:
+    """A Qwen2-Audio projector (llama.cpp's "qwen2a"): a Whisper-style encoder (two convolutions
+    over the log-mel frames, the second halving them, 1,500 learned positions for 30 s) and a
+    projection into the text model's width after pooling frames 2 by 2: 750 tokens a 30 s
+    window, audio being padded to whole windows."""
+    rng = np.random.default_rng(seed)
+    writer = gguf.GGUFWriter(str(out), "clip")
+    writer.add_clip_has_audio_encoder(True)
+    writer.add_clip_audio_projector_type(gguf.VisionProjectorType.QWEN2A)
+    writer.add_audio_num_mel_bins(mel_bins)
+    writer.add_audio_embedding_length(embedding)
+    writer.add_audio_feed_forward_length(feed_forward)
+    writer.add_audio_block_count(layers)
+    writer.add_audio_head_count(heads)
+    writer.add_audio_projection_dim(text_embedding)
+    writer.add_audio_attention_layernorm_eps(1e-5)
+
+    def weights(name: str, *shape: int, scale: float = 0.05, dtype=np.float32) -> None:
+        writer.add_tensor(name, (rng.standard_normal(shape) * scale).astype(dtype))
+
+    weights("a.conv1d.1.weight", embedding, mel_bins, 3, dtype=np.float16)
+    weights("a.conv1d.1.bias", embedding, 1)  # (one per channel, across the frames)
+    weights("a.conv1d.2.weight", embedding, embedding, 3, dtype=np.float16)
+    weights("a.conv1d.2.bias", embedding, 1)
+    weights("a.position_embd.weight", 1500, embedding)
+    for layer in range(layers):
+        block = f"a.blk.{layer}."
+        for part in ("attn_q", "attn_k", "attn_v", "attn_out"):
+            weights(block + part + ".weight", embedding, embedding)
+            if part != "attn_k":  # Whisper's keys have no bias
+                weights(block + part + ".bias", embedding)
+        for norm in ("ln1", "ln2"):
+            writer.add_tensor(block + norm + ".weight", np.ones(embedding, np.float32))
+            writer.add_tensor(block + norm + ".bias", np.zeros(embedding, np.float32))
+        weights(block + "ffn_up.weight", feed_forward, embedding)
+        weights(block + "ffn_up.bias", feed_forward)
+        weights(block + "ffn_down.weight", embedding, feed_forward)
+        weights(block + "ffn_down.bias", embedding)
+    writer.add_tensor("a.post_ln.weight", np.ones(embedding, np.float32))
+    writer.add_tensor("a.post_ln.bias", np.zeros(embedding, np.float32))
+    weights("mm.a.fc.weight", text_embedding, embedding, scale=1.0)
+    weights("mm.a.fc.bias", text_embedding)
+    return _written(writer, out)
+
+
+def wav_of(seconds: float, seed: int, rate: int = 16000) -> bytes:
+    """A WAV file of noise, 16-bit mono."""
+    import wave
+
+    samples = (np.random.default_rng(seed).standard_normal(int(seconds * rate)) * 3000).astype("<i2")
+    buffer = io.BytesIO()
+    with wave.open(buffer, "wb") as file:
+        file.setnchannels(1)
+        file.setsampwidth(2)
+        file.setframerate(rate)
+        file.writeframes(samples.tobytes())
+    return buffer.getvalue()
+
+
 def _tower_writer(out: Path, projector_type: str, image_size: int, patch: int, embedding: int, heads: int,
                   feed_forward: int, layers: int, text_embedding: int,
                   seed: int) -> tuple[gguf.GGUFWriter, Callable[..., None]]:
