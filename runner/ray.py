@@ -20,6 +20,7 @@ cannot finish comes back as a failed result that names the reason, so `--resume`
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import json
 import logging
@@ -312,17 +313,18 @@ def merge_stats(parts: list[RunStats]) -> RunStats:
 class MultiseqPredictor:
     """For `ray.data.Dataset.map_batches` (with concurrency=N: N actors, each loads the model
     once and keeps its Runner). Each row has the fields of a JSONL prompt line (`id`, `prompt`
-    or `messages`, per-row sampling fields); each output row is the record batch-run writes for
-    it, with an error record for a row that cannot run. Where the model runs (n_gpu_layers,
-    main_gpu, split_mode, tensor_split, flash_attn) is RunnerConfig's; sampling defaults
-    (max_tokens, temperature, ...) are keyword arguments, like batch-run's options."""
+    or `messages`, per-row sampling fields; an image_url part's url may be the image's bytes);
+    each output row is the record batch-run writes for it, with an error record for a row that
+    cannot run. Where the model runs (n_gpu_layers, main_gpu, split_mode, tensor_split,
+    flash_attn) and its projector (mmproj) are RunnerConfig's; sampling defaults (max_tokens,
+    temperature, ...) are keyword arguments, like batch-run's options."""
 
     def __init__(self, model: str = models.DEFAULT_MODEL, parallel: int = default_of(RunnerConfig, "parallel"),
                  threads: int = 1,
                  slot_ctx: int | None = None, batch_invariant: bool = False, seed: int | None = None,
                  **options: Any) -> None:
         config = {"slot_ctx": slot_ctx} if slot_ctx is not None else {}
-        placement = {name: options.pop(name) for name in _PLACEMENT_FIELDS if name in options}
+        placement = {name: options.pop(name) for name in (*_PLACEMENT_FIELDS, "mmproj") if name in options}
         self._config = RunnerConfig(model=model, parallel=parallel, threads=threads, batch_invariant=batch_invariant,
                                     seed=seed, **config, **placement)
         self._defaults = SamplingParams(**options)
@@ -384,9 +386,12 @@ def _rows_of(batch) -> list[dict[str, Any]]:
 
 
 def _plain(value: Any) -> Any:
-    """numpy values (from a numpy or pandas batch) as the JSON values they hold."""
+    """numpy values (from a numpy or pandas batch) as the JSON values they hold; bytes (an
+    image's or a clip's, where a row gives a part's url or data as bytes) as a data URL."""
     if hasattr(value, "tolist"):
         return value.tolist()
+    if isinstance(value, (bytes, bytearray)):
+        return "data:application/octet-stream;base64," + base64.b64encode(value).decode("ascii")
     raise TypeError(f"{type(value).__name__} is not a JSON value")
 
 

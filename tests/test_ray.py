@@ -174,3 +174,35 @@ def test_cluster_errors_are_one_line(cluster, prompts_file, run_cli):
     assert no_ray.exit_code == 2 and "--workers needs --ray" in no_ray.output
     nobody = run_cli("batch-run", str(prompts_file), "--ray", "127.0.0.1:9")
     assert nobody.exit_code == 1 and "could not connect to the Ray cluster at 127.0.0.1:9" in nobody.output
+
+
+def test_ray_data_rows_carry_image_bytes(cluster, unpacked_model, real_runner, tmp_path):
+    """A row's image_url part may hold the image's bytes (a dataset read from image files has
+    them so): the record is the one a plain run gives the same image."""
+    from tiny_projectors import image_of, tiny_gemma3_projector
+
+    projector = tiny_gemma3_projector(tmp_path / "mmproj.gguf", text_embedding=640)
+    images = [image_of(64, 48, seed) for seed in (1, 2)]
+
+    def messages(image) -> list[dict]:
+        return [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": image}},
+                                             {"type": "text", "text": "Describe this image."}]}]
+
+    gemma = unpacked_model("gemma3-270m")
+    gemma.load_projector(str(projector), threads=1, flash_attn="auto")
+    try:
+        expected = real_runner(gemma, 2, batch_invariant=True).run_batch(
+            [Request(messages=[{"role": "user", "content": [{"type": "image", "data": image},
+                                                            {"type": "text", "text": "Describe this image."}]}],
+                     sampling=SamplingParams(max_tokens=6, temperature=0)) for image in images])
+    finally:
+        gemma.projector.close()
+        gemma.projector = None
+    dataset = ray.data.from_items([{"id": f"img{index}", "messages": messages(image)}
+                                   for index, image in enumerate(images)])
+    results = multiseq_ray.generate(dataset, workers=1, threads=1, model="gemma3-270m", mmproj=str(projector),
+                                    parallel=2, batch_invariant=True, max_tokens=6, temperature=0).take_all()
+    by_id = {record["id"]: record for record in results}
+    assert [by_id[f"img{index}"]["error"] for index in range(2)] == [None, None]
+    assert [by_id[f"img{index}"]["text"] for index in range(2)] == [result.text for result in expected]
+    assert by_id["img0"]["prompt_tokens"] == expected[0].prompt_tokens
