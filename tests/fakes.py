@@ -139,7 +139,7 @@ class FakeMediaChunk(MediaChunk):
     """A medium whose encoding beside the steps takes `backend.encode_checks` readiness checks."""
 
     def __init__(self, backend: FakeBackend, placeholder: int) -> None:
-        super().__init__(None, None, placeholder, FAKE_MEDIA_TOKENS, True)
+        super().__init__(None, None, placeholder, FAKE_MEDIA_TOKENS, backend.media_non_causal)
         self.backend = backend
 
     def ready(self, encode_beside: bool) -> bool:
@@ -197,6 +197,7 @@ class FakeBackend:
         self.has_pending_token = [False] * num_slots
         self.calls: list[DecodeCall] = []
         self.media_decodes: list[tuple[int, int]] = []  # (slot, placeholder) of every medium decoded
+        self.media_non_causal = True  # its media's tokens attend both ways (Gemma 3's images; audio: no)
         self.encode_checks = 3  # steps a medium encoded beside them takes (FakeMediaChunk)
         self.beside_checks: list[int] = []  # placeholders asked for while a stream was watched
         self.shifts: list[tuple[int, int, int]] = []
@@ -314,7 +315,11 @@ class FakeBackend:
     def _decode(self, entries: list) -> np.ndarray:
         started = time.perf_counter()
         num_tokens = sum(len(entry.tokens) for entry in entries)
-        assert 0 < num_tokens <= self.n_batch, f"batch of {num_tokens} tokens exceeds n_batch {self.n_batch}"
+        # (as the real backend: a medium is a decode of its own; one read causally, in pieces)
+        text_tokens = sum(len(entry.tokens) for entry in entries if entry.tokens[0] >= 0)
+        assert 0 < num_tokens and text_tokens <= self.n_batch, f"batch of {text_tokens} tokens exceeds n_batch"
+        assert all(len(entry.tokens) <= self.n_batch or not self.media_non_causal for entry in entries
+                   if entry.tokens[0] < 0), "a medium read both ways must fit one decode"
         slots = [entry.slot for entry in entries]
         assert slots == sorted(set(slots)), f"entries must be one per slot, in slot order: {slots}"
         if self.no_kv_slot_above is not None and num_tokens > self.no_kv_slot_above:

@@ -1,8 +1,8 @@
 """Audio through llama.cpp's multimodal library: Gemma 3 270M (a model of its own, not the
 session's) with a tiny random Qwen2-Audio projector (tests/tiny_projectors.py). A WAV is cut into
 30 s windows of 750 tokens each; the answer does not depend on what runs beside it, a clip asked
-again is not computed again, Chat Completions' input_audio reaches the engine, and a runner whose
-llama_decode cannot hold a window says so."""
+again is not computed again, Chat Completions' input_audio reaches the engine, and a window
+larger than one llama_decode is decoded in pieces."""
 
 from __future__ import annotations
 
@@ -73,6 +73,11 @@ def test_input_audio_reaches_the_engine_and_an_image_to_an_audio_projector_is_re
     assert props["modalities"] == {"vision": False, "audio": True}
 
 
-def test_a_window_larger_than_one_decode_fails_its_request_saying_which_flag(hearing_gemma, real_runner):
-    [result] = real_runner(hearing_gemma, 1, slot_ctx=2048, n_batch=512).run_batch([hear(CLIP)])
-    assert result.error == "a medium takes 750 tokens, more than one llama_decode holds (-b/--batch-size 512)"
+def test_a_window_larger_than_one_decode_is_decoded_in_pieces_to_the_same_answer(hearing_gemma, real_runner):
+    """-b 512 against a 750-token window: decoded in two pieces (its tokens are read causally),
+    as llama.cpp's helper does, the answer the one from a single decode (batch-invariant)."""
+    whole = real_runner(hearing_gemma, 1, slot_ctx=2048, n_batch=1024, batch_invariant=True).run_batch([hear(CLIP)])
+    pieces = real_runner(hearing_gemma, 2, slot_ctx=2048, n_batch=512, batch_invariant=True).run_batch(
+        [hear(CLIP), Request(prompt="The weather today is", sampling=GREEDY)])
+    assert [result.error for result in pieces] == [None, None]
+    assert pieces[0].text == whole[0].text and pieces[0].prompt_tokens == whole[0].prompt_tokens

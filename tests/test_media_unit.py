@@ -118,3 +118,21 @@ def test_llama_servers_completion_takes_a_prompt_with_multimodal_data(make_runne
     status, data = post_json(base, "/completion", {"prompt": {"prompt_string": "No marker", "multimodal_data": [
         base64.b64encode(png).decode()]}, "n_predict": 8})
     assert status == 400 and "places 0 media (<__media__>), and 1 are given" in json.loads(data)["error"]["message"]
+
+
+def test_a_medium_larger_than_a_decode_goes_alone_when_read_causally_and_is_refused_otherwise(make_runner):
+    """n_batch 4 against a medium of 6 tokens: read causally (audio), it is the step's only
+    prompt chunk, beside the decoding tokens (the backend decodes it in pieces); read both ways
+    (Gemma 3's images), it cannot be, and its request alone fails saying so."""
+    causal = FakeBackend(n_batch=4, replies={f"<user>{fake_media_name(CAT)}What is it?<assistant>": "a cat"})
+    causal.media_non_causal = False
+    with make_runner(causal) as runner:
+        heard, plain = runner.run_batch([ask(CAT, "What is it?"), Request(prompt="Hi there", sampling=GREEDY)])
+    assert (heard.error, heard.text, plain.error) == (None, "a cat", None)
+    medium_steps = [call for call in causal.calls if any(count == FAKE_MEDIA_TOKENS for _, count, _ in call.entries)]
+    assert medium_steps and all(sum(prefill for *_, prefill in call.entries) == 1 for call in medium_steps)
+    both_ways = FakeBackend(n_batch=4)
+    with make_runner(both_ways) as runner:
+        refused, fine = runner.run_batch([ask(CAT, "What is it?"), Request(prompt="Hi", sampling=GREEDY)])
+    assert refused.error.startswith("a medium takes 6 tokens, more than one llama_decode holds (-b/--batch-size 4)")
+    assert fine.error is None

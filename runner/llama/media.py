@@ -347,7 +347,6 @@ class MediaDecoder:
         sections = 4 if projector.uses_mrope else 1
         self._positions = np.zeros(sections * capacity, dtype=np.int32)
         self._batch.pos = self._positions.ctypes.data_as(self._position_type)
-        self._decoder_positions = (mtmd.mtmd_decoder_pos * capacity)() if projector.uses_mrope else None
         self._embeddings = np.ctypeslib.as_array(self._batch.embd, shape=(capacity, projector.n_embd))
         self._num_seq_ids = np.ctypeslib.as_array(self._batch.n_seq_id, shape=(capacity,))
         self._outputs = np.ctypeslib.as_array(self._batch.logits, shape=(capacity,))
@@ -363,45 +362,45 @@ class MediaDecoder:
     def decode_step(self, ctx, entries: list, decode_rest: Callable, kv) -> np.ndarray:
         """Decode the step's media entries (one medium each, never an output row: a prompt with
         media ends with text), then `decode_rest` of the others, whose rows it returns. Where a
-        decode fails, the media decoded before it are cut back out of their slots' KV (`kv`:
-        multiseq.llama.kv.SlotKv, told of each decode too: it applies the queued copies, and
-        keeps where each medium stands in its slot's positions)."""
+        decode fails, the media decoded before it, and any pieces of it, are cut back out of
+        their slots' KV (`kv`: multiseq.llama.kv.SlotKv, told of each decode too: it applies the
+        queued copies, and keeps where each medium stands in its slot's positions)."""
         media = [entry for entry in entries if is_placeholder(entry.tokens[0])]
         rest = [entry for entry in entries if not is_placeholder(entry.tokens[0])]
-        decoded = []
+        touched = []
         self.last_seconds = 0.0
         try:
             for entry in media:
+                touched.append(entry)
                 chunk = self._decode(ctx, entry.slot, entry.tokens[0], len(entry.tokens),
                                      kv.positions.position(entry.slot, entry.start_pos))
                 kv.decoded()
                 kv.positions.placed(entry.slot, entry.start_pos, chunk.num_tokens, chunk.num_positions)
-                decoded.append(entry)
             return decode_rest(rest)
         except (NoKvSlot, BackendError):
-            for entry in decoded:
+            for entry in touched:
                 kv.cut_back(entry.slot, entry.start_pos)
             raise
 
     def _decode(self, ctx, slot: int, placeholder: int, count: int, position: int) -> MediaChunk:
+        """One medium's llama_decode, or (one read causally, larger than a decode) one per
+        piece of at most `capacity` tokens, as llama.cpp's helper cuts it."""
         media = self.projector.media_of(placeholder)
         if count != media.num_tokens:
             raise BackendError("a media chunk was cut by a prompt chunk")
-        if count > self.capacity:
+        if count > self.capacity and media.non_causal:
             raise BackendError(f"a media chunk of {count} tokens does not fit one llama_decode ({self.capacity})")
-        self._embeddings[:count] = self.projector.embeddings(media)
-        self._place(media, count, position)
-        self._num_seq_ids[:count] = 1
-        for index in range(count):
-            self._batch.seq_id[index][0] = slot
-        self._outputs[:count] = 0
-        self._batch.n_tokens = count
+        embeddings = self.projector.embeddings(media)
+        positions = self._positions_of(media, count, position)
         llama = self._llama
         if media.non_causal:  # Gemma 3: an image's tokens attend to each other both ways
             llama.llama_set_causal_attn(ctx, False)
         started = time.perf_counter()
         try:
-            code = llama.llama_decode(ctx, self._batch)
+            for start in range(0, count, self.capacity):
+                code = self._decode_piece(ctx, slot, embeddings, positions, start, min(self.capacity, count - start))
+                if code != 0:
+                    break
         finally:
             if media.non_causal:
                 llama.llama_set_causal_attn(ctx, True)
@@ -413,19 +412,29 @@ class MediaDecoder:
             raise BackendError(f"llama_decode of a media chunk failed with code {code}")
         return media
 
-    def _place(self, media: MediaChunk, count: int, position: int) -> None:
-        """The positions of the medium's tokens from `position`: one after another, or with
-        M-RoPE an image's at its time position and each token's row and column (llama.cpp's
+    def _decode_piece(self, ctx, slot: int, embeddings: np.ndarray, positions: np.ndarray, start: int,
+                      count: int) -> int:
+        self._embeddings[:count] = embeddings[start:start + count]
+        self._positions[:positions.shape[0] * count] = positions[:, start:start + count].reshape(-1)
+        self._num_seq_ids[:count] = 1
+        for index in range(count):
+            self._batch.seq_id[index][0] = slot
+        self._outputs[:count] = 0
+        self._batch.n_tokens = count
+        return self._llama.llama_decode(ctx, self._batch)
+
+    def _positions_of(self, media: MediaChunk, count: int, position: int) -> np.ndarray:
+        """The positions of the medium's tokens from `position`, one row per part (1, or 4 with
+        M-RoPE: time, row, column, unused, llama.cpp's order): one after another, or with M-RoPE
+        an image's at its time position and each token's row and column (llama.cpp's
         mtmd_helper_image_get_decoder_pos), audio's one after another in every part."""
-        if self._decoder_positions is None:
-            self._positions[:count] = np.arange(position, position + count, dtype=np.int32)
-            return
+        consecutive = np.arange(position, position + count, dtype=np.int32)
+        if not self.projector.uses_mrope:
+            return consecutive[None, :]
         mtmd = self._mtmd
-        if mtmd.mtmd_input_chunk_get_type(media.chunk) == mtmd.MTMD_INPUT_CHUNK_TYPE_IMAGE:
-            mtmd.mtmd_helper_image_get_decoder_pos(mtmd.mtmd_input_chunk_get_tokens_image(media.chunk), position,
-                                                   self._decoder_positions)
-            parts = np.frombuffer(self._decoder_positions, dtype=np.uint32).reshape(-1, 4)[:count]
-            sections = parts[:, [0, 2, 1, 3]].astype(np.int32)  # t, y, x, z: llama.cpp's order of the parts
-        else:
-            sections = np.repeat(np.arange(position, position + count, dtype=np.int32)[:, None], 4, axis=1)
-        self._positions[:4 * count] = sections.T.reshape(-1)
+        if mtmd.mtmd_input_chunk_get_type(media.chunk) != mtmd.MTMD_INPUT_CHUNK_TYPE_IMAGE:
+            return np.repeat(consecutive[None, :], 4, axis=0)
+        found = (mtmd.mtmd_decoder_pos * count)()
+        mtmd.mtmd_helper_image_get_decoder_pos(mtmd.mtmd_input_chunk_get_tokens_image(media.chunk), position, found)
+        parts = np.frombuffer(found, dtype=np.uint32).reshape(count, 4)
+        return parts[:, [0, 2, 1, 3]].T.astype(np.int32)  # t, y, x, z

@@ -156,7 +156,7 @@ class StepPlanner:
             elif media is not None:
                 # A media chunk goes whole, in a chunk of its own (its embeddings are a decode of
                 # their own), when the decode has room for it and its embeddings are at hand.
-                fits = media.media.num_tokens <= room
+                fits = media.media.num_tokens <= room or self._fits_alone(media.media, chunks, decoding, free_cells)
                 length = media.media.num_tokens if fits and media.media.ready(encode_beside=streaming) else 0
             else:
                 # Text up to the next media chunk, cut by the rules as a prompt's rest would be.
@@ -171,6 +171,14 @@ class StepPlanner:
             budget -= length
             room -= length
         return StepPlan([chunks[slot] for slot in sorted(chunks)])
+
+    def _fits_alone(self, media, chunks: dict, decoding: list[Sequence], free_cells: int | None) -> bool:
+        """A medium larger than one llama_decode (audio: 750 tokens a 30 s window) goes as the
+        step's only prompt chunk, where the backend decodes it in pieces: only where the model
+        reads it causally (Gemma 3's images attend both ways, whole in one decode) and the cells
+        are free."""
+        return (media.num_tokens > self.max_batch_tokens and not media.non_causal and len(chunks) == len(decoding)
+                and (free_cells is None or media.num_tokens <= free_cells - len(chunks)))
 
     def _chunk_length(self, start: int, remaining: int, budget: int) -> int:
         """How much of a prompt's rest goes into this step, by the backend's chunk rules. When

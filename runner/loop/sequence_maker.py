@@ -91,10 +91,13 @@ class SequenceMaker:
         if prompt.spans and prompt.spans[-1].end == len(prompt.tokens):
             raise ValueError("the prompt ends with a medium: text must follow it (the model's answer starts from "
                              "a text token)")
-        too_long = next((span for span in prompt.spans if span.media.num_tokens > self.backend.n_batch), None)
+        # (a causal medium larger than a decode is decoded in pieces; one read both ways cannot be)
+        too_long = next((span for span in prompt.spans
+                         if span.media.num_tokens > self.backend.n_batch and span.media.non_causal), None)
         if too_long is not None:
             raise ValueError(f"a medium takes {too_long.media.num_tokens} tokens, more than one llama_decode holds "
-                             f"(-b/--batch-size {self.backend.n_batch})")
+                             f"(-b/--batch-size {self.backend.n_batch}), and its tokens attend to each other both "
+                             f"ways: it is decoded whole")
         fit = fit_prompt(prompt.tokens, self.window, 0, request.sampling.max_tokens, OverflowPolicy.REJECT)
         return self._generating_sequence(request, request_id, text, fit, 0, OverflowPolicy.REJECT, prompt.spans)
 
