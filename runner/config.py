@@ -31,7 +31,7 @@ REASONING_FORMATS = ("auto", "none")
 # attention (llama.cpp's attention reads V through it).
 KV_CACHE_TYPES = ("f16", "bf16", "f32", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
 UNQUANTIZED_KV_TYPES = ("f16", "bf16", "f32")
-TOOL_FORMATS = family_names()  # runner/tools/families/: one module per family
+TOOL_FORMATS = family_names()  # multiseq.tools.families: one module per family
 
 
 class OverflowPolicy(str, Enum):
@@ -236,12 +236,12 @@ class SamplingParams:
         return self.json_schema is not None or self.grammar is not None or self.json_object
 
 
-# How an embedding request's prompt rows become its embedding (runner.loop.pooling): their
+# How an embedding request's prompt rows become its embedding (multiseq.loop.pooling): their
 # mean, the first token's (cls), the last token's, or none (every token's row, as a matrix).
 POOLINGS = ("mean", "cls", "last", "none")
 DEFAULT_POOLING = "default"  # an embedding request's: the runner's (RunnerConfig.pooling, else the model's)
 # A reranker's: llama.cpp pools each input and applies the model's classifier head; a request's
-# "embedding" is then its scores (a query and a document together: runner.llama.rerank).
+# "embedding" is then its scores (a query and a document together: multiseq.llama.rerank).
 RANK = "rank"
 CONTEXT_POOLINGS = (*POOLINGS, RANK)
 
@@ -282,7 +282,7 @@ class RunnerConfig:
     parallel: int = 8
     slot_ctx: int | None = None  # None: 2,048 tokens a slot; in a pool, the whole pool
     # KV cells the slots share; "auto": sized from the model's trained context and the memory
-    # free (runner.llama.kv_sizing); None: a window of slot_ctx each.
+    # free (multiseq.llama.kv_sizing); None: a window of slot_ctx each.
     kv_pool: int | str | None = None
     # How llama.cpp holds a kv_pool: "auto", a window per slot while every slot's KV fits its
     # window (kv_pool / parallel: attention then reads only a sequence's own cells) and one pool
@@ -307,7 +307,7 @@ class RunnerConfig:
     # Overrides the model's template: a llama.cpp built-in template name, Jinja template text,
     # or the path of a Jinja template file (rendered with jinja2; see chat_template.py).
     chat_template: str | None = None
-    # The family the model writes tool calls and reasoning in (a name of runner/tools/families/,
+    # The family the model writes tool calls and reasoning in (a name of multiseq.tools.families,
     # e.g. hermes, qwen3-xml, gpt-oss); None: detected from the chat template (generic where
     # it knows no tools).
     tool_format: str | None = None
@@ -337,7 +337,7 @@ class RunnerConfig:
     cache_type_k: str = "f16"
     cache_type_v: str = "f16"
     sampling: SamplingMode = SamplingMode.AUTO  # where rows are sampled: the host, or llama.cpp's graph
-    # Speculative decoding from the session's own text (runner.loop.speculation), llama-server's
+    # Speculative decoding from the session's own text (multiseq.loop.speculation), llama-server's
     # names: "ngram-simple" drafts from the session's prompt and output, "ngram-mod" also from
     # a pool of n-grams shared by every session; drafts of spec_draft_min..spec_draft_max
     # tokens, found by matching the last spec_ngram_size tokens.

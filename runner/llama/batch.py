@@ -1,5 +1,5 @@
 """The boundary between the engine and a backend: what one step hands over, and what the
-engine needs from a backend (runner.backend.LlamaBackend is the real one; the tests have a fake).
+engine needs from a backend (multiseq.llama.backend.LlamaBackend is the real one; the tests have a fake).
 
 A backend sees slots, tokens and positions only; it never sees a request or a Sequence.
 """

@@ -10,12 +10,12 @@ the two that change shared state but not around the model call; step() runs all 
   update()    apply the step's output to every sequence: KV accounting, tokens, text, stop
               strings; the only phase that changes a sequence with what the model computed
 
-A sequence decides that it ends (runner.loop.sequence); _retire() is the one place an ending is
+A sequence decides that it ends (multiseq.loop.sequence); _retire() is the one place an ending is
 applied: the sequence moves to its final status, its slot is freed (its KV kept as a prefix
 others may reuse, or cleared) and its result goes out.
 
 The KV side of admitting, preempting, retiring and shifting (slots, and the host-memory tier
-they park and restore KV in) is runner.loop.placement's KvPlacement.
+they park and restore KV in) is multiseq.loop.placement's KvPlacement.
 
 What a step produced (text pieces, finished results) waits in an outbox until take_output().
 """
@@ -82,7 +82,7 @@ class Engine:
     # --- requests in and out ---------------------------------------------------------------
 
     def new_sequence(self, request: Request, request_id: str) -> Sequence:
-        """Tokenize and fit a request (runner.loop.sequence_maker); may run on any thread."""
+        """Tokenize and fit a request (multiseq.loop.sequence_maker); may run on any thread."""
         return self.maker.new_sequence(request, request_id)
 
     def prompt_text(self, request: Request) -> str:
@@ -162,7 +162,7 @@ class Engine:
         return plan
 
     def execute(self, plan: StepPlan) -> Executed:
-        """llama_decode the plan and sample every output row (runner.loop.execution); it changes no
+        """llama_decode the plan and sample every output row (multiseq.loop.execution); it changes no
         scheduling state."""
         return self.execution.execute(plan)
 

@@ -6,7 +6,7 @@ banned tokens, then greedy, or temperature, top-k, top-p, min-p and a seed:
 SequenceSampler.chain_spec) has a chain on its slot, and only the chosen token comes back from
 the device; llama.cpp copies no logits for a micro-batch whose rows all have chains. The other
 sequences (grammars and schemas, penalties, min_tokens, log probabilities) are sampled on the
-host by runner.sampling.sampler, in the same step. Greedy output is the same on both paths; a seeded sampled request draws from the same
+host by multiseq.sampling.sampler, in the same step. Greedy output is the same on both paths; a seeded sampled request draws from the same
 distribution with llama.cpp's generator, and its draws depend only on its seed and how many
 tokens it accepted, so it gives the same text twice.
 

@@ -78,7 +78,7 @@ class Runner:
 
     @classmethod
     def on_model(cls, model, config: RunnerConfig, autostart: bool = True) -> Runner:
-        """A runner with a new context on an already loaded runner.backend.LlamaModel, which
+        """A runner with a new context on an already loaded multiseq.llama.backend.LlamaModel, which
         it does not free on close: many runners (say, at different parallelism) can share one
         loaded model. The model stays where it was loaded: the config's n_gpu_layers, main_gpu,
         split_mode and tensor_split are the model's business, not the context's."""

@@ -2,8 +2,8 @@
 
 Pure Python over Sequence objects; it never touches the model. It moves sequences between
 the waiting queue and the slots (their own state changes through Sequence's methods), and
-hands the running ones to its StepPlanner (runner.loop.planning) to plan each step; where each
-admitted sequence goes, and the prefix it starts from, its SlotChooser (runner.loop.slot_choice) says.
+hands the running ones to its StepPlanner (multiseq.loop.planning) to plan each step; where each
+admitted sequence goes, and the prefix it starts from, its SlotChooser (multiseq.loop.slot_choice) says.
 """
 
 from __future__ import annotations

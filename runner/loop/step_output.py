@@ -22,7 +22,7 @@ class TextPiece:
     text: str
     logprobs: tuple[TokenLogprob, ...] = ()
     # With tools (or a model that reasons): the output the piece is part of (read when its
-    # deltas are first asked: runner.loop.pieces), how many of its parts were made up to the piece,
+    # deltas are first asked: multiseq.loop.pieces), how many of its parts were made up to the piece,
     # and whether the piece ends it; None for an output of plain text.
     output: OutputPieces | None = None
     num_parts: int = 0
@@ -34,7 +34,7 @@ class TextPiece:
 
     @functools.cached_property
     def deltas(self) -> tuple[Delta, ...] | None:
-        """The text parsed into content, reasoning and calls (runner.tools.types' deltas), text
+        """The text parsed into content, reasoning and calls (multiseq.tools.types' deltas), text
         that may begin a call held back; None for a request whose output is plain text. Read on
         the asking thread, at the first ask: the deltas of the output up to this piece that no
         earlier piece's ask was handed."""

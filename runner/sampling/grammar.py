@@ -6,7 +6,7 @@ bitmask each (one bit per token: may this token come next?), computed in paralle
 llguidance; the sampler uses them to sample exactly from the allowed tokens, and each accepted
 token advances the matcher. A constraint that cannot be compiled is the request's error, so a
 request never runs unconstrained when it asked for a constraint. A JSON schema is translated
-exactly or approximated (runner.sampling.schema), and a schema's outputs are validated when they end.
+exactly or approximated (multiseq.sampling.schema), and a schema's outputs are validated when they end.
 
 Compiling has two stages, each done once per distinct constraint and cached: translating the
 request's schema or grammar into llguidance's grammar (no vocabulary needed, so input files
@@ -139,7 +139,7 @@ def translate(params: SamplingParams) -> Translation | None:
 
 
 def translate_tool_grammar(grammar: str) -> Translation:
-    """A tool-call grammar (runner.tools.grammars' Lark text), validated once per distinct text:
+    """A tool-call grammar (multiseq.tools.grammars' Lark text), validated once per distinct text:
     agents send the same tools every turn, so the compile is paid once."""
     work = functools.partial(_translate_text, "lark", "tools", grammar)
     return _translations.get(("tools", grammar), work).result("tools")

@@ -2,16 +2,16 @@
 
 One decode step yields a (num_outputs, vocab) logits matrix. Greedy rows take an argmax over
 the whole matrix in one call. Sampled rows share the costly part, finding the top-k
-candidates of a 262k-entry row, as a few vectorized calls over all rows (runner.sampling.topk).
+candidates of a 262k-entry row, as a few vectorized calls over all rows (multiseq.sampling.topk).
 
 The rest (top-p, min-p, temperature, the draw) works on k candidates per row. The filters run
 in llama.cpp's order, so a request samples from the same distribution it would in llama-server:
 logit bias, penalties, top-k, top-p, min-p, temperature, draw.
 
-Constrained rows (runner.sampling.grammar) get their bitmasks in one parallel call per step; their
+Constrained rows (multiseq.sampling.grammar) get their bitmasks in one parallel call per step; their
 candidates are checked against the mask and replaced, only where needed, by the exact
-candidates of the masked row (runner.sampling.constrained). Log probabilities are taken from the rows
-as the model produced them, before anything here changes them (runner.sampling.logprobs).
+candidates of the masked row (multiseq.sampling.constrained). Log probabilities are taken from the rows
+as the model produced them, before anything here changes them (multiseq.sampling.logprobs).
 """
 
 from __future__ import annotations

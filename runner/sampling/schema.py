@@ -18,7 +18,7 @@ leniently:
 Everything left out is listed (`Translation.approximated`), and every output that ends is
 validated against the full, original schema (`SchemaCheck`), so an output that breaks a
 keyword the grammar could not enforce is flagged, never passed off as valid
-(runner/sampling/schema_check.py). A strict
+(multiseq.sampling.schema_check). A strict
 translation compiles the schema exactly or refuses it, naming the keyword.
 
 Either way the grammar is compiled from a narrowed copy of the schema (`grammar_schema`), so

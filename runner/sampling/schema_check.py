@@ -1,5 +1,5 @@
 """Every finished output under a JSON schema checked against the whole schema, as the client
-gave it (the grammar that constrained it may have left keywords out: runner/sampling/schema.py)."""
+gave it (the grammar that constrained it may have left keywords out: multiseq.sampling.schema)."""
 
 from __future__ import annotations
 

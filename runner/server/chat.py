@@ -83,7 +83,7 @@ class CompletionCall:
         return results
 
     async def events(self) -> AsyncIterator[StreamEvent]:
-        """The answer as typed events (runner/server/stream.py), what the Responses and Messages
+        """The answer as typed events (multiseq.server.stream), what the Responses and Messages
         APIs render their streams from: each piece's text, reasoning and calls as its reader
         parsed them, each choice's end, then the usage; a choice that fails ends the stream with
         StreamFails."""

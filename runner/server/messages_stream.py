@@ -1,4 +1,4 @@
-"""A streamed answer's typed events (runner/server/stream.py) as Anthropic's server-sent events,
+"""A streamed answer's typed events (multiseq.server.stream) as Anthropic's server-sent events,
 block by block (`MessageStream`, `message_events`), with pings while nothing comes.
 
 Part of Anthropic's Messages API, translated at the door onto the Chat Completions path
@@ -34,7 +34,7 @@ class _OpenBlock:
 
 @dataclass
 class MessageStream:
-    """Turns an answer's typed events (runner/server/stream.py) into Anthropic's events, block
+    """Turns an answer's typed events (multiseq.server.stream) into Anthropic's events, block
     by block: each kind (reasoning, text, a call) opens a block when the one before is of
     another kind."""
 

@@ -10,7 +10,7 @@ llama.cpp provider, llama.vscode):
         after that long), reported as limits
     POST /infill  {"input_prefix", "input_suffix", "input_extra": [{"filename", "text"}], "prompt", ...}
         -> as /completion, with "prompt": the text laid out with the model's fill-in-the-middle
-        tokens (runner.formats.infill), as llama-server lays it out
+        tokens (multiseq.formats.infill), as llama-server lays it out
     POST /apply-template  {"messages"} -> {"prompt"}: the chat rendered, as the model would see it
 
 A /completion body becomes a /v1/completions body (the same validation, queue and engine) and

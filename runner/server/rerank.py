@@ -1,9 +1,9 @@
 """The rerank doors llama-server has: POST /rerank, /reranking, /v1/rerank and /v1/reranking, in
-Jina's and Cohere's shape or TEI's (runner/formats/rerank.py), for a reranker: a model served
+Jina's and Cohere's shape or TEI's (multiseq.formats.rerank), for a reranker: a model served
 with pooling rank (its GGUF says so, or --pooling rank).
 
 Every document is a request of its own in the engine's batch, beside whatever else runs: the
-query and the document laid out as llama-server lays them out (runner/llama/rerank.py), scored
+query and the document laid out as llama-server lays them out (multiseq.llama.rerank), scored
 whole by llama.cpp with the model's classifier head. The pairs are tokenized and checked in the
 prepare pool before any is queued: a pair longer than a slot's window or a decode's batch is a
 400 naming its document, and nothing of the request runs.

@@ -5,7 +5,7 @@ A Responses request (`input` items, `instructions`, flat function tools, `text.f
 becomes one Chat Completions body (multiseq.server.responses_request: `parse_request`, then
 `chat_body`; the input items in responses_input); the chat.completion the engine gives back
 becomes a Response object (responses_output: `response_from_completion`), and a stream's typed
-events (text, reasoning, calls: runner/server/stream.py) become the Responses API's server-sent
+events (text, reasoning, calls: multiseq.server.stream) become the Responses API's server-sent
 events (responses_events: `EventTranslator`).
 Tools the server cannot run (web search, file search, image generation, ...) are left out of
 the prompt and named in the `x-multiseq-ignored-tools` header, never refused: Codex CLI sends

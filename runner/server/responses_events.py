@@ -1,4 +1,4 @@
-"""A streamed answer's typed events (runner/server/stream.py) as the Responses API's
+"""A streamed answer's typed events (multiseq.server.stream) as the Responses API's
 server-sent events (`EventTranslator`).
 
 Part of the Responses API's translation onto the Chat Completions path (multiseq.server.responses).
@@ -31,7 +31,7 @@ class _OpenItem:
 
 
 class EventTranslator:
-    """Typed stream events in (runner/server/stream.py), the Responses API's stream events out
+    """Typed stream events in (multiseq.server.stream), the Responses API's stream events out
     (dicts; `sse` writes them). Items open in the order the model writes them and close when the next begins, so
     the streamed output equals the non-streamed one: reasoning, text, then the calls."""
 

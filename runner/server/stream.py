@@ -2,7 +2,7 @@
 a piece of a call's arguments), how each choice ended, the usage, or the failure.
 
 The engine hands out each piece of text with what its family's reader parsed it into
-(runner/tools: TextDelta, ReasoningDelta, ToolCallStart, ArgumentsDelta); `CompletionCall.events`
+(multiseq.tools: TextDelta, ReasoningDelta, ToolCallStart, ArgumentsDelta); `CompletionCall.events`
 turns the pieces into these events, and each API renders its own stream from them: Chat
 Completions its chunks, Responses its output items, Messages its content blocks. So reasoning and
 calls are carried the same way everywhere, and no API reads another's wire format.

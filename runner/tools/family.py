@@ -1,6 +1,6 @@
 """What a model family's output format is, and the streaming reader every family shares.
 
-A family (one file under runner/tools/families/) says how to recognise its chat template, the
+A family (one file under multiseq.tools.families) says how to recognise its chat template, the
 markers its model writes, where its reasoning is, and how to read a whole output: `parse(text,
 context)` turns the text written so far into `Segment`s: content (`Text`), reasoning
 (`Thought`) and complete calls (`Call`). A family's parse is a plain function of the text; the
@@ -86,7 +86,7 @@ REASONING = "reasoning"
 @dataclass(frozen=True)
 class Open:
     """What a parse of a growing output left open: the two claims the reader goes on from
-    (runner/tools/reader.py), made by the family about its own format.
+    (multiseq.tools.reader), made by the family about its own format.
 
     Resume: the segments came from the text before `at`, and the text from `at` reads (with
     `state` as the context's state) into the segments that follow them, whatever comes after;
@@ -120,7 +120,7 @@ ParseFunction = Callable[[str, ParseContext], FamilyParse]
 @dataclass(frozen=True)
 class CallSyntax:
     """How a family writes calls whose arguments are one JSON object: the text around them, for
-    the grammar that constrains calls (runner/tools/grammars.py's family_grammar). `call_open`
+    the grammar that constrains calls (multiseq.tools.grammars's family_grammar). `call_open`
     holds {name}, the function's name, and may hold {index}, a number the model writes (Kimi's
     call ids). Markers that are control tokens of the model's vocabulary are required as those
     tokens; other text as text."""
@@ -186,7 +186,7 @@ class Family:
     priority: int = 50  # lower: checked first (more specific families before the ones they contain)
     variants: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # sub-format: strings in its template
     # The formats multiseq's first streaming parser reads (hermes, llama3, mistral, generic):
-    # their grammars and prompt renderings are that parser's (runner/tools/grammars.py's first
+    # their grammars and prompt renderings are that parser's (multiseq.tools.grammars's first
     # part, prompts.py).
     legacy_format: str | None = None
     call_syntax: CallSyntax | None = None  # how calls are written, for their grammar (None: no grammar)

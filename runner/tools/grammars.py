@@ -9,7 +9,7 @@ written with fixed separators (", " and ": "), exactly as `json.dumps` writes it
 call re-rendered into the next turn's prompt matches the tokens the model generated.
 
 Grammars are text, built in microseconds; llguidance compiles each distinct one once (the
-constraint cache in runner/sampling/grammar.py keys on the text), so an agent that sends the same tools
+constraint cache in multiseq.sampling.grammar keys on the text), so an agent that sends the same tools
 every turn pays for the compile once.
 """
 
@@ -46,7 +46,7 @@ def _lark_string(text: str) -> str:
 def arguments_json(tool: Tool) -> str:
     """A tool's arguments as an llguidance %json: its own document (so its $defs and $refs
     resolve within it), narrowed as every grammar's schema is (declared properties only where it
-    leaves others unsaid, numbers of bounded length: runner.sampling.schema.grammar_schema) so calls end."""
+    leaves others unsaid, numbers of bounded length: multiseq.sampling.schema.grammar_schema) so calls end."""
     schema = grammar_schema(tool.schema)
     return "%json " + json.dumps({**schema, "x-guidance": _call_json_options(schema, tool.strict)}, ensure_ascii=False)
 
@@ -141,7 +141,7 @@ def _mistral(tools: Sequence[Tool], tool_format: ToolFormat, forced: bool, many:
             f'head[lazy]: TEXT "{MISTRAL_OPEN}"\n' + rules + _free_text_without("\\[TOOL_CALLS\\]"))
 
 
-# --- a family's own syntax (runner/tools/family.py's CallSyntax) ------------------------------------
+# --- a family's own syntax (multiseq.tools.family's CallSyntax) ------------------------------------
 
 class _Unwritable(ValueError):
     """A function's name or a parameter's key that the syntax cannot write."""

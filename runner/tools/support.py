@@ -1,7 +1,7 @@
 """What the engine does with a request's tools: render them, constrain the calls, parse them.
 
 One ToolSupport per engine, fixed by the model's chat template (or --tool-format): the family the
-model writes calls and reasoning in (runner/tools/families/), whether its template renders tools
+model writes calls and reasoning in (multiseq.tools.families), whether its template renders tools
 itself, and the control tokens its parser must see as text.
 """
 

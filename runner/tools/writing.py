@@ -1,4 +1,4 @@
-"""Calls written as a family's call syntax writes them (CallSyntax, runner/tools/family.py): the
+"""Calls written as a family's call syntax writes them (CallSyntax, multiseq.tools.family): the
 text a constrained call comes out as, for the tests that read it back and for the benchmarks
 that time reading it. Strings are raw in parameter blocks and the rest JSON; every value is
 JSON, or in the syntax's object notation, where the syntax says so."""
