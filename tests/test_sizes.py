@@ -1,7 +1,8 @@
-"""No source file passes 500 lines, and no class 250: a module or class that grows past them is
-split by concern (collaborators, not mixins that only hide length). Checked on the source of
-runner/, cli/ and models/; a class is measured with the ast module from its `class` line to
-its last line."""
+"""No source file passes 500 lines, no class 250, and no function of runner/ 60: a module, class
+or function that grows past them is split by concern (collaborators, not mixins that only hide
+length). Checked on the source of runner/, cli/ and models/ (functions: runner/'s; cli/'s
+commands carry click's declarations); a class or function is measured with the ast module from
+its `class` or `def` line to its last line."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SOURCE_FOLDERS = [ROOT / "runner", ROOT / "cli", ROOT / "models"]
 MAX_FILE_LINES = 500
 MAX_CLASS_LINES = 250
+MAX_FUNCTION_LINES = 60
 
 
 def source_files(folders: list[Path]) -> list[Path]:
@@ -36,6 +38,30 @@ def offenders(files: list[Path], root: Path) -> list[str]:
         found += [f"{name}: class {class_name}, {length} lines (at most {MAX_CLASS_LINES})"
                   for class_name, length in class_lengths(source, str(path)) if length > MAX_CLASS_LINES]
     return found
+
+
+def function_lengths(source: str, filename: str) -> list[tuple[str, int]]:
+    """Each function in the source (methods and nested ones too), with its length in lines."""
+    return [(node.name, node.end_lineno - node.lineno + 1) for node in ast.walk(ast.parse(source, filename))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
+
+
+def long_functions(files: list[Path], root: Path) -> list[str]:
+    return [f"{path.relative_to(root).as_posix()}: {name}, {length} lines (at most {MAX_FUNCTION_LINES})"
+            for path in files for name, length in function_lengths(path.read_text(), str(path))
+            if length > MAX_FUNCTION_LINES]
+
+
+def test_no_function_of_runner_is_too_long():
+    found = long_functions(source_files([ROOT / "runner"]), ROOT)
+    assert not found, "split these:\n" + "\n".join(found)
+
+
+def test_the_check_flags_a_function_past_60_lines(tmp_path):
+    body = "\n".join(f"    value_{index} = {index}" for index in range(MAX_FUNCTION_LINES - 1))
+    (tmp_path / "at_the_limit.py").write_text(f"def fits():\n{body}\n")
+    (tmp_path / "too_long.py").write_text(f"async def grows():\n{body}\n    return value_0\n")
+    assert long_functions(source_files([tmp_path]), tmp_path) == ["too_long.py: grows, 61 lines (at most 60)"]
 
 
 def test_no_file_or_class_is_too_long():

@@ -145,24 +145,12 @@ class StepPlanner:
         for seq in prefilling:
             if room <= 0:
                 break
-            # The first prompt chunk of a step goes whatever the budget, so prompts progress.
-            floor = 0 if len(chunks) > len(decoding) else self._least_progress(seq)
-            start = seq.num_prefilled
-            media = seq.media.at(start)
-            if seq.embedding is not None and seq.embedding.whole:
-                # Whole or not at all: it waits for a decode with room (the step budget, there
-                # for streams, is the whole decode for a model that does not generate).
-                length = seq.num_prompt_remaining if seq.num_prompt_remaining <= room else 0
-            elif media is not None:
-                # A media chunk goes whole, in a chunk of its own (its embeddings are a decode of
-                # their own), when the decode has room for it and its embeddings are at hand.
-                fits = media.media.num_tokens <= room or self._fits_alone(media.media, chunks, decoding, free_cells)
-                length = media.media.num_tokens if fits and media.media.ready(encode_beside=streaming) else 0
-            else:
-                # Text up to the next media chunk, cut by the rules as a prompt's rest would be.
-                length = self._chunk_length(start, seq.media.text_before(start), min(room, max(budget, floor)))
+            first = len(chunks) == len(decoding)  # the step's first prompt chunk
+            cells = None if free_cells is None else free_cells - len(chunks)
+            length = self._prompt_length(seq, room, budget, first, cells, streaming)
             if length == 0:
                 continue
+            start = seq.num_prefilled
             tokens = seq.prompt_tokens[start:start + length]
             is_last = start + length == len(seq.prompt_tokens)
             embeds = seq.embedding is not None
@@ -172,13 +160,33 @@ class StepPlanner:
             room -= length
         return StepPlan([chunks[slot] for slot in sorted(chunks)])
 
-    def _fits_alone(self, media, chunks: dict, decoding: list[Sequence], free_cells: int | None) -> bool:
+    def _prompt_length(self, seq: Sequence, room: int, budget: int, first: bool, cells: int | None,
+                       streaming: bool) -> int:
+        """How much of seq's prompt goes into this step (0: none now), with `room` left in the
+        decode, `budget` in the step, `cells` free in a shared pool (None: windows)."""
+        start = seq.num_prefilled
+        media = seq.media.at(start)
+        if seq.embedding is not None and seq.embedding.whole:
+            # Whole or not at all: it waits for a decode with room (the step budget, there for
+            # streams, is the whole decode for a model that does not generate).
+            return seq.num_prompt_remaining if seq.num_prompt_remaining <= room else 0
+        if media is not None:
+            # A media chunk goes whole, in a chunk of its own (its embeddings are a decode of
+            # their own), when the decode has room for it and its embeddings are at hand.
+            fits = media.media.num_tokens <= room or (first and self._fits_alone(media.media, cells))
+            return media.media.num_tokens if fits and media.media.ready(encode_beside=streaming) else 0
+        # Text up to the next media chunk, cut by the rules as a prompt's rest would be; the
+        # first prompt chunk of a step goes whatever the budget, so prompts progress.
+        floor = self._least_progress(seq) if first else 0
+        return self._chunk_length(start, seq.media.text_before(start), min(room, max(budget, floor)))
+
+    def _fits_alone(self, media, cells: int | None) -> bool:
         """A medium larger than one llama_decode (audio: 750 tokens a 30 s window) goes as the
         step's only prompt chunk, where the backend decodes it in pieces: only where the model
         reads it causally (Gemma 3's images attend both ways, whole in one decode) and the cells
         are free."""
-        return (media.num_tokens > self.max_batch_tokens and not media.non_causal and len(chunks) == len(decoding)
-                and (free_cells is None or media.num_tokens <= free_cells - len(chunks)))
+        return (media.num_tokens > self.max_batch_tokens and not media.non_causal
+                and (cells is None or media.num_tokens <= cells))
 
     def _chunk_length(self, start: int, remaining: int, budget: int) -> int:
         """How much of a prompt's rest goes into this step, by the backend's chunk rules. When

@@ -151,6 +151,18 @@ def make_server(app, host: str, port: int, access_log: bool = True) -> Server:
     return Server(config, app.state.server)
 
 
+async def _stop_when_the_engine_fails(server: Server, state, failure: list[str]) -> None:
+    """An engine that stopped fails every request: the server stops too (its streams get their
+    error first), and serve() says why (in `failure`), so that a supervisor starts a new one."""
+    while not server.should_exit:
+        runner = state.runner
+        if runner is not None and runner.failure is not None:
+            failure.append(f"{runner.failure_message}; the server stopped so that it can be started again")
+            server.stop()
+            return
+        await asyncio.sleep(ENGINE_WATCH_INTERVAL_SECONDS)
+
+
 def serve(config: RunnerConfig, settings: ServerSettings, host: str, port: int, access_log: bool = True,
           on_listening: Callable[[Server], None] | None = None, on_ready: Callable[[Runner], None] | None = None,
           open_runner: Callable[[RunnerConfig], Runner] = Runner) -> str | None:
@@ -183,24 +195,13 @@ def serve(config: RunnerConfig, settings: ServerSettings, host: str, port: int, 
 
     loader = threading.Thread(target=load, name="multiseq-load", daemon=True)
 
-    async def stop_when_the_engine_fails() -> None:
-        """An engine that stopped fails every request: the server stops too (its streams get
-        their error first), and serve() says why, so that a supervisor starts a new one."""
-        while not server.should_exit:
-            runner = app.state.server.runner
-            if runner is not None and runner.failure is not None:
-                failure.append(f"{runner.failure_message}; the server stopped so that it can be started again")
-                server.stop()
-                return
-            await asyncio.sleep(ENGINE_WATCH_INTERVAL_SECONDS)
-
     async def run() -> None:
         serving = asyncio.ensure_future(server.serve(sockets=[listener]))
         await asyncio.to_thread(server.listening.wait)
         if on_listening is not None:
             on_listening(server)
         loader.start()
-        watcher = asyncio.ensure_future(stop_when_the_engine_fails())
+        watcher = asyncio.ensure_future(_stop_when_the_engine_fails(server, app.state.server, failure))
         await serving
         watcher.cancel()
 
