@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from multiseq.tools import ToolCallParser, ToolFormat, read_output
+from multiseq.tools import ToolFormat, output_parser, read_output
 from multiseq.tools.families import detect
 from multiseq.tools.family import CUT_OFF
 
@@ -76,7 +76,7 @@ def test_a_call_cut_off_after_a_whole_one_is_dropped_and_the_whole_one_kept():
 
 def test_no_call_is_streamed_before_it_ends():
     text = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
-    parser = ToolCallParser(ToolFormat.HERMES, lambda index: f"call_{index}")
+    parser = output_parser(ToolFormat.HERMES, call_id=lambda index: f"call_{index}")
     assert [delta for char in text[:-1] for delta in parser.feed(char)] == []
     assert len(parser.feed(text[-1])) == 2  # the call's start and its whole arguments
 
@@ -85,7 +85,7 @@ def test_a_prompt_that_opened_think_makes_an_output_cut_off_in_it_all_reasoning(
     """Qwen3-Thinking-2507's prompt ends with <think>. (Through read_output this needs the
     framework to pass the prompt's open block to the parser: see new_parser.)"""
     for pieces in (["The user wants the current weather"], list("The user wants the current weather")):
-        parser = ToolCallParser(ToolFormat.HERMES, lambda index: f"call_{index}", reasoning_open=True)
+        parser = output_parser(ToolFormat.HERMES, call_id=lambda index: f"call_{index}", prompt="<think>\n")
         for piece in pieces:
             parser.feed(piece)
         parser.close()

@@ -20,7 +20,7 @@ from multiseq.loop.execution import MAX_FAILED_DECODES_IN_A_ROW
 from multiseq.errors import BackendError, NoKvSlot
 from multiseq.server import ServerSettings, create_app
 from multiseq.loop.sequence import Sequence
-from multiseq.tools import ToolCallParser, ToolFormat
+from multiseq.tools import ToolFormat, output_parser
 
 NUM_REQUESTS = 8
 FAULTY = "r3"
@@ -147,7 +147,7 @@ def call_id(index: int) -> str:
 
 def with_parser(method: str):
     def inject(seq: Sequence) -> None:
-        parser = ToolCallParser(ToolFormat.GENERIC, call_id)
+        parser = output_parser(ToolFormat.GENERIC, call_id=call_id)
         setattr(parser, method, injected)
         seq.pieces.tool_parser = parser
     return inject

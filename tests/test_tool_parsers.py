@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from multiseq.tools import (ArgumentsDelta, ParsedOutput, ReasoningDelta, TextDelta, ToolCall, ToolCallParser,
-                                   ToolCallStart, ToolFormat, parse_output)
+from multiseq.tools import (ArgumentsDelta, ParsedOutput, ReasoningDelta, TextDelta, ToolCall, ToolCallStart,
+                            ToolFormat, output_parser, read_output)
 
 HERMES, LLAMA3, MISTRAL, GENERIC = ToolFormat.HERMES, ToolFormat.LLAMA3, ToolFormat.MISTRAL, ToolFormat.GENERIC
 
@@ -102,7 +102,7 @@ RECORDED = [
 
 
 def feed_pieces(tool_format: ToolFormat, pieces: list[str], parse_reasoning: bool = True) -> tuple[list, ParsedOutput]:
-    parser = ToolCallParser(tool_format, call_id, parse_reasoning)
+    parser = output_parser(tool_format, call_id=call_id, reasons=parse_reasoning)
     deltas = [delta for piece in pieces for delta in parser.feed(piece)]
     deltas += parser.close()
     return deltas, parser.result()
@@ -157,7 +157,7 @@ class Assembled:
 
 @pytest.mark.parametrize("recorded", RECORDED, ids=lambda recorded: recorded.label)
 def test_a_recorded_output_parses_to_its_content_reasoning_and_calls(recorded):
-    assert parse_output(recorded.tool_format, recorded.text, call_id) == recorded.expected
+    assert read_output(recorded.text, recorded.tool_format, call_id=call_id) == recorded.expected
 
 
 @pytest.mark.parametrize("recorded", [r for r in RECORDED if r.expected.error is None], ids=lambda r: r.label)
@@ -184,7 +184,7 @@ def test_a_stream_cut_anywhere_gives_the_same_deltas_and_result_as_the_whole_tex
 def test_a_call_is_streamed_only_once_whole_its_start_and_arguments_together():
     """A call streamed while written could not be taken back if the output were cut off in it
     (CanIToolCall judges a partial call a client received a failure)."""
-    parser = ToolCallParser(HERMES, call_id)
+    parser = output_parser(HERMES, call_id=call_id)
     assert parser.feed('<tool_call>\n{"name": "get_weath') == []
     assert parser.feed('er"') == []
     assert parser.feed(', "arguments": {"ci') == []
@@ -195,7 +195,7 @@ def test_a_call_is_streamed_only_once_whole_its_start_and_arguments_together():
 
 
 def test_arguments_written_before_the_name_come_with_it():
-    parser = ToolCallParser(GENERIC, call_id)
+    parser = output_parser(GENERIC, call_id=call_id)
     assert parser.feed('{"tool_calls": [{"arguments": {"q": 1}, ') == []
     assert parser.feed('"name": "search"}]}') == [ToolCallStart(0, "call_0", "search"), ArgumentsDelta(0, '{"q": 1}')]
 
@@ -206,7 +206,7 @@ def test_arguments_written_before_the_name_come_with_it():
     (MISTRAL, "[TOOL_CALLS]", "I will check. [TOOL_CALLS]f[ARGS]{}"),
 ])
 def test_no_prefix_of_a_call_is_ever_streamed_as_content(tool_format, marker, text):
-    parser = ToolCallParser(tool_format, call_id, parse_reasoning=False)
+    parser = output_parser(tool_format, call_id=call_id, reasons=False)
     shown = ""
     for char in text:
         shown += "".join(delta.text for delta in parser.feed(char) if isinstance(delta, TextDelta))
@@ -217,7 +217,7 @@ def test_no_prefix_of_a_call_is_ever_streamed_as_content(tool_format, marker, te
 
 
 def test_only_what_may_begin_a_marker_is_held_back():
-    parser = ToolCallParser(HERMES, call_id, parse_reasoning=False)
+    parser = output_parser(HERMES, call_id=call_id, reasons=False)
     assert parser.feed("Hello <tool") == [TextDelta("Hello")]  # the space waits for what follows it
     assert parser.feed("s> and a < b") == [TextDelta(" <tools> and a < b")]
     assert parser.feed(" and a <") == [TextDelta(" and a")]
@@ -241,36 +241,36 @@ def test_held_back_text_that_is_no_marker_comes_out_as_content_unchanged(tool_fo
 
 def test_text_before_a_possible_think_close_waits_until_it_is_known_to_be_content():
     """A template may open <think> in the prompt: until a </think> or a call settles it, text may be reasoning."""
-    parser = ToolCallParser(HERMES, call_id)
+    parser = output_parser(HERMES, call_id=call_id)
     assert parser.feed("Thinking about it") == []
     assert parser.feed(' <tool_call>{"name": "f"}</tool_call>') == [TextDelta("Thinking about it"),
                                                                      ToolCallStart(0, "call_0", "f"),
                                                                      ArgumentsDelta(0, "{}")]
-    parser = ToolCallParser(HERMES, call_id)
+    parser = output_parser(HERMES, call_id=call_id)
     assert parser.feed("Thinking about it") == []
     assert parser.feed("</think>Hi") == [ReasoningDelta("Thinking about it"), TextDelta("Hi")]
 
 
 def test_an_output_that_ends_inside_its_think_block_is_all_reasoning():
-    result = parse_output(HERMES, "<think>\nI should call the tool but", call_id)
+    result = read_output("<think>\nI should call the tool but", HERMES, call_id=call_id)
     assert result == ParsedOutput(None, "I should call the tool but", ())
 
 
 def test_without_reasoning_parsing_think_tags_are_content():
     text = "<think>hmm</think>Hello"
-    assert parse_output(HERMES, text, call_id, parse_reasoning=False) == ParsedOutput(text, None, ())
+    assert read_output(text, HERMES, call_id=call_id, reasons=False) == ParsedOutput(text, None, ())
 
 
 # --- what calls hold --------------------------------------------------------------------------
 
 def test_arguments_are_the_json_text_as_written_not_reserialized():
     arguments = '{ "b" :[1,  2.50],"a":{"nested": "\\u00e9"} }'
-    result = parse_output(HERMES, f'<tool_call>{{"name": "f", "arguments": {arguments}}}</tool_call>', call_id)
+    result = read_output(f'<tool_call>{{"name": "f", "arguments": {arguments}}}</tool_call>', HERMES, call_id=call_id)
     assert result.tool_calls == calls(("f", arguments))
 
 
 def test_arguments_written_as_a_json_string_are_unwrapped_to_the_object_text():
-    result = parse_output(HERMES, '<tool_call>{"name": "f", "arguments": "{\\"a\\": 1}"}</tool_call>', call_id)
+    result = read_output('<tool_call>{"name": "f", "arguments": "{\\"a\\": 1}"}</tool_call>', HERMES, call_id=call_id)
     assert result.tool_calls == calls(("f", '{"a": 1}'))
     assert json.loads(result.tool_calls[0].arguments) == {"a": 1}
 
@@ -282,20 +282,20 @@ def test_a_call_without_arguments_gets_an_empty_object():
 
 
 def test_the_closing_tool_call_tag_may_be_missing_at_the_end_of_the_output():
-    result = parse_output(HERMES, '<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_', call_id)
+    result = read_output('<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_', HERMES, call_id=call_id)
     assert result == ParsedOutput(None, None, calls(("f", '{"a": 1}')))
 
 
 def test_text_after_llama3_calls_is_content_and_text_first_means_no_call():
-    assert parse_output(LLAMA3, '{"name": "f", "parameters": {}}\nDone.', call_id) == \
+    assert read_output('{"name": "f", "parameters": {}}\nDone.', LLAMA3, call_id=call_id) == \
         ParsedOutput("Done.", None, calls(("f", "{}")))
     text = 'Here is JSON: {"name": "f", "parameters": {}}'
-    assert parse_output(LLAMA3, text, call_id) == ParsedOutput(text, None, ())
+    assert read_output(text, LLAMA3, call_id=call_id) == ParsedOutput(text, None, ())
 
 
 def test_text_between_calls_is_content_and_whitespace_between_them_is_dropped():
-    result = parse_output(HERMES, ' First. <tool_call>{"name": "a"}</tool_call>\n \n'
-                                  '<tool_call>{"name": "b"}</tool_call> Then more. \n', call_id)
+    result = read_output(' First. <tool_call>{"name": "a"}</tool_call>\n \n'
+                                  '<tool_call>{"name": "b"}</tool_call> Then more. \n', HERMES, call_id=call_id)
     assert result == ParsedOutput("First. Then more.", None, calls(("a", "{}"), ("b", "{}")))
 
 
@@ -335,7 +335,7 @@ def test_a_call_cut_off_by_the_end_of_the_output_is_dropped_with_an_error():
 
 
 def test_a_stream_cut_off_mid_arguments_sends_no_call_and_no_text():
-    parser = ToolCallParser(HERMES, call_id)
+    parser = output_parser(HERMES, call_id=call_id)
     assert parser.feed('<tool_call>{"name": "get_weather", "arguments": {"city": "Pa') == []
     assert parser.close() == []
     assert parser.result() == ParsedOutput(None, None, (), "the model's tool call was cut off before it ended")
@@ -344,7 +344,7 @@ def test_a_stream_cut_off_mid_arguments_sends_no_call_and_no_text():
 def test_calls_before_a_cut_off_one_are_kept_and_the_cut_off_one_is_dropped():
     """The cut-off call was one more call, not text for the user (CanIToolCall's
     truncated-second-parallel-call fixtures expect no content)."""
-    result = parse_output(MISTRAL, '[TOOL_CALLS][{"name": "a", "arguments": {}}, {"name": "b", "arguments": {', call_id)
+    result = read_output('[TOOL_CALLS][{"name": "a", "arguments": {}}, {"name": "b", "arguments": {', MISTRAL, call_id=call_id)
     assert result.tool_calls == calls(("a", "{}"))
     assert result.error == "the model's tool call was cut off before it ended"
     assert result.content is None
@@ -361,13 +361,13 @@ def test_an_output_that_ends_at_a_call_marker_drops_the_marker(tool_format, text
 
 
 def test_a_missing_comma_between_calls_is_named_in_the_error():
-    result = parse_output(GENERIC, '{"tool_calls": [{"name": "f"} {"name": "g"}]}', call_id)
+    result = read_output('{"tool_calls": [{"name": "f"} {"name": "g"}]}', GENERIC, call_id=call_id)
     assert result == ParsedOutput('{"name": "g"}]}', None, calls(("f", "{}")),
                                   "the model's tool call is not valid JSON: expected ',' or ']' after a call, found '{'")
 
 
 def test_the_parser_is_used_in_order():
-    parser = ToolCallParser(HERMES, call_id)
+    parser = output_parser(HERMES, call_id=call_id)
     with pytest.raises(ValueError, match="before close"):
         parser.result()
     parser.close()

@@ -6,10 +6,10 @@ model wrote into calls; the three APIs only translate at their doors.
 """
 
 from .family import Family, ParseContext
-from .reading import ToolCallParser, output_parser, parse_output, read_output
+from .reading import output_parser, read_output
 from .types import (ArgumentsDelta, ChoiceMode, Delta, ParsedOutput, ReasoningDelta, TextDelta, Tool, ToolCall,
                     ToolCallStart, ToolChoice, ToolFormat)
 
 __all__ = ["ArgumentsDelta", "ChoiceMode", "Delta", "Family", "ParseContext", "ParsedOutput", "ReasoningDelta",
-           "TextDelta", "Tool", "ToolCall", "ToolCallParser", "ToolCallStart", "ToolChoice", "ToolFormat",
-           "output_parser", "parse_output", "read_output"]
+           "TextDelta", "Tool", "ToolCall", "ToolCallStart", "ToolChoice", "ToolFormat",
+           "output_parser", "read_output"]

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Sequence
 from .families import detect, family_named
 from .family import Family, ParseContext
 from .reader import OutputParser
-from .types import ParsedOutput, Tool, ToolFormat
+from .types import ParsedOutput, Tool
 
 
 # Every reader checks its stream against the whole text after each piece (the families' claims
@@ -50,30 +50,12 @@ def output_parser(family: Family | str | None = None, *, template: str | None = 
     return OutputParser(chosen, call_id, context, verify=VERIFY)
 
 
-def ToolCallParser(tool_format: ToolFormat | str, call_id: Callable[[int], str], parse_reasoning: bool = True,  # noqa: N802
-                   reasoning_open: bool = False) -> OutputParser:
-    """The reader of one output in one of the JSON-call formats, by its ToolFormat name (the
-    first formats multiseq read: hermes, llama3, mistral, generic). `parse_reasoning`: the model
-    may reason; `reasoning_open`: its prompt opened the block."""
-    family = family_named(ToolFormat(tool_format).value)
-    context = ParseContext(final=False, reasoning_open=parse_reasoning and reasoning_open, reasons=parse_reasoning)
-    return OutputParser(family, call_id, context, verify=VERIFY)
-
-
-def parse_output(tool_format: ToolFormat | str, text: str, call_id: Callable[[int], str],
-                 parse_reasoning: bool = True) -> ParsedOutput:
-    """A whole output in one of the JSON-call formats, read at once."""
-    parser = ToolCallParser(tool_format, call_id, parse_reasoning)
-    parser.feed(text)
-    parser.close()
-    return parser.result()
-
-
 def read_output(output: str | Iterable[str], family: Family | str | None = None, *, template: str | None = None,
                 tools: Sequence[Tool] = (), prompt: str = "", variant: str | None = None,
-                call_id: Callable[[int], str] = new_call_id) -> ParsedOutput:
+                call_id: Callable[[int], str] = new_call_id, reasons: bool | None = None) -> ParsedOutput:
     """A whole output (a text, or the pieces it streamed in) read at once."""
-    parser = output_parser(family, template=template, tools=tools, prompt=prompt, variant=variant, call_id=call_id)
+    parser = output_parser(family, template=template, tools=tools, prompt=prompt, variant=variant, call_id=call_id,
+                           reasons=reasons)
     for piece in [output] if isinstance(output, str) else output:
         parser.feed(piece)
     parser.close()
