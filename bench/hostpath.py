@@ -178,7 +178,7 @@ def vocabulary(vocab: int, seed: int = 0) -> Vocabulary:
 
 
 class ZeroCostBackend:
-    """The engine's Backend (runner.llama.batch.Backend) with a model that costs nothing: decode()
+    """The engine's Backend (multiseq.llama.batch.Backend) with a model that costs nothing: decode()
     returns at once a [rows, vocab] view of a prepared logits matrix (as the real backend
     returns a view of llama.cpp's output buffer, nothing is copied), whose rows cycle through
     a few distributions by step and row. Tokens are byte tokens and words (token_pieces); a
@@ -193,8 +193,10 @@ class ZeroCostBackend:
         self.reasoning_opener = reasoning_opener  # what the chat format writes at the end of a prompt
         self._batch = LlamaBatch(n_batch)
         self.n_vocab = vocab
-        self.window = window
-        self.pool_size = None  # a window per slot
+        self.window = self.allocated_window = window
+        self.pool_size = self.layout_window = None  # a window per slot
+        self.device, self.model_pooling = None, None  # (a generating model, on no device in particular)
+        self.ranks = self.embeds_whole = False
         self.can_shift = True
         self.add_bos = False
         self.last_decode_seconds = 0.0

@@ -151,6 +151,13 @@ class FakeMediaChunk(MediaChunk):
 
 class FakeBackend:
     media_names: dict[int, str] = {}  # placeholder -> fake_media_name, for every medium seen
+    # What the engine reads of a backend's model and placement (batch.Backend): a generating
+    # model on no device in particular, pooling embeddings by the mean.
+    device: str | None = None
+    model_pooling: str | None = None
+    ranks = False
+    embeds_whole = False
+
     def __init__(self, num_slots: int = 4, window: int = 256, n_batch: int = 64, replies: dict[str, str] | None = None,
                  noisy: bool = False, can_shift: bool = True, decode_delay: float = 0.0,
                  no_kv_slot_above: int | None = None, sliding_window: int | None = None,
@@ -168,6 +175,7 @@ class FakeBackend:
         # the same cells (ids here), and a decode that needs more cells than are free finds no
         # KV slot, as llama_decode does. None: a window of its own per slot.
         self.pool_size = pool_size
+        self.allocated_window = window
         self.cells: list[list[int]] = [[] for _ in range(num_slots)]
         self._next_cell = 0
         self.max_cells_used = 0

@@ -211,7 +211,7 @@ class PoolTracking:
         self._backend = backend
         self.ledger = ledger
         # A backend that holds the pool in windows while they fit: moved before what needs more.
-        self.layout = LayoutChoice(backend, ledger) if getattr(backend, "layout_window", None) else None
+        self.layout = LayoutChoice(backend, ledger) if backend.layout_window else None
 
     def __getattr__(self, name: str):
         return getattr(self._backend, name)

@@ -147,7 +147,13 @@ class Backend(Protocol):
     """Exactly what the engine uses of a model and its context."""
 
     window: int  # the per-slot window the engine must enforce
+    allocated_window: int  # the window llama.cpp allocated per slot (it rounds up; window <= it)
     pool_size: int | None  # the cells of one KV pool the slots share; None: each slot has its window
+    layout_window: int | None  # a pool held in a window per slot while they fit (None: a fixed layout)
+    device: str | None  # where the model runs, as llama.cpp placed it (None: not said)
+    model_pooling: str | None  # how the model pools an input's rows into an embedding (its GGUF's)
+    ranks: bool  # a reranker's context: every input is scored, nothing generated
+    embeds_whole: bool  # an input is computed whole in one decode (a reranker's pair, a BERT's input)
     n_vocab: int  # the width of a logits row
     n_batch: int  # the most tokens one llama_decode takes
     can_shift: bool  # whether a slot's KV positions can be moved (generation shift)

@@ -56,8 +56,7 @@ class Engine:
     def __init__(self, config: RunnerConfig, backend: Backend) -> None:
         self.config = config
         # Slots that share one KV pool: its cells are counted here, following every KV operation.
-        pool_size = getattr(backend, "pool_size", None)  # a backend made before pools has windows
-        self.pool = CellLedger(config.parallel, pool_size) if pool_size else None
+        self.pool = CellLedger(config.parallel, backend.pool_size) if backend.pool_size else None
         self.backend = backend if self.pool is None else PoolTracking(backend, self.pool)
         self.window = backend.window
         self.host_cache = HostCache(config.cache_ram_mib * 2**20 if config.prefix_cache else 0)

@@ -95,14 +95,14 @@ class Runner:
 
     @property
     def allocated_window(self) -> int:
-        """The per-slot window llama.cpp allocated (it rounds up), where the backend has one."""
-        return getattr(self.backend, "allocated_window", self.window)
+        """The per-slot window llama.cpp allocated (it rounds up)."""
+        return self.backend.allocated_window
 
     @property
     def device(self) -> str | None:
         """Where the model runs, as llama.cpp placed it ("CPU (...)", or GPUs and their layers);
         None when the backend does not say."""
-        return getattr(self.backend, "device", None)
+        return self.backend.device
 
     @property
     def pooling(self) -> str:

@@ -32,10 +32,10 @@ class SequenceMaker:
         self.window = window
         self._base_seed = config.seed if config.seed is not None else int.from_bytes(os.urandom(8), "little")
         # How embedding requests pool by default: the config's, else as the GGUF says, else mean.
-        model_pooling = getattr(backend, "model_pooling", None)
+        model_pooling = backend.model_pooling
         self.pooling = config.pooling or (model_pooling if model_pooling in CONTEXT_POOLINGS else "mean")
-        self.ranks = getattr(backend, "ranks", False)
-        self.embeds_whole = getattr(backend, "embeds_whole", False)
+        self.ranks = backend.ranks
+        self.embeds_whole = backend.embeds_whole
         # A step's token budget keeps streams flowing beside long prompts; a model that does not
         # generate (an encoder, a reranker) has no streams, and fills every decode instead.
         self.step_tokens = None if self.embeds_whole else config.step_tokens

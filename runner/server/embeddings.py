@@ -116,7 +116,7 @@ def input_limit(runner) -> int:
     """The most tokens one input may have: a slot's window, and for an input computed whole in
     one decode (a BERT's, a reranker's pair) a decode's batch too."""
     backend = runner.backend
-    return min(runner.window, backend.n_batch) if getattr(backend, "embeds_whole", False) else runner.window
+    return min(runner.window, backend.n_batch) if backend.embeds_whole else runner.window
 
 
 def refusal(problems: list[tuple[str, str]], outcome: str) -> ItemError:

@@ -94,7 +94,7 @@ def prepare_constraints(runner: Runner) -> None:
     for a model that does not generate (an encoder, a reranker); and a vocabulary llguidance
     cannot read fails only the constrained requests (each says why), never the server."""
     backend = runner.backend
-    if getattr(backend, "ranks", False) or getattr(backend, "embeds_whole", False):
+    if backend.ranks or backend.embeds_whole:
         return
     try:
         backend.grammar_tokenizer()
