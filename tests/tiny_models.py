@@ -73,7 +73,8 @@ def read_tensor(path: Path, name: str) -> np.ndarray:
     return np.array(tensor.data, dtype=np.float32)
 
 
-def _written(writer, out: Path) -> Path:
+def written(writer, out: Path) -> Path:
+    """The file of a gguf-py writer, written whole and closed."""
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -158,7 +159,7 @@ def tiny_model_with_tokenizer_of(header_gguf: Path, out: Path, shape: TinyShape 
                               shape.feed_forward, weights, qkv_bias=True, tied_output=False, matrix_dtype=np.float32)
     for name, tensor in tensors.items():
         writer.add_tensor(name, tensor)
-    return _written(writer, Path(out))
+    return written(writer, Path(out))
 
 
 def _header_float(header: Header, key: str, default: float) -> float:
@@ -319,6 +320,6 @@ def tiny_bert(out: Path, pooling: str = "mean", rank_head: bool = False, layers:
                         "cls.output.weight": weights(1, n_embd), "cls.output.bias": weights(1)})
     for name, tensor in tensors.items():
         writer.add_tensor(name, tensor)
-    return _written(writer, Path(out))
+    return written(writer, Path(out))
 
 

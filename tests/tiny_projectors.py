@@ -22,6 +22,7 @@ from pathlib import Path
 
 import gguf
 import numpy as np
+from tiny_models import written
 
 
 def tiny_gemma3_projector(out: Path, text_embedding: int, image_size: int = 56, patch: int = 14, merge: int = 2,
@@ -36,7 +37,7 @@ def tiny_gemma3_projector(out: Path, text_embedding: int, image_size: int = 56, 
     _layers(writer, weights, layers, embedding, feed_forward)
     writer.add_tensor("mm.soft_emb_norm.weight", np.ones(embedding, np.float32))
     weights("mm.input_projection.weight", embedding, text_embedding, scale=1.0)
-    return _written(writer, out)
+    return written(writer, out)
 
 
 def tiny_qwen2vl_projector(out: Path, text_embedding: int, patch: int = 14, embedding: int = 32, heads: int = 2,
@@ -53,7 +54,7 @@ def tiny_qwen2vl_projector(out: Path, text_embedding: int, patch: int = 14, embe
     weights("mm.0.bias", merger)
     weights("mm.2.weight", text_embedding, merger, scale=0.5)
     weights("mm.2.bias", text_embedding)
-    return _written(writer, out)
+    return written(writer, out)
 
 
 def tiny_qwen2_audio_projector(out: Path, text_embedding: int, mel_bins: int = 128, embedding: int = 32,
@@ -62,7 +63,6 @@ def tiny_qwen2_audio_projector(out: Path, text_embedding: int, mel_bins: int = 1
     over the log-mel frames, the second halving them, 1,500 learned positions for 30 s) and a
     projection into the text model's width after pooling frames 2 by 2: 750 tokens a 30 s
     window, audio being padded to whole windows."""
-    rng = np.random.default_rng(seed)
     writer = gguf.GGUFWriter(str(out), "clip")
     writer.add_clip_has_audio_encoder(True)
     writer.add_clip_audio_projector_type(gguf.VisionProjectorType.QWEN2A)
@@ -73,33 +73,16 @@ def tiny_qwen2_audio_projector(out: Path, text_embedding: int, mel_bins: int = 1
     writer.add_audio_head_count(heads)
     writer.add_audio_projection_dim(text_embedding)
     writer.add_audio_attention_layernorm_eps(1e-5)
-
-    def weights(name: str, *shape: int, scale: float = 0.05, dtype=np.float32) -> None:
-        writer.add_tensor(name, (rng.standard_normal(shape) * scale).astype(dtype))
-
+    weights = _random_weights(writer, seed)
     weights("a.conv1d.1.weight", embedding, mel_bins, 3, dtype=np.float16)
     weights("a.conv1d.1.bias", embedding, 1)  # (one per channel, across the frames)
     weights("a.conv1d.2.weight", embedding, embedding, 3, dtype=np.float16)
     weights("a.conv1d.2.bias", embedding, 1)
     weights("a.position_embd.weight", 1500, embedding)
-    for layer in range(layers):
-        block = f"a.blk.{layer}."
-        for part in ("attn_q", "attn_k", "attn_v", "attn_out"):
-            weights(block + part + ".weight", embedding, embedding)
-            if part != "attn_k":  # Whisper's keys have no bias
-                weights(block + part + ".bias", embedding)
-        for norm in ("ln1", "ln2"):
-            writer.add_tensor(block + norm + ".weight", np.ones(embedding, np.float32))
-            writer.add_tensor(block + norm + ".bias", np.zeros(embedding, np.float32))
-        weights(block + "ffn_up.weight", feed_forward, embedding)
-        weights(block + "ffn_up.bias", feed_forward)
-        weights(block + "ffn_down.weight", embedding, feed_forward)
-        weights(block + "ffn_down.bias", embedding)
-    writer.add_tensor("a.post_ln.weight", np.ones(embedding, np.float32))
-    writer.add_tensor("a.post_ln.bias", np.zeros(embedding, np.float32))
+    _layers(writer, weights, layers, embedding, feed_forward, tower="a", key_bias=False)  # Whisper's keys: no bias
     weights("mm.a.fc.weight", text_embedding, embedding, scale=1.0)
     weights("mm.a.fc.bias", text_embedding)
-    return _written(writer, out)
+    return written(writer, out)
 
 
 def wav_of(seconds: float, seed: int, rate: int = 16000) -> bytes:
@@ -120,7 +103,6 @@ def _tower_writer(out: Path, projector_type: str, image_size: int, patch: int, e
                   feed_forward: int, layers: int, text_embedding: int,
                   seed: int) -> tuple[gguf.GGUFWriter, Callable[..., None]]:
     """A writer with a vision tower's hyperparameters, and a function adding random weights."""
-    rng = np.random.default_rng(seed)
     keys = gguf.Keys.ClipVision
     writer = gguf.GGUFWriter(str(out), "clip")
     writer.add_clip_projector_type(projector_type)
@@ -133,22 +115,29 @@ def _tower_writer(out: Path, projector_type: str, image_size: int, patch: int, e
     writer.add_array(keys.IMAGE_MEAN, [0.5, 0.5, 0.5])
     writer.add_array(keys.IMAGE_STD, [0.5, 0.5, 0.5])
     writer.add_bool(keys.USE_GELU, True)
+    return writer, _random_weights(writer, seed)
+
+
+def _random_weights(writer: gguf.GGUFWriter, seed: int) -> Callable[..., None]:
+    """weights(name, *shape, scale=0.05, dtype=float32): a tensor of normal values into the writer."""
+    rng = np.random.default_rng(seed)
 
     def weights(name: str, *shape: int, scale: float = 0.05, dtype=np.float32) -> None:
         writer.add_tensor(name, (rng.standard_normal(shape) * scale).astype(dtype))
 
-    return writer, weights
+    return weights
 
 
 def _layers(writer: gguf.GGUFWriter, weights: Callable[..., None], layers: int, embedding: int,
-            feed_forward: int) -> None:
+            feed_forward: int, tower: str = "v", key_bias: bool = True) -> None:
     """The tower's layers (attention and a GELU feed-forward, each after a layer norm) and the
-    norm after them."""
+    norm after them; `tower` "v" (vision) or "a" (audio) names them."""
     for layer in range(layers):
-        block = f"v.blk.{layer}."
+        block = f"{tower}.blk.{layer}."
         for part in ("attn_q", "attn_k", "attn_v", "attn_out"):
             weights(block + part + ".weight", embedding, embedding)
-            weights(block + part + ".bias", embedding)
+            if key_bias or part != "attn_k":
+                weights(block + part + ".bias", embedding)
         for norm in ("ln1", "ln2"):
             writer.add_tensor(block + norm + ".weight", np.ones(embedding, np.float32))
             writer.add_tensor(block + norm + ".bias", np.zeros(embedding, np.float32))
@@ -156,16 +145,8 @@ def _layers(writer: gguf.GGUFWriter, weights: Callable[..., None], layers: int, 
         weights(block + "ffn_up.bias", feed_forward)
         weights(block + "ffn_down.weight", embedding, feed_forward)
         weights(block + "ffn_down.bias", embedding)
-    writer.add_tensor("v.post_ln.weight", np.ones(embedding, np.float32))
-    writer.add_tensor("v.post_ln.bias", np.zeros(embedding, np.float32))
-
-
-def _written(writer: gguf.GGUFWriter, out: Path) -> Path:
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return out
+    writer.add_tensor(f"{tower}.post_ln.weight", np.ones(embedding, np.float32))
+    writer.add_tensor(f"{tower}.post_ln.bias", np.zeros(embedding, np.float32))
 
 
 def image_of(width: int, height: int, seed: int, image_format: str = "PNG", alpha: bool = False) -> bytes:

@@ -76,6 +76,11 @@ class MediaChunk:
     def chunk(self):
         return self._chunk
 
+    def decodable_within(self, n_batch: int) -> bool:
+        """Whether decodes of n_batch tokens can take it: whole, or (read causally, as audio and
+        most images are) in pieces; tokens that attend to each other both ways go in one."""
+        return self.num_tokens <= n_batch or not self.non_causal
+
     def ready(self, encode_beside: bool) -> bool:
         """Whether it may be decoded now: its embeddings are at hand, or (encode_beside False)
         the step may encode it; else it is queued for the encoder thread (see Projector.ready)."""
@@ -388,7 +393,7 @@ class MediaDecoder:
         media = self.projector.media_of(placeholder)
         if count != media.num_tokens:
             raise BackendError("a media chunk was cut by a prompt chunk")
-        if count > self.capacity and media.non_causal:
+        if not media.decodable_within(self.capacity):
             raise BackendError(f"a media chunk of {count} tokens does not fit one llama_decode ({self.capacity})")
         embeddings = self.projector.embeddings(media)
         positions = self._positions_of(media, count, position)

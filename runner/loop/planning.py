@@ -185,7 +185,7 @@ class StepPlanner:
         step's only prompt chunk, where the backend decodes it in pieces: only where the model
         reads it causally (Gemma 3's images attend both ways, whole in one decode) and the cells
         are free."""
-        return (media.num_tokens > self.max_batch_tokens and not media.non_causal
+        return (media.num_tokens > self.max_batch_tokens and media.decodable_within(self.max_batch_tokens)
                 and (cells is None or media.num_tokens <= cells))
 
     def _chunk_length(self, start: int, remaining: int, budget: int) -> int:

@@ -93,7 +93,7 @@ class SequenceMaker:
                              "a text token)")
         # (a causal medium larger than a decode is decoded in pieces; one read both ways cannot be)
         too_long = next((span for span in prompt.spans
-                         if span.media.num_tokens > self.backend.n_batch and span.media.non_causal), None)
+                         if not span.media.decodable_within(self.backend.n_batch)), None)
         if too_long is not None:
             raise ValueError(f"a medium takes {too_long.media.num_tokens} tokens, more than one llama_decode holds "
                              f"(-b/--batch-size {self.backend.n_batch}), and its tokens attend to each other both "
