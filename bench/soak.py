@@ -97,11 +97,11 @@ class FaultInjector:
 
     def __init__(self, runner: Runner) -> None:
         self._engine = runner.engine
-        self._new_sequence = runner.engine.new_sequence
+        self._new_sequence = runner.engine.maker.new_sequence
         self._decode = runner.backend.decode
         self._poisoned_slots: set[int] = set()
         self._decode_faults: set[str] = set()
-        runner.engine.new_sequence = self._tampered
+        runner.engine.maker.new_sequence = self._tampered
         runner.backend.decode = self._decode_unless_poisoned
 
     def _tampered(self, request, request_id, **options):

@@ -5,9 +5,12 @@ binds llama.cpp and knows nothing of names."""
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from . import models
-from .llama.backend import LlamaModel
+from .config import DEFAULT_SLOT_CTX, KV_POOL_AUTO, RANK, RunnerConfig
+from .llama.backend import LlamaBackend, LlamaModel, free_memory_for_kv
+from .llama.kv_sizing import default_pool
 
 
 def open_model(name_or_path: str | os.PathLike | None = None, chat_template: str | None = None,
@@ -62,3 +65,40 @@ def tool_family_report(name_or_path: str | os.PathLike | None = None, chat_templ
                 "kv": _kv_report(model, resolved.path), "pooling": model.pooling}
     finally:
         model.close()
+
+
+def backend_on(model, config: RunnerConfig, owns_model: bool) -> LlamaBackend:
+    """A context on a loaded model, sized and threaded as the config says."""
+    cache_types = (config.cache_type_k, config.cache_type_v)
+    pool, session_ctx = config.kv_pool, config.session_ctx
+    if pool == KV_POOL_AUTO:
+        trained = model.n_ctx_train or DEFAULT_SLOT_CTX
+        per_token = model.kv_bytes_per_token(cache_types)
+        sized = default_pool(trained, config.parallel, per_token or 0, free_memory_for_kv(model) if per_token else None)
+        pool = sized.tokens
+        session_ctx = min(config.slot_ctx or sized.session_tokens, pool)
+    return LlamaBackend(model, config.parallel, session_ctx, config.n_batch, config.threads, owns_model=owns_model,
+                        batch_invariant=config.batch_invariant, flash_attn=config.flash_attn.value,
+                        cache_types=cache_types, pool_tokens=pool,
+                        windows_while_they_fit=pool is not None and config.kv_layout == "auto" and config.parallel > 1,
+                        ranks=(config.pooling or model.pooling) == RANK)
+
+
+def model_placement(config: RunnerConfig) -> dict[str, Any]:
+    """The config's model parameters for llama.cpp: where the layers go."""
+    return dict(n_gpu_layers=config.n_gpu_layers, main_gpu=config.main_gpu, split_mode=config.split_mode.value,
+                tensor_split=config.tensor_split)
+
+
+def open_backend(config: RunnerConfig) -> LlamaBackend:
+    """The config's model opened (with its projector) and a context on it, which owns it."""
+    model = open_model(config.model, config.chat_template, repack_weights=not config.batch_invariant,
+                       **model_placement(config))
+    try:
+        projector = config.mmproj or (model.found_projector if config.auto_mmproj else None)
+        if projector:
+            model.load_projector(projector, config.threads, "off" if config.batch_invariant else config.flash_attn.value)
+        return backend_on(model, config, owns_model=True)
+    except BaseException:
+        model.close()
+        raise

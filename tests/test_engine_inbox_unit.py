@@ -230,7 +230,7 @@ def test_a_cancel_posted_for_a_queued_request_ends_it_at_the_next_step(make_runn
     if cancel_all:
         runner.cancel_all_soon()
     else:
-        assert runner.cancel_soon(handle.id) is True
+        runner.cancel_soon(handle.id)
     assert not handle.done, "nothing happens until the worker drains its inbox"
     runner.step()
     result = handle.result(timeout=1)

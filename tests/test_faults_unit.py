@@ -57,7 +57,7 @@ def run_eight(make_runner, inject=None, backend: FakeBackend | None = None, call
     backend = backend or FakeBackend(num_slots=NUM_REQUESTS, window=128, n_batch=256)
     runner = make_runner(backend, autostart=False)
     if inject is not None:
-        new_sequence = runner.engine.new_sequence
+        new_sequence = runner.engine.maker.new_sequence
 
         def tampered(request: Request, request_id: str, **options) -> Sequence:
             seq = new_sequence(request, request_id, **options)
@@ -65,7 +65,7 @@ def run_eight(make_runner, inject=None, backend: FakeBackend | None = None, call
                 inject(seq)
             return seq
 
-        runner.engine.new_sequence = tampered
+        runner.engine.maker.new_sequence = tampered
     handles = [runner.submit(request, **(callbacks or {}).get(request.id, {})) for request in requests()]
     runner.start()
     results = {handle.id: handle.result(timeout=30) for handle in handles}

@@ -153,6 +153,7 @@ def test_duplicate_id_while_running_is_an_error_for_that_request_only(make_runne
     runner = make_runner(backend, autostart=False)
     first = runner.submit(Request(prompt="a", id="same", sampling=GREEDY))
     second = runner.submit(Request(prompt="b", id="same", sampling=GREEDY))
+    runner.step()  # the engine's owner learns of both
     assert second.result(timeout=1).finish_reason is FinishReason.ERROR
     assert "already" in second.result().error
     while runner.step():

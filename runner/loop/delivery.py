@@ -1,8 +1,7 @@
-"""What the runner's worker hands out after a step: text pieces and results to the requests'
-handles (and a word to the delivery listeners once per batch of them), and the snapshot that
-readers who must never wait read.
-
-The worker calls all of this under the engine lock; see multiseq.loop.runner for the locking rules.
+"""What the engine's owner hands out after a step: text pieces and results to the requests'
+handles, a word to the delivery listeners once per batch of them, and the snapshot that readers
+who must never wait read. All of it runs on the owner's thread (multiseq.loop.worker), but
+rejecting a request that could not even be prepared, which its caller's thread does.
 """
 
 from __future__ import annotations
@@ -77,37 +76,32 @@ class RequestHandle:
 
 
 class Deliveries:
-    """Hands a step's pieces and results to their handles, then tells the delivery listeners.
+    """The handles of every request known to the engine's owner, by id, and the delivery
+    listeners. Hands a step's pieces and results to their handles, then tells the listeners."""
 
-    The handles live in the inbox (a request is known from submit() until its result is
-    delivered), under the inbox lock; so does every change to the listener list."""
-
-    def __init__(self, lock: threading.Condition, handles: dict[str, RequestHandle]) -> None:
-        self._lock = lock
-        self._handles = handles
-        self._listeners: list[Callable[[], None]] = []
+    def __init__(self) -> None:
+        self.handles: dict[str, RequestHandle] = {}  # the owner's alone: from arrival to result
+        self._listeners: list[Callable[[], None]] = []  # replaced, never changed in place
+        self._listeners_lock = threading.Lock()  # for the rare writer; readers take the list as it is
         self._is_telling_owed = False  # a delivery's listeners are still to be told (tell_owed)
 
     def deliver(self, output: StepOutput, tell_now: bool = True) -> dict[str, str]:
-        """Hand text pieces and results to their handles (under the engine lock, so that a
-        cancel that returned is never followed by a piece of that request), then tell the
-        delivery listeners (or, tell_now False, owe them that until tell_owed()). A callback
-        that raises fails its own request alone: the requests whose pieces could not be
-        delivered, and why (the caller fails them in the engine; nothing more is delivered to
-        them until their result)."""
+        """Hand text pieces and results to their handles, then tell the delivery listeners (or,
+        tell_now False, owe them that until tell_owed()). A callback that raises fails its own
+        request alone: the requests whose pieces could not be delivered, and why (the caller
+        fails them in the engine; nothing more is delivered to them until their result)."""
         faults: dict[str, str] = {}
         if not output.pieces and not output.finished:
             return faults
-        with self._lock:
-            emit_to = [self._handles.get(piece.request_id) for piece in output.pieces]
-            finish = [self._handles.pop(result.id, None) for result in output.finished]
-        for handle, piece in zip(emit_to, output.pieces):
+        for piece in output.pieces:
+            handle = self.handles.get(piece.request_id)
             if handle is not None and not handle.is_faulty:
                 try:
                     handle.emit(piece)
                 except Exception as error:  # noqa: BLE001 - the callback's fault is its request's
                     faults[handle.id] = self._fault(handle, error)
-        for handle, result in zip(finish, output.finished):
+        for result in output.finished:
+            handle = self.handles.pop(result.id, None)
             if handle is not None:
                 fault = faults.get(handle.id)
                 self._finish(handle, result if fault is None else result.failed_with(fault))
@@ -131,7 +125,7 @@ class Deliveries:
         except Exception:  # noqa: BLE001 - the result is set before on_finish runs: only the callback failed
             logger.exception("request %s: on_finish failed", handle.id)
 
-    def fail_remaining(self, handles: list[RequestHandle], message: str) -> None:
+    def fail(self, handles: list[RequestHandle], message: str) -> None:
         """End these handles with an error result (the engine stopped: no step will), and tell
         the listeners."""
         for handle in handles:
@@ -143,12 +137,13 @@ class Deliveries:
         asked for (ValueError) or what the model cannot do with it (BackendError) is the caller's
         error, said as is; anything else is a bug, logged, and said as one."""
         if isinstance(error, PromptDoesNotFit):
-            handle.finish(Result.rejected(handle.id, str(error), prompt_tokens=error.num_prompt))
+            result = Result.rejected(handle.id, str(error), prompt_tokens=error.num_prompt)
         elif isinstance(error, (str, ValueError, BackendError)):
-            handle.finish(Result.rejected(handle.id, str(error)))
+            result = Result.rejected(handle.id, str(error))
         else:
             logger.error("request %s could not be queued", handle.id, exc_info=error)
-            handle.finish(Result.failed_before_start(handle.id, f"internal error: {type(error).__name__}"))
+            result = Result.failed_before_start(handle.id, f"internal error: {type(error).__name__}")
+        self._finish(handle, result)
         self.tell_listeners()
 
     def tell_owed(self) -> None:
@@ -158,18 +153,18 @@ class Deliveries:
 
     def tell_listeners(self) -> None:
         self._is_telling_owed = False
-        for listener in self._listeners:  # a list never changed in place: no lock to read it
+        for listener in self._listeners:
             try:
                 listener()
             except Exception:  # noqa: BLE001 - a listener's bug must not stop the engine
                 logger.exception("a delivery listener failed")
 
     def add_listener(self, listener: Callable[[], None]) -> None:
-        with self._lock:
+        with self._listeners_lock:
             self._listeners = [*self._listeners, listener]
 
     def remove_listener(self, listener: Callable[[], None]) -> None:
-        with self._lock:
+        with self._listeners_lock:
             self._listeners = [known for known in self._listeners if known is not listener]
 
 
@@ -183,9 +178,9 @@ class SnapshotPublisher:
         self.latest: RunnerSnapshot = engine.snapshot(time.perf_counter())
         self._published_at = time.perf_counter()
 
-    def publish(self, now: float, force: bool = False) -> None:
-        """Swap in a new latest snapshot when the last one is old enough, or the engine is idle
-        (under the engine lock)."""
+    def publish(self, force: bool = False) -> None:
+        """Swap in a new latest snapshot when the last one is old enough, or the engine is idle."""
+        now = time.perf_counter()
         if force or not self._engine.has_work or now - self._published_at >= PUBLISH_INTERVAL_S:
             self.latest = self._engine.snapshot(now)
             self._published_at = now

@@ -1,0 +1,325 @@
+"""The engine's owner: one thread steps the engine, and nothing else touches it.
+
+Other threads talk to the owner through its inbox: a request's arrival (posted before it is
+prepared, so that a cancel finds it), its prepared sequence (or word that preparing failed),
+cancels, and calls (work to run between two steps, whose value a future carries back). The
+inbox's lock guards its lists and counters, never the engine.
+
+One turn of the owner: apply the messages and run the calls, plan a step, decode it (llama.cpp
+lets go of the GIL), apply the messages that came meanwhile (a cancel drops its request's
+tokens), apply the step's output, deliver the pieces and results, and publish a snapshot for
+the readers that never wait. A reply (a blocking cancel's, a call's) is sent once what its
+message ended was delivered: nothing more comes for a request whose cancel() returned.
+
+Without a worker thread (a Runner made with autostart=False), the thread that calls step() is
+the owner, and the blocking calls run the inbox on it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any, NamedTuple
+
+from .delivery import Deliveries, RequestHandle, SnapshotPublisher
+from .engine import Engine
+from ..errors import EngineFailure, first_line
+from .sequence import Sequence
+
+logger = logging.getLogger("multiseq.runner")
+
+_IDLE_STEP_SECONDS = 0.001
+
+
+class Arrive(NamedTuple):  # a new request, known from now on (a cancel reaches it); its sequence follows
+    handle: RequestHandle
+
+
+class Enqueue(NamedTuple):  # an arrived request, prepared: its sequence joins the engine's queue
+    handle: RequestHandle
+    seq: Sequence
+
+
+class Refused(NamedTuple):  # an arrived request that could not be prepared; its caller ended it
+    handle: RequestHandle
+
+
+class Cancel(NamedTuple):  # cancel one request
+    request_id: str
+
+
+class CancelAll(NamedTuple):  # cancel every request known now
+    pass
+
+
+class Call(NamedTuple):  # work for the owner between two steps; reply: its value or its exception
+    work: Callable[[], Any]
+    reply: Future
+
+
+Message = Arrive | Enqueue | Refused | Cancel | CancelAll | Call
+
+
+class Inbox:
+    """What other threads post for the owner, and the count of waiting requests they read."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Condition(threading.Lock())  # its condition wakes the idle owner
+        self._messages: deque[Message] = deque()
+        self._num_unqueued = 0  # arrived, not yet in the engine's queue (nor refused)
+        self._num_queued = 0  # the engine's queue, as the owner last saw it
+        self._is_closed = False
+        self._stopped: BaseException | None = None  # the engine stopped: nothing is taken any more
+
+    def post(self, *messages: Message) -> bool:
+        """Post messages in order; False when the engine stopped (nothing will read them). A
+        request or a call is refused once the runner is closed."""
+        with self._lock:
+            if self._stopped is not None:
+                return False
+            num_arriving = sum(isinstance(message, Arrive) for message in messages)
+            if self._is_closed and any(isinstance(message, (Arrive, Call)) for message in messages):
+                raise RuntimeError("the runner is closed")
+            self._num_unqueued += num_arriving
+            self._messages.extend(messages)
+            self._lock.notify()
+            return True
+
+    def take(self) -> list[Message]:
+        with self._lock:
+            messages, self._messages = list(self._messages), deque()
+            return messages
+
+    def note_queue(self, num_settled: int, num_queued: int) -> None:
+        """num_settled arrivals left the count of those not queued; the queue holds num_queued."""
+        with self._lock:
+            self._num_unqueued -= num_settled
+            self._num_queued = num_queued
+
+    @property
+    def num_waiting(self) -> int:
+        with self._lock:
+            return self._num_unqueued + self._num_queued
+
+    def wait(self, has_work: bool) -> bool:
+        """The idle owner waits here for a message; False when closed with nothing left to do."""
+        with self._lock:
+            while not (has_work or self._messages or self._is_closed):
+                self._lock.wait()
+            return has_work or bool(self._messages) or not self._is_closed
+
+    def close(self) -> None:
+        with self._lock:
+            self._is_closed = True
+            self._lock.notify()
+
+    def stop(self, error: BaseException) -> list[Message]:
+        """The engine stopped for good: what was posted, taken; later posts are refused."""
+        with self._lock:
+            self._stopped = error
+        return self.take()
+
+
+class Worker:
+    """The engine's owner: its turns, the messages it applies, and its failure (Runner.failure)."""
+
+    def __init__(self, engine: Engine, inbox: Inbox, deliveries: Deliveries, publisher: SnapshotPublisher) -> None:
+        self.engine = engine
+        self.inbox = inbox
+        self.deliveries = deliveries
+        self.publisher = publisher
+        self.failure: str | None = None  # why the engine stopped, once it has
+        self.thread: threading.Thread | None = None
+        self._preparing: set[str] = set()  # arrived, their sequence not yet posted
+        self._cancelled_preparing: set[str] = set()  # among them, those a cancel reached
+        self._calls: list[Call] = []  # taken in the middle of a step: run at the next turn
+        self._replies: list[tuple[Future, Any]] = []  # sent once what their messages ended is delivered
+
+    @property
+    def failure_message(self) -> str:
+        return f"the engine stopped: {self.failure}"
+
+    def start(self) -> None:
+        if self.thread is None:
+            self.thread = threading.Thread(target=self._run, name="multiseq-runner", daemon=True)
+            self.thread.start()
+
+    def _run(self) -> None:
+        # A call taken in the middle of a step waits for the next turn: work, as requests are.
+        while self.failure is None and self.inbox.wait(self.engine.has_work or bool(self._preparing or self._calls)):
+            if not self.step():
+                time.sleep(_IDLE_STEP_SECONDS)  # work exists but none could be planned yet
+
+    def step(self) -> bool:
+        """One turn; False when there was nothing to decode or the engine stopped."""
+        if self.failure is not None:
+            return False
+        try:
+            return self._turn()
+        except Exception as error:  # noqa: BLE001 - said to every request and to /health, never lost
+            self._stop(error)
+            return False
+
+    def _turn(self) -> bool:
+        self.apply_inbox()
+        plan = self.engine.schedule()
+        self._note_queue()
+        self._deliver()
+        if not plan:
+            self.deliveries.tell_owed()
+            self.publisher.publish()
+            return False
+        # The listeners of the last step's output are told as llama.cpp is about to decode
+        # without the GIL: the thread they wake (a server's event loop) takes the GIL while
+        # this one waits in llama_decode, not while it plans.
+        self.deliveries.tell_owed()
+        executed = self.engine.execute(plan)
+        self.apply_inbox(mid_step=True)  # a cancel that came during the decode drops its tokens
+        self.engine.update(executed)
+        self._note_queue()
+        self.publisher.publish()  # before the results: readers see them counted
+        # With more to decode, the next turn tells the listeners just before its decode.
+        self._deliver(tell_now=not self.engine.has_work)
+        return True
+
+    def call(self, work: Callable[[], Any], runs_after_stop: bool = False) -> Any:
+        """Run work on the owner between two steps and return its value (or raise its
+        exception); without a worker thread, the inbox runs here. Once the engine stopped,
+        the work is refused (RuntimeError), or (runs_after_stop: a read, a cancel) runs here:
+        nothing steps the engine any more."""
+        if self.thread is not None and threading.current_thread() is self.thread:
+            raise RuntimeError("the runner's own thread (an on_finish callback) cannot wait for a step to end")
+        reply: Future = Future()
+        if not self.inbox.post(Call(work, reply)):
+            if not runs_after_stop:
+                raise RuntimeError(self.failure_message)
+            self.join()
+            return work()
+        if self.thread is None:
+            self.apply_inbox()
+        return reply.result()
+
+    def join(self) -> None:
+        """Wait for the worker thread to end (once closed, or once the engine stopped)."""
+        if self.thread is not None and threading.current_thread() is not self.thread:
+            self.thread.join()
+
+    def finish_here(self) -> None:
+        """Turn on this thread until no work is left (a runner without a worker thread, closing)."""
+        self.apply_inbox()
+        while self.failure is None and self.engine.has_work:
+            self.step()
+
+    # --- messages ----------------------------------------------------------------------------
+
+    def apply_inbox(self, mid_step: bool = False) -> None:
+        """Apply what was posted, in order, and (unless a step's output is yet to be applied)
+        run the calls; then deliver what that ended, and send the calls' replies."""
+        messages = self.inbox.take()
+        num_settled = sum(self._apply(message) for message in messages)
+        calls, self._calls = ([], self._calls) if mid_step else (self._calls, [])
+        for call in calls:
+            self._replies.append((call.reply, _run(call.work)))
+        if messages or calls:
+            self._note_queue(num_settled)
+            self._deliver()
+            self._send_replies()
+
+    def _apply(self, message: Message) -> int:
+        """Apply one message; how many arrivals it settled (queued, refused or rejected)."""
+        if isinstance(message, Call):
+            self._calls.append(message)
+        elif isinstance(message, Cancel):
+            self.cancel(message.request_id)
+        elif isinstance(message, CancelAll):
+            self.cancel_all()
+        else:
+            return self._settle_arrival(message)
+        return 0
+
+    def _settle_arrival(self, message: Arrive | Enqueue | Refused) -> int:
+        handle, handles = message.handle, self.deliveries.handles
+        if isinstance(message, Arrive):
+            if handle.id not in handles:
+                handles[handle.id] = handle
+                self._preparing.add(handle.id)
+                return 0
+            self.engine.record_rejection()
+            self.deliveries.reject(handle, f"request id {handle.id!r} is already waiting or running")
+        elif handles.get(handle.id) is handle:  # not a duplicate, rejected when it arrived
+            self._preparing.discard(handle.id)
+            was_cancelled = handle.id in self._cancelled_preparing
+            self._cancelled_preparing.discard(handle.id)
+            if isinstance(message, Refused):
+                del handles[handle.id]
+                self.engine.record_rejection()
+            else:
+                self.engine.add(message.seq)
+                if was_cancelled:
+                    self.engine.abort(handle.id)  # a waiting request: it ends here, never runs
+        return 1
+
+    def cancel(self, request_id: str) -> bool:
+        if request_id in self._preparing:
+            self._cancelled_preparing.add(request_id)
+            return True
+        if self.engine.abort(request_id):
+            return True
+        logger.info("cancel(%r): no such waiting or running request", request_id)
+        return False
+
+    def cancel_all(self) -> int:
+        num_preparing = len(self._preparing - self._cancelled_preparing)
+        self._cancelled_preparing |= self._preparing
+        return num_preparing + self.engine.abort_all()
+
+    def _send_replies(self) -> None:
+        replies, self._replies = self._replies, []
+        for reply, (value, error) in replies:
+            if error is None:
+                reply.set_result(value)
+            else:
+                reply.set_exception(error)
+
+    def _note_queue(self, num_settled: int = 0) -> None:
+        self.inbox.note_queue(num_settled, len(self.engine.scheduler.waiting))
+
+    def _deliver(self, tell_now: bool = True) -> None:
+        """Deliver what the engine produced; a request whose callback raised fails in the
+        engine, alone, and its result follows when it is retired."""
+        faults = self.deliveries.deliver(self.engine.take_output(), tell_now)
+        for request_id, message in faults.items():
+            self.engine.fail_request(request_id, message)
+
+    def _stop(self, error: Exception) -> None:
+        """The engine cannot go on: every request ends with the reason, new ones are refused
+        with it, and the callers waiting for a reply are told."""
+        reason = (first_line(error) if isinstance(error, EngineFailure)  # a bug's own words stay in the log
+                  else f"internal error ({type(error).__name__}; the log has its traceback)")
+        logger.error("the engine stopped: %s", reason, exc_info=error)
+        self.failure = reason
+        stopped = RuntimeError(self.failure_message)
+        messages = self.inbox.stop(stopped)
+        calls = self._calls + [message for message in messages if isinstance(message, Call)]
+        for reply in [reply for reply, _ in self._replies] + [call.reply for call in calls]:
+            reply.set_exception(stopped)
+        try:
+            self.engine.fail_all(self.failure_message)
+            self._deliver()
+            self.publisher.publish(force=True)
+        except Exception:  # noqa: BLE001 - the handles are ended below whatever the engine's state
+            logger.exception("failing the requests in the engine failed")
+        arrived = [message.handle for message in messages if isinstance(message, Arrive)]
+        remaining, self.deliveries.handles = list(self.deliveries.handles.values()), {}
+        self.deliveries.fail(remaining + arrived, self.failure_message)
+
+
+def _run(work: Callable[[], Any]) -> tuple[Any, BaseException | None]:
+    try:
+        return work(), None
+    except BaseException as error:  # noqa: BLE001 - handed back to the caller, raised there
+        return None, error
