@@ -80,9 +80,9 @@ class Engine:
 
     # --- requests in and out ---------------------------------------------------------------
 
-    def new_sequence(self, request: Request, request_id: str) -> Sequence:
+    def new_sequence(self, request: Request, request_id: str, streams: bool = False) -> Sequence:
         """Tokenize and fit a request (multiseq.loop.sequence_maker); may run on any thread."""
-        return self.maker.new_sequence(request, request_id)
+        return self.maker.new_sequence(request, request_id, streams)
 
     def prompt_text(self, request: Request) -> str:
         """A request's prompt as text (its chat rendered with its tools)."""
@@ -175,7 +175,7 @@ class Engine:
         for seq, error in executed.failed:
             seq.fail(error, overriding=True)  # what its slot holds is in doubt, even if it was cancelled
         for seq, (start, scores) in executed.prompt_scores.items():  # a prompt computed again overwrites them
-            seq.prompt_logprobs[start:start + len(scores)] = scores
+            seq.score_prompt(start, scores)
         for seq, (start, rows) in executed.embeddings.items():
             seq.embedding.add(start, rows)
         for chunk in plan.chunks:
@@ -303,11 +303,7 @@ class Engine:
 def _first_piece_prompt(seq: Sequence) -> dict:
     """What a sequence's first piece carries of a scored prompt (TextPiece.prompt_first_token
     and prompt_logprobs, so that a stream can echo it first); nothing for later pieces."""
-    pieces = seq.pieces
-    if pieces.has_emitted:
-        return {}
-    pieces.has_emitted = True
-    if not scores_prompt(seq):
+    if not seq.pieces.note_emitted() or not scores_prompt(seq):
         return {}
     return dict(prompt_first_token=seq.sampler.token_bytes(seq.prompt_tokens[0]),
                 prompt_logprobs=tuple(seq.prompt_logprobs))

@@ -37,7 +37,7 @@ class OutputPieces:
         self._num_logprobs_streamed = 0  # of self.logprobs, how many went out with text pieces
         self.assembler = TextAssembler(stop, min_indent)
         self.text_parts: list[str] = []  # one a piece
-        self.has_emitted = False  # whether a piece went out (the first carries a scored prompt's logprobs)
+        self._has_emitted = False  # whether a piece went out (the first carries a scored prompt's logprobs)
         self.has_reached_stop_string = False
         # The reading, shared by the step's thread and a consumer's: under the lock.
         self._lock = threading.Lock()
@@ -45,6 +45,11 @@ class OutputPieces:
         self._deltas: list[Delta] = []  # what the reader gave, in order
         self._num_handed = 0  # of those, how many went out with a piece
         self._fault: RequestFault | None = None  # the reader failed: nothing more is read
+
+    def note_emitted(self) -> bool:
+        """A piece goes out: whether it is the first."""
+        is_first, self._has_emitted = not self._has_emitted, True
+        return is_first
 
     @property
     def text(self) -> str:

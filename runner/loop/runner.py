@@ -115,11 +115,10 @@ class Runner:
 
     def _prepare(self, request: Request, handle: RequestHandle, streams: bool) -> Enqueue | Refused:
         try:
-            seq = self._maker.new_sequence(request, handle.id)
+            seq = self._maker.new_sequence(request, handle.id, streams=streams)
         except Exception as error:  # noqa: BLE001 - any failure here belongs to this request alone
             self._deliveries.reject(handle, error)
             return Refused(handle)
-        seq.streams = streams
         return Enqueue(handle, seq)
 
     def run_batch(self, requests: Iterable[Request]) -> list[Result]:

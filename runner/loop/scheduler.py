@@ -199,8 +199,8 @@ class Scheduler:
             if seq.parked is not None:
                 seq.resume(placement.slot)
             else:
-                seq.admit(placement.slot, now, placement.num_cached, from_host=placement.host_entry is not None)
-                seq.prompt_logprobs[:] = placement.prompt_scores
+                seq.admit(placement.slot, now, placement.num_cached, from_host=placement.host_entry is not None,
+                          prompt_scores=placement.prompt_scores)
             self.waiting.remove(seq)
             evicted, evicted_scores = self.prefixes.take_with_scores(placement.slot)
             if placement.source_slot not in (None, placement.slot):

@@ -88,13 +88,13 @@ class Sequence:
                  overflow: OverflowPolicy, max_tokens: int, prompt_tokens_dropped: int = 0,
                  submitted_at: float | None = None, priority: int = Priority.BATCH,
                  tool_parser: OutputParser | None = None, embedding: EmbeddingPool | None = None,
-                 media_spans: tuple = ()) -> None:
+                 media_spans: tuple = (), streams: bool = False) -> None:
         self.id = request_id
         self.embedding = embedding  # an embedding request's rows, pooled: it ends with its prompt
         self.priority = priority
         self.prompt_tokens = prompt_tokens
         self.media = PromptMedia(media_spans, len(prompt_tokens))  # where images stand: each computed whole
-        self.streams = False  # its pieces are watched as they come (a stream, not a batch line)
+        self.streams = streams  # its pieces are watched as they come (a stream, not a batch line)
         self.sampler = sampler
         self.n_keep = n_keep
         self.overflow = overflow
@@ -186,20 +186,25 @@ class Sequence:
         if self.ending is None:
             self.ending = Ending(reason, error)
 
-    def admit(self, slot: int, now: float, num_cached: int = 0, from_host: bool = False) -> None:
-        """Waiting -> prefilling in `slot`, whose KV already holds the first num_cached
-        prompt tokens (a reused prefix; from_host: restored from host memory)."""
+    def admit(self, slot: int, now: float, num_cached: int = 0, from_host: bool = False,
+              prompt_scores: tuple[TokenLogprob, ...] = ()) -> None:
+        """Waiting -> prefilling in `slot`, whose KV already holds the first num_cached prompt
+        tokens (a reused prefix; from_host: restored from host memory; prompt_scores: theirs)."""
         assert 0 <= num_cached < len(self.prompt_tokens), "the last prompt token is always decoded"
         self._move_to(SequenceStatus.PREFILLING)
         self.slot = slot
         self.admitted_at = now
         self.num_cached = self.num_prefilled = self.n_past = num_cached
         self.num_restored = num_cached if from_host else 0
+        self.prompt_logprobs[:] = prompt_scores
+
+    def score_prompt(self, start: int, scores: list[TokenLogprob] | tuple[TokenLogprob, ...]) -> None:
+        """Prompt tokens' log probabilities from `start` (a prompt computed again overwrites them)."""
+        self.prompt_logprobs[start:start + len(scores)] = scores
 
     @property
     def can_be_preempted(self) -> bool:
-        """Decoding, not ending, and its KV holds exactly its tokens at their own positions
-        (a shifted window's KV could not be matched with tokens again)."""
+        """Decoding, not ending, and its KV holds its tokens at their own positions (not slid)."""
         return self.status is SequenceStatus.DECODING and self.ending is None and not self.is_truncated
 
     def preempt(self, parked: HostEntry) -> None:
@@ -212,16 +217,14 @@ class Sequence:
 
     def requeue(self) -> None:
         """Prefilling -> waiting again: a shared KV pool had no room for the rest of its prompt.
-        Nothing was generated yet, so it starts over when admitted again (from whatever prefix
-        is held then: the part it computed, if that was kept)."""
+        It starts over when admitted again, from whatever prefix is held then."""
         assert self.status is SequenceStatus.PREFILLING and self.ending is None
         self._move_to(SequenceStatus.WAITING)
         self.slot = None
         self.num_cached = self.num_prefilled = self.n_past = self.num_restored = 0
 
     def resume(self, slot: int) -> None:
-        """Waiting -> decoding again in `slot`, whose KV now holds what was parked: the next
-        step decodes its newest token, as if it had never left."""
+        """Waiting -> decoding again in `slot`, whose KV now holds what was parked, as if it never left."""
         assert self.parked is not None
         self._move_to(SequenceStatus.DECODING)
         self.slot = slot
@@ -286,8 +289,7 @@ class Sequence:
         return text
 
     def request_cancel(self) -> None:
-        """A waiting sequence ends without running; a running one at the next step boundary,
-        keeping its text."""
+        """A waiting sequence ends without running; a running one at the next step, keeping its text."""
         never_started = self.is_waiting and not self.output_tokens  # (a preempted one keeps its text)
         self._end(FinishReason.CANCELLED, CANCELLED_BEFORE_START if never_started else None)
 
@@ -306,11 +308,9 @@ class Sequence:
     def finish(self, now: float) -> str:
         """Apply the ending: move to the final status; return the held text this releases.
 
-        Held text (a possible stop-string start) is released when generation ends by itself
-        or fails; never after a stop string, and never on cancel, so that nothing is emitted
-        for a request after cancel() returned. An output that ended by itself (stop) is
-        checked against the request's JSON schema; one cut at max_tokens or cancelled is not
-        a whole document, and is not."""
+        Held text (a possible stop-string start) is released when generation ends by itself or
+        fails; never after a stop string, nor on cancel (nothing comes after cancel() returned).
+        An output that stopped by itself is checked against the request's JSON schema."""
         assert self.ending is not None, "only a sequence with an ending finishes"
         reason = self.ending.reason
         releases_held_text = ((self.is_running or self.parked is not None) and reason is not FinishReason.CANCELLED

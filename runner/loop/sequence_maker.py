@@ -40,14 +40,15 @@ class SequenceMaker:
         # generate (an encoder, a reranker) has no streams, and fills every decode instead.
         self.step_tokens = None if self.embeds_whole else config.step_tokens
 
-    def new_sequence(self, request: Request, request_id: str) -> Sequence:
-        """Tokenize and fit a request. Reads only the model and the config, so it may run on
-        any thread; raises ValueError or BackendError when this request cannot run."""
+    def new_sequence(self, request: Request, request_id: str, streams: bool = False) -> Sequence:
+        """Tokenize and fit a request (streams: its pieces are watched as they come). Reads only
+        the model and the config, so it may run on any thread; raises ValueError or
+        BackendError when this request cannot run."""
         params = request.sampling
         text = self.prompt_text(request)
         media = request.all_media
         if media:
-            return self._media_sequence(request, request_id, text, media)
+            return self._media_sequence(request, request_id, text, media, streams)
         tokens = self._tokens_of(request, text)
         if not tokens:
             raise ValueError("the prompt tokenizes to no tokens")
@@ -66,10 +67,10 @@ class SequenceMaker:
         if params.prompt_logprobs is not None and fit.num_dropped:
             raise ValueError(f"a scored prompt (echo with logprobs) must fit the slot's {self.window}-token window "
                              f"with its output; it has {len(tokens)} tokens")
-        return self._generating_sequence(request, request_id, text, fit, n_keep, overflow)
+        return self._generating_sequence(request, request_id, text, fit, n_keep, overflow, streams=streams)
 
     def _generating_sequence(self, request: Request, request_id: str, text: str, fit, n_keep: int,
-                             overflow: OverflowPolicy, media_spans: tuple = ()) -> Sequence:
+                             overflow: OverflowPolicy, media_spans: tuple = (), streams: bool = False) -> Sequence:
         params = request.sampling
         seed = params.seed if params.seed is not None else self._derive_seed(request_id)
         banned = self.backend.end_of_generation_tokens() if params.ignore_eos else ()
@@ -78,9 +79,10 @@ class SequenceMaker:
                                   self.backend.token_bytes, banned_early)
         return Sequence(request_id, fit.tokens, sampler, n_keep, overflow, fit.max_tokens,
                         prompt_tokens_dropped=fit.num_dropped, priority=request.priority,
-                        tool_parser=self.tools.parser(request, text), media_spans=media_spans)
+                        tool_parser=self.tools.parser(request, text), media_spans=media_spans, streams=streams)
 
-    def _media_sequence(self, request: Request, request_id: str, text: str, media: list[bytes]) -> Sequence:
+    def _media_sequence(self, request: Request, request_id: str, text: str, media: list[bytes],
+                        streams: bool) -> Sequence:
         """A prompt with images or audio: cut into text and media by the model's projector, and
         never slid (a medium cut in two is not the medium): one that does not fit its window,
         with room to generate, is refused, as is one whose output must end within it."""
@@ -99,7 +101,8 @@ class SequenceMaker:
                              f"(-b/--batch-size {self.backend.n_batch}), and its tokens attend to each other both "
                              f"ways: it is decoded whole")
         fit = fit_prompt(prompt.tokens, self.window, 0, request.sampling.max_tokens, OverflowPolicy.REJECT)
-        return self._generating_sequence(request, request_id, text, fit, 0, OverflowPolicy.REJECT, prompt.spans)
+        return self._generating_sequence(request, request_id, text, fit, 0, OverflowPolicy.REJECT, prompt.spans,
+                                         streams)
 
     def _embedding_sequence(self, request: Request, request_id: str, tokens: list[int]) -> Sequence:
         """An embedding request's sequence: its whole prompt in one window (an embedding of a
