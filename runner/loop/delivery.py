@@ -9,23 +9,16 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-import time
 from collections.abc import Callable, Iterator
 
-from .engine import Engine
 from .step_output import StepOutput, TextPiece
 from ..errors import BackendError, RequestFault
 from ..request import Result
 from .scheduler import PromptDoesNotFit
-from .stats import RunnerSnapshot
 
 logger = logging.getLogger("multiseq.runner")
 
 _END_OF_STREAM = object()
-# latest_snapshot is at most this old while requests run (and exact once the engine is idle). Its
-# readers (the dashboard, 4 times a second; /metrics; the batch worker's queue count) need no
-# more: at 25 ms, building it was a tenth of a sampled step's host time at 64 slots.
-PUBLISH_INTERVAL_S = 0.1
 
 
 class RequestHandle:
@@ -166,21 +159,3 @@ class Deliveries:
     def remove_listener(self, listener: Callable[[], None]) -> None:
         with self._listeners_lock:
             self._listeners = [known for known in self._listeners if known is not listener]
-
-
-class SnapshotPublisher:
-    """Keeps latest_snapshot: an immutable RunnerSnapshot swapped in after a step at most every
-    PUBLISH_INTERVAL_S (building one costs about 0.3 ms at 64 slots, too much for every step of
-    a small model) and whenever the engine falls idle."""
-
-    def __init__(self, engine: Engine) -> None:
-        self._engine = engine
-        self.latest: RunnerSnapshot = engine.snapshot(time.perf_counter())
-        self._published_at = time.perf_counter()
-
-    def publish(self, force: bool = False) -> None:
-        """Swap in a new latest snapshot when the last one is old enough, or the engine is idle."""
-        now = time.perf_counter()
-        if force or not self._engine.has_work or now - self._published_at >= PUBLISH_INTERVAL_S:
-            self.latest = self._engine.snapshot(now)
-            self._published_at = now

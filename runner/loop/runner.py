@@ -1,12 +1,12 @@
-"""Runner: the engine behind a front that any thread may use.
+"""Runner: the engine behind a front that any thread may use (docs/python-api.md says what each
+call promises).
 
 The engine has one owner, a worker thread (multiseq.loop.worker); the runner's methods post
 messages to it. submit() prepares a request (tokenizes it, renders its chat, compiles its
 constraint) on the calling thread, which reads only the model and the config, and posts it;
 cancel_soon() and cancel_all_soon() post and return (an event loop calls them); cancel(),
-cancel_all(), stats(), snapshot() and between_steps() wait for the owner's reply. What readers
-that must never wait want (the queue's length, the slots, the totals) the owner publishes:
-num_waiting and latest_snapshot. The pieces, results and listeners: multiseq.loop.delivery.
+cancel_all(), stats(), snapshot() and between_steps() wait for the owner's reply. Readers that
+must never wait read what the owner publishes: num_waiting and latest_snapshot.
 """
 
 from __future__ import annotations
@@ -20,13 +20,13 @@ import numpy as np
 
 from ..llama.batch import Backend
 from ..config import RunnerConfig
-from .delivery import PUBLISH_INTERVAL_S, Deliveries, RequestHandle, SnapshotPublisher  # noqa: F401 - re-exported
+from .delivery import Deliveries, RequestHandle
 from .engine import Engine
 from .step_output import TextPiece
 from ..kv.hostcache import PrefixHolding, SharedPrefix
 from ..request import Request, Result
 from .stats import RunnerSnapshot, RunStats
-from .worker import Arrive, Cancel, CancelAll, Enqueue, Inbox, Refused, Worker
+from .worker import Arrive, Cancel, CancelAll, Inbox, Prepared, Worker
 
 
 class Runner:
@@ -39,7 +39,7 @@ class Runner:
         if backend is None:
             from ..loading import open_backend  # llama.cpp, loaded only when a real model runs
             backend = open_backend(self.config)
-        self.engine = Engine(self.config, backend)  # the worker's; tests and benches read it between steps
+        self.engine = Engine(self.config, backend)  # its owner's; tests and benches read it between steps
         self.backend: Backend = self.engine.backend
         # What the model and config fix, read here once: the engine is its owner's alone.
         self._maker = self.engine.maker
@@ -50,8 +50,7 @@ class Runner:
         self._costs = self.engine.host_cache.costs
         self._inbox = Inbox()
         self._deliveries = Deliveries()
-        self._publisher = SnapshotPublisher(self.engine)
-        self._worker = Worker(self.engine, self._inbox, self._deliveries, self._publisher)
+        self._worker = Worker(self.engine, self._inbox, self._deliveries)
         self._request_numbers = itertools.count()
         self._closed = False
         if autostart:
@@ -59,38 +58,19 @@ class Runner:
 
     @classmethod
     def on_model(cls, model, config: RunnerConfig, autostart: bool = True) -> Runner:
-        """A runner with a new context on an already loaded multiseq.llama.backend.LlamaModel, which
-        it does not free on close: many runners (say, at different parallelism) can share one
-        loaded model. The model stays where it was loaded: the config's n_gpu_layers, main_gpu,
-        split_mode and tensor_split are the model's business, not the context's."""
+        """A runner with a new context on a loaded LlamaModel, which it does not free on close
+        (several runners may share one model; the model stays where it was loaded)."""
         from ..loading import backend_on
 
         return cls(config, backend=backend_on(model, config, owns_model=False), autostart=autostart)
-
-    @property
-    def allocated_window(self) -> int:
-        """The per-slot window llama.cpp allocated (it rounds up)."""
-        return self.backend.allocated_window
-
-    @property
-    def device(self) -> str | None:
-        """Where the model runs, as llama.cpp placed it; None when the backend does not say."""
-        return self.backend.device
 
     # --- requests ------------------------------------------------------------------------------
 
     def submit(self, request: Request, stream: bool = False, on_finish: Callable[[Result], None] | None = None,
                on_piece: Callable[[TextPiece], None] | None = None) -> RequestHandle:
-        """Queue a request from any thread and return its handle at once.
-
-        stream=True makes the handle iterable over text pieces as they are produced.
-        on_piece is called with each TextPiece (text, and its tokens' logprobs when asked) and
-        on_finish with the Result when the request ends, both on the runner's thread and in
-        order: keep them short (put what they get in a queue, or hand it to an event loop with
-        loop.call_soon_threadsafe, or collect them and hand them over from a delivery listener).
-        A request that cannot run (a bad prompt, a prompt that cannot fit, a duplicate id) gets
-        its error result on its handle; nothing else is disturbed. Preparing runs on the calling
-        thread and never waits for a step."""
+        """Queue a request from any thread; its handle at once. stream=True: the handle iterates
+        over text pieces. on_piece and on_finish run on the runner's thread, in order: keep them
+        short. A request that cannot run ends with its error on its handle."""
         return self._submit_all([request], stream, on_finish, on_piece)[0]
 
     def _submit_all(self, requests: Iterable[Request], stream: bool = False,
@@ -105,28 +85,23 @@ class Runner:
             return handles
         # The owner knows them now: a cancel or a close that comes while they are prepared
         # reaches them, and ends them as their sequences come.
-        prepared: list[Enqueue | Refused] = []
+        prepared: list[Prepared] = []
         try:
             for request, handle in zip(requests, handles):
                 prepared.append(self._prepare(request, handle, stream or on_piece is not None))
         finally:  # an interrupt: the ones not prepared are forgotten
-            self._inbox.post(*prepared, *[Refused(handle) for handle in handles[len(prepared):]])
+            self._inbox.post(*prepared, *[Prepared(handle, None) for handle in handles[len(prepared):]])
         return handles
 
-    def _prepare(self, request: Request, handle: RequestHandle, streams: bool) -> Enqueue | Refused:
+    def _prepare(self, request: Request, handle: RequestHandle, streams: bool) -> Prepared:
         try:
-            seq = self._maker.new_sequence(request, handle.id, streams=streams)
+            return Prepared(handle, self._maker.new_sequence(request, handle.id, streams=streams))
         except Exception as error:  # noqa: BLE001 - any failure here belongs to this request alone
             self._deliveries.reject(handle, error)
-            return Refused(handle)
-        return Enqueue(handle, seq)
+            return Prepared(handle, None)
 
     def run_batch(self, requests: Iterable[Request]) -> list[Result]:
-        """Run requests to completion and return their results in input order.
-
-        Failed and cancelled requests are results too: check result.ok / result.error. A
-        request cancelled before it started has finish_reason "cancelled" and an error, never
-        an empty successful answer."""
+        """Run requests to completion; their results in input order (failed and cancelled ones too)."""
         handles = self._submit_all(requests)
         try:
             return [handle.result() for handle in handles]
@@ -136,48 +111,37 @@ class Runner:
             raise
 
     def prompt_text(self, request: Request) -> str:
-        """The request's prompt as text (a chat rendered with its tools); ValueError or
-        BackendError when it cannot be rendered. Any thread."""
+        """The request's prompt as text (a chat rendered with its tools); any thread."""
         return self._maker.prompt_text(request)
 
     def prompt_tokens(self, request: Request) -> list[int]:
-        """The request's prompt as tokens; ValueError or BackendError when it cannot be rendered. Any thread."""
+        """The request's prompt as tokens; any thread."""
         return self._maker.prompt_tokens(request)
 
     # --- cancels ---------------------------------------------------------------------------------
 
     def cancel(self, request_id: str) -> bool:
-        """Cancel one request. A waiting one ends with a Cancelled error and never runs; a
-        running one stops at the next step boundary, keeping its text, with finish_reason
-        "cancelled". Nothing more is emitted for it once this returns, which may mean waiting
-        for the step under way (an event loop calls cancel_soon instead). Returns False (and
-        logs) when the id is unknown or already finished."""
+        """Cancel one request; nothing more comes for it once this returns. False when unknown."""
         return self._worker.call(lambda: self._worker.cancel(request_id), runs_after_stop=True)
 
     def cancel_soon(self, request_id: str) -> None:
-        """Cancel one request as cancel() does, without waiting: the worker applies it before
-        its next step (or before it applies the step running now), so a piece or two may still
-        come. Safe on an event loop."""
+        """cancel() without waiting (an event loop's): a piece or two may still come."""
         self._inbox.post(Cancel(request_id))
 
     def cancel_all(self) -> int:
-        """Cancel everything at once: waiting requests are drained with a Cancelled error and
-        running ones stop at the next step boundary. No request known at the time of the call
-        is admitted afterwards; requests submitted after it returns run normally. Returns how
-        many requests were cancelled."""
+        """Cancel every request known now (none of them is admitted afterwards); how many."""
         return self._worker.call(self._worker.cancel_all, runs_after_stop=True)
 
     def cancel_all_soon(self) -> None:
-        """cancel_all() without waiting (safe on an event loop)."""
+        """cancel_all() without waiting (an event loop's)."""
         self._inbox.post(CancelAll())
 
     # --- what readers see ----------------------------------------------------------------------
 
     @property
     def failure(self) -> str | None:
-        """Why the engine stopped (None while it runs): a failure that was no one request's.
-        Every request then ended with an error, and new ones end with one at once; a server
-        answers /health with 503, and a supervisor should start a new one."""
+        """Why the engine stopped (None while it runs): every request then ended with an error,
+        and new ones end with one at once."""
         return self._worker.failure
 
     @property
@@ -191,26 +155,22 @@ class Runner:
 
     @property
     def latest_snapshot(self) -> RunnerSnapshot:
-        """The snapshot the worker published last: at most PUBLISH_INTERVAL_S (plus a step)
-        old while requests run, exact once the engine is idle. Never waits: for an event loop."""
-        return self._publisher.latest
+        """The last published snapshot (at most PUBLISH_INTERVAL_S old while requests run). Never waits."""
+        return self._worker.latest_snapshot
 
     def stats(self) -> RunStats:
         """The totals at this moment (waits for the step under way)."""
         return self._worker.call(self.engine.stats.snapshot, runs_after_stop=True)
 
     def snapshot(self) -> RunnerSnapshot:
-        """Every slot and counter at this moment, as plain values (waits for the step under way)."""
+        """Every slot and counter at this moment (waits for the step under way)."""
         return self._worker.call(lambda: self.engine.snapshot(time.perf_counter()), runs_after_stop=True)
 
     def reset_stats(self) -> None:
         self.between_steps(self.engine.stats.reset)
 
     def add_delivery_listener(self, listener: Callable[[], None]) -> None:
-        """Call `listener()` after each batch of on_piece/on_finish calls (one per step, told as
-        the next decode lets go of the GIL, or at once when none follows; one per cancel or
-        rejection), on the thread that made them: a consumer that collects what its callbacks
-        get can hand the whole batch over at once."""
+        """Call `listener()` after each batch of on_piece/on_finish calls, on the thread that made them."""
         self._deliveries.add_listener(listener)
 
     def remove_delivery_listener(self, listener: Callable[[], None]) -> None:
@@ -219,43 +179,34 @@ class Runner:
     # --- work between two steps ------------------------------------------------------------------
 
     def between_steps(self, work: Callable[[], Any]) -> Any:
-        """Run `work` (which may use the engine and its backend) on the engine's owner, between
-        two steps, and return its value (or raise its exception)."""
+        """Run `work` (which may use the engine) on its owner between two steps; its value."""
         return self._worker.call(work)
 
     def clear_prefix_cache(self) -> None:
-        """Forget the prompt prefixes kept in idle slots and clear their KV; returns once done."""
+        """Forget the prompt prefixes kept in idle slots and clear their KV."""
         self.between_steps(self.engine.placement.clear)
 
     def prefix_holding(self, prompt: list[int] | np.ndarray, share_more_than: int | None = None) -> PrefixHolding:
-        """How much of `prompt` this runner's slots and host memory hold, and how much a prefill
-        under way will hold; with share_more_than, also the KV of the longest prefix held when it
-        is longer than that (for import_prefix on another runner of the same model and
-        settings). Requests submitted before the call count as waiting ones."""
+        """How much of `prompt` the slots and host memory hold (and will, once prefills under
+        way end); with share_more_than, the KV of a longer prefix, for import_prefix elsewhere."""
         return self.between_steps(lambda: self.engine.prefix_holding(prompt, share_more_than))
 
     def prefill_seconds(self, num_tokens: int) -> float:
-        """What prefilling num_tokens costs here, by the running estimate the host memory's
-        restores are weighed with (a float read: any thread)."""
+        """What prefilling num_tokens costs here, by the running estimate (any thread)."""
         return num_tokens * self._costs.prefill_seconds_per_token
 
     def import_prefix(self, shared: SharedPrefix) -> bool:
-        """Keep a prefix's KV that another runner exported in host memory: a request whose
-        prompt starts with it restores it instead of prefilling. False when it is not kept
-        (host memory is off or too small, or already holds it)."""
+        """Keep another runner's exported prefix KV in host memory; False when it is not kept."""
         return self.between_steps(lambda: self.engine.host_cache.import_shared(shared))
 
     # --- the worker --------------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Start the worker thread (a runner made with autostart=False is stepped by its caller
-        until then)."""
+        """Start the worker thread (autostart=False: the caller steps the runner until then)."""
         self._worker.start()
 
     def step(self) -> bool:
-        """One turn of the engine's owner on this thread (a runner without a worker thread):
-        the inbox applied, one step, its output delivered; False when there was nothing to
-        decode. A failure that is no one request's stops the engine: see failure."""
+        """One turn of the engine's owner on this thread; False when there was nothing to decode."""
         return self._worker.step()
 
     def close(self) -> None:

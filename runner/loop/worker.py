@@ -25,27 +25,27 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, NamedTuple
 
-from .delivery import Deliveries, RequestHandle, SnapshotPublisher
+from .delivery import Deliveries, RequestHandle
 from .engine import Engine
 from ..errors import EngineFailure, first_line
 from .sequence import Sequence
+from .stats import RunnerSnapshot
 
 logger = logging.getLogger("multiseq.runner")
 
 _IDLE_STEP_SECONDS = 0.001
+# latest_snapshot is at most this old while requests run (and exact once the engine is idle). Its
+# readers (the dashboard, 4 times a second; /metrics; the batch worker's queue count) need no more.
+PUBLISH_INTERVAL_S = 0.1
 
 
 class Arrive(NamedTuple):  # a new request, known from now on (a cancel reaches it); its sequence follows
     handle: RequestHandle
 
 
-class Enqueue(NamedTuple):  # an arrived request, prepared: its sequence joins the engine's queue
+class Prepared(NamedTuple):  # an arrived request's sequence for the queue (None: it could not be made)
     handle: RequestHandle
-    seq: Sequence
-
-
-class Refused(NamedTuple):  # an arrived request that could not be prepared; its caller ended it
-    handle: RequestHandle
+    seq: Sequence | None
 
 
 class Cancel(NamedTuple):  # cancel one request
@@ -61,7 +61,7 @@ class Call(NamedTuple):  # work for the owner between two steps; reply: its valu
     reply: Future
 
 
-Message = Arrive | Enqueue | Refused | Cancel | CancelAll | Call
+Message = Arrive | Prepared | Cancel | CancelAll | Call
 
 
 class Inbox:
@@ -127,11 +127,12 @@ class Inbox:
 class Worker:
     """The engine's owner: its turns, the messages it applies, and its failure (Runner.failure)."""
 
-    def __init__(self, engine: Engine, inbox: Inbox, deliveries: Deliveries, publisher: SnapshotPublisher) -> None:
+    def __init__(self, engine: Engine, inbox: Inbox, deliveries: Deliveries) -> None:
         self.engine = engine
         self.inbox = inbox
         self.deliveries = deliveries
-        self.publisher = publisher
+        self.latest_snapshot: RunnerSnapshot = engine.snapshot(time.perf_counter())  # for readers that never wait
+        self._published_at = time.perf_counter()
         self.failure: str | None = None  # why the engine stopped, once it has
         self.thread: threading.Thread | None = None
         self._preparing: set[str] = set()  # arrived, their sequence not yet posted
@@ -171,7 +172,7 @@ class Worker:
         self._deliver()
         if not plan:
             self.deliveries.tell_owed()
-            self.publisher.publish()
+            self._publish()
             return False
         # The listeners of the last step's output are told as llama.cpp is about to decode
         # without the GIL: the thread they wake (a server's event loop) takes the GIL while
@@ -181,7 +182,7 @@ class Worker:
         self.apply_inbox(mid_step=True)  # a cancel that came during the decode drops its tokens
         self.engine.update(executed)
         self._note_queue()
-        self.publisher.publish()  # before the results: readers see them counted
+        self._publish()  # before the results: readers see them counted
         # With more to decode, the next turn tells the listeners just before its decode.
         self._deliver(tell_now=not self.engine.has_work)
         return True
@@ -241,7 +242,7 @@ class Worker:
             return self._settle_arrival(message)
         return 0
 
-    def _settle_arrival(self, message: Arrive | Enqueue | Refused) -> int:
+    def _settle_arrival(self, message: Arrive | Prepared) -> int:
         handle, handles = message.handle, self.deliveries.handles
         if isinstance(message, Arrive):
             if handle.id not in handles:
@@ -254,7 +255,7 @@ class Worker:
             self._preparing.discard(handle.id)
             was_cancelled = handle.id in self._cancelled_preparing
             self._cancelled_preparing.discard(handle.id)
-            if isinstance(message, Refused):
+            if message.seq is None:  # its caller ended it
                 del handles[handle.id]
                 self.engine.record_rejection()
             else:
@@ -288,6 +289,13 @@ class Worker:
     def _note_queue(self, num_settled: int = 0) -> None:
         self.inbox.note_queue(num_settled, len(self.engine.scheduler.waiting))
 
+    def _publish(self, force: bool = False) -> None:
+        """Swap in a new latest snapshot when the last one is PUBLISH_INTERVAL_S old, or the
+        engine is idle (building one costs about 0.3 ms at 64 slots: too much for every step)."""
+        now = time.perf_counter()
+        if force or not self.engine.has_work or now - self._published_at >= PUBLISH_INTERVAL_S:
+            self.latest_snapshot, self._published_at = self.engine.snapshot(now), now
+
     def _deliver(self, tell_now: bool = True) -> None:
         """Deliver what the engine produced; a request whose callback raised fails in the
         engine, alone, and its result follows when it is retired."""
@@ -310,7 +318,7 @@ class Worker:
         try:
             self.engine.fail_all(self.failure_message)
             self._deliver()
-            self.publisher.publish(force=True)
+            self._publish(force=True)
         except Exception:  # noqa: BLE001 - the handles are ended below whatever the engine's state
             logger.exception("failing the requests in the engine failed")
         arrived = [message.handle for message in messages if isinstance(message, Arrive)]
