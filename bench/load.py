@@ -54,8 +54,9 @@ so every system does the same work; a forced tool call ends when the call is who
 request, the SSE stream parsed as it arrives), so it takes little CPU from the servers.
 Reported per system: output tokens/s over the run's wall time, TTFT p50/p95 (request sent to
 first content), gaps between consecutive content events p50/p99/p99.9/max, prompt tokens sent
-and cached, and (multiseq) loop_lag_max_ms: the largest lag of the server's event loop during
-the run, read from its /metrics. `batch-run` is the same chats through `multiseq batch-run` at the same -np, for
+and cached, (multiseq) loop_lag_max_ms: the largest lag of the server's event loop during
+the run, read from its /metrics, and health_p50_ms/_p99_ms/_max_ms: GET /health every 0.1 s
+from a thread of the benchmark's own while the load runs. `batch-run` is the same chats through `multiseq batch-run` at the same -np, for
 the server's cost over the engine. `multiseq` shares one KV pool of --parallel x --slot-ctx
 tokens among its slots (a session capped at --slot-ctx) in its default layout (a window per slot
 while every session fits one, one pool from the step one needs more); `multiseq-pool` holds it
@@ -79,6 +80,7 @@ import random
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -100,6 +102,7 @@ from multiseq import models
 SYSTEMS = ("multiseq", "multiseq-pool", "multiseq-windows", "multiseq-ray", "llama-server", "batch-run")
 # multiseq-ray's routings: prefix (sharing prefixes' KV between replicas), prefix-unshared (without), ray.
 BENCH_ROUTINGS = ("prefix", "prefix-unshared", "ray")
+HEALTH_PROBE_EVERY_S = 0.1
 
 
 @dataclass(frozen=True)
@@ -531,16 +534,9 @@ def run_server(system: str, load: ChatLoad | AgentLoad | LongPromptLoad, args, w
                                        for word in ("one", "two", "three", "four") * args.parallel], 4)
         asyncio.run(closed_loop("127.0.0.1", port, warm_up, args.parallel, resolved.name, api))
         before = scrape_metrics(port)  # the lag's maximum is since the previous scrape: this one starts the run's
-        if isinstance(load, AgentLoad):
-            exchanges, wall_s = asyncio.run(agent_sessions("127.0.0.1", port, load, resolved.name, api))
-            figure = summarize_agents(system, load, exchanges, wall_s)
-        elif isinstance(load, LongPromptLoad):
-            short, long, wall_s = asyncio.run(with_long_prompts("127.0.0.1", port, load, args.clients, resolved.name,
-                                                                api))
-            figure = summarize_long_prompts(system, load, short, long, wall_s)
-        else:
-            exchanges, wall_s = asyncio.run(closed_loop("127.0.0.1", port, load, args.clients, resolved.name, api))
-            figure = summarize(system, load.name, exchanges, wall_s)
+        with HealthProbe(port) as health:
+            figure = _run_load(load, args, port, resolved.name, api, system)
+        figure |= health.figures()
         figure |= {"routing": routing, "replicas": args.replicas} if routing else {}
         metrics = scrape_metrics(port)
         figure |= {"loop_lag_max_ms": loop_lag_max_ms(metrics)}
@@ -548,6 +544,52 @@ def run_server(system: str, load: ChatLoad | AgentLoad | LongPromptLoad, args, w
             figure["prefix_imports"] = (sum(_samples(metrics, "multiseq_ram_cache_imports_total"))
                                         - sum(_samples(before, "multiseq_ram_cache_imports_total")))
         return figure
+
+
+def _run_load(load: ChatLoad | AgentLoad | LongPromptLoad, args, port: int, model: str, api: Api,
+              system: str) -> dict:
+    if isinstance(load, AgentLoad):
+        exchanges, wall_s = asyncio.run(agent_sessions("127.0.0.1", port, load, model, api))
+        return summarize_agents(system, load, exchanges, wall_s)
+    if isinstance(load, LongPromptLoad):
+        short, long, wall_s = asyncio.run(with_long_prompts("127.0.0.1", port, load, args.clients, model, api))
+        return summarize_long_prompts(system, load, short, long, wall_s)
+    exchanges, wall_s = asyncio.run(closed_loop("127.0.0.1", port, load, args.clients, model, api))
+    return summarize(system, load.name, exchanges, wall_s)
+
+
+class HealthProbe:
+    """GET /health every HEALTH_PROBE_EVERY_S from a thread of its own while a load runs: how
+    long a supervisor's health check waits while every slot streams (health_p50_ms, _p99_ms, _max_ms)."""
+
+    def __init__(self, port: int) -> None:
+        self._url = f"http://127.0.0.1:{port}/health"
+        self._latencies_ms: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._probe, daemon=True)
+
+    def __enter__(self) -> HealthProbe:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _probe(self) -> None:
+        while not self._stop.wait(HEALTH_PROBE_EVERY_S):
+            started = time.perf_counter()
+            try:
+                with urllib.request.urlopen(self._url, timeout=30) as answer:
+                    answer.read()
+            except OSError:
+                continue  # (a 503 or a refused connection: not a latency)
+            self._latencies_ms.append((time.perf_counter() - started) * 1000)
+
+    def figures(self) -> dict:
+        values = self._latencies_ms
+        return {"health_p50_ms": _percentile(values, 50), "health_p99_ms": _percentile(values, 99),
+                "health_max_ms": max(values, default=None)}
 
 
 def scrape_metrics(port: int) -> str:
