@@ -196,6 +196,7 @@ class ZeroCostBackend:
         self.window = self.allocated_window = window
         self.pool_size = self.layout_window = None  # a window per slot
         self.device, self.model_pooling = None, None  # (a generating model, on no device in particular)
+        self.kv_bytes_per_token, self.modalities, self.media = None, {"vision": False, "audio": False}, None
         self.ranks = self.embeds_whole = False
         self.can_shift = True
         self.add_bos = False

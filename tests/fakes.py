@@ -155,6 +155,9 @@ class FakeBackend:
     # model on no device in particular, pooling embeddings by the mean.
     device: str | None = None
     model_pooling: str | None = None
+    kv_bytes_per_token: int | None = None
+    modalities = {"vision": False, "audio": False}  # what /props says (its media tests go through the engine)
+    media = None  # no projector's counts
     ranks = False
     embeds_whole = False
 

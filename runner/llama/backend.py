@@ -317,7 +317,7 @@ class LlamaBackend:
                      "chat_template_source", "grammar_tokenizer", "bos_and_eos_texts", "fim_tokens", "rerank_tokens",
                      "bos_token", "render_tokens", "tokenize_media"):
             setattr(self, name, getattr(model, name))
-        self.model_pooling = model.pooling
+        self.model_pooling, self.kv_bytes_per_token = model.pooling, model.kv_bytes_per_token(cache_types)
         # The KV of one slot (SlotKv's methods say what each does), for the engine.
         for name in ("clear_slot", "reuse_prefix", "undo_failed_decode", "rewind_slot", "save_slot", "restore_slot",
                      "shift_slot", "slot_pos_max", "slot_pos_min"):

@@ -152,6 +152,9 @@ class Backend(Protocol):
     layout_window: int | None  # a pool held in a window per slot while they fit (None: a fixed layout)
     device: str | None  # where the model runs, as llama.cpp placed it (None: not said)
     model_pooling: str | None  # how the model pools an input's rows into an embedding (its GGUF's)
+    kv_bytes_per_token: int | None  # what one token's KV takes in this context (None: not known)
+    modalities: dict[str, bool]  # what the model reads besides text: {"vision": ..., "audio": ...}
+    media: Any  # the projector's decoder (multiseq.llama.media.MediaDecoder: counts); None without one
     ranks: bool  # a reranker's context: every input is scored, nothing generated
     embeds_whole: bool  # an input is computed whole in one decode (a reranker's pair, a BERT's input)
     n_vocab: int  # the width of a logits row

@@ -297,7 +297,7 @@ class Engine:
     def snapshot(self, now: float) -> RunnerSnapshot:
         """Every slot and counter at this moment, as plain values (for a dashboard)."""
         return runner_snapshot(self.scheduler, self.stats, self.window, now, self.host_cache,
-                               getattr(self.backend, "layout", None))
+                               self.backend.layout if self.pool is not None else None)
 
 
 def _first_piece_prompt(seq: Sequence) -> dict:

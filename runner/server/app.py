@@ -66,7 +66,7 @@ def _model_card(state: ServerState) -> dict[str, Any]:
 
 def _modalities(runner) -> dict[str, bool]:
     """What the model reads besides text, as llama-server's /props says it."""
-    return getattr(runner.backend, "modalities", None) or {"vision": False, "audio": False}
+    return runner.backend.modalities
 
 
 async def props(request: HttpRequest) -> Response:

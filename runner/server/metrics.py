@@ -145,7 +145,7 @@ class _EngineCollector:
                        "were output", stats.draft_tokens_accepted)
         if snapshot.host_cache is not None:
             yield from _ram_cache_metrics(snapshot.host_cache)
-        media = getattr(runner.backend, "media", None)
+        media = runner.backend.media
         if media is not None:
             yield _counter("multiseq_media_encoded", "Images or audio encoded by the projector (one found in its "
                            "cache, or reused as a prefix, is not)", media.projector.encoded)
@@ -159,8 +159,7 @@ def _pool_metrics(pool: PoolSnapshot, runner: Runner) -> Iterator[Metric]:
                  pool.cells_used)
     yield _gauge("multiseq_kv_shared_tokens", "Tokens the slots hold on cells another slot holds too (what "
                  "sharing a prefix saves)", pool.tokens_shared)
-    model = getattr(runner.backend, "model", None)
-    per_token = model.kv_bytes_per_token((runner.config.cache_type_k, runner.config.cache_type_v)) if model else None
+    per_token = runner.backend.kv_bytes_per_token
     if per_token:
         yield _gauge("multiseq_kv_bytes_used", "Bytes of KV in use in the shared pool", pool.cells_used * per_token)
     yield _counter("multiseq_kv_pool_evictions", "Kept conversations moved out of a full KV pool (to the RAM "
