@@ -1,7 +1,7 @@
 """What the engine's owner hands out after a step: text pieces and results to the requests'
-handles, a word to the delivery listeners once per batch of them, and the snapshot that readers
-who must never wait read. All of it runs on the owner's thread (multiseq.loop.worker), but
-rejecting a request that could not even be prepared, which its caller's thread does.
+handles, and a word to the delivery listeners once per batch of them. All of it runs on the
+owner's thread (multiseq.loop.worker), but rejecting a request that could not even be prepared,
+which its caller's thread does.
 """
 
 from __future__ import annotations
