@@ -45,7 +45,7 @@ class KvPlacement:
             for idle in admission.idle_evictions:
                 self._evict_idle(idle)
             self._save_what_is_lost(admission)
-            if seq.status is SequenceStatus.DECODING:  # a preempted sequence, resumed
+            if admission.resumes:
                 self._resume(seq, placement)
                 continue
             if not self._place_prefix(placement):

@@ -95,6 +95,7 @@ class Admission:
     evicted: np.ndarray  # the tokens the slot's KV held until now (its last request's)
     idle_evictions: tuple[IdleEviction, ...] = ()
     evicted_scores: KeptScores | None = None  # and their log probabilities, a scored prompt's
+    resumes: bool = False  # a preempted sequence, its parked KV restored: it goes on decoding
 
     @property
     def num_tokens_lost(self) -> int:
@@ -196,7 +197,8 @@ class Scheduler:
                 idle_evictions = room.make(seq, placement, copy_sources)
                 if idle_evictions is None:  # the pool has no room for it yet: nor for the ones behind it
                     break
-            if seq.parked is not None:
+            resumes = seq.parked is not None
+            if resumes:
                 seq.resume(placement.slot)
             else:
                 seq.admit(placement.slot, now, placement.num_cached, from_host=placement.host_entry is not None,
@@ -206,7 +208,7 @@ class Scheduler:
             if placement.source_slot not in (None, placement.slot):
                 copy_sources.add(placement.source_slot)
             self.slots[placement.slot] = seq
-            admitted.append(Admission(seq, placement, evicted, idle_evictions, evicted_scores))
+            admitted.append(Admission(seq, placement, evicted, idle_evictions, evicted_scores, resumes))
         return admitted
 
     def idle_by_age(self, keep: set[int] = frozenset()) -> list[int]:
