@@ -182,7 +182,7 @@ class ServerDashboard:
     def _loop(self) -> None:
         with Live(console=self._console, auto_refresh=False, transient=False) as live:
             while not self._stopped.wait(REFRESH_SECONDS):
-                live.update(render_server(self._runner.latest_snapshot, self._address, self._runner.backend.device,
+                live.update(render_server(self._runner.latest_snapshot, self._address, self._runner.device,
                                           self._requests_by_api()), refresh=True)
 
     def stop(self) -> None:

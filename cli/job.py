@@ -202,8 +202,7 @@ class BatchJob:
 def _print_header(opened: OpenedRunner, file_format: PromptFormat, scan: FileScan, resume: bool) -> None:
     runner, config = opened.runner, opened.runner.config
     skipped = f", {scan.num_done} already done" if resume else ""
-    allocated = runner.backend.allocated_window
-    rounding = f" (llama.cpp allocates {allocated})" if allocated != runner.window else ""
+    rounding = f" (llama.cpp allocates {runner.allocated_window})" if runner.allocated_window != runner.window else ""
     workers, each = ("", "") if opened.ray_workers is None else (f"{opened.ray_workers} Ray workers x ", " each")
     device = getattr(runner, "device", None)
     where = f" on {device}" if device else ""

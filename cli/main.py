@@ -305,7 +305,7 @@ def serve(ctx_size: int | None, kv_unified: bool | None, host: str, port: int, a
         stderr.print(f"files and batches kept in {settings.data_dir}", soft_wrap=True, highlight=False)
 
     def ready(runner: Runner) -> None:
-        where = f" on {runner.backend.device}" if runner.backend.device else ""
+        where = f" on {runner.device}" if runner.device else ""
         stderr.print(f"ready: {settings.model_name} loaded{where}; {describe_kv(runner)}; serving {address}/v1",
                      soft_wrap=True)
         if view is not None:

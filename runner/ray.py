@@ -78,7 +78,7 @@ class _RunnerActor:
         if self._runner is None:
             return {"error": self._failure}
         return {"error": None, "model_name": self._model_name, "window": self._runner.window,
-                "allocated_window": self._runner.backend.allocated_window, "device": self._runner.backend.device,
+                "allocated_window": self._runner.allocated_window, "device": self._runner.device,
                 "node": os.uname().nodename}
 
     def run(self, request: Request) -> Result:

@@ -189,7 +189,7 @@ def test_a_runner_config_reaches_the_model_it_loads(monkeypatch, caplog):
                 assert params.n_gpu_layers == 7 and params.split_mode == LLAMA_SPLIT_MODE_ROW
                 assert params.tensor_split and list(params.tensor_split[:2]) == [1.0, 2.0]  # a NULL pointer is falsy
                 assert runner.backend.context_params.flash_attn_type == LLAMA_FLASH_ATTN_TYPE_DISABLED
-                assert runner.backend.device == runner.backend.model.device
+                assert runner.device == runner.backend.model.device
     notices = [record for record in caplog.records if "no GPU backend" in record.getMessage()]
     assert len(notices) == (0 if llama_backend.gpu_offload_supported() else 1)
 

@@ -64,6 +64,16 @@ class Runner:
 
         return cls(config, backend=backend_on(model, config, owns_model=False), autostart=autostart)
 
+    @property
+    def allocated_window(self) -> int:
+        """The per-slot window llama.cpp allocated (it rounds up)."""
+        return self.backend.allocated_window
+
+    @property
+    def device(self) -> str | None:
+        """Where the model runs, as llama.cpp placed it (None: the backend does not say)."""
+        return self.backend.device
+
     # --- requests ------------------------------------------------------------------------------
 
     def submit(self, request: Request, stream: bool = False, on_finish: Callable[[Result], None] | None = None,
