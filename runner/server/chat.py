@@ -31,7 +31,7 @@ from ..formats.reader import openai_body_item, unknown_body_fields
 from ..request import FinishReason, Priority, Result
 from .bodies import read_json
 from .errors import INVALID_REQUEST, OVERLOADED, ApiError, internal_error
-from .jobs import MAX_QUEUED_EVENTS, Job, PieceEvent, failure_of
+from .jobs import MAX_QUEUED_EVENTS, Job, PieceEvent, ResultEvent, failure_of
 from .sse import EventStream, sse, wait_for_disconnect
 from .state import ServerState
 from .stream import ChoiceEnds, StreamEvent, StreamFails, UsageKnown, piece_events
@@ -87,22 +87,31 @@ class CompletionCall:
         APIs render their streams from: each piece's text, reasoning and calls as its reader
         parsed them, each choice's end, then the usage; a choice that fails ends the stream with
         StreamFails."""
-        job, item = self.job, self.job.item
+        async for event in self._progress():
+            if isinstance(event, ApiError):
+                yield StreamFails(event.body())
+                return
+            if isinstance(event, PieceEvent):
+                for part in piece_events(event.choice, event.piece.text, event.piece.deltas):
+                    yield part
+            else:
+                yield ChoiceEnds(event.choice, event.result.finish_reason.value, event.result.stop_string)
+        yield UsageKnown(usage_of([self.job.results[choice] for choice in range(self.job.item.n)]))
+
+    async def _progress(self) -> AsyncIterator[PieceEvent | ResultEvent | ApiError]:
+        """The job's events as a stream renders them, each piece timed for the metrics; a choice
+        that failed (or a client too slow to keep up) ends them with its error, the other
+        choices cancelled: the one failure path of every stream."""
+        job = self.job
         latency = _LatencyObserver(self._state, job)
         async for event in job.events_until_complete():
             if isinstance(event, PieceEvent):
                 latency.observe(event)
-                for part in piece_events(event.choice, event.piece.text, event.piece.deltas):
-                    yield part
-                continue
-            result = event.result
-            if not result.ok:
+            elif not event.result.ok:
                 job.cancel()
-                yield StreamFails((_too_slow_error() if job.is_overrun else
-                                   _failure_error(result, event.choice, item.n)).body())
+                yield _too_slow_error() if job.is_overrun else _failure_error(event.result, event.choice, job.item.n)
                 return
-            yield ChoiceEnds(event.choice, result.finish_reason.value, result.stop_string)
-        yield UsageKnown(usage_of([job.results[choice] for choice in range(item.n)]))
+            yield event
 
     async def chunks(self, include_usage: bool = True) -> AsyncIterator[dict[str, Any]]:
         """The chunk bodies of a streamed answer: a first chunk per choice (chat: its role), one
@@ -119,20 +128,21 @@ class CompletionCall:
         if is_chat:
             yield chunk([stream_choice(True, index, None, () if wants_logprobs else None, first=True)
                          for index in range(item.n)])
-        latency = _LatencyObserver(state, job)
         streamed_logprobs = [0] * item.n
         # Where a choice's next logprob entry's text starts: the entries' texts summed, as the
         # whole answer counts them (a piece's text may differ: bytes of a character held back).
         offsets = [0] * item.n
         echoing = [item.echo] * item.n  # choices whose prompt is still to be echoed
-        async for event in job.events_until_complete():
+        async for event in self._progress():
+            if isinstance(event, ApiError):
+                yield event.body()
+                return
             if echoing[event.choice]:
                 echoing[event.choice] = False
                 echo = _echoed_prompt(item, event, wants_logprobs)
                 offsets[event.choice] = sum(map(len, echo["logprobs"]["tokens"])) if echo["logprobs"] else 0
                 yield chunk([echo])
             if isinstance(event, PieceEvent):
-                latency.observe(event)
                 if item.echo_only:  # the one token run to score the prompt is not part of the answer
                     continue
                 piece = event.piece
@@ -145,10 +155,6 @@ class CompletionCall:
                 offsets[event.choice] += sum(len(entry.text) for entry in piece.logprobs)
                 continue
             result = event.result
-            if not result.ok:
-                job.cancel()
-                yield (_too_slow_error() if job.is_overrun else _failure_error(result, event.choice, item.n)).body()
-                return
             rest = result.logprobs[streamed_logprobs[event.choice]:] if wants_logprobs and result.logprobs else None
             if item.echo_only:
                 rest, result = (() if wants_logprobs else None), dataclasses.replace(result, finish_reason=FinishReason.LENGTH)

@@ -3,9 +3,11 @@ a piece of a call's arguments), how each choice ended, the usage, or the failure
 
 The engine hands out each piece of text with what its family's reader parsed it into
 (multiseq.tools: TextDelta, ReasoningDelta, ToolCallStart, ArgumentsDelta); `CompletionCall.events`
-turns the pieces into these events, and each API renders its own stream from them: Chat
-Completions its chunks, Responses its output items, Messages its content blocks. So reasoning and
-calls are carried the same way everywhere, and no API reads another's wire format.
+turns the pieces into these events, and Responses renders its output items from them, Messages
+its content blocks. Chat Completions renders its chunks from the pieces themselves
+(`CompletionCall.chunks`: a chunk also carries a piece's log probabilities and a completion's
+echoed prompt, which these events do not), through the same failure path. So reasoning and calls
+are carried the same way everywhere, and no API reads another's wire format.
 """
 
 from __future__ import annotations
