@@ -79,7 +79,7 @@ class KvPlacement:
         for slot in self.scheduler.idle_by_age():
             if pool.num_free >= wanted:
                 break
-            self._evict_idle(IdleEviction(slot, *self.scheduler.prefixes.take_with_scores(slot)))
+            self._evict_idle(self.scheduler.evict_kept(slot))
         while pool.num_free < decoding:
             victims = sorted(self.scheduler.running, key=lambda seq: (seq.priority, -(seq.admitted_at or 0.0)))
             if len(victims) <= 1:
@@ -93,7 +93,7 @@ class KvPlacement:
                 victim.fail(f"the KV pool ({pool.size} tokens) is full and host memory (--cache-ram) has no room "
                             f"to park this request's {victim.n_past} tokens: give a larger -c or --cache-ram")
                 return [victim]
-            self.scheduler.prefixes.take(slot)  # its cells leave the pool: the parked copy serves
+            self.scheduler.forget_kept(slot)  # its cells leave the pool: the parked copy serves
             self.backend.reuse_prefix(slot, slot, 0)
             decoding -= 1
         return []
@@ -140,7 +140,7 @@ class KvPlacement:
         keeps = seq.status is not SequenceStatus.FAILED and seq.embedding is None
         num_kept = self.scheduler.release(seq, keeps, now)
         if slot is not None and not self.backend.reuse_prefix(slot, slot, num_kept):
-            self.scheduler.prefixes.take(slot)  # not intact: the backend cleared it, keep nothing
+            self.scheduler.forget_kept(slot)  # not intact: the backend cleared it, keep nothing
 
     def shift_full_windows(self) -> list[Sequence]:
         """Slide every decoding sequence whose window is full; the ones that cannot slide (the

@@ -290,6 +290,14 @@ class Scheduler:
             self.waiting.remove(seq)
         return 0
 
+    def evict_kept(self, slot: int) -> IdleEviction:
+        """A free slot's kept prefix given up (its tokens and scores, for host memory to keep)."""
+        return IdleEviction(slot, *self.prefixes.take_with_scores(slot))
+
+    def forget_kept(self, slot: int) -> None:
+        """The slot keeps nothing any more (its KV was cleared, or its cells left the pool)."""
+        self.prefixes.take(slot)
+
     def forget_prefixes(self) -> list[int]:
         """Drop every kept prefix; returns the free slots whose KV must be cleared."""
         slots = [slot for slot, holder in enumerate(self.slots) if holder is None and len(self.prefixes.kept(slot))]
@@ -366,4 +374,4 @@ class _PoolRoom:
             return None
         self.free = available - needed
         self.taken.update(evictions, {placement.slot})
-        return tuple(IdleEviction(slot, *self.scheduler.prefixes.take_with_scores(slot)) for slot in evictions)
+        return tuple(self.scheduler.evict_kept(slot) for slot in evictions)
