@@ -13,6 +13,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from fakes import EOS, FakeBackend
 from multiseq import CANCELLED_BEFORE_START, Engine, FinishReason, Request, Runner, RunnerConfig, SamplingParams
+from multiseq.kv.hostcache import HostEntry
 from multiseq.loop.outcome import result_of
 from multiseq.sampling.sampler import Sampled, SequenceSampler, sample_rows
 from multiseq.loop.sequence import InvalidTransition, SequenceStatus
@@ -54,6 +55,24 @@ def test_a_sequence_moves_along_its_life_and_nowhere_else():
     with pytest.raises(InvalidTransition):
         seq.finish(0.0)
     assert result_of(seq).text == "wxyz"
+
+
+def test_a_preempted_sequence_is_parked_and_only_a_parked_one_resumes():
+    engine = make_engine(FakeBackend())
+    seq = new_sequence(engine, sampling=SamplingParams(max_tokens=8, temperature=0))
+    with pytest.raises(AssertionError):
+        seq.resume(slot=0)  # a new sequence has no KV to resume from: it is admitted and prefilled
+    seq.admit(slot=0, now=0.0)
+    seq.record_decoded(len(seq.prompt_tokens), True, 0.0)
+    seq.append_token(Sampled(ord("w")), b"w", False, 0.0)
+    seq.preempt(HostEntry(seq.prompt_array, b"state"))
+    assert seq.status is SequenceStatus.PARKED and seq.is_waiting and not seq.is_running and seq.slot is None
+    with pytest.raises(InvalidTransition):
+        seq.admit(slot=1, now=0.0)  # a parked sequence goes on from its KV, never from a new prefill
+    seq.resume(slot=1)
+    assert seq.status is SequenceStatus.DECODING and seq.slot == 1 and seq.parked is None
+    seq.request_cancel()
+    assert seq.ending.error is None, "a preempted sequence keeps the text it wrote"
 
 
 def test_finish_needs_an_ending_and_the_first_ending_counts():

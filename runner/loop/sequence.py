@@ -6,11 +6,12 @@ the queue and the slots, and the engine calls these methods with what each step 
 The life of a sequence, and every reason it ends, are here:
 
     waiting ──admit──> prefilling ──last prompt token decoded──> decoding ──ending──> finished
-       │ ^                 │                                       │ │
-       │ └─────────────────┼──── preempt (its KV parked in RAM) ───┘ │
-       │ ──── resume (its KV restored) ────────────────────────────> │
-       └──── cancel ───────┴──── cancel ─────────> cancelled <───────┘ cancel
-       └──── failure ──────┴──── failure ────────> failed    <───────┘ failure (a bad token, a failed decode)
+       ^                   │                                      │  ^
+       └─ requeue (no room ┘          parked <── preempt ─────────┘  │
+          in a full pool)               │      (its KV to RAM)       │
+                                        └── resume (its KV restored) ┘
+    waiting, prefilling, decoding, parked ──cancel──> cancelled
+                                          ──failure─> failed (a bad token, a failed decode)
 
 A sequence decides *that* it ends (`ending`: a stop token or string, max_tokens, a full window
 that cannot slide, a cancel, a failure) in the method that learns it; the engine retires every
@@ -46,6 +47,7 @@ CANCELLED_BEFORE_START = "Cancelled: the request was cancelled before it started
 
 class SequenceStatus(Enum):
     WAITING = "waiting"
+    PARKED = "parked"  # preempted: its KV parked in host memory, waiting for a slot to resume in
     PREFILLING = "prefill"
     DECODING = "decode"
     FINISHED = "finished"  # ended by itself: a stop token or string, max_tokens, a full window
@@ -55,11 +57,11 @@ class SequenceStatus(Enum):
 
 # Every move a sequence may make, from each status; the final ones lead nowhere.
 _NEXT_STATUSES = {
-    SequenceStatus.WAITING: {SequenceStatus.PREFILLING, SequenceStatus.DECODING, SequenceStatus.CANCELLED,
-                             SequenceStatus.FAILED},
+    SequenceStatus.WAITING: {SequenceStatus.PREFILLING, SequenceStatus.CANCELLED, SequenceStatus.FAILED},
+    SequenceStatus.PARKED: {SequenceStatus.DECODING, SequenceStatus.CANCELLED, SequenceStatus.FAILED},
     SequenceStatus.PREFILLING: {SequenceStatus.DECODING, SequenceStatus.WAITING, SequenceStatus.CANCELLED,
                                 SequenceStatus.FAILED},
-    SequenceStatus.DECODING: {SequenceStatus.FINISHED, SequenceStatus.WAITING, SequenceStatus.CANCELLED,
+    SequenceStatus.DECODING: {SequenceStatus.FINISHED, SequenceStatus.PARKED, SequenceStatus.CANCELLED,
                               SequenceStatus.FAILED},
     SequenceStatus.FINISHED: set(),
     SequenceStatus.CANCELLED: set(),
@@ -147,7 +149,8 @@ class Sequence:
 
     @property
     def is_waiting(self) -> bool:
-        return self.status is SequenceStatus.WAITING
+        """In the queue: new, sent back to it, or parked."""
+        return self.status in (SequenceStatus.WAITING, SequenceStatus.PARKED)
 
     @property
     def is_running(self) -> bool:
@@ -175,9 +178,7 @@ class Sequence:
     # --- transitions -----------------------------------------------------------------------
 
     def _move_to(self, status: SequenceStatus) -> None:
-        resumes_without_kv = self.status is SequenceStatus.WAITING and status is SequenceStatus.DECODING \
-            and self.parked is None  # only a preempted sequence, its KV parked, skips the prefill
-        if status not in _NEXT_STATUSES[self.status] or resumes_without_kv:
+        if status not in _NEXT_STATUSES[self.status]:
             raise InvalidTransition(f"sequence {self.id}: {self.status.value} -> {status.value} is not allowed")
         self.status = status
 
@@ -208,10 +209,10 @@ class Sequence:
         return self.status is SequenceStatus.DECODING and self.ending is None and not self.is_truncated
 
     def preempt(self, parked: HostEntry) -> None:
-        """Decoding -> waiting: its slot goes to a request of higher priority; its KV (prompt
+        """Decoding -> parked: its slot goes to a request of higher priority; its KV (prompt
         and generated tokens but the newest, which the next step decodes) is parked."""
         assert self.can_be_preempted and len(parked.tokens) == self.n_past
-        self._move_to(SequenceStatus.WAITING)
+        self._move_to(SequenceStatus.PARKED)
         self.slot = None
         self.parked = parked
 
@@ -224,7 +225,7 @@ class Sequence:
         self.num_cached = self.num_prefilled = self.n_past = self.num_restored = 0
 
     def resume(self, slot: int) -> None:
-        """Waiting -> decoding again in `slot`, whose KV now holds what was parked, as if it never left."""
+        """Parked -> decoding again in `slot`, whose KV now holds what was parked, as if it never left."""
         assert self.parked is not None
         self._move_to(SequenceStatus.DECODING)
         self.slot = slot
