@@ -135,8 +135,7 @@ class Worker:
         self._published_at = time.perf_counter()
         self.failure: str | None = None  # why the engine stopped, once it has
         self.thread: threading.Thread | None = None
-        self._preparing: set[str] = set()  # arrived, their sequence not yet posted
-        self._cancelled_preparing: set[str] = set()  # among them, those a cancel reached
+        self._preparing: dict[str, bool] = {}  # arrived, their sequence not yet posted: whether a cancel reached it
         self._calls: list[Call] = []  # taken in the middle of a step: run at the next turn
         self._replies: list[tuple[Future, Any]] = []  # sent once what their messages ended is delivered
 
@@ -198,16 +197,12 @@ class Worker:
         if not self.inbox.post(Call(work, reply)):
             if not runs_after_stop:
                 raise RuntimeError(self.failure_message)
-            self.join()
+            if self.thread is not None:
+                self.thread.join()  # it ends right after the stop
             return work()
         if self.thread is None:
             self.apply_inbox()
         return reply.result()
-
-    def join(self) -> None:
-        """Wait for the worker thread to end (once closed, or once the engine stopped)."""
-        if self.thread is not None and threading.current_thread() is not self.thread:
-            self.thread.join()
 
     def finish_here(self) -> None:
         """Turn on this thread until no work is left (a runner without a worker thread, closing)."""
@@ -247,14 +242,12 @@ class Worker:
         if isinstance(message, Arrive):
             if handle.id not in handles:
                 handles[handle.id] = handle
-                self._preparing.add(handle.id)
+                self._preparing[handle.id] = False
                 return 0
             self.engine.record_rejection()
             self.deliveries.reject(handle, f"request id {handle.id!r} is already waiting or running")
         elif handles.get(handle.id) is handle:  # not a duplicate, rejected when it arrived
-            self._preparing.discard(handle.id)
-            was_cancelled = handle.id in self._cancelled_preparing
-            self._cancelled_preparing.discard(handle.id)
+            was_cancelled = self._preparing.pop(handle.id)
             if message.seq is None:  # its caller ended it
                 del handles[handle.id]
                 self.engine.record_rejection()
@@ -266,7 +259,7 @@ class Worker:
 
     def cancel(self, request_id: str) -> bool:
         if request_id in self._preparing:
-            self._cancelled_preparing.add(request_id)
+            self._preparing[request_id] = True
             return True
         if self.engine.abort(request_id):
             return True
@@ -274,8 +267,8 @@ class Worker:
         return False
 
     def cancel_all(self) -> int:
-        num_preparing = len(self._preparing - self._cancelled_preparing)
-        self._cancelled_preparing |= self._preparing
+        num_preparing = sum(not was_cancelled for was_cancelled in self._preparing.values())
+        self._preparing = dict.fromkeys(self._preparing, True)
         return num_preparing + self.engine.abort_all()
 
     def _send_replies(self) -> None:
