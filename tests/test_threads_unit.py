@@ -79,6 +79,22 @@ def test_a_request_cancelled_while_it_is_tokenized_never_runs(make_runner):
     runner.close()
 
 
+def test_cancel_all_alone_reaches_a_request_being_tokenized(make_runner):
+    """No close behind it: the request is ended by cancel_all, and nothing else, once it is queued."""
+    backend = FakeBackend(num_slots=1)
+    runner = make_runner(backend)
+    thread, handles, release = submit_slowly(runner, backend, "slow prompt")
+    assert runner.cancel_all() == 1
+    release.set()
+    thread.join()
+    result = handles[0].result(timeout=10)
+    assert result.finish_reason is FinishReason.CANCELLED and result.error == CANCELLED_BEFORE_START
+    assert never_prefilled(backend, "slow prompt")
+    later = runner.submit(Request(prompt="later", sampling=SamplingParams(max_tokens=2)))
+    assert later.result(timeout=10).ok, "a request submitted after cancel_all returned runs"
+    runner.close()
+
+
 def test_cancel_all_and_close_reach_a_request_being_tokenized(make_runner):
     backend = FakeBackend(num_slots=1)
     runner = make_runner(backend)
