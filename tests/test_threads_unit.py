@@ -109,3 +109,21 @@ def test_cancel_all_and_close_reach_a_request_being_tokenized(make_runner):
     result = handles[0].result(timeout=10)
     assert result.finish_reason is FinishReason.CANCELLED and result.error == CANCELLED_BEFORE_START
     assert never_prefilled(backend, "slow prompt")
+
+
+def test_a_callback_that_waits_for_the_engine_is_told_it_cannot_instead_of_hanging(make_runner):
+    """on_finish runs on the engine's own thread: a blocking call there would wait for itself."""
+    runner = make_runner(FakeBackend(num_slots=1))
+    raised: list[BaseException] = []
+
+    def on_finish(result) -> None:
+        try:
+            runner.stats()
+        except RuntimeError as error:
+            raised.append(error)
+
+    handle = runner.submit(Request(prompt="p", sampling=SamplingParams(max_tokens=2)), on_finish=on_finish)
+    assert handle.result(timeout=10).ok
+    assert len(raised) == 1 and "cannot wait for a step to end" in str(raised[0])
+    assert runner.stats().num_admitted == 1, "the runner goes on"
+    runner.close()
