@@ -7,6 +7,8 @@ that is no one request's (a backend that fails every decode) stops the engine, a
 from __future__ import annotations
 
 import json
+import threading
+import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -222,6 +224,35 @@ def test_a_backend_that_fails_every_decode_stops_the_engine_and_says_why(make_ru
     assert "the engine stopped" in later.result(timeout=5).error, "a request after the failure ends at once"
     with pytest.raises(RuntimeError, match="the engine stopped"):
         runner.clear_prefix_cache()  # work for the stepping thread is refused, not left waiting
+
+
+def test_a_read_or_cancel_waiting_when_the_engine_stops_still_answers(make_runner):
+    """stats(), snapshot(), cancel() and close() are answered after a stop, even when they were
+    waiting for the step that failed: they read an engine that no longer changes."""
+    backend = FakeBackend(num_slots=NUM_REQUESTS, window=128, n_batch=256)
+    backend.fail_every_decode = True
+    decoding, posted = threading.Event(), threading.Event()
+    backend.during_decode = lambda: (decoding.set(), posted.wait(5))
+    runner = make_runner(backend, autostart=False)
+    handles = [runner.submit(request) for request in requests()]
+    runner.start()
+    assert decoding.wait(5)
+    answers: list = []
+    reader = threading.Thread(target=lambda: answers.append(_outcome(runner.stats)))
+    reader.start()
+    time.sleep(0.2)  # the read is posted while the failing step decodes
+    posted.set()
+    reader.join(10)
+    assert all("the engine stopped" in handle.result(timeout=5).error for handle in handles)
+    assert len(answers) == 1 and not isinstance(answers[0], BaseException), answers
+    runner.close()
+
+
+def _outcome(call):
+    try:
+        return call()
+    except BaseException as error:  # noqa: BLE001 - what the test looks at
+        return error
 
 
 def test_a_single_request_whose_decodes_keep_failing_fails_without_stopping_the_engine(make_runner):

@@ -39,6 +39,10 @@ _IDLE_STEP_SECONDS = 0.001
 PUBLISH_INTERVAL_S = 0.1
 
 
+class EngineStopped(RuntimeError):
+    """The engine stopped: work for it is refused, and the calls waiting are told."""
+
+
 class Arrive(NamedTuple):  # a new request, known from now on (a cancel reaches it); its sequence follows
     handle: RequestHandle
 
@@ -73,13 +77,13 @@ class Inbox:
         self._num_unqueued = 0  # arrived, not yet in the engine's queue (nor refused)
         self._num_queued = 0  # the engine's queue, as the owner last saw it
         self._is_closed = False
-        self._stopped: BaseException | None = None  # the engine stopped: nothing is taken any more
+        self._is_stopped = False  # the engine stopped: nothing is taken any more
 
     def post(self, *messages: Message) -> bool:
         """Post messages in order; False when the engine stopped (nothing will read them). A
         request or a call is refused once the runner is closed."""
         with self._lock:
-            if self._stopped is not None:
+            if self._is_stopped:
                 return False
             num_arriving = sum(isinstance(message, Arrive) for message in messages)
             if self._is_closed and any(isinstance(message, (Arrive, Call)) for message in messages):
@@ -117,10 +121,10 @@ class Inbox:
             self._is_closed = True
             self._lock.notify()
 
-    def stop(self, error: BaseException) -> list[Message]:
+    def stop(self) -> list[Message]:
         """The engine stopped for good: what was posted, taken; later posts are refused."""
         with self._lock:
-            self._stopped = error
+            self._is_stopped = True
         return self.take()
 
 
@@ -137,7 +141,8 @@ class Worker:
         self.thread: threading.Thread | None = None
         self._preparing: dict[str, bool] = {}  # arrived, their sequence not yet posted: whether a cancel reached it
         self._calls: list[Call] = []  # taken in the middle of a step: run at the next turn
-        self._replies: list[tuple[Future, Any]] = []  # sent once what their messages ended is delivered
+        # A call's reply (its value, or its exception), sent once what it ended is delivered.
+        self._replies: list[tuple[Future, tuple[Any, BaseException | None]]] = []
 
     @property
     def failure_message(self) -> str:
@@ -194,15 +199,18 @@ class Worker:
         if self.thread is not None and threading.current_thread() is self.thread:
             raise RuntimeError("the runner's own thread (an on_finish callback) cannot wait for a step to end")
         reply: Future = Future()
-        if not self.inbox.post(Call(work, reply)):
+        try:
+            if not self.inbox.post(Call(work, reply)):
+                raise EngineStopped(self.failure_message)
+            if self.thread is None:
+                self.apply_inbox()
+            return reply.result()
+        except EngineStopped:  # before the call was posted, or while it waited
             if not runs_after_stop:
-                raise RuntimeError(self.failure_message)
+                raise
             if self.thread is not None:
                 self.thread.join()  # it ends right after the stop
             return work()
-        if self.thread is None:
-            self.apply_inbox()
-        return reply.result()
 
     def finish_here(self) -> None:
         """Turn on this thread until no work is left (a runner without a worker thread, closing)."""
@@ -303,8 +311,8 @@ class Worker:
                   else f"internal error ({type(error).__name__}; the log has its traceback)")
         logger.error("the engine stopped: %s", reason, exc_info=error)
         self.failure = reason
-        stopped = RuntimeError(self.failure_message)
-        messages = self.inbox.stop(stopped)
+        stopped = EngineStopped(self.failure_message)
+        messages = self.inbox.stop()
         calls = self._calls + [message for message in messages if isinstance(message, Call)]
         for reply in [reply for reply, _ in self._replies] + [call.reply for call in calls]:
             reply.set_exception(stopped)
