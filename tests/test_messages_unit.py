@@ -16,9 +16,9 @@ from anthropic.lib.streaming._messages import accumulate_event
 from anthropic.types import Message, RawMessageStreamEvent
 from fakes import FakeBackend
 from multiseq.server import ServerSettings, create_app
+from multiseq.request import NO_TIMINGS, FinishReason, Result
 from multiseq.server.errors import ApiError
-from multiseq.server.stream import (ArgumentsPart, CallBegins, ChoiceEnds, ReasoningPart, StreamFails, TextPart,
-                                     UsageKnown)
+from multiseq.tools import ArgumentsDelta, ReasoningDelta, TextDelta, ToolCallStart
 from multiseq.server.messages_errors import error_response
 from multiseq.server.messages_output import message_of
 from multiseq.server.messages_request import MessagesRequest, translate_request
@@ -217,13 +217,18 @@ def test_stop_reasons():
 
 # --- streams ------------------------------------------------------------------------------------
 
+def ends(finish_reason: str, stop_string: str | None = None) -> Result:
+    """A stream's end: how, and CALLED's usage."""
+    return Result("r-0", "", FinishReason(finish_reason), prompt_tokens=100, completion_tokens=12, timings=NO_TIMINGS,
+                  prompt_tokens_cached=60, stop_string=stop_string)
+
+
 CALLED_EVENTS = [
-    ReasoningPart(0, "The user "), ReasoningPart(0, "wants weather."),
-    TextPart(0, "Let me "), TextPart(0, "check."),
-    CallBegins(0, 0, "call_1", "get_weather"), ArgumentsPart(0, 0, '{"city": '), ArgumentsPart(0, 0, '"Paris"}'),
-    CallBegins(0, 1, "call_2", "get_weather"), ArgumentsPart(0, 1, '{"city": "Rome"}'),
-    ChoiceEnds(0, "tool_calls"),
-    UsageKnown(CALLED["usage"]),
+    ReasoningDelta("The user "), ReasoningDelta("wants weather."),
+    TextDelta("Let me "), TextDelta("check."),
+    ToolCallStart(0, "call_1", "get_weather"), ArgumentsDelta(0, '{"city": '), ArgumentsDelta(0, '"Paris"}'),
+    ToolCallStart(1, "call_2", "get_weather"), ArgumentsDelta(1, '{"city": "Rome"}'),
+    ends("tool_calls"),
 ]
 
 
@@ -291,24 +296,23 @@ def test_a_stream_has_anthropics_events_in_order_and_adds_up_to_the_message():
 
 def test_a_stream_that_matched_a_stop_sequence_says_which():
     request = translate_request(body(stream=True, stop_sequences=["END"]))
-    events = parsed(stream_of([TextPart(0, "Hi"), ChoiceEnds(0, "stop", "END"), UsageKnown(CALLED["usage"])],
+    events = parsed(stream_of([TextDelta("Hi"), ends("stop", "END")],
                               request))
     assert events[-2][1]["delta"] == {"stop_reason": "stop_sequence", "stop_sequence": "END"}
 
 
 def test_a_failure_mid_stream_is_an_error_event_and_ends_it():
     request = translate_request(body(stream=True))
-    events = parsed(stream_of([TextPart(0, "Hi"), StreamFails({"error": {
-        "message": "The server had an error.", "type": "server_error", "param": None, "code": None}})], request))
+    events = parsed(stream_of([TextDelta("Hi"), ApiError(500, "The server had an error.", "server_error")], request))
     assert [name for name, _ in events][-1] == "error" and "message_stop" not in [name for name, _ in events]
     assert events[-1][1] == {"type": "error", "error": {"type": "api_error", "message": "The server had an error."}}
-    cancelled = parsed(stream_of([TextPart(0, "Hi"), ChoiceEnds(0, "cancelled")], request))
+    cancelled = parsed(stream_of([TextDelta("Hi"), ends("cancelled")], request))
     assert cancelled[-1][1]["error"]["type"] == "overloaded_error"
 
 
 def test_pings_keep_a_waiting_stream_alive():
     request = translate_request(body(stream=True))
-    events = stream_of([TextPart(0, "Hi"), ChoiceEnds(0, "stop")], request, delay=0.2, ping_interval=0.05)
+    events = stream_of([TextDelta("Hi"), ends("stop")], request, delay=0.2, ping_interval=0.05)
     first_block = events.index(next(event for event in events if event.startswith("event: content_block_start")))
     assert events[first_block - 2:first_block].count(PING) == 2, "pings came while the first chunk was awaited"
 

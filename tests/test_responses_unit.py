@@ -12,15 +12,15 @@ import pydantic
 import pytest
 from fakes import FakeBackend
 from multiseq.server import ServerSettings, create_app
+from multiseq.request import NO_TIMINGS, FinishReason, Result
 from multiseq.server.errors import ApiError
+from multiseq.tools import ArgumentsDelta, ReasoningDelta, TextDelta, ToolCallStart
 from multiseq.server.response_store import (
     MemoryResponseStore,
     MissingResponse,
     SqliteResponseStore,
     StoredResponse,
 )
-from multiseq.server.stream import (ArgumentsPart, CallBegins, ChoiceEnds, ReasoningPart, StreamFails, TextPart,
-                                     UsageKnown)
 from multiseq.server.responses_events import EventTranslator
 from multiseq.server.responses_input import chat_messages, normalize_input
 from multiseq.server.responses_output import response_from_completion
@@ -48,24 +48,26 @@ def completion(message: dict, finish_reason: str = "stop", cached: int = 0) -> d
                       "prompt_tokens_details": {"cached_tokens": cached, "cached_tokens_from_ram": 0}}}
 
 
-def text(value: str) -> TextPart:
-    return TextPart(0, value)
+def text(value: str) -> TextDelta:
+    return TextDelta(value)
 
 
-def thought(value: str) -> ReasoningPart:
-    return ReasoningPart(0, value)
+def thought(value: str) -> ReasoningDelta:
+    return ReasoningDelta(value)
 
 
 def call(index: int, call_id: str, name: str, *arguments: str) -> list:
-    return [CallBegins(0, index, call_id, name), *(ArgumentsPart(0, index, piece) for piece in arguments)]
+    return [ToolCallStart(index, call_id, name), *(ArgumentsDelta(index, piece) for piece in arguments)]
 
 
-def ends(finish_reason: str) -> ChoiceEnds:
-    return ChoiceEnds(0, finish_reason)
+def ends(finish_reason: str) -> Result:
+    """The choice's end: how, and its usage (USAGE's counts)."""
+    return Result("r-0", "", FinishReason(finish_reason), prompt_tokens=20, completion_tokens=7, timings=NO_TIMINGS,
+                  prompt_tokens_cached=12)
 
 
 def translate(body: dict, parts: list) -> tuple[list[dict], dict]:
-    """All the events a stream of typed events makes, each checked against the SDK's event models."""
+    """All the events a stream of deltas and an end makes, each checked against the SDK's event models."""
     translator = EventTranslator(parse_request(body), "resp_1", 1, MODEL)
     events = translator.start()
     for part in parts:
@@ -270,7 +272,7 @@ def test_an_empty_reply_is_still_a_message():
 # --- typed stream events -> events ----------------------------------------------------------------------
 
 def test_a_streamed_reply_has_every_event_in_order_and_ends_with_the_usage():
-    parts = [thought("Think"), thought("ing."), text("Hel"), text("lo"), ends("stop"), UsageKnown(USAGE)]
+    parts = [thought("Think"), thought("ing."), text("Hel"), text("lo"), ends("stop")]
     events, final = translate({"input": "Hi"}, parts)
     assert [event["type"] for event in events] == [
         "response.created", "response.in_progress",
@@ -291,7 +293,7 @@ def test_a_streamed_reply_has_every_event_in_order_and_ends_with_the_usage():
 
 def test_streamed_calls_are_function_call_items_with_their_arguments():
     parts = [*call(0, "call_a", "get_weather", '{"city": ', '"Oslo"}'),
-             *call(1, "call_b", "get_weather", '{"city": "Rome"}'), ends("tool_calls"), UsageKnown(USAGE)]
+             *call(1, "call_b", "get_weather", '{"city": "Rome"}'), ends("tool_calls")]
     events, final = translate({"input": "Hi", "tools": [WEATHER_TOOL]}, parts)
     assert [event["type"] for event in events][2:] == [
         "response.output_item.added", "response.function_call_arguments.delta",
@@ -306,17 +308,17 @@ def test_streamed_calls_are_function_call_items_with_their_arguments():
 
 
 def test_a_stream_cut_short_ends_incomplete_and_one_that_fails_ends_failed():
-    events, final = translate({"input": "Hi"}, [text("H"), ends("length"), UsageKnown(USAGE)])
+    events, final = translate({"input": "Hi"}, [text("H"), ends("length")])
     assert events[-1]["type"] == "response.incomplete" and final["incomplete_details"] == {
         "reason": "max_output_tokens"}
-    events, final = translate({"input": "Hi"}, [text("H"), StreamFails({"error": {"message": "It broke."}})])
+    events, final = translate({"input": "Hi"}, [text("H"), ApiError(500, "It broke.", "server_error")])
     assert events[-1]["type"] == "response.failed" and final["status"] == "failed"
     assert final["error"] == {"code": "server_error", "message": "It broke."}
     assert final["output"][0]["status"] == "incomplete"
 
 
 def test_a_stream_with_no_text_still_gives_a_message():
-    events, final = translate({"input": "Hi"}, [ends("stop"), UsageKnown(USAGE)])
+    events, final = translate({"input": "Hi"}, [ends("stop")])
     assert [event["type"] for event in events][2:] == [
         "response.output_item.added", "response.content_part.added", "response.output_text.done",
         "response.content_part.done", "response.output_item.done", "response.completed"]
@@ -326,7 +328,7 @@ def test_a_stream_with_no_text_still_gives_a_message():
 def test_the_streamed_response_has_the_shape_of_the_non_streamed_one():
     request_body = {"input": "Hi", "tools": [WEATHER_TOOL], "instructions": "Sys"}
     _, streamed = translate(request_body, [
-        thought("R"), text("Text"), *call(0, "call_a", "get_weather", "{}"), ends("tool_calls"), UsageKnown(USAGE)])
+        thought("R"), text("Text"), *call(0, "call_a", "get_weather", "{}"), ends("tool_calls")])
     whole = response_from_completion(parse_request(request_body), completion(
         {"content": "Text", "reasoning_content": "R", "tool_calls": [
             {"id": "call_a", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}]},

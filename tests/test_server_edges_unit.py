@@ -105,7 +105,7 @@ def test_the_pools_threads_are_bounded_and_named(make_runner, serve_app):
     base = serve_app(app)
     for _ in range(6):
         assert request(base, "POST", "/v1/completions", {"prompt": "abc", "max_tokens": 2})[0] == 200
-    pool = app.state.server.pools.prepare_pool
+    pool = app.state.server.offload.prepare_executor
     assert 1 <= pool.num_threads <= 2
     assert any(thread.name.startswith("multiseq-prepare-") for thread in threading.enumerate())
 
@@ -143,7 +143,7 @@ def test_a_client_that_stops_reading_is_cut_and_its_slot_freed(make_runner, serv
         wait_until(lambda: finished, timeout=30, what="the stalled request's end")
         assert finished[0].finish_reason is FinishReason.CANCELLED
         assert finished[0].completion_tokens < max_tokens
-        wait_until(lambda: runner.engine.scheduler.slots[0] is None, what="the slot freed")
+        wait_until(lambda: runner.engine.scheduler.slots[0].is_free, what="the slot freed")
     finally:
         client.close()
     status, body = request(base, "POST", "/v1/completions", {"prompt": "abc", "max_tokens": 2})

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from ..sampling.logprobs import TokenLogprob
 from .pieces import OutputPieces
 from ..request import Result
-from ..tools import Delta
+from ..tools import Delta, TextDelta
 
 
 @dataclass(frozen=True)
@@ -39,6 +39,13 @@ class TextPiece:
         the asking thread, at the first ask: the deltas of the output up to this piece that no
         earlier piece's ask was handed."""
         return None if self.output is None else self.output.deltas_until(self.num_parts, close=self.is_last)
+
+    @property
+    def parsed(self) -> tuple[Delta, ...]:
+        """What the piece reads as: its deltas, or for plain text its text as one TextDelta."""
+        if self.deltas is not None:
+            return self.deltas
+        return (TextDelta(self.text),) if self.text else ()
 
 
 @dataclass

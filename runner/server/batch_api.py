@@ -62,7 +62,7 @@ def list_object(page: Page, shape) -> dict[str, Any]:
 
 async def _io(request: HttpRequest, function, *args):
     """File and database work, in the server's io pool (never behind requests being prepared)."""
-    return await request.app.state.server.pools.io(function, *args)
+    return await request.app.state.server.offload.io(function, *args)
 
 
 # --- files --------------------------------------------------------------------------------------

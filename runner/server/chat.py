@@ -29,12 +29,12 @@ from ..formats.openai_output import (INVALID_OUTPUT, INVALID_OUTPUT_CODE, INVALI
                                      stream_choice, stream_chunk, usage_of)
 from ..formats.reader import openai_body_item, unknown_body_fields
 from ..request import FinishReason, Priority, Result
+from ..tools import Delta
 from .bodies import read_json
 from .errors import INVALID_REQUEST, OVERLOADED, ApiError, internal_error
 from .jobs import MAX_QUEUED_EVENTS, Job, PieceEvent, ResultEvent, failure_of
 from .sse import EventStream, sse, wait_for_disconnect
 from .state import ServerState
-from .stream import ChoiceEnds, StreamEvent, StreamFails, UsageKnown, piece_events
 
 logger = logging.getLogger("multiseq.server")
 
@@ -82,21 +82,17 @@ class CompletionCall:
             raise _failure_error(failure, results.index(failure), len(results))
         return results
 
-    async def events(self) -> AsyncIterator[StreamEvent]:
-        """The answer as typed events (multiseq.server.stream), what the Responses and Messages
-        APIs render their streams from: each piece's text, reasoning and calls as its reader
-        parsed them, each choice's end, then the usage; a choice that fails ends the stream with
-        StreamFails."""
+    async def events(self) -> AsyncIterator[Delta | Result | ApiError]:
+        """The answer as the Responses, Messages and /completion streams render it: what each
+        piece reads as (the engine's own deltas: text, reasoning, a call's start, a piece of its
+        arguments), each choice's Result when it ends; a choice that fails ends them with its
+        ApiError (the chunks' failure path: `_progress`)."""
         async for event in self._progress():
-            if isinstance(event, ApiError):
-                yield StreamFails(event.body())
-                return
             if isinstance(event, PieceEvent):
-                for part in piece_events(event.choice, event.piece.text, event.piece.deltas):
-                    yield part
+                for delta in event.piece.parsed:
+                    yield delta
             else:
-                yield ChoiceEnds(event.choice, event.result.finish_reason.value, event.result.stop_string)
-        yield UsageKnown(usage_of([self.job.results[choice] for choice in range(self.job.item.n)]))
+                yield event if isinstance(event, ApiError) else event.result
 
     async def _progress(self) -> AsyncIterator[PieceEvent | ResultEvent | ApiError]:
         """The job's events as a stream renders them, each piece timed for the metrics; a choice
@@ -216,8 +212,8 @@ async def start_completion(request: HttpRequest, body: dict[str, Any], is_chat: 
     state = _state(request)
     runner = state.ready_runner()
     state.check_model(body.get("model"))
-    try:  # in the prepare pool: a schema or a tool set seen for the first time is compiled here
-        item = await state.pools.prepare(openai_body_item, uuid.uuid4().hex, body, is_chat, state.settings.defaults)
+    try:  # in the prepare threads: a schema or a tool set seen for the first time is compiled here
+        item = await state.offload.prepare(openai_body_item, uuid.uuid4().hex, body, is_chat, state.settings.defaults)
     except ItemError as error:
         raise ApiError(400, str(error), INVALID_REQUEST, error.param) from None
     item = dataclasses.replace(item, request=dataclasses.replace(item.request, overflow=state.settings.overflow,
@@ -239,8 +235,8 @@ async def count_prompt_tokens(request: HttpRequest, body: dict[str, Any]) -> int
     state = _state(request)
     runner = state.ready_runner()
     try:
-        item = await state.pools.prepare(openai_body_item, uuid.uuid4().hex, body, True, state.settings.defaults)
-        return len(await state.pools.prepare(runner.prompt_tokens, item.request))
+        item = await state.offload.prepare(openai_body_item, uuid.uuid4().hex, body, True, state.settings.defaults)
+        return len(await state.offload.prepare(runner.prompt_tokens, item.request))
     except ItemError as error:
         raise ApiError(400, str(error), INVALID_REQUEST, error.param) from None
     except (ValueError, BackendError) as error:

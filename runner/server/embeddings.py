@@ -2,7 +2,7 @@
 POST /embedding (its "content", embd_normalize, and with --pooling none a row per token).
 
 Every input is a request of its own in the engine's batch, beside whatever else runs (runner.
-loop.pooling pools its rows). Inputs are tokenized and checked in the prepare pool before any
+loop.pooling pools its rows). Inputs are tokenized and checked in the prepare threads before any
 is queued: an empty one, a token id outside the vocabulary, or one longer than a slot's window
 is a 400 naming it, and nothing of the request runs.
 """
@@ -79,7 +79,7 @@ async def _embedded(request: HttpRequest, item: PromptItem, field: str):
                        "start the server with --pooling mean, cls or last for embeddings.", INVALID_REQUEST)
     requests = item.prompt_requests or (item.request,)
     try:
-        tokens = await state.pools.prepare(_checked_tokens, runner, [request.prompt for request in requests], field)
+        tokens = await state.offload.prepare(_checked_tokens, runner, [request.prompt for request in requests], field)
     except ItemError as error:
         raise ApiError(400, str(error), INVALID_REQUEST, error.param) from None
     requests = tuple(dataclasses.replace(request, prompt=tuple(ids), priority=Priority.INTERACTIVE)

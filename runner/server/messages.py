@@ -3,8 +3,8 @@
 `POST /v1/messages` (Claude Code adds `?beta=true`) and `POST /v1/messages/count_tokens`. A
 Messages body becomes a Chat Completions body (messages_request: `translate_request`), the
 chat.completion that comes back becomes a Message (messages_output: `message_of`), and a
-stream's typed events become Anthropic's server-sent events (messages_stream:
-`message_events`). One engine, one request shape, one sessions cache: nothing here knows about
+stream's deltas (the engine's: text, reasoning, calls) become Anthropic's server-sent events
+(messages_stream: `message_events`). One engine, one request shape, one sessions cache: nothing here knows about
 the model, the template or tool-call formats.
 
 Errors on these routes are Anthropic's shape (messages_errors), {"type": "error", "error":

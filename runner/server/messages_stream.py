@@ -1,5 +1,5 @@
-"""A streamed answer's typed events (multiseq.server.stream) as Anthropic's server-sent events,
-block by block (`MessageStream`, `message_events`), with pings while nothing comes.
+"""A streamed answer (the engine's deltas, its Result, or the failure that ends it:
+multiseq.server.chat's CompletionCall.events) as Anthropic's server-sent events, block by block (`MessageStream`, `message_events`), with pings while nothing comes.
 
 Part of Anthropic's Messages API, translated at the door onto the Chat Completions path
 (multiseq.server.messages).
@@ -12,11 +12,13 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..formats.openai_output import usage_of as chat_usage_of
+from ..request import Result
+from ..tools import ArgumentsDelta, Delta, ReasoningDelta, TextDelta, ToolCallStart
 from .errors import ApiError
 from .messages_errors import ERROR_TYPES_BY_STATUS, error_body, sse_event, stream_error_event
 from .messages_output import stop_reason_of, tool_use_id, usage_of
 from .messages_request import MessagesRequest
-from .stream import ArgumentsPart, CallBegins, ChoiceEnds, ReasoningPart, StreamEvent, StreamFails, TextPart, UsageKnown
 
 # Claude Code waits on long prompts without a byte for minutes; Anthropic pings to keep proxies
 # and clients from timing out. Every 10 s keeps well inside the 15 s such clients tolerate.
@@ -34,7 +36,7 @@ class _OpenBlock:
 
 @dataclass
 class MessageStream:
-    """Turns an answer's typed events (multiseq.server.stream) into Anthropic's events, block
+    """Turns an answer's deltas and its end into Anthropic's events, block
     by block: each kind (reasoning, text, a call) opens a block when the one before is of
     another kind."""
 
@@ -53,23 +55,21 @@ class MessageStream:
                    "content": [], "stop_reason": None, "stop_sequence": None, "usage": usage_of(None)}
         return [sse_event("message_start", {"type": "message_start", "message": message}), PING]
 
-    def feed(self, event: StreamEvent) -> list[str]:
-        """The Anthropic events of one stream event (none for the end and the usage, said when
-        the message finishes)."""
-        if isinstance(event, ReasoningPart) and event.text:
+    def feed(self, event: Delta | Result) -> list[str]:
+        """The Anthropic events of one delta (none for the end, said when the message finishes)."""
+        if isinstance(event, ReasoningDelta) and event.text:
             return self._append("thinking", {"type": "thinking_delta", "thinking": event.text})
-        if isinstance(event, TextPart) and event.text:
+        if isinstance(event, TextDelta) and event.text:
             return self._append("text", {"type": "text_delta", "text": event.text})
-        if isinstance(event, CallBegins):
+        if isinstance(event, ToolCallStart):
             return self._open_block("tool_use", {"type": "tool_use", "id": tool_use_id(event.id), "name": event.name,
                                                  "input": {}}, event.index)
-        if isinstance(event, ArgumentsPart) and event.text and event.index in self._call_blocks:
+        if isinstance(event, ArgumentsDelta) and event.text and event.index in self._call_blocks:
             return [self._delta(self._call_blocks[event.index], {"type": "input_json_delta", "partial_json": event.text})]
-        if isinstance(event, ChoiceEnds):
-            self._finish_reason = event.finish_reason
+        if isinstance(event, Result):
+            self._finish_reason = event.finish_reason.value
             self._stop_sequence = (event.stop_string if event.stop_string in self.request.stop_sequences else None)
-        elif isinstance(event, UsageKnown):
-            self._usage = event.usage
+            self._usage = chat_usage_of([event])
         return []
 
     def finish(self) -> list[str]:
@@ -111,9 +111,9 @@ class MessageStream:
         return sse_event("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta})
 
 
-async def message_events(parts: AsyncIterator[StreamEvent], request: MessagesRequest, message_id: str,
+async def message_events(parts: AsyncIterator[Delta | Result | ApiError], request: MessagesRequest, message_id: str,
                          ping_interval: float = PING_INTERVAL_S) -> AsyncIterator[str]:
-    """The server-sent events of a streamed Message, from the answer's typed events; a `ping`
+    """The server-sent events of a streamed Message, from the answer's deltas and end; a `ping`
     whenever nothing came for `ping_interval` seconds (a long prompt waiting for its slot). A
     failure mid-stream ends it with an `error` event."""
     stream = MessageStream(request, message_id)
@@ -122,8 +122,8 @@ async def message_events(parts: AsyncIterator[StreamEvent], request: MessagesReq
     async for part in with_pings(parts, ping_interval):
         if part is None:
             yield PING
-        elif isinstance(part, StreamFails):
-            yield stream_error_event(part.body)
+        elif isinstance(part, ApiError):
+            yield stream_error_event(part.body())
             return
         else:
             for event in stream.feed(part):

@@ -33,11 +33,11 @@ from ..formats.tool_fields import TOOL_FIELDS
 from ..formats.infill import FIELDS as INFILL_FIELDS
 from ..formats.infill import InfillWindow, infill_input, infill_tokens
 from ..request import FinishReason, Result
+from ..tools import TextDelta
 from .bodies import read_json
 from .chat import start_completion
 from .errors import INVALID_REQUEST, ApiError
 from .sse import EventStream, sse
-from .stream import ChoiceEnds, StreamFails, TextPart, UsageKnown
 
 # The batch llama-server's infill layout fits the text around the cursor into (its default -b):
 # the prefix keeps up to 3/4 of it, the suffix 1/4, and other files' chunks what the slot has
@@ -106,7 +106,7 @@ async def infill(request: HttpRequest) -> Response:
     except ItemError as error:
         raise ApiError(400, str(error), INVALID_REQUEST, error.param) from None
     window = infill_window(runner.window)
-    tokens, text = await state.pools.prepare(_infill_tokens, runner.backend, wanted, fim, window)
+    tokens, text = await state.offload.prepare(_infill_tokens, runner.backend, wanted, fim, window)
     fields = {name: value for name, value in body.items() if name not in INFILL_FIELDS}
     return await _answer(request, fields | {"prompt": tokens}, "infill", prompt_text=text)
 
@@ -139,22 +139,17 @@ async def _answer(request: HttpRequest, body: dict[str, Any], api: str, prompt_t
 
 async def _events(call, model: str, prompt_only: bool) -> AsyncIterator[str]:
     """llama-server's stream: the text piece by piece, then the end with the counts."""
-    ending: ChoiceEnds | None = None
     async for event in call.events():
-        if isinstance(event, TextPart) and event.text and not prompt_only:
+        if isinstance(event, TextDelta) and event.text and not prompt_only:
             yield sse({"index": 0, "content": event.text, "tokens": [], "stop": False, "id_slot": -1})
-        elif isinstance(event, ChoiceEnds):
-            ending = event
-        elif isinstance(event, StreamFails):
-            yield sse(event.body)
+        elif isinstance(event, ApiError):
+            yield sse(event.body())
             return
-        elif isinstance(event, UsageKnown) and ending is not None:
-            usage = event.usage
+        elif isinstance(event, Result):
             yield sse({"index": 0, "content": "", "tokens": [], "stop": True, "id_slot": -1, "model": model,
-                       **_stop_fields(ending.finish_reason, ending.stop_string),
-                       "tokens_predicted": 0 if prompt_only else usage["completion_tokens"],
-                       "tokens_evaluated": usage["prompt_tokens"],
-                       "tokens_cached": usage["prompt_tokens_details"]["cached_tokens"]})
+                       **_stop_fields(event.finish_reason.value, event.stop_string),
+                       "tokens_predicted": 0 if prompt_only else event.completion_tokens,
+                       "tokens_evaluated": event.prompt_tokens, "tokens_cached": event.prompt_tokens_cached})
 
 
 def final_body(result: Result, model: str, prompt_only: bool = False) -> dict[str, Any]:
@@ -197,8 +192,8 @@ async def apply_template(request: HttpRequest) -> Response:
     body = await read_json(request, state.settings.max_body_bytes)
     rendered = {name: value for name, value in body.items() if name == "messages" or name in TOOL_FIELDS}
     try:
-        item = await state.pools.prepare(openai_body_item, uuid.uuid4().hex, rendered, True, state.settings.defaults)
-        prompt = await state.pools.prepare(runner.prompt_text, item.request)
+        item = await state.offload.prepare(openai_body_item, uuid.uuid4().hex, rendered, True, state.settings.defaults)
+        prompt = await state.offload.prepare(runner.prompt_text, item.request)
     except ItemError as error:
         raise ApiError(400, str(error), INVALID_REQUEST, error.param) from None
     except (ValueError, BackendError) as error:

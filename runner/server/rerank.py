@@ -40,7 +40,7 @@ async def rerank(request: HttpRequest) -> Response:
     state.check_model(body.get("model"))
     try:
         query = rerank_query(body)
-        pairs = await state.pools.prepare(_checked_pairs, runner, query)
+        pairs = await state.offload.prepare(_checked_pairs, runner, query)
     except ItemError as error:
         raise ApiError(400, str(error), INVALID_REQUEST, error.param) from None
     item_id = uuid.uuid4().hex

@@ -4,9 +4,9 @@ the responses stored and being generated.
 A Responses request (`input` items, `instructions`, flat function tools, `text.format`, ...)
 becomes one Chat Completions body (multiseq.server.responses_request: `parse_request`, then
 `chat_body`; the input items in responses_input); the chat.completion the engine gives back
-becomes a Response object (responses_output: `response_from_completion`), and a stream's typed
-events (text, reasoning, calls: multiseq.server.stream) become the Responses API's server-sent
-events (responses_events: `EventTranslator`).
+becomes a Response object (responses_output: `response_from_completion`), and a stream's deltas
+(the engine's: text, reasoning, calls) become the Responses API's server-sent events
+(responses_events: `EventTranslator`).
 Tools the server cannot run (web search, file search, image generation, ...) are left out of
 the prompt and named in the `x-multiseq-ignored-tools` header, never refused: Codex CLI sends
 them with every request and gives up when they are refused.
@@ -29,7 +29,7 @@ from starlette.routing import Route
 from .bodies import read_json
 from .chat import CompletionCall, start_chat
 from .errors import NOT_FOUND, ApiError, internal_error
-from .pools import ServerPools
+from .offload import Offload
 from .response_store import (
     MissingResponse,
     ResponseStore,
@@ -66,9 +66,9 @@ class _InFlight:
 class ResponsesService:
     """The app's stored responses and those being generated."""
 
-    def __init__(self, store: ResponseStore, pools: ServerPools) -> None:
+    def __init__(self, store: ResponseStore, offload: Offload) -> None:
         self.store = store
-        self.pools = pools  # the store is read and written in the io pool
+        self.offload = offload  # the store is read and written in the io threads
         self.in_flight: dict[str, _InFlight] = {}
 
 
@@ -77,13 +77,13 @@ async def service_of(request: HttpRequest) -> ResponsesService:
     has one (opened off the event loop), else an in-memory store."""
     service = getattr(request.app.state, "responses", None)
     if service is None:
-        pools = request.app.state.server.pools
+        offload = request.app.state.server.offload
         try:
-            store = await pools.io(open_response_store, request.app.state.server.settings.data_dir)
+            store = await offload.io(open_response_store, request.app.state.server.settings.data_dir)
         except StoreError as error:
             logger.error("%s", error)
             raise internal_error() from None
-        service = getattr(request.app.state, "responses", None) or ResponsesService(store, pools)
+        service = getattr(request.app.state, "responses", None) or ResponsesService(store, offload)
         request.app.state.responses = service
     return service
 
@@ -119,7 +119,7 @@ async def _history(service: ResponsesService, previous_response_id: str | None) 
     if previous_response_id is None:
         return []
     try:
-        return await service.pools.io(service.store.conversation, previous_response_id)
+        return await service.offload.io(service.store.conversation, previous_response_id)
     except MissingResponse as missing:
         which = ("is not stored" if missing.response_id == previous_response_id
                  else f"continues {missing.response_id}, which is not stored")
@@ -141,7 +141,7 @@ async def _keep(service: ResponsesService, parsed: ResponsesRequest, response: d
     if parsed.is_stored:
         record = StoredResponse(response["id"], response["created_at"], parsed.previous_response_id,
                                 parsed.input_items, response)
-        await service.pools.io(service.store.put, record)
+        await service.offload.io(service.store.put, record)
 
 
 async def _stream_events(service: ResponsesService, parsed: ResponsesRequest, response_id: str,
@@ -173,7 +173,7 @@ async def get_response(request: HttpRequest) -> Response:
 async def delete_response(request: HttpRequest) -> Response:
     service = await service_of(request)
     response_id = request.path_params["response_id"]
-    if not await service.pools.io(service.store.delete, response_id):
+    if not await service.offload.io(service.store.delete, response_id):
         raise _not_found(response_id)
     return JSONResponse({"id": response_id, "object": "response.deleted", "deleted": True})
 
@@ -222,7 +222,7 @@ async def list_input_items(request: HttpRequest) -> Response:
 async def _stored(request: HttpRequest) -> StoredResponse:
     service = await service_of(request)
     response_id = request.path_params["response_id"]
-    record = await service.pools.io(service.store.get, response_id)
+    record = await service.offload.io(service.store.get, response_id)
     if record is None:
         raise _not_found(response_id)
     return record

@@ -1,5 +1,6 @@
-"""A streamed answer's typed events (multiseq.server.stream) as the Responses API's
-server-sent events (`EventTranslator`).
+"""A streamed answer (the engine's deltas, each choice's Result, or the failure that ends it:
+multiseq.server.chat's CompletionCall.events) as the Responses API's server-sent events
+(`EventTranslator`).
 
 Part of the Responses API's translation onto the Chat Completions path (multiseq.server.responses).
 """
@@ -9,12 +10,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import internal_error
+from ..formats.openai_output import usage_of as chat_usage_of
+from ..request import Result
+from ..tools import ArgumentsDelta, Delta, ReasoningDelta, TextDelta, ToolCallStart
+from .errors import ApiError, internal_error
 from .responses_input import new_id, text_part
 from .responses_output import (Outcome, function_call_item, message_output_item, reasoning_item, response_object,
                                usage_of)
 from .responses_request import ResponsesRequest
-from .stream import ArgumentsPart, CallBegins, ChoiceEnds, ReasoningPart, StreamEvent, StreamFails, TextPart, UsageKnown
 
 
 @dataclass
@@ -31,7 +34,7 @@ class _OpenItem:
 
 
 class EventTranslator:
-    """Typed stream events in (multiseq.server.stream), the Responses API's stream events out
+    """A streamed answer's deltas and end in, the Responses API's stream events out
     (dicts; `sse` writes them). Items open in the order the model writes them and close when the next begins, so
     the streamed output equals the non-streamed one: reasoning, text, then the calls."""
 
@@ -54,22 +57,21 @@ class EventTranslator:
         return [self._event("response.created", response=snapshot),
                 self._event("response.in_progress", response=snapshot)]
 
-    def feed(self, event: StreamEvent) -> list[dict[str, Any]]:
-        """The Responses events one stream event makes (none for the end and the usage, said
-        when the response finishes)."""
-        if isinstance(event, ReasoningPart):
+    def feed(self, event: Delta | Result | ApiError) -> list[dict[str, Any]]:
+        """The Responses events one delta makes (none for the end and a failure, said when the
+        response finishes)."""
+        if isinstance(event, ReasoningDelta):
             return self._text_delta("reasoning", event.text) if event.text else []
-        if isinstance(event, TextPart):
+        if isinstance(event, TextDelta):
             return self._text_delta("message", event.text) if event.text else []
-        if isinstance(event, CallBegins):
+        if isinstance(event, ToolCallStart):
             return self._call_begins(event)
-        if isinstance(event, ArgumentsPart):
+        if isinstance(event, ArgumentsDelta):
             return self._arguments(event.text)
-        if isinstance(event, ChoiceEnds):
-            self._finish_reason = event.finish_reason
-        elif isinstance(event, UsageKnown):
-            self._usage = usage_of(event.usage)
-        elif isinstance(event, StreamFails):
+        if isinstance(event, Result):
+            self._finish_reason = event.finish_reason.value
+            self._usage = usage_of(chat_usage_of([event]))
+        else:
             self._error = {"code": "server_error", "message": event.message or "The response failed."}
         return []
 
@@ -115,7 +117,7 @@ class EventTranslator:
         extra = {} if kind == "reasoning" else {"logprobs": []}
         return [*events, self._event(delta_type, **self._where(), content_index=0, delta=text, **extra)]
 
-    def _call_begins(self, call: CallBegins) -> list[dict[str, Any]]:
+    def _call_begins(self, call: ToolCallStart) -> list[dict[str, Any]]:
         return self._close_open_item("completed") + self._open_item(
             "function_call", new_id("fc"), call_id=call.id, name=call.name, chat_index=call.index)
 

@@ -24,7 +24,7 @@ from .limits import (DEFAULT_IO_THREADS, DEFAULT_KEEP_ALIVE_SECONDS, DEFAULT_MAX
                      DEFAULT_PREPARE_TIMEOUT_SECONDS, DEFAULT_SEND_TIMEOUT_SECONDS, MAX_STREAM_INTERVAL_SECONDS,
                      RETRY_AFTER_SECONDS)
 from .metrics import ServerMetrics
-from .pools import ServerPools
+from .offload import Offload
 
 CHAT_ENDPOINT = "/v1/chat/completions"
 COMPLETIONS_ENDPOINT = "/v1/completions"
@@ -53,7 +53,7 @@ class ServerSettings:
     max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES  # a larger upload gets 413
     max_batch_lines: int = DEFAULT_MAX_BATCH_LINES  # a batch with more requests fails validation
     # Threads that prepare requests (render, tokenize, compile schemas and tool grammars), and
-    # that read and write files and the database: separate pools, so neither waits on the other.
+    # that read and write files and the database: apart, so neither waits on the other.
     prepare_threads: int = DEFAULT_PREPARE_THREADS
     io_threads: int = DEFAULT_IO_THREADS
     # A request whose preparation takes longer gets a 400 (or a 503 when it waited for a thread).
@@ -87,7 +87,7 @@ class ServerState:
         self.runner = runner
         self.settings = settings
         self.metrics = ServerMetrics(lambda: self.runner)
-        self.pools = ServerPools(settings.prepare_threads, settings.io_threads, settings.prepare_timeout_s)
+        self.offload = Offload(settings.prepare_threads, settings.io_threads, settings.prepare_timeout_s)
         # StoreError when the data directory cannot be used.
         self.batches = None if settings.data_dir is None else BatchService(settings.data_dir, BatchRules(
             settings.model_name, settings.defaults, settings.overflow, settings.max_batch_lines))
@@ -135,7 +135,7 @@ class ServerState:
         (its cancelled requests end at the runner's next step) and close the database."""
         if self.batches is not None:
             self.batches.close()
-        self.pools.shutdown()
+        self.offload.shutdown()
         if self._dispatcher is not None:
             self._dispatcher.close()
             self._dispatcher = None
@@ -191,7 +191,7 @@ class ServerState:
         try:
             if self.before_submit is not None:
                 await self.before_submit(runner, item)
-            await self.pools.prepare(job.submit, lambda: self._count_dispatching(-1), on_abandoned=undo)
+            await self.offload.prepare(job.submit, lambda: self._count_dispatching(-1), on_abandoned=undo)
         except ApiError as error:
             if error.code != "prepare_timeout":  # else the work goes on, and undo() counts the rest
                 self._count_dispatching(-(item.n - job.num_dispatched))

@@ -42,7 +42,7 @@ async def tokenize(request: HttpRequest) -> Response:
         raise ApiError(400, "'content' must be the text to tokenize (a string)", param="content")
     add_special = _flag(body, "add_special", DEFAULT_ADD_SPECIAL)
     with_pieces = _flag(body, "with_pieces", False)
-    tokens = await state.pools.prepare(tokenize_text, request, content, add_special)
+    tokens = await state.offload.prepare(tokenize_text, request, content, add_special)
     if not with_pieces:
         return JSONResponse({"tokens": tokens})
     backend = runner.backend
@@ -58,7 +58,7 @@ async def _tokenize_as_vllm(request: HttpRequest, runner, body: dict[str, Any]) 
     if not isinstance(prompt, str):
         raise ApiError(400, "'prompt' must be the text to tokenize (a string)", param="prompt")
     add_special = _flag(body, "add_special_tokens", True)  # vLLM's default, unlike llama-server's
-    tokens = await request.app.state.server.pools.prepare(tokenize_text, request, prompt, add_special)
+    tokens = await request.app.state.server.offload.prepare(tokenize_text, request, prompt, add_special)
     token_strs = None
     if _flag(body, "return_token_strs", False):
         token_strs = [runner.backend.token_bytes(token).decode("utf-8", "replace") for token in tokens]
@@ -88,7 +88,7 @@ async def detokenize(request: HttpRequest) -> Response:
                                                for token in tokens):
         raise ApiError(400, "'tokens' must be a list of token ids (integers)", param="tokens")
     try:
-        content = await state.pools.prepare(detokenize_tokens, request, tokens)
+        content = await state.offload.prepare(detokenize_tokens, request, tokens)
     except ValueError as error:
         raise ApiError(400, f"'tokens': {error}", param="tokens") from None
     return JSONResponse({"content": content, "prompt": content})

@@ -138,7 +138,7 @@ async def receive_upload(request: HttpRequest, folder: Path, limit: int) -> Uplo
         parser.finalize()
         if reader.file is None:
             raise ApiError(400, "The form has no 'file' part.", param=FILE_FIELD)
-        await request.app.state.server.pools.io(_sync, reader.file)
+        await request.app.state.server.offload.io(_sync, reader.file)
         return reader.upload
     except FormParserError:
         reader.upload.discard()

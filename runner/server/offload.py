@@ -1,4 +1,4 @@
-"""The server's own thread pools: blocking work leaves the event loop, and one kind cannot starve another.
+"""Blocking work off the server's event loop, on threads of its own: one kind cannot starve another.
 
 Preparing a request (rendering its prompt, tokenizing it, compiling its schema or tool grammar)
 is CPU work that may take seconds; file and database work is short but must not queue behind
@@ -32,7 +32,7 @@ class _Work:
     args: tuple[Any, ...]
 
 
-class DaemonPool(Executor):
+class DaemonExecutor(Executor):
     """A bounded pool of daemon threads, started as work needs them (concurrent.futures' own
     pool joins its threads at exit, however long they run)."""
 
@@ -49,7 +49,7 @@ class DaemonPool(Executor):
 
     def submit(self, function: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future:
         if kwargs:
-            raise TypeError("DaemonPool.submit takes positional arguments only")
+            raise TypeError("DaemonExecutor.submit takes positional arguments only")
         future: Future = Future()
         with self._lock:
             if self._is_shut_down:
@@ -100,18 +100,18 @@ class DaemonPool(Executor):
         return len(self._threads)
 
 
-class ServerPools:
-    """The pools of one server: `prepare` for requests' CPU work (bounded in time too), `io`
+class Offload:
+    """The threads of one server: `prepare` for requests' CPU work (bounded in time too), `io`
     for files and the database."""
 
     def __init__(self, prepare_threads: int, io_threads: int, prepare_timeout_s: float) -> None:
-        self.prepare_pool = DaemonPool(prepare_threads, "multiseq-prepare")
-        self.io_pool = DaemonPool(io_threads, "multiseq-io")
+        self.prepare_executor = DaemonExecutor(prepare_threads, "multiseq-prepare")
+        self.io_executor = DaemonExecutor(io_threads, "multiseq-io")
         self.prepare_timeout_s = prepare_timeout_s
 
     async def io(self, function: Callable[..., T], *args: Any) -> T:
         """Run file or database work off the event loop."""
-        return await asyncio.get_running_loop().run_in_executor(self.io_pool, function, *args)
+        return await asyncio.get_running_loop().run_in_executor(self.io_executor, function, *args)
 
     async def prepare(self, function: Callable[..., T], *args: Any,
                       on_abandoned: Callable[[Future], None] | None = None) -> T:
@@ -120,7 +120,7 @@ class ServerPools:
         requests), 400 when it ran that long (a schema or a tool set too hard to compile). Python
         cannot stop a running thread: the work goes on, and on_abandoned(future) is called when
         it ends (to undo what it did)."""
-        future = self.prepare_pool.submit(function, *args)
+        future = self.prepare_executor.submit(function, *args)
         try:
             return await asyncio.wait_for(asyncio.wrap_future(future), self.prepare_timeout_s)
         except TimeoutError:
@@ -137,6 +137,6 @@ class ServerPools:
                            code="prepare_timeout") from None
 
     def shutdown(self) -> None:
-        """Stop both pools without waiting: a stuck compile must not hold the server's exit."""
-        self.prepare_pool.shutdown(wait=False)
-        self.io_pool.shutdown(wait=False)
+        """Stop both executors without waiting: a stuck compile must not hold the server's exit."""
+        self.prepare_executor.shutdown(wait=False)
+        self.io_executor.shutdown(wait=False)
