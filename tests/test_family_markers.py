@@ -33,7 +33,8 @@ def json_call(name: str, arguments: dict, arguments_key: str = "arguments") -> s
     return json.dumps({"name": name, arguments_key: arguments}, ensure_ascii=False)
 
 
-# The JSON-call formats have no call syntax of their own; they are written as their templates write them.
+# Three of the JSON-call formats written as their templates write them (which their grammars' form
+# is one of: Mistral's templates write [TOOL_CALLS]name[ARGS]{...} too).
 LEGACY_WRITERS = {
     "hermes": lambda calls: "\n".join(f"<tool_call>\n{json_call(name, arguments)}\n</tool_call>"
                                       for name, arguments in calls),
@@ -55,6 +56,8 @@ FRAMES = {
 
 
 def framed(family, before: str, calls: str, after: str) -> str:
+    if family.call_syntax is not None and family.call_syntax.leads and family.name not in LEGACY_WRITERS:
+        before = ""  # its calls come first or not at all (the generic format's)
     frame = FRAMES.get(family.name, lambda before, calls, after: f"{before}\n{calls}\n{after}")
     return frame(before, calls, after)
 

@@ -1,4 +1,5 @@
-"""The grammar of tool calls and the prompts that describe tools, checked without a model.
+"""The grammar of the JSON-call formats' calls (their families' syntax, as every family's) and
+the prompts that describe tools, checked without a model.
 
 A grammar is checked by feeding text byte by byte to an llguidance matcher over the fake
 backend's byte vocabulary: what it accepts is what a constrained model can write."""
@@ -12,9 +13,11 @@ import pytest
 
 from fakes import FakeBackend
 from multiseq.tools import ChoiceMode, Tool, ToolChoice, ToolFormat
-from multiseq.tools.grammars import tool_grammar
-from multiseq.tools.families import detect
+from multiseq.tools.grammars import family_grammar
+from multiseq.tools.families import detect, family_named
+from multiseq.request import Request
 from multiseq.tools.prompts import call_text, generic_messages
+from multiseq.tools.support import ToolSupport
 
 WEATHER = Tool("get_weather", "The weather in a city", {
     "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"]})
@@ -22,6 +25,13 @@ CLOCK = Tool("now")
 TOOLS = [WEATHER, CLOCK]
 HERMES_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 GENERIC_CALL = '{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}]}'
+
+
+def tool_grammar(tools: list[Tool], choice: ToolChoice, parallel: bool, tool_format: ToolFormat,
+                 reasoning: bool = False) -> str | None:
+    """The grammar a model of the format gets (reasoning: its template reasons in <think>)."""
+    syntax = family_named(tool_format.value).call_syntax
+    return family_grammar(tools, choice, parallel, syntax, {}, syntax.reasoning if reasoning else None)
 
 
 def accepts(text: str, tool_format: ToolFormat, mode: str = "auto", name: str | None = None,
@@ -146,3 +156,46 @@ def test_the_generic_system_part_keeps_tool_documentation_short():
     assert json.loads(line) == {"name": "bash", "description": "Run a command.", "parameters": {
         "type": "object", "properties": {"command": {"type": "string"}, "description": {"type": "string"}},
         "required": ["command"]}}
+
+
+def test_mistral_and_llama3_calls_in_auto():
+    """Mistral's calls begin at [TOOL_CALLS] wherever the text has it; Llama 3's bare object only
+    at the start of the output (text that begins otherwise is text)."""
+    assert accepts("No call needed.", ToolFormat.MISTRAL)
+    assert accepts('Let me see. [TOOL_CALLS][{"name": "now", "arguments": {}}]', ToolFormat.MISTRAL)
+    assert not accepts("Let me see. [TOOL_CALLS] sure", ToolFormat.MISTRAL)
+    assert accepts("Plain text, and {braces} later.", ToolFormat.LLAMA3)
+    assert accepts('{"name": "now", "parameters": {}}; {"name": "now", "parameters": {}}', ToolFormat.LLAMA3)
+    assert not accepts('{"name": "now", "arguments": {}}', ToolFormat.LLAMA3)  # Llama 3 writes "parameters"
+
+
+def test_a_control_token_marker_is_required_as_that_token():
+    """Where [TOOL_CALLS] is a control token of the vocabulary, the grammar asks for the token,
+    not for its text (which the model would have to spell in ordinary tokens)."""
+    syntax = family_named("mistral").call_syntax
+    grammar = family_grammar(TOOLS, ToolChoice(ChoiceMode.REQUIRED), True, syntax, {"[TOOL_CALLS]": 9})
+    assert '<[9]> "["' in grammar and '"[TOOL_CALLS]' not in grammar
+
+
+def test_a_name_is_written_as_a_json_string():
+    quoted = Tool('say "hi"\\now')
+    grammar = tool_grammar([quoted], ToolChoice(ChoiceMode.REQUIRED), False, ToolFormat.HERMES)
+    matcher = llguidance.LLMatcher(FakeBackend().grammar_tokenizer(), grammar, log_level=0)
+    text = "<tool_call>\n" + json.dumps({"name": quoted.name, "arguments": {}}) + "\n</tool_call>"
+    assert all(matcher.consume_token(byte) for byte in text.encode()) and matcher.is_accepting()
+
+
+def test_a_prompt_that_opened_the_reasoning_block_is_inside_it():
+    """Qwen3's template may open <think> for the model: the calls' grammar then starts inside the
+    block (the model closes it), as the family's reader does, instead of asking for <think> again."""
+    template = '{% if tools %}<tool_call>{"name": x, "arguments": y}</tool_call>{% endif %}<think>\n'
+    support = ToolSupport(template)
+    request = Request(messages=({"role": "user", "content": "Weather?"},), tools=tuple(TOOLS),
+                      tool_choice=ToolChoice(ChoiceMode.REQUIRED))
+    grammar = support.grammar(request, prompt="<|im_start|>assistant\n<think>\n")
+    matcher = llguidance.LLMatcher(FakeBackend().grammar_tokenizer(), grammar, log_level=0)
+    text = "Paris is a city.</think>\n" + HERMES_CALL
+    assert all(matcher.consume_token(byte) for byte in text.encode()) and matcher.is_accepting()
+    unopened = support.grammar(request, prompt="<|im_start|>assistant\n")  # the model opens it, or calls at once
+    closed_only = llguidance.LLMatcher(FakeBackend().grammar_tokenizer(), unopened, log_level=0)
+    assert not all(closed_only.consume_token(byte) for byte in text.encode())

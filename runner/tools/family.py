@@ -130,6 +130,12 @@ class CallSyntax:
     block_open: str = ""  # before the first call
     block_close: str = ""  # after the last call
     separator: str = ""  # between two calls
+    # Where free text ends and the calls begin in `auto`, where that is not the block's opening
+    # or the call's up to the name: a prefix of it (Hermes' <tool_call>, Mistral's [TOOL_CALLS]).
+    trigger: str = ""
+    # Calls only at the output's start (Llama 3's bare object, the generic format's): `auto` is
+    # text that does not begin as the calls do, or the calls.
+    leads: bool = False
     # The reasoning block as the grammar writes it, where it differs from the family's
     # `reasoning` (gpt-oss: a new message's start follows the analysis channel's end).
     reasoning: tuple[str, str] | None = None
@@ -158,7 +164,8 @@ class CallSyntax:
     # a bare one cannot hold between the marker) and arrays [value,...], no spaces.
     string_quote: str = ""
     sorts_keys: bool = False  # parameters and object keys in the order of their names (a template's dictsort)
-    # Replacements in a name or key written inside an attribute (Kimi K3's `key="..."`: & and ").
+    # Replacements in a name or key written inside an attribute or a string (Kimi K3's
+    # `key="..."`: & and "; a JSON string's \\ and ").
     attribute_escapes: tuple[tuple[str, str], ...] = ()
     # Regexes a function's name and a parameter's key must match to be written (LFM2's Python
     # identifiers); where one does not, the calls are written in `fallback` (LFM2: the JSON form
@@ -185,9 +192,8 @@ class Family:
     reasoning: tuple[str, str] | None = None  # the reasoning block's open and close markers
     priority: int = 50  # lower: checked first (more specific families before the ones they contain)
     variants: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # sub-format: strings in its template
-    # The formats multiseq's first streaming parser reads (hermes, llama3, mistral, generic):
-    # their grammars and prompt renderings are that parser's (multiseq.tools.grammars's first
-    # part, prompts.py).
+    # The formats whose calls and tools multiseq can write into a prompt as text (hermes, llama3,
+    # mistral, generic: prompts.py), for a template that knows no tools or --tool-format.
     legacy_format: str | None = None
     call_syntax: CallSyntax | None = None  # how calls are written, for their grammar (None: no grammar)
     # The length of the alphanumeric call ids the family's templates insist on (Mistral's: 9);

@@ -18,7 +18,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..llama.template_input import content_text
-from .grammars import HERMES_CLOSE, HERMES_OPEN, MISTRAL_OPEN
+from .families.hermes import CALL_CLOSE as HERMES_CLOSE
+from .families.hermes import CALL_OPEN as HERMES_OPEN
+from .families.mistral import CALLS as MISTRAL_OPEN
 from .types import Tool, ToolFormat
 
 GENERIC_INSTRUCTIONS = (

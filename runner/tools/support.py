@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from .families import detect, family_named
 from .family import Family
-from .grammars import family_grammar, tool_grammar
+from .grammars import family_grammar
 from .prompts import call_id_of_length, generic_messages, thinks, with_call_ids_of_length
 from .reading import new_call_id, output_parser
 from .types import ToolFormat
@@ -32,8 +32,8 @@ class ToolSupport:
                  split_reasoning: bool = True) -> None:
         self.detected = detect(template_source)
         self.family: Family = family_named(tool_format) if tool_format is not None else self.detected
-        # The formats of the first parser have grammars and renderings of their own; every
-        # other family is known from its template, which renders its tools.
+        # The JSON-call formats can be written into a prompt as text (prompts.py); every other
+        # family is known from its template, which renders its tools.
         self.format = ToolFormat(self.family.legacy_format) if self.family.legacy_format else None
         self.is_native = self.format is None or (self.format is not ToolFormat.GENERIC and self.detected is self.family)
         # A family over the first parser reasons only where the template says so (Qwen3 does,
@@ -81,15 +81,14 @@ class ToolSupport:
         has no grammar: its calls are then read as the model writes them)."""
         if not request.uses_tools:
             return None
-        choice, parallel = request.effective_tool_choice, request.parallel_tool_calls
-        if self.format is not None:
-            return tool_grammar(request.tools, choice, parallel, self.format, reasoning=self.reasons)
         syntax = self.family.syntax_for(self.variant)
         if syntax is None:
             return None
-        reasoning = self.family.reasoning if self.reasons else None
-        return family_grammar(request.tools, choice, parallel, syntax, self.special_markers,
-                              reasoning, reasoning_open=reasoning is not None and self.family.opens_reasoning(prompt))
+        # The syntax's own reasoning block where it has one (the JSON-call formats' <think>).
+        reasoning = (syntax.reasoning or self.family.reasoning) if self.reasons else None
+        return family_grammar(request.tools, request.effective_tool_choice, request.parallel_tool_calls, syntax,
+                              self.special_markers, reasoning,
+                              reasoning_open=reasoning is not None and self.family.opens_reasoning(prompt))
 
     def parser(self, request: Request, prompt: str = ""):
         """A parser of the output into content, reasoning and calls (None: the output is plain

@@ -21,8 +21,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..family import (CONTENT, CUT_OFF, REASONING, Call, FamilyParse, Open, ParseContext, Segment, Text, Thought,
-                      first_found, held_back, skip_space)
+from ..family import (CONTENT, CUT_OFF, REASONING, Call, CallSyntax, FamilyParse, Open, ParseContext, Segment, Text,
+                      Thought, first_found, held_back, skip_space)
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
@@ -31,12 +31,21 @@ ARGUMENTS_KEYS = ("arguments", "parameters")  # Llama 3 writes "parameters", the
 NO_ARGUMENTS = "{}"
 
 JSON_WHITESPACE = " \t\n\r"
+JSON_STRING_ESCAPES = (("\\", "\\\\"), ('"', '\\"'))  # a name inside a JSON string, as json.dumps writes it
 SCALAR_ENDS = JSON_WHITESPACE + ",:]}"  # what ends a number, true, false or null
 
 NOT_JSON = "the model's tool call is not valid JSON"
 NO_NAME = "the model's tool call names no function"
 ARGUMENTS_NOT_OBJECT = "the model's tool call arguments are not a JSON object"
 ERROR_EXCERPT_CHARS = 60  # of the malformed JSON, quoted in ParsedOutput.error
+
+
+def json_call_syntax(before: str = "", after: str = "", key: str = "arguments", **placement) -> CallSyntax:
+    """Calls written {"name": NAME, "KEY": ARGUMENTS} with json.dumps' separators, each between
+    `before` and `after` (placement: CallSyntax's block, separator, trigger...), after a
+    <think> block where the template reasons: the grammar of the JSON-call formats."""
+    return CallSyntax(call_open=before + '{"name": "{name}", "' + key + '": ', call_close="}" + after,
+                      attribute_escapes=JSON_STRING_ESCAPES, reasoning=(THINK_OPEN, THINK_CLOSE), **placement)
 
 STRICT_JSON = json.JSONDecoder()
 # The pieces of JSON text that decide where a value ends: whole strings (possessive, so a long

@@ -11,8 +11,8 @@ import json
 
 from ..family import CUT_OFF, Family, FamilyParse, Open, ParseContext, Segment, Text, skip_space, then
 from ._json_calls import (BODY, JSON_CLOSERS, NOT_JSON, RAW, THINK_CLOSE, THINK_OPEN, Malformed, Pending, Progress,
-                          call_array, call_object, excerpt, expect, in_body, lead, next_char, next_key, read_raw,
-                          scan_value, skip_json_space)
+                          call_array, call_object, excerpt, expect, in_body, json_call_syntax, lead, next_char,
+                          next_key, read_raw, scan_value, skip_json_space)
 
 CALLS_KEY, CALL_KEY, RESPONSE_KEY = "tool_calls", "tool_call", "response"
 UNKNOWN = (f"the model's JSON output holds none of {CALLS_KEY!r}, {CALL_KEY!r} "
@@ -214,5 +214,6 @@ FAMILY = Family(
     parse=parse,
     priority=1000,  # never detected by a fingerprint: what is left
     legacy_format="generic",
+    call_syntax=json_call_syntax(block_open='{"tool_calls": [', block_close="]}", separator=", ", leads=True),
     keeps_space_before_calls=False,
 )

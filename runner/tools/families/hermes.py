@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from ..family import CONTENT, Family, FamilyParse, Open, ParseContext, Text, skip_space, then
 from ._json_calls import (RAW, THINK_CLOSE, THINK_OPEN, Body, Malformed, Pending, Progress, call_object,
-                          content_until, lead, read_raw)
+                          content_until, json_call_syntax, lead, read_raw)
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 UNCLOSED = f"the model's tool call is not closed by {CALL_CLOSE}"
@@ -75,5 +75,6 @@ FAMILY = Family(
     reasoning=(THINK_OPEN, THINK_CLOSE),
     priority=80,  # after the families whose templates also write <tool_call> (Qwen3-Coder's XML, GLM)
     legacy_format="hermes",
+    call_syntax=json_call_syntax(CALL_OPEN + "\n", "\n" + CALL_CLOSE, separator="\n", trigger=CALL_OPEN),
     keeps_space_before_calls=False,
 )

@@ -26,7 +26,7 @@ from typing import Any
 
 from ..family import CONTENT, Call, Family, FamilyParse, Open, ParseContext, Text, skip_space, then
 from ._json_calls import (BODY, JSON_CLOSERS, RAW, THINK_CLOSE, THINK_OPEN, Body, Malformed, Pending, Progress,
-                          call_object, content_until, in_body, lead, read_raw, scan_value)
+                          call_object, content_until, in_body, json_call_syntax, lead, read_raw, scan_value)
 
 PYTHON_TAG = "<|python_tag|>"
 PYTHON_START, PYTHON_END = "<|python_start|>", "<|python_end|>"  # Llama 4 (its calls may also be written bare)
@@ -253,5 +253,6 @@ FAMILY = Family(
     markers=("<|python_tag|>", "<|eom_id|>", "<|eot_id|>", "<|python_start|>", "<|python_end|>", "<|eom|>", "<|eot|>"),
     priority=85,
     legacy_format="llama3",
+    call_syntax=json_call_syntax(key="parameters", separator="; ", leads=True),
     keeps_space_before_calls=False,
 )

@@ -15,7 +15,8 @@ from typing import Any
 
 from ..family import CONTENT, Call, Family, FamilyParse, Open, ParseContext, Text, then
 from ._json_calls import (JSON_CLOSERS, NO_NAME, RAW, THINK_CLOSE, THINK_OPEN, Body, Malformed, Pending, Progress,
-                          arguments_at, call_array, content_until, lead, next_char, read_raw, skip_json_space)
+                          arguments_at, call_array, content_until, json_call_syntax, lead, next_char, read_raw,
+                          skip_json_space)
 
 CALLS = "[TOOL_CALLS]"
 ARGS = "[ARGS]"
@@ -114,6 +115,7 @@ FAMILY = Family(
     reasoning=(THINK, END_THINK),
     priority=85,
     legacy_format="mistral",
+    call_syntax=json_call_syntax(block_open=CALLS + "[", block_close="]", separator=", ", trigger=CALLS),
     keeps_space_before_calls=False,
     call_id_length=9,  # Mistral's templates refuse any other id ("alphanumeric strings with length 9")
     template_messages=template_messages,
