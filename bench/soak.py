@@ -231,11 +231,11 @@ def slots_leaked(runner: Runner) -> list[str]:
     leaks = []
     scheduler, backend = runner.engine.scheduler, runner.backend
     for slot in range(runner.config.parallel):
-        kept = len(scheduler.prefixes.kept(slot))
+        kept = len(scheduler.slots[slot].kept)
         positions = (backend.slot_pos_min(slot), backend.slot_pos_max(slot))
         expected_max = kept - 1 if kept else -1
-        if scheduler.slots[slot] is not None or positions[1] != expected_max:
-            leaks.append(f"slot {slot}: busy={scheduler.slots[slot] is not None}, holds {positions}, keeps {kept}")
+        if not scheduler.slots[slot].is_free or positions[1] != expected_max:
+            leaks.append(f"slot {slot}: busy={not scheduler.slots[slot].is_free}, holds {positions}, keeps {kept}")
     return leaks
 
 

@@ -41,8 +41,8 @@ from multiseq import Request, Runner, RunnerConfig, SamplingParams
 from multiseq.models import resolve
 
 ROOT = Path(__file__).resolve().parent.parent
-FILES = [("runner/loop/detok.py", "TextAssembler", "TextJoiner"), ("runner/loop/stepping.py", "Stepper", "StepRunner"),
-         ("runner/kv/prefix.py", "PrefixIndex", "PrefixTable"), ("runner/loop/waiting.py", "WaitingQueue", "Queue")]
+FILES = [("runner/loop/detok.py", "TextAssembler", "TextJoiner"), ("runner/loop/delivery.py", "Deliveries", "Handouts"),
+         ("runner/kv/prefix.py", "common_prefix_length", "shared_length"), ("runner/loop/waiting.py", "WaitingQueue", "Queue")]
 SLOT_CTX = 4096
 
 

@@ -210,8 +210,8 @@ def _assert_slots_hold_only_kept_prefixes(runner) -> None:
     without the prefix cache, every slot is empty."""
     scheduler, backend = runner.engine.scheduler, runner.backend
     for slot in range(runner.config.parallel):
-        kept = len(scheduler.prefixes.kept(slot))
-        assert scheduler.slots[slot] is None, f"slot {slot} is still busy"
+        kept = len(scheduler.slots[slot].kept)
+        assert scheduler.slots[slot].is_free, f"slot {slot} is still busy"
         positions = (backend.slot_pos_min(slot), backend.slot_pos_max(slot))
         assert positions == ((0, kept - 1) if kept else (-1, -1)), f"slot {slot} holds {positions}, keeps {kept}"
 

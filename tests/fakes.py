@@ -489,10 +489,10 @@ class FakeBackend:
     def assert_free_slots_hold_only_kept_prompts(self, scheduler) -> None:
         """Every slot is free and its KV is exactly what the scheduler keeps for it (a prompt
         and what was generated after it): nothing beyond what a later request may reuse."""
-        for slot, holder in enumerate(scheduler.slots):
-            assert holder is None, f"slot {slot} is still busy"
-            kept = scheduler.prefixes.kept(slot).tolist()
-            assert self.kv[slot] == kept, f"slot {slot} holds {self.kv[slot]}, keeps {kept}"
+        for slot in scheduler.slots:
+            assert slot.is_free, f"slot {slot.index} is still busy"
+            kept = slot.kept.tolist()
+            assert self.kv[slot.index] == kept, f"slot {slot.index} holds {self.kv[slot.index]}, keeps {kept}"
 
     def slot_pos_max(self, slot: int) -> int:
         return len(self.kv[slot]) - 1

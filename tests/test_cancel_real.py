@@ -23,7 +23,7 @@ def record_steps(runner) -> list[list[str]]:
     slots = runner.engine.scheduler.slots
 
     def recording_decode(entries):
-        steps.append([slots[entry.slot].id for entry in entries])
+        steps.append([slots[entry.slot].holder.id for entry in entries])
         return decode(entries)
 
     runner.backend.decode = recording_decode

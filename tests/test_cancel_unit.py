@@ -45,10 +45,10 @@ def test_cancelling_a_running_request_keeps_its_text_and_frees_its_slot_that_ste
     result = victim.result(timeout=1)
     assert result.finish_reason is FinishReason.CANCELLED and result.error is None
     assert 1 <= result.completion_tokens <= 4 and len(result.text) == result.completion_tokens
-    assert runner.engine.scheduler.slots[0] is None
+    assert runner.engine.scheduler.slots[0].is_free
     generated_in_kv = list(result.text.encode())[:-1]  # the last token sampled was never decoded
     assert backend.kv[0] == backend.tokenize("victim") + generated_in_kv, "its KV keeps what it computed, for reuse"
-    assert runner.engine.scheduler.prefixes.kept(0).tolist() == backend.kv[0]
+    assert runner.engine.scheduler.slots[0].kept.tolist() == backend.kv[0]
     while runner.step():
         pass
     assert other.result().ok and other.result().completion_tokens == LONG.max_tokens

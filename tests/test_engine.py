@@ -61,8 +61,8 @@ def test_an_abort_during_the_decode_drops_that_step_token():
     [result] = output.finished
     assert result.id == "cut" and result.finish_reason is FinishReason.CANCELLED and result.completion_tokens == 1
     # Its token went into the KV in the step that ran while it was cancelled: kept for reuse.
-    assert backend.kv[1] == backend.tokenize("bbb") + list(result.text.encode()) and engine.scheduler.slots[1] is None
-    assert engine.scheduler.prefixes.kept(1).tolist() == backend.kv[1]
+    assert backend.kv[1] == backend.tokenize("bbb") + list(result.text.encode()) and engine.scheduler.slots[1].is_free
+    assert engine.scheduler.slots[1].kept.tolist() == backend.kv[1]
 
 
 def test_abort_all_ends_waiting_requests_now_and_running_ones_at_the_next_step():

@@ -74,7 +74,7 @@ def expected_positions(model, tokens, images: list[bytes]) -> list[int]:
 
 
 def kept_tokens(runner, slot: int):
-    return runner.engine.scheduler.prefixes.kept(slot)
+    return runner.engine.scheduler.slots[slot].kept
 
 
 def test_text_after_an_image_resumes_at_its_extent_not_its_token_count(qwen_vl, real_runner):

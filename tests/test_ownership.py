@@ -1,6 +1,7 @@
 """Who may change what, checked on the source: a sequence's fields are written by its own
 methods alone (runner/loop/sequence.py), so its state changes only through the transitions
-that file allows; and the engine's threaded front has no lock around the engine (one thread
+that file allows; a slot's (its holder, the prefix it keeps) by its own (runner/loop/slot.py);
+and the engine's threaded front has no lock around the engine (one thread
 owns it, others post messages)."""
 
 from __future__ import annotations
@@ -10,12 +11,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SEQUENCE_PY = ROOT / "runner" / "loop" / "sequence.py"
+SLOT_PY = ROOT / "runner" / "loop" / "slot.py"
 THREADED_FRONT = [ROOT / "runner" / "loop" / name for name in ("runner.py", "worker.py", "delivery.py")]
 
 
-def sequence_fields(source: str) -> set[str]:
-    """The attributes class Sequence sets on itself."""
-    [cls] = [node for node in ast.walk(ast.parse(source)) if isinstance(node, ast.ClassDef) and node.name == "Sequence"]
+def own_fields(source: str, class_name: str) -> set[str]:
+    """The attributes a class sets on itself."""
+    [cls] = [node for node in ast.walk(ast.parse(source)) if isinstance(node, ast.ClassDef) and node.name == class_name]
     return {target.attr for node in ast.walk(cls) for target in written(node) if is_on_self(target)}
 
 
@@ -55,13 +57,26 @@ def foreign_writes(source: str, fields: set[str]) -> list[str]:
             for target in written(node) if target.attr in fields and not is_on_self(target)]
 
 
+def writes_from_outside(owner: Path, fields: set[str]) -> list[str]:
+    """Every write to one of `fields` on another object, in runner/ but the owner's module."""
+    return [f"{path.relative_to(ROOT)} {write}" for path in sorted((ROOT / "runner").rglob("*.py"))
+            if path != owner for write in foreign_writes(path.read_text(), fields)]
+
+
 def test_only_the_sequence_writes_its_fields():
-    fields = sequence_fields(SEQUENCE_PY.read_text())
+    fields = own_fields(SEQUENCE_PY.read_text(), "Sequence")
     assert {"status", "slot", "num_prefilled", "prompt_logprobs", "streams", "parked"} <= fields
-    offenders = [f"{path.relative_to(ROOT)} {write}" for path in sorted((ROOT / "runner").rglob("*.py"))
-                 if path != SEQUENCE_PY for write in foreign_writes(path.read_text(), fields)]
+    offenders = writes_from_outside(SEQUENCE_PY, fields)
     assert not offenders, "a sequence's fields change through its own methods (runner/loop/sequence.py):\n" + \
         "\n".join(offenders)
+
+
+def test_only_the_slot_writes_its_fields():
+    fields = own_fields(SLOT_PY.read_text(), "Slot")
+    assert {"holder", "kept", "kept_scores", "last_used"} <= fields
+    offenders = writes_from_outside(SLOT_PY, fields)
+    assert not offenders, "a slot's holder and kept prefix change through its own methods (runner/loop/slot.py):\n" \
+        + "\n".join(offenders)
 
 
 def test_the_check_sees_a_write_from_outside():

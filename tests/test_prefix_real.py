@@ -44,7 +44,7 @@ def test_batch_invariant_greedy_text_is_the_same_with_and_without_reuse(model_na
     assert reuse_runner.stats().prompt_tokens < plain_runner.stats().prompt_tokens / 2
     assert_slots_hold_only_kept_prefixes(reuse_runner)
     assert_slots_hold_only_kept_prefixes(plain_runner)
-    assert len(plain_runner.engine.scheduler.prefixes.kept(0)) == 0
+    assert len(plain_runner.engine.scheduler.slots[0].kept) == 0
     reuse_runner.clear_prefix_cache()
     assert reuse_runner.backend.slot_pos_max(0) == -1
 

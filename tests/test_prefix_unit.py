@@ -140,7 +140,7 @@ def test_clear_prefix_cache_empties_every_slot(make_runner):
         runner.run_batch(tickets(5))
         assert any(backend.kv)
         runner.clear_prefix_cache()
-        assert backend.kv == [[], [], []] and runner.engine.scheduler.prefixes.num_kept_tokens == 0
+        assert backend.kv == [[], [], []] and all(slot.kept.size == 0 for slot in runner.engine.scheduler.slots)
         assert runner.run_batch(tickets(1))[0].prompt_tokens_cached == 0
 
 

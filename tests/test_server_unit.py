@@ -353,7 +353,7 @@ def test_a_client_that_disconnects_mid_stream_is_cancelled_and_frees_its_slot(se
     response.close()  # the client goes away mid-stream
     wait_until(lambda: finished)
     assert finished[0].finish_reason is FinishReason.CANCELLED and finished[0].completion_tokens < 400
-    wait_until(lambda: runner.engine.scheduler.slots[0] is None)
+    wait_until(lambda: runner.engine.scheduler.slots[0].is_free)
     follow = runner.submit(Request(prompt="next", sampling=SamplingParams(max_tokens=2, temperature=0)))
     assert follow.result(timeout=10).ok, "the slot serves the next request"
 
@@ -368,7 +368,7 @@ def test_a_client_that_disconnects_while_queued_is_cancelled_before_it_runs(serv
     queued.close()
     wait_until(lambda: runner.num_waiting == 0)
     busy.close()
-    wait_until(lambda: runner.engine.scheduler.slots[0] is None)
+    wait_until(lambda: runner.engine.scheduler.slots[0].is_free)
     prefilled = [prompt for prompt in backend.prompts if prompt]
     assert all(bytes(token for token in prompt if token < 256) != b"second" for prompt in prefilled)
     assert runner.engine.stats.finished_by_reason["cancelled"] == 2

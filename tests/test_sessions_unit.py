@@ -119,7 +119,7 @@ def test_exact_reuse_keeps_only_the_prompt_in_a_free_slot(make_runner):
     backend = FakeBackend(num_slots=1, window=512, replies=scripted(CONVERSATIONS), chunk_rules=ChunkRules())
     results, runner = run_conversations(make_runner, CONVERSATIONS, [0, 0], backend)
     assert results[(0, 1)].prompt_tokens_cached == results[(0, 0)].prompt_tokens, "the prompt, not the reply"
-    assert len(runner.engine.scheduler.prefixes.kept(0)) == results[(0, 1)].prompt_tokens
+    assert len(runner.engine.scheduler.slots[0].kept) == results[(0, 1)].prompt_tokens
 
 
 def test_a_restore_happens_only_when_it_costs_less_than_computing():

@@ -36,7 +36,7 @@ def test_clearing_the_prefix_cache_waits_for_the_step_and_never_touches_the_kv_m
     assert all(handle.result().ok for handle in long + shorts)
     assert backend.kv_changes_during_decode == [], "the KV changed while llama_decode ran"
     runner.clear_prefix_cache()
-    assert all(len(runner.engine.scheduler.prefixes.kept(slot)) == 0 and backend.kv[slot] == []
+    assert all(len(runner.engine.scheduler.slots[slot].kept) == 0 and backend.kv[slot] == []
                for slot in range(4)), "once the call returns, every idle slot is cleared"
     runner.close()
 

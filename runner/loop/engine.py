@@ -152,7 +152,7 @@ class Engine:
         self.placement.preempt(time.perf_counter())
         while ended := self.placement.make_room(time.perf_counter()):  # a shared pool: room for the step
             self._retire_ending(ended)
-        self.placement.admit(time.perf_counter())
+        self.placement.place_admitted(time.perf_counter())
         plan = self.scheduler.plan()
         if self.speculator is not None and plan:
             plan = self.speculator.with_drafts(plan, self.config.n_batch,

@@ -33,10 +33,10 @@ class KvPlacement:
         self.host_cache = host_cache
         self.stats = stats
 
-    def admit(self, now: float) -> None:
-        """Admit waiting sequences, each into a slot whose KV starts with its reused prefix:
-        copied from another slot, kept from the slot's last request, or restored from host
-        memory. What the slot held and the new sequence does not keep is saved to host memory
+    def place_admitted(self, now: float) -> None:
+        """Carry out the admissions Scheduler.admit decides: each sequence's slot's KV starts
+        with its reused prefix, copied from another slot, kept from the slot's last request, or
+        restored from host memory. What the slot held and the new sequence does not keep is saved to host memory
         first (when worth it). A prefix that is not intact after all (a sliding-window cache
         keeps only its window) is dropped, and the whole prompt is prefilled: a wrong reuse
         never becomes wrong text."""

@@ -8,7 +8,7 @@ import numpy as np
 from ..config import CONTEXT_POOLINGS, RANK
 
 
-class EmbeddingPool:
+class PooledEmbedding:
     """The rows of one prompt's tokens, pooled as they arrive (in prompt order; a prompt
     computed again from its start, after a requeue, starts over). `whole`: the prompt must be
     computed in one decode (the backend's embeds_whole); a reranker's (pooling rank) then

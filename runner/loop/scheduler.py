@@ -1,7 +1,8 @@
 """The scheduler: who waits, who holds which slot, and what goes into the next batch.
 
 Pure Python over Sequence objects; it never touches the model. It moves sequences between
-the waiting queue and the slots (their own state changes through Sequence's methods), and
+the waiting queue and the slots (multiseq.loop.slot: a slot's holder, or the prefix it keeps;
+a sequence's own state changes through Sequence's methods), and
 hands the running ones to its StepPlanner (multiseq.loop.planning) to plan each step; where each
 admitted sequence goes, and the prefix it starts from, its SlotChooser (multiseq.loop.slot_choice) says.
 """
@@ -18,8 +19,9 @@ from ..config import OverflowPolicy
 from ..kv.hostcache import HostCache, HostEntry
 from ..kv.pool import CellLedger
 from .planning import StepPlan, StepPlanner
-from ..kv.prefix import KeptScores, PrefixIndex
+from ..kv.prefix import KeptScores
 from .sequence import Sequence, SequenceStatus, reusable_kv_tokens, scores_prompt
+from .slot import Slot
 from .slot_choice import IdleEviction, Placement, SlotChooser
 from .waiting import WaitingQueue
 
@@ -132,29 +134,28 @@ class Scheduler:
         # which rounds differently from the same tokens computed as a prompt.
         self.keeps_generated = not chunk_rules.exact_reuse
         self.host_cache = host_cache if host_cache is not None and host_cache.is_enabled and prefix_cache else None
-        self.prefixes = PrefixIndex(num_slots)
         self.waiting = WaitingQueue()
-        self.slots: list[Sequence | None] = [None] * num_slots
+        self.slots = [Slot(index) for index in range(num_slots)]  # each: its holder, or the prefix it keeps
         self.pool = pool  # the cells of a KV pool the slots share; None: a window each
-        self.chooser = SlotChooser(self.slots, self.prefixes, self.waiting, chunk_rules, prefix_cache, self.host_cache)
+        self.chooser = SlotChooser(self.slots, self.waiting, chunk_rules, prefix_cache, self.host_cache)
 
     # --- queries -------------------------------------------------------------------------
 
     @property
     def running(self) -> list[Sequence]:
-        return [seq for seq in self.slots if seq is not None]
+        return [slot.holder for slot in self.slots if slot.holder is not None]
 
     @property
     def num_free_slots(self) -> int:
-        return sum(1 for seq in self.slots if seq is None)
+        return sum(1 for slot in self.slots if slot.is_free)
 
     @property
     def num_decoding(self) -> int:
-        return sum(1 for seq in self.slots if seq is not None and seq.status is SequenceStatus.DECODING)
+        return sum(1 for seq in self.running if seq.status is SequenceStatus.DECODING)
 
     @property
     def has_work(self) -> bool:
-        return bool(self.waiting) or any(seq is not None for seq in self.slots)
+        return bool(self.waiting) or not all(slot.is_free for slot in self.slots)
 
     def find(self, request_id: str) -> Sequence | None:
         for seq in self._all():
@@ -183,7 +184,7 @@ class Scheduler:
         copy_sources: set[int] = set()
         room = _PoolRoom(self) if self.pool is not None else None
         for seq in self.waiting.in_admission_order(now, _LOOKAHEAD_PER_SLOT * self.num_slots):
-            free = [slot for slot, holder in enumerate(self.slots) if holder is None]
+            free = [slot.index for slot in self.slots if slot.is_free]
             if not free:
                 break
             placement = self.chooser.place_parked(seq, free, copy_sources) if seq.parked is not None else \
@@ -204,18 +205,16 @@ class Scheduler:
                 seq.admit(placement.slot, now, placement.num_cached, from_host=placement.host_entry is not None,
                           prompt_scores=placement.prompt_scores)
             self.waiting.remove(seq)
-            evicted, evicted_scores = self.prefixes.take_with_scores(placement.slot)
+            evicted, evicted_scores = self.slots[placement.slot].hold(seq)
             if placement.source_slot not in (None, placement.slot):
                 copy_sources.add(placement.source_slot)
-            self.slots[placement.slot] = seq
             admitted.append(Admission(seq, placement, evicted, idle_evictions, evicted_scores, resumes))
         return admitted
 
     def idle_by_age(self, keep: set[int] = frozenset()) -> list[int]:
         """Free slots that keep a prefix, least recently used first (but those in `keep`)."""
-        idle = [slot for slot, holder in enumerate(self.slots)
-                if holder is None and slot not in keep and len(self.prefixes.kept(slot))]
-        return sorted(idle, key=self.prefixes.last_used)
+        idle = [slot for slot in self.slots if slot.is_free and slot.index not in keep and len(slot.kept)]
+        return [slot.index for slot in sorted(idle, key=lambda slot: slot.last_used)]
 
     def cells_promised(self) -> int:
         """Pool cells the running sequences will take for prompt tokens not yet computed."""
@@ -251,8 +250,7 @@ class Scheduler:
         slot keeps that KV as a prefix until it is overwritten (then the parked copy serves)."""
         slot = seq.slot
         seq.preempt(parked)
-        self.slots[slot] = None
-        self.prefixes.keep(slot, parked.tokens, now)
+        self.slots[slot].free(parked.tokens, now)
         self.waiting.put_back(seq)
 
     def requeue(self, seq: Sequence, now: float) -> np.ndarray:
@@ -260,8 +258,7 @@ class Scheduler:
         Sequence.requeue); returns the prompt tokens its KV held, which the caller may keep."""
         slot, computed = seq.slot, seq.prompt_array[:seq.num_prefilled]
         seq.requeue()
-        self.slots[slot] = None
-        self.prefixes.keep(slot, _NONE, now)
+        self.slots[slot].free(_NONE, now)
         self.waiting.put_back(seq)
         return computed
 
@@ -273,18 +270,17 @@ class Scheduler:
     def kv_tokens(self, slot: int) -> np.ndarray:
         """The tokens the slot's KV holds at their own positions, from position 0 (between
         two steps): a running sequence's, or the prefix a free slot keeps."""
-        holder = self.slots[slot]
-        return self.prefixes.kept(slot) if holder is None else reusable_kv_tokens(holder, self.keeps_generated)
+        holder = self.slots[slot].holder
+        return self.slots[slot].kept if holder is None else reusable_kv_tokens(holder, self.keeps_generated)
 
     def release(self, seq: Sequence, keeps_prefix: bool, now: float) -> int:
         """Take a finished sequence out of its slot or out of the queue. Returns how many
         leading positions of its slot's KV stay, as a prefix later prompts may reuse (0: the
         slot's KV must be cleared)."""
-        if seq.slot is not None and self.slots[seq.slot] is seq:
-            self.slots[seq.slot] = None
+        if seq.slot is not None and self.slots[seq.slot].holder is seq:
             kept = reusable_kv_tokens(seq, self.keeps_generated) if self.prefix_cache and keeps_prefix else _NONE
             scores = KeptScores(tuple(seq.prompt_logprobs), seq.params.prompt_logprobs) if scores_prompt(seq) else None
-            self.prefixes.keep(seq.slot, kept, now, scores if len(kept) else None)
+            self.slots[seq.slot].free(kept, now, scores if len(kept) else None)
             return len(kept)
         if seq in self.waiting:
             self.waiting.remove(seq)
@@ -292,18 +288,18 @@ class Scheduler:
 
     def evict_kept(self, slot: int) -> IdleEviction:
         """A free slot's kept prefix given up (its tokens and scores, for host memory to keep)."""
-        return IdleEviction(slot, *self.prefixes.take_with_scores(slot))
+        return IdleEviction(slot, *self.slots[slot].give_up_kept())
 
     def forget_kept(self, slot: int) -> None:
         """The slot keeps nothing any more (its KV was cleared, or its cells left the pool)."""
-        self.prefixes.take(slot)
+        self.slots[slot].give_up_kept()
 
     def forget_prefixes(self) -> list[int]:
         """Drop every kept prefix; returns the free slots whose KV must be cleared."""
-        slots = [slot for slot, holder in enumerate(self.slots) if holder is None and len(self.prefixes.kept(slot))]
+        slots = [slot for slot in self.slots if slot.is_free and len(slot.kept)]
         for slot in slots:
-            self.prefixes.take(slot)
-        return slots
+            slot.give_up_kept()
+        return [slot.index for slot in slots]
 
     def drain_waiting(self) -> list[Sequence]:
         """Take every waiting sequence out of the queue (for cancel_all)."""

@@ -39,7 +39,7 @@ from ..sampling.sampler import Sampled, SequenceSampler
 
 if TYPE_CHECKING:
     from ..kv.hostcache import HostEntry
-    from .pooling import EmbeddingPool
+    from .pooling import PooledEmbedding
     from ..tools.reader import OutputParser
 
 CANCELLED_BEFORE_START = "Cancelled: the request was cancelled before it started"
@@ -89,7 +89,7 @@ class Sequence:
     def __init__(self, request_id: str, prompt_tokens: list[int], sampler: SequenceSampler, n_keep: int,
                  overflow: OverflowPolicy, max_tokens: int, prompt_tokens_dropped: int = 0,
                  submitted_at: float | None = None, priority: int = Priority.BATCH,
-                 tool_parser: OutputParser | None = None, embedding: EmbeddingPool | None = None,
+                 tool_parser: OutputParser | None = None, embedding: PooledEmbedding | None = None,
                  media_spans: tuple = (), streams: bool = False) -> None:
         self.id = request_id
         self.embedding = embedding  # an embedding request's rows, pooled: it ends with its prompt

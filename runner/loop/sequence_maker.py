@@ -16,7 +16,7 @@ from ..config import CONTEXT_POOLINGS, DEFAULT_POOLING, RANK, OverflowPolicy, Ru
 from ..sampling.grammar import TokenConstraint
 from ..request import Request
 from ..sampling.sampler import SequenceSampler
-from .pooling import EmbeddingPool
+from .pooling import PooledEmbedding
 from .scheduler import fit_prompt
 from .sequence import Sequence
 from ..tools.support import ToolSupport
@@ -113,7 +113,7 @@ class SequenceMaker:
         self._check_pooling(pooling, len(tokens))
         sampler = SequenceSampler(request.sampling, 0, tokens, (), None, self.backend.token_bytes)
         return Sequence(request_id, tokens, sampler, 0, OverflowPolicy.REJECT, 1, priority=request.priority,
-                        embedding=EmbeddingPool(pooling, len(tokens), whole=self.embeds_whole))
+                        embedding=PooledEmbedding(pooling, len(tokens), whole=self.embeds_whole))
 
     def _check_pooling(self, pooling: str, num_tokens: int) -> None:
         """Whether this context can pool an input so: a reranker's context only ranks, and ranking

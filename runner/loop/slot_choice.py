@@ -1,7 +1,8 @@
 """Where a waiting sequence goes: the slot it takes and the prefix it starts from, found in a
 slot's KV or in a state saved to host memory (`SlotChooser`, the scheduler's admission rules).
 
-Pure Python over the scheduler's slots, kept prefixes and queue, which it reads and never changes.
+Pure Python over the scheduler's slots (their holders and kept prefixes) and queue, which it reads
+and never changes.
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ import numpy as np
 
 from ..llama.batch import ChunkRules
 from ..kv.hostcache import HostCache, HostEntry
-from ..kv.prefix import MIN_COPY_TOKENS, KeptScores, PrefixIndex, common_prefix_length, worth_waiting_for
+from ..kv.prefix import MIN_COPY_TOKENS, KeptScores, common_prefix_length, worth_waiting_for
 from .sequence import Sequence, SequenceStatus, reusable_prompt_length, scores_prompt
+from .slot import Slot, least_recently_used
 from .waiting import WaitingQueue
 
 
@@ -56,10 +58,9 @@ class SlotChooser:
     restoring it costs less than computing what it adds); or none yet, when a prompt being
     prefilled will hold more. Reads the scheduler's slots, kept prefixes and waiting queue."""
 
-    def __init__(self, slots: list[Sequence | None], prefixes: PrefixIndex, waiting: WaitingQueue,
-                 chunk_rules: ChunkRules, prefix_cache: bool, host_cache: HostCache | None) -> None:
-        self.slots = slots  # the scheduler's own list: a slot's holder, None when free
-        self.prefixes = prefixes
+    def __init__(self, slots: list[Slot], waiting: WaitingQueue, chunk_rules: ChunkRules, prefix_cache: bool,
+                 host_cache: HostCache | None) -> None:
+        self.slots = slots  # the scheduler's own
         self.waiting = waiting
         self.chunk_rules = chunk_rules
         self.prefix_cache = prefix_cache
@@ -70,17 +71,17 @@ class SlotChooser:
         the least recently used, where its parked KV is restored."""
         tokens = seq.parked.tokens
         for slot in free:
-            if np.array_equal(self.prefixes.kept(slot), tokens):
+            if np.array_equal(self.slots[slot].kept, tokens):
                 return Placement(slot, slot, len(tokens), seq.parked)
         targets = [slot for slot in free if slot not in copy_sources] or free
-        return Placement(self.prefixes.least_recently_used(targets), None, len(tokens), seq.parked)
+        return Placement(self._least_recently_used(targets), None, len(tokens), seq.parked)
 
     def place(self, seq: Sequence, free: list[int], copy_sources: set[int]) -> Placement | None:
         """The slot for seq and the prefix it reuses; None to wait for one being prefilled."""
         if not self.prefix_cache:
             return Placement(free[0], free[0], 0)
         if seq.embedding is not None:  # every token's row is needed: nothing is reused
-            slot = self.prefixes.least_recently_used([slot for slot in free if slot not in copy_sources] or free)
+            slot = self._least_recently_used([slot for slot in free if slot not in copy_sources] or free)
             return Placement(slot, slot, 0)
         if scores_prompt(seq):
             return self._place_scored(seq, free, copy_sources)
@@ -89,8 +90,8 @@ class SlotChooser:
         best = max(range(len(self.slots)), key=resident.__getitem__)
         if worth_waiting_for(in_flight, resident[best]):
             return None
-        own = max(free, key=lambda slot: (resident[slot], -self.prefixes.last_used(slot)))
-        oldest = self.prefixes.least_recently_used(free)  # an empty slot, else the LRU prefix to evict
+        own = max(free, key=lambda slot: (resident[slot], -self.slots[slot].last_used))
+        oldest = self._least_recently_used(free)  # an empty slot, else the LRU prefix to evict
         if resident[best] >= resident[own] + MIN_COPY_TOKENS:
             placement = Placement(oldest, best, resident[best])
         elif resident[own] >= MIN_COPY_TOKENS:
@@ -108,10 +109,10 @@ class SlotChooser:
         prompt, num_top = seq.prompt_array, seq.params.prompt_logprobs
         best, best_length = None, 0
         for slot in free:
-            kept = self.prefixes.scores(slot)
+            kept = self.slots[slot].kept_scores
             if kept is None or kept.num_top < num_top:
                 continue
-            length = self._scored_reusable(common_prefix_length(self.prefixes.kept(slot), prompt), kept, len(prompt))
+            length = self._scored_reusable(common_prefix_length(self.slots[slot].kept, prompt), kept, len(prompt))
             if length > best_length:
                 best, best_length = slot, length
         entry, in_host = self.host_cache.best_scored_match(prompt, num_top) if self.host_cache else (None, 0)
@@ -120,15 +121,15 @@ class SlotChooser:
             return None
         # Not over another question's scored context, whose other choices may be on their way.
         targets = [slot for slot in free if slot not in copy_sources and slot != best] or free
-        unscored = [slot for slot in targets if self.prefixes.scores(slot) is None]
-        target = self.prefixes.least_recently_used(unscored or targets)
+        unscored = [slot for slot in targets if self.slots[slot].kept_scores is None]
+        target = self._least_recently_used(unscored or targets)
         if entry is not None and in_host >= best_length + MIN_COPY_TOKENS and \
                 self.host_cache.costs.restoring_pays(entry.num_bytes, in_host - best_length):
             return Placement(target, None, in_host, entry, _first_scores(entry.scores, in_host, num_top))
         if best is None:
             return Placement(target, target, 0)
         return Placement(target, best, best_length,
-                         prompt_scores=_first_scores(self.prefixes.scores(best), best_length, num_top))
+                         prompt_scores=_first_scores(self.slots[best].kept_scores, best_length, num_top))
 
     def _scored_reusable(self, common: int, kept: KeptScores, prompt_length: int) -> int:
         """How much of a prompt a scored prefix sharing `common` tokens with it gives: the row
@@ -140,7 +141,7 @@ class SlotChooser:
         """The longest prefix of `prompt` that a scored prompt in a slot will leave with its
         log probabilities (one still being computed, or one token from the end)."""
         longest = 0
-        for holder in self.slots:
+        for holder in (slot.holder for slot in self.slots):
             if holder is not None and scores_prompt(holder) and holder.max_tokens - len(holder.output_tokens) <= 1:
                 longest = max(longest, common_prefix_length(holder.prompt_array, prompt) - 1)
         return longest
@@ -151,9 +152,9 @@ class SlotChooser:
         reusable = self.chunk_rules.reusable
         resident = [0] * len(self.slots)
         in_flight = 0
-        for slot, holder in enumerate(self.slots):
+        for slot, holder in enumerate(slot.holder for slot in self.slots):
             if holder is None:
-                resident[slot] = reusable(common_prefix_length(self.prefixes.kept(slot), prompt), len(prompt))
+                resident[slot] = reusable(common_prefix_length(self.slots[slot].kept, prompt), len(prompt))
                 continue
             shared = common_prefix_length(holder.prompt_array, prompt)
             resident[slot] = reusable(min(shared, reusable_prompt_length(holder)), len(prompt))
@@ -188,4 +189,7 @@ class SlotChooser:
         gain = num_cached - placement.num_cached
         if entry is None or gain < MIN_COPY_TOKENS or not self.host_cache.costs.restoring_pays(entry.num_bytes, gain):
             return placement
-        return Placement(self.prefixes.least_recently_used(targets), None, num_cached, entry)
+        return Placement(self._least_recently_used(targets), None, num_cached, entry)
+
+    def _least_recently_used(self, indices: list[int]) -> int:
+        return least_recently_used(self.slots[index] for index in indices).index

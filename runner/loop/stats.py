@@ -257,8 +257,7 @@ def runner_snapshot(scheduler: Scheduler, stats: StatsRecorder, window: int, now
                     host_cache: HostCache | None = None, layout=None) -> RunnerSnapshot:
     """Every slot and counter at this moment, as plain values."""
     finished = stats.finished_by_reason
-    slots = [_slot_snapshot(slot, seq, window, now, len(scheduler.prefixes.kept(slot)))
-             for slot, seq in enumerate(scheduler.slots)]
+    slots = [_slot_snapshot(slot.index, slot.holder, window, now, len(slot.kept)) for slot in scheduler.slots]
     return RunnerSnapshot(
         slots=slots,
         num_waiting=len(scheduler.waiting),

@@ -133,7 +133,7 @@ class Engine:
         lock = self._bringing.setdefault(start, asyncio.Lock())
         try:
             async with lock:
-                tokens = np.asarray(await self.app.state.server.pools.prepare(runner.prompt_tokens, item.request),
+                tokens = np.asarray(await self.app.state.server.offload.prepare(runner.prompt_tokens, item.request),
                                     dtype=np.int64)
                 await self._import_from(donors[0], runner, tokens)
         except asyncio.CancelledError:
