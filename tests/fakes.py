@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from multiseq.llama.batch import ChainSpec, ChunkRules
+from multiseq.llama.facts import ModelFacts
 from multiseq.llama.media import MediaChunk, MediaPrompt, MediaSpan, placeholder_of
 from multiseq.llama.template_input import content_text
 from multiseq.llama.text import FimTokens
@@ -160,6 +161,7 @@ class FakeBackend:
     media = None  # no projector's counts
     ranks = False
     embeds_whole = False
+    facts = ModelFacts("/models/fake.gguf", "fake", 1_000_000, 4_000_000, "F32", "1M", 256, 1.7e9)
 
     def __init__(self, num_slots: int = 4, window: int = 256, n_batch: int = 64, replies: dict[str, str] | None = None,
                  noisy: bool = False, can_shift: bool = True, decode_delay: float = 0.0,

@@ -39,6 +39,7 @@ from ..errors import BackendError, NoKvSlot
 from .batch_arrays import BatchArrays, chunk_rules_for, rows_in_entry_order
 from .chains import SlotChains
 from .embeddings import POOLING_NAMES, EmbeddingOutput
+from .facts import read_model_facts
 from .devices import Platform, describe_placement
 from .kv import KV_TYPES, SlotKv, kv_bytes_per_token
 from .layout import moved_states, put_back
@@ -127,6 +128,7 @@ class LlamaModel:
             raise BackendError(f"llama.cpp could not load the model file {model_path}{cause}")
         self.layer_devices: dict[str, int] = layer_devices(log.lines)
         self.path = str(model_path)
+        self.facts = read_model_facts(llama, self.handle, self.path)  # what model lists say of it
         self._vocab = llama.llama_model_get_vocab(self.handle)
         self._vocabulary = vocabulary = Vocabulary(llama, self._vocab)
         self.n_vocab = vocabulary.n_vocab
@@ -315,7 +317,7 @@ class LlamaBackend:
         # Text work needs only the model; the runner reaches it through the backend.
         for name in ("tokenize", "token_bytes", "is_end_of_generation", "end_of_generation_tokens", "render_chat",
                      "chat_template_source", "grammar_tokenizer", "bos_and_eos_texts", "fim_tokens", "rerank_tokens",
-                     "bos_token", "render_tokens", "tokenize_media"):
+                     "bos_token", "render_tokens", "tokenize_media", "facts"):
             setattr(self, name, getattr(model, name))
         self.model_pooling, self.kv_bytes_per_token = model.pooling, model.kv_bytes_per_token(cache_types)
         # The KV of one slot (SlotKv's methods say what each does), for the engine.

@@ -166,6 +166,7 @@ class Backend(Protocol):
     chat_template_source: str | None  # the chat template's Jinja text (None: built-in or none)
     graph_sampling: GraphSampling | None  # sampler chains in the model's graph; None: host only
     n_embd: int  # the width of an embedding row
+    facts: Any  # what the model is, for model lists (multiseq.llama.facts.ModelFacts)
     # Per slot whose entry embeds, in the last decode: its tokens' embedding rows (the final
     # hidden state after the output norm), (tokens, n_embd), owned by the caller.
     last_embeddings: dict[int, np.ndarray]

@@ -25,7 +25,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from ..loop.runner import Runner
-from . import batch_api, embeddings, messages, native, rerank, responses, tokens
+from . import batch_api, embeddings, messages, native, ollama, rerank, responses, tokens
 from .chat import chat_completions, completions
 from .door import HEALTH_PATHS, ApiKeyGuard, SiteGuard, cors_options
 from .errors import INVALID_REQUEST, NOT_FOUND, SERVER_ERROR, ApiError, internal_error
@@ -147,6 +147,7 @@ def create_app(runner: Runner | None = None, settings: ServerSettings | None = N
         *(Route(path, rerank.rerank, methods=["POST"]) for path in rerank.PATHS),
         *batch_api.ROUTES,
         *responses.ROUTES,
+        *ollama.ROUTES,
     ]
     app = Starlette(routes=routes, exception_handlers={
         ApiError: _api_error, HTTPException: _http_error, Exception: _unexpected_error})

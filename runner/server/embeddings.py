@@ -38,7 +38,7 @@ async def create_embeddings(request: HttpRequest) -> Response:
         encoding = encoding_format(body)
     except ItemError as error:
         raise ApiError(400, str(error), INVALID_REQUEST, error.param) from None
-    results = await _embedded(request, embeddings_item(item_id, requests, encoding), "input")
+    results = await embedded(request, embeddings_item(item_id, requests, encoding), "input")
     if results is None:
         return Response(status_code=499)
     return JSONResponse(embeddings_body(results, state.settings.model_name, encoding))
@@ -63,13 +63,13 @@ async def native_embedding(request: HttpRequest) -> Response:
         item = embeddings_item(item_id, input_requests(item_id, embedding_inputs(body.get(field), field)))
     except ItemError as error:
         raise ApiError(400, str(error), INVALID_REQUEST, error.param) from None
-    results = await _embedded(request, item, field)
+    results = await embedded(request, item, field)
     if results is None:
         return Response(status_code=499)
     return JSONResponse(native_embeddings_body(results, norm))
 
 
-async def _embedded(request: HttpRequest, item: PromptItem, field: str):
+async def embedded(request: HttpRequest, item: PromptItem, field: str):
     """Run every input of the item at interactive priority: its results in input order (None
     when the client went away first)."""
     state = request.app.state.server

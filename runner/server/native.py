@@ -111,6 +111,20 @@ async def infill(request: HttpRequest) -> Response:
     return await _answer(request, fields | {"prompt": tokens}, "infill", prompt_text=text)
 
 
+async def infill_prompt(request: HttpRequest, runner, prefix: str, suffix: str, field: str) -> list[int]:
+    """The text before and after the cursor laid out with the model's fill-in-the-middle tokens
+    (as /infill lays them out): the tokens of a prompt to complete. A 400 naming `field` when
+    the model has no such tokens."""
+    fim = runner.backend.fim_tokens()
+    if fim.missing:
+        raise ApiError(400, f"'{field}' needs the model's fill-in-the-middle tokens; this model has no "
+                            f"{', '.join(fim.missing)} token", INVALID_REQUEST, field)
+    wanted = infill_input({"input_prefix": prefix, "input_suffix": suffix})
+    tokens, _ = await request.app.state.server.offload.prepare(_infill_tokens, runner.backend, wanted, fim,
+                                                               infill_window(runner.window))
+    return tokens
+
+
 def _infill_tokens(backend, wanted, fim, window: InfillWindow) -> tuple[list[int], str]:
     """The laid-out prompt's tokens and their text (off the event loop: both take a while)."""
     bos = backend.bos_token if backend.add_bos else None

@@ -1,5 +1,6 @@
-"""Server-sent events: the response that streams them, and the watch for a client going away
-(or stalling: a client that reads nothing for the send timeout is cut, its request cancelled)."""
+"""Server-sent events (and Ollama's JSON lines): the response that streams them, and the watch for
+a client going away (or stalling: a client that reads nothing for the send timeout is cut, its
+request cancelled)."""
 
 from __future__ import annotations
 
@@ -41,17 +42,21 @@ class EventStream:
     the status (say, the tools a request left out)."""
 
     def __init__(self, events: AsyncIterator[str], on_disconnect: Callable[[], None],
-                 headers: dict[str, str] | None = None, error_event: Callable[[], str] | None = None) -> None:
+                 headers: dict[str, str] | None = None, error_event: Callable[[], str] | None = None,
+                 media_type: str = "text/event-stream; charset=utf-8", keep_alive: str | None = KEEP_ALIVE) -> None:
         self._events = events
         self._on_disconnect = on_disconnect
         self._headers = [(name.lower().encode("latin-1"), value.encode("latin-1"))
                          for name, value in (headers or {}).items()]
         # What to send when the stream fails after its status went out (the API's error event).
         self._error_event = error_event or (lambda: sse(internal_error().body()) + sse("[DONE]"))
+        # A stream of JSON lines (Ollama's) has no comment to keep a connection busy: keep_alive None.
+        self._media_type = media_type.encode("latin-1")
+        self._keep_alive = keep_alive
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         send_timeout, keep_alive = _stream_timings(scope)
-        sender = _WatchedSender(send, send_timeout, keep_alive)
+        sender = _WatchedSender(send, send_timeout, keep_alive, self._keep_alive)
         async with anyio.create_task_group() as group:
             async def watch() -> None:
                 await wait_for_disconnect(receive)
@@ -68,7 +73,7 @@ class EventStream:
             group.start_soon(watch_sends)
             try:
                 await sender.send({"type": "http.response.start", "status": 200, "headers": [
-                    (b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
+                    (b"content-type", self._media_type), (b"cache-control", b"no-cache"),
                     (b"x-accel-buffering", b"no"), *self._headers]})
                 async with aclosing(self._events) as events:
                     async for event in events:
@@ -92,10 +97,11 @@ class _WatchedSender:
     stopped reading but kept the connection) ends the watch; a stream that sent nothing for the
     keep-alive interval (its request waits for a slot) gets KEEP_ALIVE between its events."""
 
-    def __init__(self, send: Send, send_timeout: float, keep_alive: float) -> None:
+    def __init__(self, send: Send, send_timeout: float, keep_alive: float, keep_alive_text: str | None) -> None:
         self._send = send
         self._send_timeout = send_timeout
         self._keep_alive = keep_alive
+        self._keep_alive_text = keep_alive_text  # None: nothing is sent while a stream waits
         self._lock = asyncio.Lock()  # one send at a time: a keep-alive never splits an event
         self._sending_since: float | None = None
         self._last_sent = asyncio.get_running_loop().time()
@@ -121,9 +127,9 @@ class _WatchedSender:
             if self._sending_since is not None:
                 if now - self._sending_since > self._send_timeout:
                     return
-            elif now - self._last_sent >= self._keep_alive and not self._lock.locked():
+            elif self._keep_alive_text and now - self._last_sent >= self._keep_alive and not self._lock.locked():
                 with anyio.move_on_after(self._send_timeout) as scope:
-                    await self.send({"type": "http.response.body", "body": KEEP_ALIVE.encode("utf-8"),
+                    await self.send({"type": "http.response.body", "body": self._keep_alive_text.encode("utf-8"),
                                      "more_body": True})
                 if scope.cancelled_caught:
                     return
