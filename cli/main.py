@@ -169,7 +169,7 @@ def batch_run(prompts_file: Path | None, images_dir: Path | None, image_prompt: 
                               "--no-kv-unified, each slot's window (default 2048, or -c / -np).",
                 step_tokens_help=f"Token budget of a step: every decoding token, then prompt chunks up to it, so "
                                  f"that a long prompt never stalls the streams. [default: {SERVE_STEP_TOKENS}, or "
-                                 f"-np if more]")
+                                 f"-np if more]", many_models=True)
 @click.option("-c", "--ctx-size", type=click.IntRange(16),
               help="KV tokens in all, as llama-server counts them: one pool the slots share, where a session may "
                    "grow to the whole pool (with --no-kv-unified, each of the -np slots gets ctx-size / np). "
@@ -260,6 +260,9 @@ def serve(ctx_size: int | None, kv_unified: bool | None, host: str, port: int, a
     from ..server.store import StoreError
 
     _check_ray_options(ray_address, replicas, routing, share_prefixes, worker_gpus, dashboard)
+    model_names, options["model"] = options["model"], options["model"][0]
+    if len(model_names) > 1 and ray_address is not None:
+        raise click.UsageError("--ray serves one model: give -m once")
     options["slot_ctx"], options["kv_pool"] = _kv_sizes(ctx_size, options["slot_ctx"], options["parallel"],
                                                         kv_unified is not False and not options["batch_invariant"])
     options["kv_layout"] = "pool" if kv_unified else "auto"
@@ -270,7 +273,8 @@ def serve(ctx_size: int | None, kv_unified: bool | None, host: str, port: int, a
     if config.chat_template:
         check_chat_template(config.chat_template)
     resolved = resolve_model(config.model)
-    settings = ServerSettings(model_name=alias or resolved.name, api_key=api_key or None, max_queue=max_queue,
+    configs, names = _served_models(config, resolved, alias, model_names[1:])
+    settings = ServerSettings(model_name=names[0], more_models=names[1:], api_key=api_key or None, max_queue=max_queue,
                               max_body_bytes=int(max_body_mb * 2**20), defaults=settings_defaults,
                               overflow=config.overflow, data_dir=data_dir or models.data_dir(),
                               max_upload_bytes=int(max_upload_mb * 2**20), max_batch_lines=max_batch_lines,
@@ -300,8 +304,9 @@ def serve(ctx_size: int | None, kv_unified: bool | None, host: str, port: int, a
         nonlocal address, metrics
         address = f"http://{host}:{server.port}"
         metrics = server.state.metrics
-        stderr.print(f"[bold]multiseq[/] {settings.model_name}: {config.parallel} slots, {_kv_types(config)} KV, "
-                     f"{config.threads} threads; OpenAI API at {address}/v1 (the model is loading)", soft_wrap=True)
+        served = ", ".join((settings.model_name, *settings.more_models))
+        stderr.print(f"[bold]multiseq[/] {served}: {config.parallel} slots, {_kv_types(config)} KV, "
+                     f"{config.threads} threads; OpenAI API at {address}/v1 (loading)", soft_wrap=True)
         stderr.print(f"files and batches kept in {settings.data_dir}", soft_wrap=True, highlight=False)
 
     def ready(runner: Runner) -> None:
@@ -312,7 +317,7 @@ def serve(ctx_size: int | None, kv_unified: bool | None, host: str, port: int, a
             view.show(runner, address, metrics.requests_by_api)
 
     try:
-        failure = serve_app(_resolved_config(config, resolved), settings, host, port, access_log=not show_dashboard,
+        failure = serve_app(configs, settings, host, port, access_log=not show_dashboard,
                             on_listening=listening, on_ready=ready)
     except OSError as error:  # the address is taken, or not ours to bind
         raise click.ClickException(f"cannot listen on {host}:{port}: {error.strerror or error}") from None
@@ -431,6 +436,22 @@ def _configure_server_logs(verbose: bool, access_log: bool) -> None:
     logging.getLogger("multiseq.llama").setLevel(logging.WARNING if verbose else logging.ERROR)
     logging.getLogger("uvicorn.error").setLevel(logging.INFO if access_log else logging.WARNING)
     logging.getLogger("uvicorn.access").setLevel(logging.INFO if access_log else logging.WARNING)
+
+
+def _served_models(config: RunnerConfig, resolved: models.ResolvedModel, alias: str | None,
+                   more: tuple[str, ...]) -> tuple[list[RunnerConfig], tuple[str, ...]]:
+    """The config and name of each model serve was given: the first (with --alias and the
+    projector options), then each further -m with the same engine options but its own file
+    (and no projector but one found beside it); a usage error when two would share a name."""
+    configs, names = [_resolved_config(config, resolved)], [alias or resolved.name]
+    for name in more:
+        extra = resolve_model(name)
+        configs.append(_resolved_config(dataclasses.replace(config, model=name, mmproj=None), extra))
+        names.append(extra.name)
+    repeated = next((name for name in names if names.count(name) > 1), None)
+    if repeated is not None:
+        raise click.UsageError(f"two models would be served as {repeated!r}: give each -m once (or --alias the first)")
+    return configs, tuple(names)
 
 
 def _resolved_config(config: RunnerConfig, resolved: models.ResolvedModel) -> RunnerConfig:

@@ -99,16 +99,20 @@ SERVE_STEP_TOKENS = 96
 
 def engine_options(slot_ctx_help: str = "Context tokens per slot (prompt + generation).",
                    step_tokens_help: str = "Token budget of a step: every decoding token, then prompt chunks up to "
-                                           "it. [default: 512, the whole batch]") -> Callable:
+                                           "it. [default: 512, the whole batch]", many_models: bool = False) -> Callable:
+    """The engine's options; many_models: -m may be given more than once (serve's, a tuple)."""
     return _apply([
         click.option("--step-tokens", type=click.IntRange(1), metavar="N", help=step_tokens_help),
         click.option("-b", "--batch-size", "n_batch", type=click.IntRange(1), metavar="N",
                      default=default_of(RunnerConfig, "n_batch"), show_default=True,
                      help="Most tokens in one llama_decode (llama.cpp's -b and -ub alike). An encoder's or a "
                           "reranker's input is computed whole in one: raise it for inputs longer than this."),
-        click.option("-m", "--model", default=models.DEFAULT_MODEL, show_default=True,
+        click.option("-m", "--model", multiple=many_models, show_default=True,
+                     default=(models.DEFAULT_MODEL,) if many_models else models.DEFAULT_MODEL,
                      help="Registry model name, path to a .gguf file, or a Hugging Face model: hf:OWNER/REPO[:QUANT] "
-                          "or hf:OWNER/REPO/FILE.gguf."),
+                          "or hf:OWNER/REPO/FILE.gguf." + (" More than once: each model served under its own name "
+                                                           "(the first, the default, --alias's), a runner each, "
+                                                           "picked by a request's `model`." if many_models else "")),
         click.option("-hf", "--hf-repo", metavar="OWNER/REPO[:QUANT]",
                      help="A Hugging Face repository's GGUF model, as llama.cpp's -hf (the same as -m hf:OWNER/REPO"
                           "[:QUANT]): QUANT (case-insensitive) by default Q4_K_M, else Q8_0, else the only one."),

@@ -51,6 +51,25 @@ def status_of(base: str, host: str) -> int:
     return status
 
 
+def test_serve_serves_two_models_each_picked_by_name(start_cli):
+    process = start_cli("serve", "-m", "smollm2-135m", "-m", "gemma3-270m", "-np", "1", "-c", "512", "--port", "0",
+                        "--no-dashboard", "-t", "1")
+    lines = read_until(process, "ready:")
+    base = next(match.group(1) for line in lines if (match := LISTENING.search(line)))
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
+    deadline = time.monotonic() + 60
+    while [model.model_extra["status"]["value"] for model in client.models.list()] != ["loaded", "loaded"]:
+        assert time.monotonic() < deadline, "the second model did not load"
+        time.sleep(0.2)
+    for model in ("smollm2-135m", "gemma3-270m"):
+        reply = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hi"}],
+                                               max_tokens=2, extra_body={"min_tokens": 1})
+        assert reply.model == model and reply.usage.completion_tokens == 2
+    process.send_signal(signal.SIGTERM)
+    _, rest = process.communicate(timeout=15)
+    assert process.returncode == 0 and "Traceback" not in "".join(lines) + rest
+
+
 def test_serve_with_windows_says_so_and_divides_c_among_the_slots(start_cli):
     process = start_cli("serve", "-m", "smollm2-135m", "-np", "2", "-c", "1024", "--no-kv-unified", "--port", "0",
                         "--no-dashboard", "-t", "1")
@@ -101,6 +120,9 @@ def test_a_taken_port_is_one_line_and_exit_1(start_cli):
     (["-c", "1024", "--slot-ctx", "2048"], "caps a session above the whole pool", 2),
     (["-np", "8", "-c", "64", "--no-kv-unified"], "leaves 8 tokens", 2),
     (["--chat-template", "no-such-template"], "unknown chat template", 2),
+    (["-m", "smollm2-135m", "-m", "smollm2-135m"], "two models would be served as 'smollm2-135m'", 2),
+    (["-m", "smollm2-135m", "-m", "gemma3-270m", "--ray"], "--ray serves one model", 2),
+    (["-m", "smollm2-135m", "-m", "no-such-model"], "unknown model 'no-such-model'", 1),
 ])
 def test_bad_options_are_one_line_and_nothing_starts(start_cli, args, words, code):
     process = start_cli("serve", "--port", "0", "--no-dashboard", *args)

@@ -34,9 +34,17 @@ def read_model_facts(llama: Any, handle: Any, path: str) -> ModelFacts:
     num_params = int(llama.llama_model_n_params(handle))
     context = meta(f"{architecture}.context_length")
     return ModelFacts(path, architecture, num_params, int(llama.llama_model_size(handle)),
-                      description.value.decode("utf-8", "replace").rpartition(" ")[2],
+                      weight_type(description.value.decode("utf-8", "replace")),
                       meta("general.size_label") or count_label(num_params),
                       int(context) if context.isdigit() else 0, _modified_at(path))
+
+
+def weight_type(description: str) -> str:
+    """The weights' type in llama.cpp's description of a model ("gemma3 270M Q4_K - Medium") as
+    quantizations are named (Q4_K_M)."""
+    name = description.split(" ", 2)[-1]
+    base, _, size = name.partition(" - ")
+    return base + {"Small": "_S", "Medium": "_M", "Large": "_L"}.get(size, "")
 
 
 def count_label(count: int) -> str:

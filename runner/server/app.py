@@ -29,6 +29,7 @@ from . import batch_api, embeddings, messages, native, ollama, rerank, responses
 from .chat import chat_completions, completions
 from .door import HEALTH_PATHS, ApiKeyGuard, SiteGuard, cors_options
 from .errors import INVALID_REQUEST, NOT_FOUND, SERVER_ERROR, ApiError, internal_error
+from .models import ServedModel
 from .state import (CHAT_ENDPOINT, COMPLETIONS_ENDPOINT, DEFAULT_MAX_BATCH_LINES, DEFAULT_MAX_BODY_BYTES,  # noqa: F401
                     DEFAULT_MAX_QUEUE,
                     DEFAULT_MAX_UPLOAD_BYTES, RETRY_AFTER_SECONDS, ServerSettings, ServerState)
@@ -45,10 +46,15 @@ async def health(request: HttpRequest) -> Response:
     state = state_of(request)
     if state.is_draining:
         return JSONResponse({"status": "shutting down"}, status_code=503)
-    if state.runner is None:
+    default = state.models.default
+    if default.failure is not None:
+        return JSONResponse({"status": "failed", "reason": default.failure}, status_code=503)
+    if default.runner is None:
         return JSONResponse({"status": "loading"}, status_code=503, headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
-    if state.runner.failure is not None:  # `multiseq serve` exits once its streams have ended
-        return JSONResponse({"status": "failed", "reason": state.runner.failure}, status_code=503)
+    stopped = next((model.runner.failure for model in state.models
+                    if model.runner is not None and model.runner.failure is not None), None)
+    if stopped is not None:  # `multiseq serve` exits once its streams have ended
+        return JSONResponse({"status": "failed", "reason": stopped}, status_code=503)
     return JSONResponse({"status": "ok"})
 
 
@@ -57,9 +63,11 @@ async def metrics(request: HttpRequest) -> Response:
     return Response(generate_latest(state_of(request).metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
 
-def _model_card(state: ServerState) -> dict[str, Any]:
-    card = {"id": state.settings.model_name, "object": "model", "created": 0, "owned_by": "multiseq"}
-    if state.runner is not None and any(_modalities(state.runner).values()):
+def _model_card(model: ServedModel) -> dict[str, Any]:
+    """A served model as /v1/models lists it, with its state as llama-server's router says it."""
+    card = {"id": model.name, "object": "model", "created": 0, "owned_by": "multiseq",
+            "status": {"value": model.status}}
+    if model.runner is not None and any(_modalities(model.runner).values()):
         card["capabilities"] = ["completion", "multimodal"]  # as llama-server lists a model that reads media
     return card
 
@@ -72,24 +80,23 @@ def _modalities(runner) -> dict[str, bool]:
 async def props(request: HttpRequest) -> Response:
     """What the served model is read as (llama-server's /props, in part): its tool-call and
     reasoning family, and the slots."""
-    state = state_of(request)
-    if state.runner is None:
+    model = state_of(request).models.pick(request.query_params.get("model"))  # llama-server's router: ?model=
+    runner = model.runner
+    if runner is None:
         raise ApiError(503, "The model is still loading.", SERVER_ERROR)
-    return JSONResponse({"model": state.settings.model_name, "tool_format": state.runner.tool_family,
-                         "total_slots": state.runner.config.parallel, "slot_ctx": state.runner.window,
-                         "modalities": _modalities(state.runner),
-                         "embedding": {"pooling": state.runner.pooling, "n_embd": state.runner.backend.n_embd}})
+    return JSONResponse({"model": model.name, "tool_format": runner.tool_family,
+                         "total_slots": runner.config.parallel, "slot_ctx": runner.window,
+                         "modalities": _modalities(runner),
+                         "embedding": {"pooling": runner.pooling, "n_embd": runner.backend.n_embd}})
 
 
 async def list_models(request: HttpRequest) -> Response:
-    cards = [_model_card(state_of(request))]
+    cards = [_model_card(model) for model in state_of(request).models]
     return JSONResponse({"object": "list", "data": cards, "models": cards})  # Codex reads `models`
 
 
 async def get_model(request: HttpRequest) -> Response:
-    state = state_of(request)
-    state.check_model(request.path_params["model"])
-    return JSONResponse(_model_card(state))
+    return JSONResponse(_model_card(state_of(request).models.pick(request.path_params["model"])))
 
 
 # --- errors, authentication, the app ------------------------------------------------------------

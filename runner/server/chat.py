@@ -50,10 +50,11 @@ def _state(request: HttpRequest) -> ServerState:
 class CompletionCall:
     """One OpenAI request running in the engine (its choices), and its answer in OpenAI's shapes."""
 
-    def __init__(self, state: ServerState, job: Job) -> None:
+    def __init__(self, state: ServerState, job: Job, model: str) -> None:
         self._state = state
         self.job = job
         self.body_id = job.body_id
+        self.model = model  # the served model's name, as the answer says it
 
     @property
     def is_chat(self) -> bool:
@@ -68,7 +69,7 @@ class CompletionCall:
         results = await self.results(request)
         if results is None:
             return None
-        return completion_body(self.job.item, results, self._state.settings.model_name, self.body_id)
+        return completion_body(self.job.item, results, self.model, self.body_id)
 
     async def results(self, request: HttpRequest) -> list[Result] | None:
         """Every choice's result; None when the client went away first (its requests are
@@ -114,8 +115,8 @@ class CompletionCall:
         per piece of text (with tools: per parsed delta, text that may begin a call held back),
         a last one per choice with its finish_reason, then the usage when asked for. A choice
         that fails is yielded as an error body ({"error": {...}}), and ends the stream."""
-        job, state = self.job, self._state
-        item, model, is_chat, created = job.item, state.settings.model_name, job.item.is_chat, int(time.time())
+        job = self.job
+        item, model, is_chat, created = job.item, self.model, job.item.is_chat, int(time.time())
         wants_logprobs = item.request.sampling.logprobs
 
         def chunk(choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -210,8 +211,7 @@ async def start_completion(request: HttpRequest, body: dict[str, Any], is_chat: 
     interactive priority. `api` names the API it came through, for the metrics. Raises
     ApiError (OpenAI's shape, naming the field) when it cannot run."""
     state = _state(request)
-    runner = state.ready_runner()
-    state.check_model(body.get("model"))
+    runner, model = state.runner_for(body.get("model"))
     try:  # in the prepare threads: a schema or a tool set seen for the first time is compiled here
         item = await state.offload.prepare(openai_body_item, uuid.uuid4().hex, body, is_chat, state.settings.defaults)
     except ItemError as error:
@@ -221,7 +221,7 @@ async def start_completion(request: HttpRequest, body: dict[str, Any], is_chat: 
     state.metrics.requests.labels(api).inc()
     # Only a stream's pieces are read as they come (each piece's deltas); a whole answer's
     # output is read once, when it ends.
-    return CompletionCall(state, await state.submit(runner, item, streams=body.get("stream") is True))
+    return CompletionCall(state, await state.submit(runner, item, streams=body.get("stream") is True), model)
 
 
 async def start_chat(request: HttpRequest, body: dict[str, Any], api: str = "chat") -> CompletionCall:
@@ -233,7 +233,7 @@ async def count_prompt_tokens(request: HttpRequest, body: dict[str, Any]) -> int
     """How many tokens a Chat Completions body's prompt (messages and tools, rendered with the
     model's template) comes to. Raises ApiError like start_chat."""
     state = _state(request)
-    runner = state.ready_runner()
+    runner, _ = state.runner_for(body.get("model"))
     try:
         item = await state.offload.prepare(openai_body_item, uuid.uuid4().hex, body, True, state.settings.defaults)
         return len(await state.offload.prepare(runner.prompt_tokens, item.request))
@@ -241,21 +241,6 @@ async def count_prompt_tokens(request: HttpRequest, body: dict[str, Any]) -> int
         raise ApiError(400, str(error), INVALID_REQUEST, error.param) from None
     except (ValueError, BackendError) as error:
         raise ApiError(400, str(error), INVALID_REQUEST, "messages") from None
-
-
-def tokenize(request: HttpRequest, text: str, add_special: bool) -> list[int]:
-    """The model's tokens of a text (call it off the event loop: long texts take a while)."""
-    return _state(request).ready_runner().backend.tokenize(text, add_special)
-
-
-def detokenize(request: HttpRequest, tokens: list[int]) -> str:
-    """The text of tokens (special tokens render as nothing); ValueError for an id outside the
-    vocabulary."""
-    backend = _state(request).ready_runner().backend
-    outside = next((token for token in tokens if not 0 <= token < backend.n_vocab), None)
-    if outside is not None:
-        raise ValueError(f"token {outside} is not in the vocabulary (0 to {backend.n_vocab - 1})")
-    return b"".join(backend.token_bytes(token) for token in tokens).decode("utf-8", "replace")
 
 
 # --- the routes ---------------------------------------------------------------------------------
@@ -270,7 +255,6 @@ async def completions(request: HttpRequest) -> Response:
 
 async def _complete(request: HttpRequest, is_chat: bool) -> Response:
     state = _state(request)
-    state.ready_runner()
     body = await read_json(request, state.settings.max_body_bytes)
     # Clients (LiteLLM, OpenHands, vLLM's) add fields of their own: left out and named, unless
     # the server was told to refuse them (openai_body_item then names the first).

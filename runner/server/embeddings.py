@@ -29,19 +29,18 @@ from .errors import INVALID_REQUEST, ApiError
 async def create_embeddings(request: HttpRequest) -> Response:
     """OpenAI's embeddings: a normalized vector per input."""
     state = request.app.state.server
-    runner = state.ready_runner()
     body = await read_json(request, state.settings.max_body_bytes)
-    state.check_model(body.get("model"))
+    runner, model = state.runner_for(body.get("model"))
     item_id = uuid.uuid4().hex
     try:
         requests = embeddings_body_requests(item_id, body, runner.pooling, runner.backend.n_embd)
         encoding = encoding_format(body)
     except ItemError as error:
         raise ApiError(400, str(error), INVALID_REQUEST, error.param) from None
-    results = await embedded(request, embeddings_item(item_id, requests, encoding), "input")
+    results = await embedded(request, runner, embeddings_item(item_id, requests, encoding), "input")
     if results is None:
         return Response(status_code=499)
-    return JSONResponse(embeddings_body(results, state.settings.model_name, encoding))
+    return JSONResponse(embeddings_body(results, model, encoding))
 
 
 async def native_embedding(request: HttpRequest) -> Response:
@@ -50,6 +49,7 @@ async def native_embedding(request: HttpRequest) -> Response:
     state = request.app.state.server
     state.ready_runner()  # a 503 while the model loads, before the body is read
     body = await read_json(request, state.settings.max_body_bytes)
+    runner, model = state.runner_for(body.get("model"))
     field = "input" if "input" in body else "content"
     try:
         unknown = sorted(set(body) - NATIVE_FIELDS)
@@ -63,17 +63,16 @@ async def native_embedding(request: HttpRequest) -> Response:
         item = embeddings_item(item_id, input_requests(item_id, embedding_inputs(body.get(field), field)))
     except ItemError as error:
         raise ApiError(400, str(error), INVALID_REQUEST, error.param) from None
-    results = await embedded(request, item, field)
+    results = await embedded(request, runner, item, field)
     if results is None:
         return Response(status_code=499)
     return JSONResponse(native_embeddings_body(results, norm))
 
 
-async def embedded(request: HttpRequest, item: PromptItem, field: str):
-    """Run every input of the item at interactive priority: its results in input order (None
-    when the client went away first)."""
+async def embedded(request: HttpRequest, runner, item: PromptItem, field: str):
+    """Run every input of the item on `runner` at interactive priority: its results in input
+    order (None when the client went away first)."""
     state = request.app.state.server
-    runner = state.ready_runner()
     if runner.pooling == RANK:
         raise ApiError(400, "The served model is a reranker (pooling rank): it scores documents through /v1/rerank; "
                        "start the server with --pooling mean, cls or last for embeddings.", INVALID_REQUEST)
@@ -88,7 +87,7 @@ async def embedded(request: HttpRequest, item: PromptItem, field: str):
     state.metrics.requests.labels("embeddings").inc()
     state.metrics.embedding_inputs.inc(len(requests))
     state.metrics.embedding_tokens.inc(sum(map(len, tokens)))
-    return await CompletionCall(state, await state.submit(runner, item, streams=False)).results(request)
+    return await CompletionCall(state, await state.submit(runner, item, streams=False), "").results(request)
 
 
 def _checked_tokens(runner, inputs: list, field: str) -> list[list[int]]:

@@ -56,7 +56,6 @@ def _in_anthropic_shape(route: Callable[[HttpRequest], Awaitable[Response]]) -> 
 async def create_message(request: HttpRequest) -> Response:
     """POST /v1/messages: a Message, or with "stream": true its events."""
     state = request.app.state.server
-    state.ready_runner()
     translated = translate_request(await read_json(request, state.settings.max_body_bytes))
     headers = _ignored_tools_header(translated.ignored_tools)
     call = await start_chat(request, translated.chat_body, api="messages")
@@ -74,7 +73,6 @@ async def create_message(request: HttpRequest) -> Response:
 async def count_tokens(request: HttpRequest) -> Response:
     """POST /v1/messages/count_tokens: the prompt's tokens, as the model's template renders it."""
     state = request.app.state.server
-    state.ready_runner()
     translated = translate_request(await read_json(request, state.settings.max_body_bytes), for_counting=True)
     return JSONResponse({"input_tokens": await count_prompt_tokens(request, translated.chat_body)})
 

@@ -52,11 +52,11 @@ def infill_window(slot_window: int) -> InfillWindow:
 # llama-server's names of the sampling fields, and the /v1/completions names they go by here.
 _RENAMED = {"n_predict": "max_tokens", "n_indent": "min_indent", "t_max_predict_ms": "newline_deadline_ms"}
 _PASSED = ("prompt", "temperature", "top_k", "top_p", "min_p", "seed", "stop", "presence_penalty", "frequency_penalty",
-           "repeat_penalty", "ignore_eos", "min_tokens", "logit_bias", "grammar", "json_schema", "stream")
+           "repeat_penalty", "ignore_eos", "min_tokens", "logit_bias", "grammar", "json_schema", "stream", "model")
 # llama-server's fields that change nothing here (its cache, slots and timing knobs).
 # ("samplers" names llama-server's sampler order, and its "infill" sampler, which is not applied here.)
 _IGNORED = {"cache_prompt", "id_slot", "t_max_prompt_ms", "samplers", "return_tokens", "n_keep", "n_cmpl", "typical_p",
-            "dynamic_temperature", "mirostat", "dry_multiplier", "post_sampling_probs", "response_fields", "model",
+            "dynamic_temperature", "mirostat", "dry_multiplier", "post_sampling_probs", "response_fields",
             "timings_per_token", "return_progress"}
 
 
@@ -86,7 +86,6 @@ def openai_body_of(body: dict[str, Any]) -> tuple[dict[str, Any], bool]:
 
 async def completion(request: HttpRequest) -> Response:
     state = request.app.state.server
-    state.ready_runner()
     body = await read_json(request, state.settings.max_body_bytes)
     return await _answer(request, body, "completion")
 
@@ -95,8 +94,8 @@ async def infill(request: HttpRequest) -> Response:
     """llama-server's /infill: the text around the cursor (and chunks of other files) laid out
     with the model's fill-in-the-middle tokens, then completed as /completion completes."""
     state = request.app.state.server
-    runner = state.ready_runner()
     body = await read_json(request, state.settings.max_body_bytes)
+    runner, _ = state.runner_for(body.get("model"))
     fim = runner.backend.fim_tokens()
     if fim.missing:
         raise ApiError(400, f"/infill needs the model's fill-in-the-middle tokens; this model has no "
@@ -135,9 +134,9 @@ def _infill_tokens(backend, wanted, fim, window: InfillWindow) -> tuple[list[int
 
 async def _answer(request: HttpRequest, body: dict[str, Any], api: str, prompt_text: str | None = None) -> Response:
     """A /completion-shaped answer (whole, or streamed as llama-server streams)."""
-    model = request.app.state.server.settings.model_name
     converted, prompt_only = openai_body_of(body)
     call = await start_completion(request, converted, False, api)
+    model = call.model
     if converted.get("stream"):
         return EventStream(_events(call, model, prompt_only), on_disconnect=call.cancel)
     results = await call.results(request)
@@ -202,8 +201,8 @@ async def apply_template(request: HttpRequest) -> Response:
     the messages, tools and template switches of a Chat Completions body, rendered as the chat
     itself would be (its other fields are not read)."""
     state = request.app.state.server
-    runner = state.ready_runner()
     body = await read_json(request, state.settings.max_body_bytes)
+    runner, _ = state.runner_for(body.get("model"))
     rendered = {name: value for name, value in body.items() if name == "messages" or name in TOOL_FIELDS}
     try:
         item = await state.offload.prepare(openai_body_item, uuid.uuid4().hex, rendered, True, state.settings.defaults)

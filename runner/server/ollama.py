@@ -25,6 +25,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from ..config import RANK
+from ..loop.runner import Runner
 from ..formats.embeddings import EUCLIDEAN, embedding_inputs, embedding_values, input_requests
 from ..formats.fields import ItemError
 from ..formats.reader import embeddings_item
@@ -69,13 +70,15 @@ def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat().replace("+00:00", "Z")
 
 
-def _served(request: HttpRequest, model: str) -> str:
-    """The served model's name, when `model` names it (with or without Ollama's ":latest"); 404 else."""
-    state = request.app.state.server
-    served = state.settings.model_name
-    if model not in (served, f"{served}:latest"):
-        raise ApiError(404, f"model '{model}' not found", INVALID_REQUEST, "model")
-    return served
+def _picked(request: HttpRequest, model: str) -> tuple[Runner, str]:
+    """The runner of the model `model` names (with or without Ollama's ":latest") and the
+    model's name; Ollama's 404 when none is served under that name."""
+    try:
+        return request.app.state.server.runner_for(model)
+    except ApiError as error:
+        if error.status == 404:
+            raise ApiError(404, f"model '{model}' not found", INVALID_REQUEST, "model") from None
+        raise
 
 
 # --- generating ----------------------------------------------------------------------------------
@@ -84,10 +87,9 @@ def _served(request: HttpRequest, model: str) -> str:
 async def chat(request: HttpRequest) -> Response:
     """POST /api/chat."""
     state = request.app.state.server
-    state.ready_runner()
     body = await read_json(request, state.settings.max_body_bytes)
     translated = chat_call(body)
-    model = _served(request, translated.model)
+    _, model = _picked(request, translated.model)
     if not translated.body["messages"]:  # Ollama loads the model and says so
         return JSONResponse(_line(model, "chat", {"role": "assistant", "content": ""}, done="load"))
     return await _generated(request, translated, model, "chat")
@@ -97,9 +99,8 @@ async def chat(request: HttpRequest) -> Response:
 async def generate(request: HttpRequest) -> Response:
     """POST /api/generate (`suffix`: the text after the cursor, laid out for fill-in-the-middle)."""
     state = request.app.state.server
-    runner = state.ready_runner()
     body = await read_json(request, state.settings.max_body_bytes)
-    model = _served(request, generate_call(body).model)
+    runner, model = _picked(request, generate_call(body).model)
     if not body.get("prompt") and not body.get("images") and not body.get("suffix"):
         return JSONResponse(_line(model, "generate", "", done="load"))
     suffix = body.get("suffix")
@@ -110,7 +111,7 @@ async def generate(request: HttpRequest) -> Response:
 
 
 async def _generated(request: HttpRequest, translated: OllamaCall, model: str, kind: str) -> Response:
-    call = await start_completion(request, translated.body, translated.is_chat, f"ollama-{kind}")
+    call = await start_completion(request, translated.body | {"model": model}, translated.is_chat, f"ollama-{kind}")
     if translated.stream:
         return EventStream(_lines(call, model, kind), on_disconnect=call.cancel, media_type=NDJSON, keep_alive=None,
                            error_event=lambda: _json_line({"error": internal_error().message}))
@@ -223,9 +224,8 @@ async def embeddings(request: HttpRequest) -> Response:
 
 async def _embeddings(request: HttpRequest, field: str) -> tuple[list[Result], str]:
     state = request.app.state.server
-    runner = state.ready_runner()
     body = await read_json(request, state.settings.max_body_bytes)
-    model = _served(request, body.get("model") if isinstance(body.get("model"), str) else "")
+    runner, model = _picked(request, body.get("model") if isinstance(body.get("model"), str) else "")
     if runner.pooling in ("none", RANK):
         raise ApiError(400, f"this server's model gives no pooled embedding (--pooling {runner.pooling})",
                        INVALID_REQUEST, field)
@@ -236,7 +236,8 @@ async def _embeddings(request: HttpRequest, field: str) -> tuple[list[Result], s
             raise ItemError("'prompt' must be one string", field)
     except ItemError as error:
         raise ApiError(400, str(error), INVALID_REQUEST, error.param) from None
-    results = await embedded(request, embeddings_item(item_id, input_requests(item_id, inputs, runner.pooling)), field)
+    item = embeddings_item(item_id, input_requests(item_id, inputs, runner.pooling))
+    results = await embedded(request, runner, item, field)
     if results is None:
         raise ApiError(499, "the client went away", INVALID_REQUEST)
     return results, model
@@ -256,34 +257,38 @@ def _modified(facts: Any) -> str:
 
 @_in_ollama_shape
 async def tags(request: HttpRequest) -> Response:
-    """GET /api/tags: the models this server has (the one it serves)."""
-    state = request.app.state.server
-    runner = state.ready_runner()
-    facts, name = runner.backend.facts, state.settings.model_name
-    return JSONResponse({"models": [{"name": name, "model": name, "modified_at": _modified(facts),
-                                     "size": facts.weight_bytes, "details": _details(facts)}]})
+    """GET /api/tags: the models this server serves (one still loading by its name alone)."""
+    return JSONResponse({"models": [_listed(model.name, model.runner) for model in request.app.state.server.models]})
+
+
+def _listed(name: str, runner: Runner | None) -> dict[str, Any]:
+    if runner is None:
+        return {"name": name, "model": name}
+    facts = runner.backend.facts
+    return {"name": name, "model": name, "modified_at": _modified(facts), "size": facts.weight_bytes,
+            "details": _details(facts)}
 
 
 @_in_ollama_shape
 async def running(request: HttpRequest) -> Response:
-    """GET /api/ps: the models loaded now, and until when (the served model stays)."""
-    state = request.app.state.server
-    runner = state.ready_runner()
-    facts, name = runner.backend.facts, state.settings.model_name
-    on_gpu = runner.device is not None and not runner.device.startswith("CPU")
-    return JSONResponse({"models": [{"name": name, "model": name, "size": facts.weight_bytes,
-                                     "details": _details(facts), "expires_at": "9999-12-31T23:59:59Z",
-                                     "size_vram": facts.weight_bytes if on_gpu else 0,
-                                     "context_length": runner.window}]})
+    """GET /api/ps: the models loaded now, and until when (they stay)."""
+    loaded = []
+    for model in request.app.state.server.models:
+        runner = model.runner
+        if runner is not None:
+            on_gpu = runner.device is not None and not runner.device.startswith("CPU")
+            loaded.append(_listed(model.name, runner) | {"expires_at": "9999-12-31T23:59:59Z",
+                                                          "size_vram": runner.backend.facts.weight_bytes if on_gpu else 0,
+                                                          "context_length": runner.window})
+    return JSONResponse({"models": loaded})
 
 
 @_in_ollama_shape
 async def show(request: HttpRequest) -> Response:
     """POST /api/show: the model's details, template, capabilities."""
     state = request.app.state.server
-    runner = state.ready_runner()
     body = await read_json(request, state.settings.max_body_bytes)
-    _served(request, body.get("model") or body.get("name") or "")
+    runner, _ = _picked(request, body.get("model") or body.get("name") or "")
     facts = runner.backend.facts
     info = {"general.architecture": facts.architecture, "general.parameter_count": facts.num_params}
     if facts.context_length:

@@ -32,12 +32,11 @@ PATHS = ("/rerank", "/reranking", "/v1/rerank", "/v1/reranking", "/v2/rerank")  
 
 async def rerank(request: HttpRequest) -> Response:
     state = request.app.state.server
-    runner = state.ready_runner()
-    if runner.pooling != RANK:
-        raise ApiError(501, "The served model is not a reranker: serve a reranker's GGUF (it says pooling rank), or "
-                       "start the server with --pooling rank on a model with a classifier head.", NOT_SUPPORTED)
     body = await read_json(request, state.settings.max_body_bytes)
-    state.check_model(body.get("model"))
+    runner, model = state.runner_for(body.get("model", _first_reranker(state)))
+    if runner.pooling != RANK:
+        raise ApiError(501, f"The model {model!r} is not a reranker: serve a reranker's GGUF (it says pooling rank), "
+                       "or start the server with --pooling rank on a model with a classifier head.", NOT_SUPPORTED)
     try:
         query = rerank_query(body)
         pairs = await state.offload.prepare(_checked_pairs, runner, query)
@@ -50,10 +49,16 @@ async def rerank(request: HttpRequest) -> Response:
     state.metrics.embedding_inputs.inc(len(requests))
     state.metrics.embedding_tokens.inc(sum(map(len, pairs)))
     job = await state.submit(runner, embeddings_item(item_id, requests), streams=False)
-    results = await CompletionCall(state, job).results(request)
+    results = await CompletionCall(state, job, model).results(request)
     if results is None:
         return Response(status_code=499)
-    return JSONResponse(rerank_body(query, results, state.settings.model_name))
+    return JSONResponse(rerank_body(query, results, model))
+
+
+def _first_reranker(state) -> str | None:
+    """The model a rerank that names none goes to: the first loaded reranker (None: the default)."""
+    return next((model.name for model in state.models if model.runner is not None and model.runner.pooling == RANK),
+                None)
 
 
 def _checked_pairs(runner, query: RerankQuery) -> list[list[int]]:

@@ -99,7 +99,7 @@ async def create_response(request: HttpRequest) -> Response:
     history = await _history(service, parsed.previous_response_id)
     chat = chat_body(parsed, history) | ({"stream": True} if parsed.is_stream else {})
     call = await _renamed_errors(start_chat(request, chat, "responses"))
-    response_id, created_at, model = new_id("resp"), int(time.time()), state.settings.model_name
+    response_id, created_at, model = new_id("resp"), int(time.time()), call.model
     headers = {IGNORED_TOOLS_HEADER: ", ".join(parsed.ignored_tools)} if parsed.ignored_tools else None
     if parsed.is_stream:
         translator = EventTranslator(parsed, response_id, created_at, model)

@@ -155,20 +155,50 @@ async def _stop_when_the_engine_fails(server: Server, state, failure: list[str])
     """An engine that stopped fails every request: the server stops too (its streams get their
     error first), and serve() says why (in `failure`), so that a supervisor starts a new one."""
     while not server.should_exit:
-        runner = state.runner
-        if runner is not None and runner.failure is not None:
-            failure.append(f"{runner.failure_message}; the server stopped so that it can be started again")
-            server.stop()
-            return
+        for model in state.models:
+            runner = model.runner
+            if runner is not None and runner.failure is not None:
+                failure.append(f"{runner.failure_message}; the server stopped so that it can be started again")
+                server.stop()
+                return
         await asyncio.sleep(ENGINE_WATCH_INTERVAL_SECONDS)
 
 
-def serve(config: RunnerConfig, settings: ServerSettings, host: str, port: int, access_log: bool = True,
-          on_listening: Callable[[Server], None] | None = None, on_ready: Callable[[Runner], None] | None = None,
+def _load_models(server: Server, configs: list[RunnerConfig], open_runner: Callable[[RunnerConfig], Runner],
+                 on_ready: Callable[[Runner], None] | None, failure: list[str]) -> None:
+    """Load the server's models one after the other, each served as soon as it has loaded; one
+    that cannot load is marked so (its requests get a 503), and when none could, the server
+    stops saying why."""
+    state = server.state
+    for model, config in zip(state.models, configs):
+        try:
+            runner = open_runner(config)
+        except Exception as error:  # noqa: BLE001 - said in one line, and to the model's requests
+            logger.error("the model %s could not load: %s", model.name, error)
+            model.failure = f"the model could not load: {error}"
+            continue
+        if server.should_exit:  # stopped while loading
+            runner.close()
+            return
+        prepare_to_serve(runner)
+        state.attach(runner, model.name)
+        if on_ready is not None and model is state.models.default:
+            on_ready(runner)
+    if all(model.runner is None for model in state.models):
+        failure.append(next(model.failure for model in state.models if model.failure))
+        server.should_exit = True
+
+
+def serve(config: RunnerConfig | list[RunnerConfig], settings: ServerSettings, host: str, port: int,
+          access_log: bool = True, on_listening: Callable[[Server], None] | None = None,
+          on_ready: Callable[[Runner], None] | None = None,
           open_runner: Callable[[RunnerConfig], Runner] = Runner) -> str | None:
-    """Serve until a signal stops the server. The model loads after the socket is open. Returns
-    None, or why the server stopped by itself: the model could not load, or the engine stopped
-    after a failure that was no one request's."""
+    """Serve until a signal stops the server. The models (a config each: settings.model_name's,
+    then settings.more_models') load one after the other once the socket is open; each serves
+    as soon as it has loaded, and one that cannot load answers 503 while the others go on
+    (on_ready is told of the first). Returns None, or why the server stopped by itself: no model
+    could load, or an engine stopped after a failure that was no one request's."""
+    configs = config if isinstance(config, list) else [config]
     app = create_app(None, settings)  # StoreError: the data directory cannot be used
     try:
         listener = open_socket(host, port)  # OSError (a taken port, say) before anything else starts
@@ -178,22 +208,8 @@ def serve(config: RunnerConfig, settings: ServerSettings, host: str, port: int, 
     server = make_server(app, host, port, access_log)
     failure: list[str] = []
 
-    def load() -> None:
-        try:
-            runner = open_runner(config)
-        except Exception as error:  # noqa: BLE001 - reported in one line by the caller
-            failure.append(f"the model could not load: {error}")
-            server.should_exit = True
-            return
-        if server.should_exit:  # stopped while loading
-            runner.close()
-            return
-        prepare_to_serve(runner)
-        app.state.server.attach(runner)
-        if on_ready is not None:
-            on_ready(runner)
-
-    loader = threading.Thread(target=load, name="multiseq-load", daemon=True)
+    loader = threading.Thread(target=_load_models, args=(server, configs, open_runner, on_ready, failure),
+                              name="multiseq-load", daemon=True)
 
     async def run() -> None:
         serving = asyncio.ensure_future(server.serve(sockets=[listener]))
@@ -211,7 +227,7 @@ def serve(config: RunnerConfig, settings: ServerSettings, host: str, port: int, 
         # A model still loading is not waited for: its thread is a daemon, and closes the runner
         # itself if the load ends before the process does (see load()).
         app.state.server.close()  # the batch worker ends before the runner it feeds
-        runner = app.state.server.runner
-        if runner is not None:
-            runner.close()
+        for model in app.state.server.models:
+            if model.runner is not None:
+                model.runner.close()
     return failure[0] if failure else None

@@ -1,10 +1,9 @@
-"""What the routes share: the settings, the runner (None while the model loads), the metrics,
-the Batch API's service, and the queue's bound."""
+"""What the routes share: the settings, the served models and their runners (None while one
+loads), the metrics, the Batch API's service, and the queue's bound."""
 
 from __future__ import annotations
 
 import asyncio
-import json
 import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -24,6 +23,7 @@ from .limits import (DEFAULT_IO_THREADS, DEFAULT_KEEP_ALIVE_SECONDS, DEFAULT_MAX
                      DEFAULT_PREPARE_TIMEOUT_SECONDS, DEFAULT_SEND_TIMEOUT_SECONDS, MAX_STREAM_INTERVAL_SECONDS,
                      RETRY_AFTER_SECONDS)
 from .metrics import ServerMetrics
+from .models import ServedModels, ready
 from .offload import Offload
 
 CHAT_ENDPOINT = "/v1/chat/completions"
@@ -33,6 +33,8 @@ COMPLETIONS_ENDPOINT = "/v1/completions"
 @dataclass(frozen=True)
 class ServerSettings:
     model_name: str = "multiseq"  # the model id /v1/models lists and requests may name (--alias)
+    # The models served besides it, each with a runner of its own, picked by a request's `model`.
+    more_models: tuple[str, ...] = ()
     api_key: str | None = None  # when set, every route but /health wants `Authorization: Bearer <key>`
     metrics_public: bool = False  # with an api_key, /metrics is open too
     # Host header names besides the bound address and loopback (`*`: any; `*.lan`: a domain).
@@ -69,6 +71,7 @@ class ServerSettings:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "allowed_hosts", tuple(self.allowed_hosts))
+        object.__setattr__(self, "more_models", tuple(self.more_models))
         object.__setattr__(self, "cors_origins", tuple(self.cors_origins))
         if min(self.max_queue, self.max_body_bytes, self.max_upload_bytes, self.max_batch_lines,
                self.prepare_threads, self.io_threads) < 1:
@@ -81,10 +84,11 @@ class ServerSettings:
 
 
 class ServerState:
-    """What the routes share: the runner (None while the model loads), settings, metrics."""
+    """What the routes share: the models and their runners, settings, metrics."""
 
     def __init__(self, runner: Runner | None, settings: ServerSettings) -> None:
-        self.runner = runner
+        self.models = ServedModels([settings.model_name, *settings.more_models])
+        self.models.default.runner = runner
         self.settings = settings
         self.metrics = ServerMetrics(lambda: self.runner)
         self.offload = Offload(settings.prepare_threads, settings.io_threads, settings.prepare_timeout_s)
@@ -94,7 +98,7 @@ class ServerState:
         # Choices accepted but not yet handed to the runner (it counts them from then on).
         self._num_dispatching = 0
         self._dispatch_lock = threading.Lock()
-        self._dispatcher: LoopDispatcher | None = None  # the runner's events to the serving loop
+        self._dispatchers: dict[int, LoopDispatcher] = {}  # by runner: its events to the serving loop
         self.is_draining = False
         # Awaited before a request's choices are prepared and queued (a replica brings the KV
         # of the prompt's prefix from another replica here); it must not raise for its own failures.
@@ -110,10 +114,18 @@ class ServerState:
         with self._dispatch_lock:
             self._num_dispatching += change
 
-    def attach(self, runner: Runner) -> None:
-        """The model has loaded: requests are served, and batches run, from now on."""
-        self.runner = runner
-        self.start_batches()
+    @property
+    def runner(self) -> Runner | None:
+        """The default model's runner (None while it loads)."""
+        return self.models.default.runner
+
+    def attach(self, runner: Runner, name: str | None = None) -> None:
+        """A model has loaded (the default one unless named): its requests are served, and (the
+        default's) batches run, from now on."""
+        model = self.models.default if name is None else self.models.pick(name)
+        model.runner = runner
+        if model is self.models.default:
+            self.start_batches()
 
     def start_batches(self) -> None:
         """Run batches once there is a runner (an app made with one starts them at the first
@@ -127,8 +139,9 @@ class ServerState:
         self.is_draining = True
         if self.batches is not None:
             self.batches.stop()
-        if self.runner is not None:
-            self.runner.cancel_all_soon()  # on the event loop: never wait for the engine
+        for model in self.models:
+            if model.runner is not None:
+                model.runner.cancel_all_soon()  # on the event loop: never wait for the engine
 
     def close(self) -> None:
         """After the server has stopped, before the runner closes: wait for the batch worker
@@ -136,35 +149,34 @@ class ServerState:
         if self.batches is not None:
             self.batches.close()
         self.offload.shutdown()
-        if self._dispatcher is not None:
-            self._dispatcher.close()
-            self._dispatcher = None
+        for dispatcher in self._dispatchers.values():
+            dispatcher.close()
+        self._dispatchers = {}
 
     def dispatcher(self, runner: Runner, loop: asyncio.AbstractEventLoop) -> LoopDispatcher:
-        """The one dispatcher that hands `runner`'s events to `loop` (made at the first request)."""
-        current = self._dispatcher
+        """The one dispatcher that hands `runner`'s events to `loop` (made at its first request)."""
+        current = self._dispatchers.get(id(runner))
         if current is None or current.runner is not runner or current.loop is not loop:
             if current is not None:
                 current.close()
-            current = self._dispatcher = LoopDispatcher(runner, loop, self.settings.stream_interval_s)
+            current = self._dispatchers[id(runner)] = LoopDispatcher(runner, loop, self.settings.stream_interval_s)
         return current
 
     def ready_runner(self) -> Runner:
+        """The default model's runner, or a 503 saying why it cannot serve now."""
+        return self.runner_for(None)[0]
+
+    def runner_for(self, name: Any) -> tuple[Runner, str]:
+        """The runner of the model a request names (None: the default) and the model's name; a
+        404 when no such model is served, a 503 when it cannot serve now."""
         if self.is_draining:
             raise ApiError(503, "The server is shutting down.", OVERLOADED, code="shutting_down")
-        if self.runner is None:
-            raise ApiError(503, "The model is loading; try again shortly.", OVERLOADED, code="model_loading",
-                           headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
-        if self.runner.failure is not None:
-            raise ApiError(503, "The engine stopped after a failure; the server is shutting down.", OVERLOADED,
-                           code="engine_failed")
-        return self.runner
+        model = self.models.pick(name)
+        return ready(model), model.name
 
     def check_model(self, name: Any) -> None:
-        if name is not None and name != self.settings.model_name:
-            raise ApiError(404, f"The model {json.dumps(name)} does not exist: this server serves "
-                                f"{json.dumps(self.settings.model_name)}.", INVALID_REQUEST, "model",
-                           "model_not_found")
+        """A 404 when the server serves no model of that name (None names the default)."""
+        self.models.pick(name)
 
     async def submit(self, runner: Runner, item: PromptItem, streams: bool = True) -> Job:
         """Queue a request's choices, or 503 when the queue is full. Tokenizing runs in the

@@ -23,8 +23,6 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response
 
 from .bodies import read_json
-from .chat import detokenize as detokenize_tokens
-from .chat import tokenize as tokenize_text
 from .errors import ApiError
 
 DEFAULT_ADD_SPECIAL = False  # llama-server's default: no BOS unless asked for
@@ -33,8 +31,8 @@ DEFAULT_ADD_SPECIAL = False  # llama-server's default: no BOS unless asked for
 async def tokenize(request: HttpRequest) -> Response:
     """The tokens of `content` (with their pieces when `with_pieces`), or of vLLM's `prompt`."""
     state = request.app.state.server
-    runner = state.ready_runner()
     body = await read_json(request, state.settings.max_body_bytes)
+    runner, _ = state.runner_for(body.get("model"))
     if "prompt" in body:
         return await _tokenize_as_vllm(request, runner, body)
     content = body.get("content")
@@ -42,7 +40,7 @@ async def tokenize(request: HttpRequest) -> Response:
         raise ApiError(400, "'content' must be the text to tokenize (a string)", param="content")
     add_special = _flag(body, "add_special", DEFAULT_ADD_SPECIAL)
     with_pieces = _flag(body, "with_pieces", False)
-    tokens = await state.offload.prepare(tokenize_text, request, content, add_special)
+    tokens = await state.offload.prepare(runner.backend.tokenize, content, add_special)
     if not with_pieces:
         return JSONResponse({"tokens": tokens})
     backend = runner.backend
@@ -58,7 +56,7 @@ async def _tokenize_as_vllm(request: HttpRequest, runner, body: dict[str, Any]) 
     if not isinstance(prompt, str):
         raise ApiError(400, "'prompt' must be the text to tokenize (a string)", param="prompt")
     add_special = _flag(body, "add_special_tokens", True)  # vLLM's default, unlike llama-server's
-    tokens = await request.app.state.server.offload.prepare(tokenize_text, request, prompt, add_special)
+    tokens = await request.app.state.server.offload.prepare(runner.backend.tokenize, prompt, add_special)
     token_strs = None
     if _flag(body, "return_token_strs", False):
         token_strs = [runner.backend.token_bytes(token).decode("utf-8", "replace") for token in tokens]
@@ -70,7 +68,7 @@ async def tokenizer_info(request: HttpRequest) -> Response:
     """The tokenizer's description in vLLM's shape: what a remote client needs to tokenize
     through /tokenize and to render chats itself (its special tokens' texts, the template)."""
     state = request.app.state.server
-    runner = state.ready_runner()
+    runner, _ = state.runner_for(request.query_params.get("model"))
     backend = runner.backend
     bos, eos = backend.bos_and_eos_texts()
     return JSONResponse({"tokenizer_class": "llama.cpp", "bos_token": bos or None, "eos_token": eos or None,
@@ -81,14 +79,14 @@ async def tokenizer_info(request: HttpRequest) -> Response:
 async def detokenize(request: HttpRequest) -> Response:
     """The text of `tokens`; a 400 naming the first id outside the vocabulary."""
     state = request.app.state.server
-    state.ready_runner()
     body = await read_json(request, state.settings.max_body_bytes)
+    runner, _ = state.runner_for(body.get("model"))
     tokens = body.get("tokens")
     if not isinstance(tokens, list) or not all(isinstance(token, int) and not isinstance(token, bool)
                                                for token in tokens):
         raise ApiError(400, "'tokens' must be a list of token ids (integers)", param="tokens")
     try:
-        content = await state.offload.prepare(detokenize_tokens, request, tokens)
+        content = await state.offload.prepare(_text_of, runner.backend, tokens)
     except ValueError as error:
         raise ApiError(400, f"'tokens': {error}", param="tokens") from None
     return JSONResponse({"content": content, "prompt": content})
@@ -110,3 +108,12 @@ def _flag(body: dict[str, Any], name: str, default: bool) -> bool:
     if not isinstance(value, bool):
         raise ApiError(400, f"'{name}' must be true or false, got {json.dumps(value)}", param=name)
     return value
+
+
+def _text_of(backend, tokens: list[int]) -> str:
+    """The text of tokens (special tokens render as nothing); ValueError for an id outside the
+    vocabulary (off the event loop: long lists take a while)."""
+    outside = next((token for token in tokens if not 0 <= token < backend.n_vocab), None)
+    if outside is not None:
+        raise ValueError(f"token {outside} is not in the vocabulary (0 to {backend.n_vocab - 1})")
+    return b"".join(backend.token_bytes(token) for token in tokens).decode("utf-8", "replace")

@@ -1,0 +1,75 @@
+"""The models one server serves, by name: each has a runner of its own (None while it loads),
+and every API's `model` field picks one (none: the first, the server's default).
+
+A name is the one the model is served as (`--alias`, else its registry name or file stem);
+Ollama's clients add a tag, so `NAME:latest` is NAME too. An unknown name is a 404 naming the
+served ones, in each API's own shape (its route converts the ApiError).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from ..loop.runner import Runner
+from .errors import INVALID_REQUEST, OVERLOADED, ApiError
+from .limits import RETRY_AFTER_SECONDS
+
+OLLAMA_TAG = ":latest"
+
+
+@dataclass
+class ServedModel:
+    name: str
+    runner: Runner | None = None  # None: loading, or it could not load (failure says why)
+    failure: str | None = None
+
+    @property
+    def status(self) -> str:
+        """loaded, loading or failed (llama-server's router says these)."""
+        if self.failure is not None or (self.runner is not None and self.runner.failure is not None):
+            return "failed"
+        return "loading" if self.runner is None else "loaded"
+
+
+class ServedModels:
+    """The served models in the order they were named; the first is the default."""
+
+    def __init__(self, names: Sequence[str]) -> None:
+        if not names or len(set(names)) != len(names):
+            raise ValueError(f"a server serves one model or more, each under its own name: got {list(names)}")
+        self._models = {name: ServedModel(name) for name in names}
+        self.default = self._models[names[0]]
+
+    def __iter__(self) -> Iterator[ServedModel]:
+        return iter(self._models.values())
+
+    def named(self, name: str) -> ServedModel | None:
+        return self._models.get(name) or self._models.get(name.removesuffix(OLLAMA_TAG))
+
+    def pick(self, name: object) -> ServedModel:
+        """The model a request names (None: the default); a 404 naming the served ones when
+        there is no such model."""
+        if name is None:
+            return self.default
+        model = self.named(name) if isinstance(name, str) else None
+        if model is None:
+            served = ", ".join(json.dumps(model.name) for model in self)
+            raise ApiError(404, f"The model {json.dumps(name)} does not exist: this server serves {served}.",
+                           INVALID_REQUEST, "model", "model_not_found")
+        return model
+
+
+def ready(model: ServedModel) -> Runner:
+    """The model's runner, or a 503 saying why there is none to serve it now."""
+    if model.failure is not None:
+        raise ApiError(503, f"The model {json.dumps(model.name)} could not be loaded.", OVERLOADED,
+                       code="model_failed")
+    if model.runner is None:
+        raise ApiError(503, f"The model {json.dumps(model.name)} is loading; try again shortly.", OVERLOADED,
+                       code="model_loading", headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
+    if model.runner.failure is not None:
+        raise ApiError(503, "The engine stopped after a failure; the server is shutting down.", OVERLOADED,
+                       code="engine_failed")
+    return model.runner
