@@ -1,7 +1,7 @@
 """The models one server serves, by name: each has a runner of its own (None while it loads),
 and every API's `model` field picks one (none: the first, the server's default).
 
-A name is the one the model is served as (`--alias`, else its registry name or file stem);
+A name is the one the model is served as (`--alias`, else its registry name or file name);
 Ollama's clients add a tag, so `NAME:latest` is NAME too. An unknown name is a 404 naming the
 served ones, in each API's own shape (its route converts the ApiError).
 """
