@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import sys
@@ -30,6 +29,7 @@ from ..models.folders import DATA_DIR_VARIABLE
 from .dashboard import ServerDashboard
 from .images import DEFAULT_IMAGE_PROMPT, image_prompts_file
 from .job import BatchJob, OpenedRunner, check_chat_template
+from .served import duration, resolved_config, served_models
 from .options import (SERVE_STEP_TOKENS, StreamInterval, engine_options, overflow_option, runner_config,
                       sampling_defaults, sampling_options)
 from ..formats.reader import PromptFormat, TextMode
@@ -196,6 +196,12 @@ def batch_run(prompts_file: Path | None, images_dir: Path | None, image_prompt: 
 @click.option("--strict-fields", is_flag=True, help="Refuse unknown Chat Completions and Completions fields with a "
               "400 naming the field, instead of ignoring them (named in the x-multiseq-ignored-fields header).")
 @click.option("--alias", help="The model id clients send and /v1/models lists. [default: the model's name]")
+@click.option("--models-max", type=click.IntRange(0), default=0, show_default=True,
+              help="With several -m: models loaded at once (0: every one). The first ones load at start, the others "
+                   "at their first request, the least recently used idle one unloaded to make room.")
+@click.option("--models-keep-alive", metavar="DURATION", default="-1", show_default=True,
+              help="With several -m: a model idle this long is unloaded, and loaded again at its next request "
+                   "(seconds, or 5m, 1h; -1: never). A request's keep_alive (Ollama's) wins. The first model stays.")
 @click.option("--max-queue", default=DEFAULT_MAX_QUEUE, show_default=True, type=click.IntRange(1),
               help="Requests that may wait for a slot; beyond that, 503 with Retry-After.")
 @click.option("--max-body-mb", default=DEFAULT_MAX_BODY_BYTES / 2**20, show_default=True,
@@ -243,6 +249,7 @@ def serve(ctx_size: int | None, kv_unified: bool | None, host: str, port: int, a
           allowed_hosts: str | None, cors_origins: str | None, strict_fields: bool, alias: str | None, max_queue: int,
           max_body_mb: float, data_dir: Path | None, max_upload_mb: float, max_batch_lines: int,
           prepare_timeout: float, send_timeout: float, keep_alive: float, stream_interval: float | None,
+          models_max: int, models_keep_alive: str,
           dashboard: bool | None, ray_address: str | None, replicas: int | None, routing: str | None,
           share_prefixes: bool | None, worker_gpus: float | None, verbose: bool, **options) -> None:
     """Serve the model over an OpenAI-compatible HTTP API, batching concurrent clients.
@@ -263,6 +270,9 @@ def serve(ctx_size: int | None, kv_unified: bool | None, host: str, port: int, a
     model_names, options["model"] = options["model"], options["model"][0]
     if len(model_names) > 1 and ray_address is not None:
         raise click.UsageError("--ray serves one model: give -m once")
+    if len(model_names) > 1 and models_max == 1:
+        raise click.UsageError("--models-max 1 leaves no room for a second model: the first one stays loaded (the "
+                               "Batch API, /metrics and the dashboard are its); give 2 or more, or 0 for all")
     options["slot_ctx"], options["kv_pool"] = _kv_sizes(ctx_size, options["slot_ctx"], options["parallel"],
                                                         kv_unified is not False and not options["batch_invariant"])
     options["kv_layout"] = "pool" if kv_unified else "auto"
@@ -273,8 +283,10 @@ def serve(ctx_size: int | None, kv_unified: bool | None, host: str, port: int, a
     if config.chat_template:
         check_chat_template(config.chat_template)
     resolved = resolve_model(config.model)
-    configs, names = _served_models(config, resolved, alias, model_names[1:])
-    settings = ServerSettings(model_name=names[0], more_models=names[1:], api_key=api_key or None, max_queue=max_queue,
+    configs, names = served_models(config, resolved, alias, model_names[1:])
+    settings = ServerSettings(model_name=names[0], more_models=names[1:], models_max=models_max,
+                              model_keep_alive_s=duration(models_keep_alive, "--models-keep-alive"),
+                              api_key=api_key or None, max_queue=max_queue,
                               max_body_bytes=int(max_body_mb * 2**20), defaults=settings_defaults,
                               overflow=config.overflow, data_dir=data_dir or models.data_dir(),
                               max_upload_bytes=int(max_upload_mb * 2**20), max_batch_lines=max_batch_lines,
@@ -438,37 +450,11 @@ def _configure_server_logs(verbose: bool, access_log: bool) -> None:
     logging.getLogger("uvicorn.access").setLevel(logging.INFO if access_log else logging.WARNING)
 
 
-def _served_models(config: RunnerConfig, resolved: models.ResolvedModel, alias: str | None,
-                   more: tuple[str, ...]) -> tuple[list[RunnerConfig], tuple[str, ...]]:
-    """The config and name of each model serve was given: the first (with --alias and the
-    projector options), then each further -m with the same engine options but its own file
-    (and no projector but one found beside it); a usage error when two would share a name."""
-    configs, names = [_resolved_config(config, resolved)], [alias or resolved.name]
-    for name in more:
-        extra = resolve_model(name)
-        configs.append(_resolved_config(dataclasses.replace(config, model=name, mmproj=None), extra))
-        names.append(extra.name)
-    repeated = next((name for name in names if names.count(name) > 1), None)
-    if repeated is not None:
-        raise click.UsageError(f"two models would be served as {repeated!r}: give each -m once (or --alias the first)")
-    return configs, tuple(names)
-
-
-def _resolved_config(config: RunnerConfig, resolved: models.ResolvedModel) -> RunnerConfig:
-    """The config with its model as the file it resolved to, unless a registry name: a
-    Hugging Face model is then not looked up again when the runner loads it (and its
-    repository's projector is given, unless one is or --no-mmproj)."""
-    if resolved.spec is not None:
-        return config
-    projector = config.mmproj or (str(resolved.projector) if resolved.projector and config.auto_mmproj else None)
-    return dataclasses.replace(config, model=str(resolved.path), mmproj=projector)
-
-
 def _open_runner(config: RunnerConfig) -> OpenedRunner:
     """The real runner: the model fetched if needed (with progress), loaded, and a context on it."""
     resolved = resolve_model(config.model)
     try:
-        return OpenedRunner(Runner(_resolved_config(config, resolved)), resolved.name)
+        return OpenedRunner(Runner(resolved_config(config, resolved)), resolved.name)
     except (BackendError, models.ModelError) as error:
         raise click.ClickException(str(error)) from None
 

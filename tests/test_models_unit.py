@@ -5,8 +5,10 @@ the others serve."""
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
+import math
 from types import SimpleNamespace
 
 import anthropic
@@ -16,10 +18,12 @@ import openai
 import pytest
 
 from fakes import BOS, FakeBackend, fake_embedding_rows
+from helpers import wait_until
 from multiseq.server import ServerSettings, create_app
-from multiseq.server.serve import _load_models
+from multiseq.server.loader import ModelLoader
+from multiseq.server.serve import _load_at_start
 
-ALPHA, BETA, LATER = "chat-alpha", "chat-beta", "still-loading"
+ALPHA, BETA, LATER, GAMMA, DELTA = "chat-alpha", "chat-beta", "still-loading", "chat-gamma", "chat-delta"
 HI = [{"role": "user", "content": "Hi"}]
 
 
@@ -104,34 +108,115 @@ def test_unknown_and_loading_models_are_refused_in_each_apis_shape(two_models):
     assert get(two_models, "/health") == (200, {"status": "ok"})
 
 
-def test_a_model_that_cannot_load_fails_its_requests_and_the_others_go_on(make_runner, serve_app):
-    app = create_app(None, ServerSettings(model_name=ALPHA, more_models=(BETA,)))
+def loading_app(make_runner, models_max: int = 0, keep_alive_s: float = math.inf, fails: tuple[str, ...] = (),
+                room_timeout_s: float = 2.0):
+    """An app whose models (ALPHA, BETA, GAMMA, DELTA) its loader opens on fake backends (those
+    in `fails` raise), with --models-max and --models-keep-alive; the names opened, in order."""
+    app = create_app(None, ServerSettings(model_name=ALPHA, more_models=(BETA, GAMMA, DELTA), models_max=models_max,
+                                          model_keep_alive_s=keep_alive_s))
+    state, opened = app.state.server, []
 
-    def open_runner(config):
-        if config == "beta":
-            raise RuntimeError("no such file: beta.gguf")
-        return make_runner(fake("I am alpha."))
+    def open_runner(name: str):
+        opened.append(name)
+        if name in fails:
+            raise RuntimeError(f"no such file: {name}.gguf")
+        return make_runner(fake(f"I am {name}."))
 
-    failure: list[str] = []
-    _load_models(SimpleNamespace(state=app.state.server, should_exit=False), ["alpha", "beta"], open_runner, None,
-                 failure)
+    for model in state.models:
+        model.config = model.name
+    state.loader = ModelLoader(state.models, open_runner, state.attach, models_max, room_timeout_s=room_timeout_s,
+                               on_unloaded=state.forget_runner, keep_alive_s=keep_alive_s)
+    return app, opened
+
+
+def statuses(base: str) -> list[str]:
+    return [card["status"]["value"] for card in get(base, "/v1/models")[1]["data"]]
+
+
+def chat_with(base: str, model: str, **fields) -> tuple[int, dict]:
+    return post(base, "/v1/chat/completions", {"model": model, "messages": HI, "temperature": 0, **fields})
+
+
+def test_a_model_loads_at_its_first_request(make_runner, serve_app):
+    app, opened = loading_app(make_runner)
     base = serve_app(app)
-    assert not failure and post(base, "/v1/chat/completions", {"model": ALPHA, "messages": HI})[0] == 200
-    status, body = post(base, "/v1/chat/completions", {"model": BETA, "messages": HI})
+    assert statuses(base) == ["unloaded"] * 4 and opened == []
+    status, body = chat_with(base, BETA)
+    assert status == 200 and body["choices"][0]["message"]["content"] == f"I am {BETA}." and opened == [BETA]
+    assert statuses(base) == ["unloaded", "loaded", "unloaded", "unloaded"]
+    assert chat_with(base, BETA)[0] == 200 and opened == [BETA], "loaded once"
+
+
+def test_within_models_max_the_least_recently_used_idle_model_goes(make_runner, serve_app):
+    app, opened = loading_app(make_runner, models_max=3)
+    base = serve_app(app)
+    models = app.state.server.models
+    for model in (ALPHA, BETA, GAMMA):
+        assert chat_with(base, model)[0] == 200
+    for model, idle_for in ((ALPHA, 30), (BETA, 20), (GAMMA, 10)):  # all idle; the default's use the oldest
+        models.named(model).picked_at -= idle_for
+    status, body = chat_with(base, DELTA)
+    assert status == 200 and body["model"] == DELTA
+    assert statuses(base) == ["loaded", "unloaded", "loaded", "loaded"], "BETA, the least recently used but the default"
+    assert opened == [ALPHA, BETA, GAMMA, DELTA]
+
+
+def test_no_room_when_every_loaded_model_is_busy_is_a_503(make_runner, serve_app):
+    app, _ = loading_app(make_runner, models_max=2, room_timeout_s=0.3)
+    base = serve_app(app)
+    for model in (ALPHA, BETA):
+        assert chat_with(base, model)[0] == 200
+    status, body = chat_with(base, GAMMA)  # both picked under a second ago: neither counts as idle yet
+    assert status == 503 and body["error"]["code"] == "models_busy" and "--models-max" in body["error"]["message"]
+
+
+def test_an_idle_model_unloads_after_its_keep_alive_and_comes_back(make_runner, serve_app):
+    app, opened = loading_app(make_runner, keep_alive_s=0.0)
+    base = serve_app(app)
+    assert chat_with(base, BETA)[0] == 200
+    app.state.server.models.named(BETA).picked_at -= 10
+    wait_until(lambda: statuses(base)[1] == "unloaded", what="BETA unloaded once idle")
+    assert chat_with(base, BETA)[0] == 200 and opened == [BETA, BETA]
+
+
+def test_a_model_loaded_without_a_request_keeps_the_servers_keep_alive(make_runner, serve_app):
+    app, _ = loading_app(make_runner, keep_alive_s=0.0)
+    base = serve_app(app)
+    assert post(base, "/models/load", {"model": GAMMA}) == (200, {"success": True})
+    assert statuses(base)[2] == "loaded"
+    wait_until(lambda: statuses(base)[2] == "unloaded", what="GAMMA unloaded once idle")
+
+
+def test_load_and_unload_in_llama_servers_and_ollamas_shapes(make_runner, serve_app):
+    app, opened = loading_app(make_runner)
+    base = serve_app(app)
+    assert post(base, "/models/load", {"model": GAMMA}) == (200, {"success": True}) and statuses(base)[2] == "loaded"
+    assert post(base, "/models/unload", {"model": GAMMA}) == (200, {"success": True})
+    assert statuses(base)[2] == "unloaded"
+    status, body = post(base, "/models/unload", {"model": ALPHA})
+    assert status == 400 and "stays loaded" in body["error"]["message"]
+    client = ollama.Client(host=base)
+    assert client.generate(model=BETA).done_reason == "load" and statuses(base)[1] == "loaded"
+    assert [model.model for model in client.ps().models] == [BETA]
+    assert client.generate(model=BETA, keep_alive=0).done_reason == "unload" and statuses(base)[1] == "unloaded"
+    assert opened == [GAMMA, BETA]
+
+
+def test_a_model_that_cannot_load_fails_its_requests_and_the_others_go_on(make_runner, serve_app):
+    app, opened = loading_app(make_runner, fails=(BETA,))
+    base = serve_app(app)
+    assert chat_with(base, ALPHA)[0] == 200
+    status, body = chat_with(base, BETA)
     assert status == 503 and body["error"]["code"] == "model_failed" and BETA in body["error"]["message"]
-    assert [card["status"]["value"] for card in get(base, "/v1/models")[1]["data"]] == ["loaded", "failed"]
+    assert statuses(base) == ["loaded", "failed", "unloaded", "unloaded"] and chat_with(base, GAMMA)[0] == 200
 
 
-def test_when_no_model_can_load_the_server_stops_saying_why():
-    app = create_app(None, ServerSettings(model_name=ALPHA, more_models=(BETA,)))
+def test_when_no_model_can_load_at_start_the_server_stops_saying_why(make_runner):
+    app, _ = loading_app(make_runner, fails=(ALPHA, BETA, GAMMA, DELTA))
     server = SimpleNamespace(state=app.state.server, should_exit=False)
     failure: list[str] = []
-
-    def open_runner(config):
-        raise RuntimeError(f"no such file: {config}.gguf")
-
-    _load_models(server, ["alpha", "beta"], open_runner, None, failure)
-    assert server.should_exit and failure == ["the model could not load: no such file: alpha.gguf"]
+    asyncio.run(_load_at_start(server, None, failure))
+    assert server.should_exit and failure == ["the model could not load: no such file: chat-alpha.gguf"]
     app.state.server.close()
 
 

@@ -123,6 +123,8 @@ def test_a_taken_port_is_one_line_and_exit_1(start_cli):
     (["-m", "smollm2-135m", "-m", "smollm2-135m"], "two models would be served as 'smollm2-135m'", 2),
     (["-m", "smollm2-135m", "-m", "gemma3-270m", "--ray"], "--ray serves one model", 2),
     (["-m", "smollm2-135m", "-m", "no-such-model"], "unknown model 'no-such-model'", 1),
+    (["-m", "smollm2-135m", "-m", "gemma3-270m", "--models-max", "1"], "--models-max 1 leaves no room", 2),
+    (["-m", "smollm2-135m", "-m", "gemma3-270m", "--models-keep-alive", "soon"], "--models-keep-alive must be", 2),
 ])
 def test_bad_options_are_one_line_and_nothing_starts(start_cli, args, words, code):
     process = start_cli("serve", "--port", "0", "--no-dashboard", *args)

@@ -29,7 +29,8 @@ from . import batch_api, embeddings, messages, native, ollama, rerank, responses
 from .chat import chat_completions, completions
 from .door import HEALTH_PATHS, ApiKeyGuard, SiteGuard, cors_options
 from .errors import INVALID_REQUEST, NOT_FOUND, SERVER_ERROR, ApiError, internal_error
-from .models import ServedModel
+from .bodies import read_json
+from .models import ServedModel, ready
 from .state import (CHAT_ENDPOINT, COMPLETIONS_ENDPOINT, DEFAULT_MAX_BATCH_LINES, DEFAULT_MAX_BODY_BYTES,  # noqa: F401
                     DEFAULT_MAX_QUEUE,
                     DEFAULT_MAX_UPLOAD_BYTES, RETRY_AFTER_SECONDS, ServerSettings, ServerState)
@@ -99,6 +100,28 @@ async def get_model(request: HttpRequest) -> Response:
     return JSONResponse(_model_card(state_of(request).models.pick(request.path_params["model"])))
 
 
+async def load_model(request: HttpRequest) -> Response:
+    """POST /models/load, llama-server's router's: {"model"} loaded (now, or already)."""
+    state = state_of(request)
+    model = state.models.pick((await read_json(request, state.settings.max_body_bytes)).get("model"))
+    if state.loader is not None:
+        await state.loader.ensure_loaded(model)
+    ready(model)  # a 503 saying why it cannot serve
+    return JSONResponse({"success": True})
+
+
+async def unload_model(request: HttpRequest) -> Response:
+    """POST /models/unload, llama-server's router's: {"model"} unloaded now (what runs on it is
+    cancelled); the default model stays loaded."""
+    state = state_of(request)
+    model = state.models.pick((await read_json(request, state.settings.max_body_bytes)).get("model"))
+    if model is state.models.default or state.loader is None or model.config is None:
+        raise ApiError(400, f"The model {model.name!r} stays loaded: it is the server's default, or was not loaded "
+                            f"by it.", INVALID_REQUEST, "model")
+    await state.loader.unload(model)
+    return JSONResponse({"success": True})
+
+
 # --- errors, authentication, the app ------------------------------------------------------------
 
 async def _api_error(request: HttpRequest, error: ApiError) -> Response:
@@ -134,6 +157,8 @@ def create_app(runner: Runner | None = None, settings: ServerSettings | None = N
         Route("/v1/models", list_models, methods=["GET"]),
         Route("/models", list_models, methods=["GET"]),  # llama-server's alias
         Route("/v1/models/{model:path}", get_model, methods=["GET"]),
+        Route("/models/load", load_model, methods=["POST"]),
+        Route("/models/unload", unload_model, methods=["POST"]),
         Route(CHAT_ENDPOINT, chat_completions, methods=["POST"]),
         # llama-server's alias: clients given the server's root as their OpenAI base URL post here
         # (Continue's llama.cpp provider does).

@@ -211,7 +211,7 @@ async def start_completion(request: HttpRequest, body: dict[str, Any], is_chat: 
     interactive priority. `api` names the API it came through, for the metrics. Raises
     ApiError (OpenAI's shape, naming the field) when it cannot run."""
     state = _state(request)
-    runner, model = state.runner_for(body.get("model"))
+    runner, model = await state.runner_for(body.get("model"))
     try:  # in the prepare threads: a schema or a tool set seen for the first time is compiled here
         item = await state.offload.prepare(openai_body_item, uuid.uuid4().hex, body, is_chat, state.settings.defaults)
     except ItemError as error:
@@ -233,7 +233,7 @@ async def count_prompt_tokens(request: HttpRequest, body: dict[str, Any]) -> int
     """How many tokens a Chat Completions body's prompt (messages and tools, rendered with the
     model's template) comes to. Raises ApiError like start_chat."""
     state = _state(request)
-    runner, _ = state.runner_for(body.get("model"))
+    runner, _ = await state.runner_for(body.get("model"))
     try:
         item = await state.offload.prepare(openai_body_item, uuid.uuid4().hex, body, True, state.settings.defaults)
         return len(await state.offload.prepare(runner.prompt_tokens, item.request))

@@ -30,7 +30,7 @@ async def create_embeddings(request: HttpRequest) -> Response:
     """OpenAI's embeddings: a normalized vector per input."""
     state = request.app.state.server
     body = await read_json(request, state.settings.max_body_bytes)
-    runner, model = state.runner_for(body.get("model"))
+    runner, model = await state.runner_for(body.get("model"))
     item_id = uuid.uuid4().hex
     try:
         requests = embeddings_body_requests(item_id, body, runner.pooling, runner.backend.n_embd)
@@ -49,7 +49,7 @@ async def native_embedding(request: HttpRequest) -> Response:
     state = request.app.state.server
     state.ready_runner()  # a 503 while the model loads, before the body is read
     body = await read_json(request, state.settings.max_body_bytes)
-    runner, model = state.runner_for(body.get("model"))
+    runner, model = await state.runner_for(body.get("model"))
     field = "input" if "input" in body else "content"
     try:
         unknown = sorted(set(body) - NATIVE_FIELDS)

@@ -8,29 +8,50 @@ served ones, in each API's own shape (its route converts the ApiError).
 
 from __future__ import annotations
 
+import asyncio
 import json
+import math
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from ..loop.runner import Runner
 from .errors import INVALID_REQUEST, OVERLOADED, ApiError
 from .limits import RETRY_AFTER_SECONDS
 
 OLLAMA_TAG = ":latest"
+# A model a request picked this recently is not idle: the request may still be on its way to
+# the runner's queue (rendering, tokenizing).
+PICKED_GRACE_SECONDS = 2.0
 
 
 @dataclass
 class ServedModel:
     name: str
-    runner: Runner | None = None  # None: loading, or it could not load (failure says why)
-    failure: str | None = None
+    runner: Runner | None = None  # None: not loaded (loading, unloaded, or it could not load)
+    failure: str | None = None  # why it could not load
+    config: Any = None  # what a loader opens it from (None: it is attached, never loaded here)
+    loading: asyncio.Future | None = None  # a load under way, which requests for it await
+    picked_at: float = 0.0  # when a request last picked it (monotonic)
+    keep_alive_s: float = math.inf  # idle this long, it is unloaded (the last request's keep_alive)
+    idle_since: float | None = None  # when it was first seen idle since its last use
 
     @property
     def status(self) -> str:
-        """loaded, loading or failed (llama-server's router says these)."""
+        """loaded, loading, unloaded or failed (llama-server's router says these)."""
         if self.failure is not None or (self.runner is not None and self.runner.failure is not None):
             return "failed"
-        return "loading" if self.runner is None else "loaded"
+        if self.runner is not None:
+            return "loaded"
+        return "unloaded" if self.config is not None and self.loading is None else "loading"
+
+    @property
+    def is_idle(self) -> bool:
+        """Loaded, and nothing of it waiting or running (nor picked a moment ago, on its way in)."""
+        runner = self.runner
+        return runner is not None and runner.num_waiting == 0 and runner.latest_snapshot.num_running == 0 and \
+            time.monotonic() - self.picked_at > PICKED_GRACE_SECONDS
 
 
 class ServedModels:
@@ -63,6 +84,7 @@ class ServedModels:
 
 def ready(model: ServedModel) -> Runner:
     """The model's runner, or a 503 saying why there is none to serve it now."""
+    model.picked_at = time.monotonic()
     if model.failure is not None:
         raise ApiError(503, f"The model {json.dumps(model.name)} could not be loaded.", OVERLOADED,
                        code="model_failed")

@@ -95,7 +95,7 @@ async def infill(request: HttpRequest) -> Response:
     with the model's fill-in-the-middle tokens, then completed as /completion completes."""
     state = request.app.state.server
     body = await read_json(request, state.settings.max_body_bytes)
-    runner, _ = state.runner_for(body.get("model"))
+    runner, _ = await state.runner_for(body.get("model"))
     fim = runner.backend.fim_tokens()
     if fim.missing:
         raise ApiError(400, f"/infill needs the model's fill-in-the-middle tokens; this model has no "
@@ -202,7 +202,7 @@ async def apply_template(request: HttpRequest) -> Response:
     itself would be (its other fields are not read)."""
     state = request.app.state.server
     body = await read_json(request, state.settings.max_body_bytes)
-    runner, _ = state.runner_for(body.get("model"))
+    runner, _ = await state.runner_for(body.get("model"))
     rendered = {name: value for name, value in body.items() if name == "messages" or name in TOOL_FIELDS}
     try:
         item = await state.offload.prepare(openai_body_item, uuid.uuid4().hex, rendered, True, state.settings.defaults)

@@ -36,7 +36,7 @@ from .chat import CompletionCall, start_completion
 from .embeddings import embedded
 from .errors import INVALID_REQUEST, ApiError, internal_error
 from .native import infill_prompt
-from .ollama_request import OllamaCall, chat_call, generate_call
+from .ollama_request import OllamaCall, chat_call, generate_call, keep_alive_of
 from .sse import EventStream
 
 logger = logging.getLogger("multiseq.server")
@@ -70,11 +70,11 @@ def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat().replace("+00:00", "Z")
 
 
-def _picked(request: HttpRequest, model: str) -> tuple[Runner, str]:
-    """The runner of the model `model` names (with or without Ollama's ":latest") and the
-    model's name; Ollama's 404 when none is served under that name."""
+async def _picked(request: HttpRequest, model: str, keep_alive_s: float | None = None) -> tuple[Runner, str]:
+    """The runner of the model `model` names (with or without Ollama's ":latest"), loaded if it
+    is not, and the model's name; Ollama's 404 when none is served under that name."""
     try:
-        return request.app.state.server.runner_for(model)
+        return await request.app.state.server.runner_for(model, keep_alive_s)
     except ApiError as error:
         if error.status == 404:
             raise ApiError(404, f"model '{model}' not found", INVALID_REQUEST, "model") from None
@@ -89,9 +89,9 @@ async def chat(request: HttpRequest) -> Response:
     state = request.app.state.server
     body = await read_json(request, state.settings.max_body_bytes)
     translated = chat_call(body)
-    _, model = _picked(request, translated.model)
-    if not translated.body["messages"]:  # Ollama loads the model and says so
-        return JSONResponse(_line(model, "chat", {"role": "assistant", "content": ""}, done="load"))
+    if not translated.body["messages"]:  # Ollama loads the model (or with keep_alive 0 unloads it) and says so
+        return JSONResponse(await _loaded_or_unloaded(request, translated.model, body, "chat"))
+    _, model = await _picked(request, translated.model, keep_alive_of(body.get("keep_alive")))
     return await _generated(request, translated, model, "chat")
 
 
@@ -100,14 +100,32 @@ async def generate(request: HttpRequest) -> Response:
     """POST /api/generate (`suffix`: the text after the cursor, laid out for fill-in-the-middle)."""
     state = request.app.state.server
     body = await read_json(request, state.settings.max_body_bytes)
-    runner, model = _picked(request, generate_call(body).model)
+    name = generate_call(body).model
     if not body.get("prompt") and not body.get("images") and not body.get("suffix"):
-        return JSONResponse(_line(model, "generate", "", done="load"))
+        return JSONResponse(await _loaded_or_unloaded(request, name, body, "generate"))
+    runner, model = await _picked(request, name, keep_alive_of(body.get("keep_alive")))
     suffix = body.get("suffix")
     if suffix is not None and not isinstance(suffix, str):
         raise ApiError(400, "'suffix' must be a string", INVALID_REQUEST, "suffix")
     laid_out = await infill_prompt(request, runner, body.get("prompt") or "", suffix, "suffix") if suffix else None
     return await _generated(request, generate_call(body, laid_out), model, "generate")
+
+
+async def _loaded_or_unloaded(request: HttpRequest, name: str, body: dict[str, Any], kind: str) -> dict[str, Any]:
+    """A request with nothing to answer: the model loaded, or with keep_alive 0 unloaded (Ollama's ways)."""
+    state = request.app.state.server
+    keep_alive = keep_alive_of(body.get("keep_alive"))
+    empty = {"role": "assistant", "content": ""} if kind == "chat" else ""
+    if keep_alive == 0:
+        try:
+            model = state.models.pick(name)
+        except ApiError:
+            raise ApiError(404, f"model '{name}' not found", INVALID_REQUEST, "model") from None
+        if state.loader is not None:
+            await state.loader.unload(model)
+        return _line(model.name, kind, empty, done="unload")
+    _, model_name = await _picked(request, name, keep_alive)
+    return _line(model_name, kind, empty, done="load")
 
 
 async def _generated(request: HttpRequest, translated: OllamaCall, model: str, kind: str) -> Response:
@@ -225,7 +243,8 @@ async def embeddings(request: HttpRequest) -> Response:
 async def _embeddings(request: HttpRequest, field: str) -> tuple[list[Result], str]:
     state = request.app.state.server
     body = await read_json(request, state.settings.max_body_bytes)
-    runner, model = _picked(request, body.get("model") if isinstance(body.get("model"), str) else "")
+    runner, model = await _picked(request, body.get("model") if isinstance(body.get("model"), str) else "",
+                                  keep_alive_of(body.get("keep_alive")))
     if runner.pooling in ("none", RANK):
         raise ApiError(400, f"this server's model gives no pooled embedding (--pooling {runner.pooling})",
                        INVALID_REQUEST, field)
@@ -288,7 +307,7 @@ async def show(request: HttpRequest) -> Response:
     """POST /api/show: the model's details, template, capabilities."""
     state = request.app.state.server
     body = await read_json(request, state.settings.max_body_bytes)
-    runner, _ = _picked(request, body.get("model") or body.get("name") or "")
+    runner, _ = await _picked(request, body.get("model") or body.get("name") or "")
     facts = runner.backend.facts
     info = {"general.architecture": facts.architecture, "general.parameter_count": facts.num_params}
     if facts.context_length:

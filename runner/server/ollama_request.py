@@ -13,6 +13,8 @@ Unknown fields are left out too, as Ollama does. A field of the wrong type is a 
 from __future__ import annotations
 
 import json
+import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +25,8 @@ SAMPLING_OPTIONS = {"num_predict": "max_tokens", "temperature": "temperature", "
                     "min_p": "min_p", "stop": "stop", "seed": "seed", "repeat_penalty": "repeat_penalty",
                     "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty"}
 THINK_LEVELS = ("low", "medium", "high")
+DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
+DURATION_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}
 ROLES = ("system", "user", "assistant", "tool")
 
 
@@ -190,3 +194,21 @@ def _image_parts(images: Any, where: str) -> list[dict[str, Any]]:
     if not isinstance(images, list) or not all(isinstance(image, str) for image in images):
         raise bad_request(f"'{where}.images' must be a list of base64 strings", f"{where}.images")
     return [{"type": "image_url", "image_url": {"url": "data:;base64," + image}} for image in images]
+
+
+def keep_alive_of(value: object) -> float | None:
+    """`keep_alive` in seconds: a number of seconds or a duration ("5m", "1h30m", "90s"); a
+    negative one keeps the model loaded (inf), 0 unloads it once idle; None when not given."""
+    if value is None:
+        return None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        seconds = float(value)
+    elif isinstance(value, str) and re.fullmatch(r"-?(\d+(\.\d+)?(ms|h|m|s)?)+", value.strip()):
+        text = value.strip()
+        parts = DURATION_PART.findall(text.lstrip("-"))
+        seconds = sum(float(number) * DURATION_SECONDS[unit] for number, unit in parts) if parts \
+            else float(text.lstrip("-"))
+        seconds = -seconds if text.startswith("-") else seconds
+    else:
+        raise bad_request("'keep_alive' must be a number of seconds or a duration such as \"5m\"", "keep_alive")
+    return math.inf if seconds < 0 else seconds

@@ -33,7 +33,7 @@ PATHS = ("/rerank", "/reranking", "/v1/rerank", "/v1/reranking", "/v2/rerank")  
 async def rerank(request: HttpRequest) -> Response:
     state = request.app.state.server
     body = await read_json(request, state.settings.max_body_bytes)
-    runner, model = state.runner_for(body.get("model", _first_reranker(state)))
+    runner, model = await state.runner_for(body.get("model", _first_reranker(state)))
     if runner.pooling != RANK:
         raise ApiError(501, f"The model {model!r} is not a reranker: serve a reranker's GGUF (it says pooling rank), "
                        "or start the server with --pooling rank on a model with a classifier head.", NOT_SUPPORTED)

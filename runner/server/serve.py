@@ -22,6 +22,7 @@ import uvicorn
 from ..config import RunnerConfig
 from ..loop.runner import Runner
 from .app import ServerSettings, ServerState, create_app
+from .loader import ModelLoader
 
 logger = logging.getLogger("multiseq.server")
 
@@ -45,6 +46,7 @@ class Server(uvicorn.Server):
         self.state = state
         self.listening = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._sweep: asyncio.Future | None = None
 
     @property
     def port(self) -> int:
@@ -53,11 +55,15 @@ class Server(uvicorn.Server):
     async def startup(self, sockets=None) -> None:
         self._loop = asyncio.get_running_loop()
         self.state.metrics.loop_lag.start()
+        if self.state.loader is not None:  # idle models unloaded after their keep-alive
+            self._sweep = asyncio.ensure_future(self.state.loader.sweep())
         await super().startup(sockets)
         if self.started:
             self.listening.set()
 
     async def shutdown(self, sockets=None) -> None:
+        if self._sweep is not None:
+            self._sweep.cancel()
         await super().shutdown(sockets)
         self.state.metrics.loop_lag.stop()
 
@@ -164,29 +170,31 @@ async def _stop_when_the_engine_fails(server: Server, state, failure: list[str])
         await asyncio.sleep(ENGINE_WATCH_INTERVAL_SECONDS)
 
 
-def _load_models(server: Server, configs: list[RunnerConfig], open_runner: Callable[[RunnerConfig], Runner],
-                 on_ready: Callable[[Runner], None] | None, failure: list[str]) -> None:
-    """Load the server's models one after the other, each served as soon as it has loaded; one
-    that cannot load is marked so (its requests get a 503), and when none could, the server
-    stops saying why."""
+async def _load_at_start(server: Server, on_ready: Callable[[Runner], None] | None, failure: list[str]) -> None:
+    """Load the models the server starts with (the first --models-max, every one without a
+    limit) one after the other, each served as soon as it has loaded; one that cannot load is
+    marked so (its requests get a 503), and when none could, the server stops saying why. The
+    others load at their first request."""
     state = server.state
-    for model, config in zip(state.models, configs):
-        try:
-            runner = open_runner(config)
-        except Exception as error:  # noqa: BLE001 - said in one line, and to the model's requests
-            logger.error("the model %s could not load: %s", model.name, error)
-            model.failure = f"the model could not load: {error}"
-            continue
-        if server.should_exit:  # stopped while loading
-            runner.close()
+    first = list(state.models)[:state.loader.max_loaded or None]
+    for model in first:
+        await state.loader.ensure_loaded(model)
+        if server.should_exit:
             return
-        prepare_to_serve(runner)
-        state.attach(runner, model.name)
-        if on_ready is not None and model is state.models.default:
-            on_ready(runner)
-    if all(model.runner is None for model in state.models):
-        failure.append(next(model.failure for model in state.models if model.failure))
+        if on_ready is not None and model.runner is not None and model is state.models.default:
+            on_ready(model.runner)
+    if all(model.runner is None for model in first):
+        failure.append(next((model.failure for model in first if model.failure), "no model could load"))
         server.should_exit = True
+
+
+def _prepared(open_runner: Callable[[RunnerConfig], Runner]) -> Callable[[RunnerConfig], Runner]:
+    """open_runner, then what the process does before serving the runner (on the loading thread)."""
+    def open_prepared(config: RunnerConfig) -> Runner:
+        runner = open_runner(config)
+        prepare_to_serve(runner)
+        return runner
+    return open_prepared
 
 
 def serve(config: RunnerConfig | list[RunnerConfig], settings: ServerSettings, host: str, port: int,
@@ -207,25 +215,29 @@ def serve(config: RunnerConfig | list[RunnerConfig], settings: ServerSettings, h
         raise
     server = make_server(app, host, port, access_log)
     failure: list[str] = []
-
-    loader = threading.Thread(target=_load_models, args=(server, configs, open_runner, on_ready, failure),
-                              name="multiseq-load", daemon=True)
+    state = app.state.server
+    for model, model_config in zip(state.models, configs):
+        model.config = model_config
+    state.loader = ModelLoader(state.models, _prepared(open_runner), state.attach, settings.models_max,
+                               on_unloaded=state.forget_runner, keep_alive_s=settings.model_keep_alive_s)
 
     async def run() -> None:
         serving = asyncio.ensure_future(server.serve(sockets=[listener]))
         await asyncio.to_thread(server.listening.wait)
         if on_listening is not None:
             on_listening(server)
-        loader.start()
-        watcher = asyncio.ensure_future(_stop_when_the_engine_fails(server, app.state.server, failure))
+        background = [asyncio.ensure_future(task) for task in (
+            _load_at_start(server, on_ready, failure), _stop_when_the_engine_fails(server, state, failure))]
         await serving
-        watcher.cancel()
+        for task in background:
+            task.cancel()
 
     try:
         asyncio.run(run())
     finally:
         # A model still loading is not waited for: its thread is a daemon, and closes the runner
-        # itself if the load ends before the process does (see load()).
+        # itself if the load ends after this (ModelLoader).
+        state.loader.is_closed = True
         app.state.server.close()  # the batch worker ends before the runner it feeds
         for model in app.state.server.models:
             if model.runner is not None:

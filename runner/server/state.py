@@ -4,6 +4,7 @@ loads), the metrics, the Batch API's service, and the queue's bound."""
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ from .limits import (DEFAULT_IO_THREADS, DEFAULT_KEEP_ALIVE_SECONDS, DEFAULT_MAX
                      DEFAULT_PREPARE_TIMEOUT_SECONDS, DEFAULT_SEND_TIMEOUT_SECONDS, MAX_STREAM_INTERVAL_SECONDS,
                      RETRY_AFTER_SECONDS)
 from .metrics import ServerMetrics
+from .loader import ModelLoader
 from .models import ServedModels, ready
 from .offload import Offload
 
@@ -35,6 +37,8 @@ class ServerSettings:
     model_name: str = "multiseq"  # the model id /v1/models lists and requests may name (--alias)
     # The models served besides it, each with a runner of its own, picked by a request's `model`.
     more_models: tuple[str, ...] = ()
+    models_max: int = 0  # models loaded at once (0: every one); the least recently used idle one goes for another
+    model_keep_alive_s: float = math.inf  # a model idle this long is unloaded (a request's keep_alive wins)
     api_key: str | None = None  # when set, every route but /health wants `Authorization: Bearer <key>`
     metrics_public: bool = False  # with an api_key, /metrics is open too
     # Host header names besides the bound address and loopback (`*`: any; `*.lan`: a domain).
@@ -103,6 +107,7 @@ class ServerState:
         # Awaited before a request's choices are prepared and queued (a replica brings the KV
         # of the prompt's prefix from another replica here); it must not raise for its own failures.
         self.before_submit: Callable[[Runner, PromptItem], Awaitable[None]] | None = None
+        self.loader: ModelLoader | None = None  # loads and unloads the models (`multiseq serve`'s)
 
     @property
     def num_preparing(self) -> int:
@@ -163,16 +168,31 @@ class ServerState:
         return current
 
     def ready_runner(self) -> Runner:
-        """The default model's runner, or a 503 saying why it cannot serve now."""
-        return self.runner_for(None)[0]
+        """The default model's runner as it is now (never loads it), or a 503 saying why it cannot serve."""
+        self._check_not_draining()
+        return ready(self.models.default)
 
-    def runner_for(self, name: Any) -> tuple[Runner, str]:
-        """The runner of the model a request names (None: the default) and the model's name; a
-        404 when no such model is served, a 503 when it cannot serve now."""
+    async def runner_for(self, name: Any, keep_alive_s: float | None = None) -> tuple[Runner, str]:
+        """The runner of the model a request names (None: the default), loaded first if it is
+        not, and the model's name; a 404 when no such model is served, a 503 when it cannot
+        serve now. keep_alive_s: how long it stays loaded once idle (None: the server's default)."""
+        self._check_not_draining()
+        model = self.models.pick(name)
+        if self.loader is not None:
+            await self.loader.ensure_loaded(model)
+            self._check_not_draining()
+        model.keep_alive_s = self.settings.model_keep_alive_s if keep_alive_s is None else keep_alive_s
+        return ready(model), model.name
+
+    def _check_not_draining(self) -> None:
         if self.is_draining:
             raise ApiError(503, "The server is shutting down.", OVERLOADED, code="shutting_down")
-        model = self.models.pick(name)
-        return ready(model), model.name
+
+    def forget_runner(self, runner: Runner) -> None:
+        """An unloaded model's runner: its dispatcher goes with it."""
+        dispatcher = self._dispatchers.pop(id(runner), None)
+        if dispatcher is not None:
+            dispatcher.close()
 
     def check_model(self, name: Any) -> None:
         """A 404 when the server serves no model of that name (None names the default)."""

@@ -32,7 +32,7 @@ async def tokenize(request: HttpRequest) -> Response:
     """The tokens of `content` (with their pieces when `with_pieces`), or of vLLM's `prompt`."""
     state = request.app.state.server
     body = await read_json(request, state.settings.max_body_bytes)
-    runner, _ = state.runner_for(body.get("model"))
+    runner, _ = await state.runner_for(body.get("model"))
     if "prompt" in body:
         return await _tokenize_as_vllm(request, runner, body)
     content = body.get("content")
@@ -68,7 +68,7 @@ async def tokenizer_info(request: HttpRequest) -> Response:
     """The tokenizer's description in vLLM's shape: what a remote client needs to tokenize
     through /tokenize and to render chats itself (its special tokens' texts, the template)."""
     state = request.app.state.server
-    runner, _ = state.runner_for(request.query_params.get("model"))
+    runner, _ = await state.runner_for(request.query_params.get("model"))
     backend = runner.backend
     bos, eos = backend.bos_and_eos_texts()
     return JSONResponse({"tokenizer_class": "llama.cpp", "bos_token": bos or None, "eos_token": eos or None,
@@ -80,7 +80,7 @@ async def detokenize(request: HttpRequest) -> Response:
     """The text of `tokens`; a 400 naming the first id outside the vocabulary."""
     state = request.app.state.server
     body = await read_json(request, state.settings.max_body_bytes)
-    runner, _ = state.runner_for(body.get("model"))
+    runner, _ = await state.runner_for(body.get("model"))
     tokens = body.get("tokens")
     if not isinstance(tokens, list) or not all(isinstance(token, int) and not isinstance(token, bool)
                                                for token in tokens):
