@@ -196,6 +196,10 @@ def batch_run(prompts_file: Path | None, images_dir: Path | None, image_prompt: 
 @click.option("--strict-fields", is_flag=True, help="Refuse unknown Chat Completions and Completions fields with a "
               "400 naming the field, instead of ignoring them (named in the x-multiseq-ignored-fields header).")
 @click.option("--alias", help="The model id clients send and /v1/models lists. [default: the model's name]")
+@click.option("--models-dir", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="Serve the models this folder holds (beside any -m): each GGUF file, named by its file (the "
+                   "first part of a split one), and each subfolder's model with the mmproj projector beside it, named "
+                   "by the subfolder.")
 @click.option("--models-max", type=click.IntRange(0), default=0, show_default=True,
               help="With several -m: models loaded at once (0: every one). The first ones load at start, the others "
                    "at their first request, the least recently used idle one unloaded to make room.")
@@ -249,7 +253,7 @@ def serve(ctx_size: int | None, kv_unified: bool | None, host: str, port: int, a
           allowed_hosts: str | None, cors_origins: str | None, strict_fields: bool, alias: str | None, max_queue: int,
           max_body_mb: float, data_dir: Path | None, max_upload_mb: float, max_batch_lines: int,
           prepare_timeout: float, send_timeout: float, keep_alive: float, stream_interval: float | None,
-          models_max: int, models_keep_alive: str,
+          models_dir: Path | None, models_max: int, models_keep_alive: str,
           dashboard: bool | None, ray_address: str | None, replicas: int | None, routing: str | None,
           share_prefixes: bool | None, worker_gpus: float | None, verbose: bool, **options) -> None:
     """Serve the model over an OpenAI-compatible HTTP API, batching concurrent clients.
@@ -268,9 +272,10 @@ def serve(ctx_size: int | None, kv_unified: bool | None, host: str, port: int, a
 
     _check_ray_options(ray_address, replicas, routing, share_prefixes, worker_gpus, dashboard)
     model_names, options["model"] = options["model"], options["model"][0]
-    if len(model_names) > 1 and ray_address is not None:
-        raise click.UsageError("--ray serves one model: give -m once")
-    if len(model_names) > 1 and models_max == 1:
+    several = len(model_names) > 1 or models_dir is not None
+    if several and ray_address is not None:
+        raise click.UsageError("--ray serves one model: give -m once, and no --models-dir")
+    if several and models_max == 1:
         raise click.UsageError("--models-max 1 leaves no room for a second model: the first one stays loaded (the "
                                "Batch API, /metrics and the dashboard are its); give 2 or more, or 0 for all")
     options["slot_ctx"], options["kv_pool"] = _kv_sizes(ctx_size, options["slot_ctx"], options["parallel"],
@@ -282,8 +287,11 @@ def serve(ctx_size: int | None, kv_unified: bool | None, host: str, port: int, a
     settings_defaults = sampling_defaults(options)
     if config.chat_template:
         check_chat_template(config.chat_template)
-    resolved = resolve_model(config.model)
-    configs, names = served_models(config, resolved, alias, model_names[1:])
+    # A folder alone serves its models (without -m, the default model is not served beside them).
+    folder_only = models_dir is not None and not options.get("hf_repo") and \
+        click.get_current_context().get_parameter_source("model") is click.core.ParameterSource.DEFAULT
+    resolved = None if folder_only else resolve_model(config.model)
+    configs, names = served_models(config, resolved, alias, model_names[1:], models_dir)
     settings = ServerSettings(model_name=names[0], more_models=names[1:], models_max=models_max,
                               model_keep_alive_s=duration(models_keep_alive, "--models-keep-alive"),
                               api_key=api_key or None, max_queue=max_queue,

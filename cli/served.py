@@ -1,10 +1,12 @@
-"""The models `multiseq serve` serves: each -m's config and name, and the keep-alive duration
-its flags and Ollama's requests give."""
+"""The models `multiseq serve` serves: each -m's config and name, those a --models-dir holds,
+and the keep-alive duration its flags and Ollama's requests give."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import re
+from pathlib import Path
 
 import click
 
@@ -25,16 +27,26 @@ def duration(value: str, option: str) -> float:
     return seconds if seconds is not None else math.inf
 
 
-def served_models(config: RunnerConfig, resolved: models.ResolvedModel, alias: str | None,
-                   more: tuple[str, ...]) -> tuple[list[RunnerConfig], tuple[str, ...]]:
-    """The config and name of each model serve was given: the first (with --alias and the
-    projector options), then each further -m with the same engine options but its own file
-    (and no projector but one found beside it); a usage error when two would share a name."""
-    configs, names = [resolved_config(config, resolved)], [alias or resolved.name]
+def served_models(config: RunnerConfig, resolved: models.ResolvedModel | None, alias: str | None,
+                  more: tuple[str, ...], folder: Path | None = None) -> tuple[list[RunnerConfig], tuple[str, ...]]:
+    """The config and name of each model serve was given: the first -m (with the projector
+    options; none when only a folder was given), each further -m with the same engine options
+    but its own file (and no projector but one found beside it), then those the folder holds;
+    the first is named --alias where given. A usage error when two would share a name, or when
+    the folder holds none."""
+    configs, names = ([resolved_config(config, resolved)], [resolved.name]) if resolved is not None else ([], [])
     for name in more:
         extra = resolve_model(name)
         configs.append(resolved_config(dataclasses.replace(config, model=name, mmproj=None), extra))
         names.append(extra.name)
+    if folder is not None:
+        found = folder_models(folder)
+        if not found:
+            raise click.UsageError(f"--models-dir {folder} holds no GGUF model")
+        for name, weights, projector in found:
+            configs.append(dataclasses.replace(config, model=str(weights), mmproj=projector and str(projector)))
+            names.append(name)
+    names[0] = alias or names[0]
     repeated = next((name for name in names if names.count(name) > 1), None)
     if repeated is not None:
         raise click.UsageError(f"two models would be served as {repeated!r}: give each -m once (or --alias the first)")
@@ -49,3 +61,33 @@ def resolved_config(config: RunnerConfig, resolved: models.ResolvedModel) -> Run
         return config
     projector = config.mmproj or (str(resolved.projector) if resolved.projector and config.auto_mmproj else None)
     return dataclasses.replace(config, model=str(resolved.path), mmproj=projector)
+
+
+SHARD = re.compile(r"-(\d{5})-of-\d{5}\.gguf$", re.IGNORECASE)  # a split GGUF's part: llama.cpp reads the first
+
+
+def folder_models(folder: Path) -> list[tuple[str, Path, Path | None]]:
+    """The models a folder holds, (name, weights, projector), in name order: each GGUF in it
+    (the first part of a split one; not a projector, whose name says mmproj) is a model named by
+    its file, and each subfolder holding one such model is a model named by the subfolder, its
+    projector the mmproj GGUF beside it."""
+    found = []
+    for entry in sorted(folder.iterdir()):
+        if entry.is_dir():
+            files = sorted(entry.glob("*.gguf"))
+            weights = [file for file in files if _is_weights(file)]
+            projectors = [file for file in files if _is_projector(file)]
+            if len(weights) == 1:
+                found.append((entry.name, weights[0], projectors[0] if projectors else None))
+        elif _is_weights(entry):
+            found.append((entry.name, entry, None))
+    return found
+
+
+def _is_projector(path: Path) -> bool:
+    return path.suffix.lower() == ".gguf" and "mmproj" in path.name.lower()
+
+
+def _is_weights(path: Path) -> bool:
+    shard = SHARD.search(path.name)
+    return path.suffix.lower() == ".gguf" and not _is_projector(path) and (shard is None or int(shard.group(1)) == 1)

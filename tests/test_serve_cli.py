@@ -70,6 +70,26 @@ def test_serve_serves_two_models_each_picked_by_name(start_cli):
     assert process.returncode == 0 and "Traceback" not in "".join(lines) + rest
 
 
+def test_serve_serves_the_models_a_folder_holds(start_cli, tmp_path):
+    from multiseq import models
+
+    (tmp_path / "gemma").mkdir()
+    (tmp_path / "small.gguf").symlink_to(models.resolve("smollm2-135m").path)
+    (tmp_path / "gemma" / "model.gguf").symlink_to(models.resolve("gemma3-270m").path)
+    process = start_cli("serve", "--models-dir", str(tmp_path), "--models-max", "2", "-np", "1", "-c", "512",
+                        "--port", "0", "--no-dashboard", "-t", "1")
+    lines = read_until(process, "ready:")
+    base = next(match.group(1) for line in lines if (match := LISTENING.search(line)))
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
+    assert [model.id for model in client.models.list()] == ["gemma", "small.gguf"]
+    reply = client.chat.completions.create(model="small.gguf", messages=[{"role": "user", "content": "Hi"}],
+                                           max_tokens=2, extra_body={"min_tokens": 1})
+    assert reply.model == "small.gguf" and reply.usage.completion_tokens == 2
+    process.send_signal(signal.SIGTERM)
+    _, rest = process.communicate(timeout=15)
+    assert process.returncode == 0 and "Traceback" not in "".join(lines) + rest
+
+
 def test_serve_with_windows_says_so_and_divides_c_among_the_slots(start_cli):
     process = start_cli("serve", "-m", "smollm2-135m", "-np", "2", "-c", "1024", "--no-kv-unified", "--port", "0",
                         "--no-dashboard", "-t", "1")
