@@ -202,6 +202,30 @@ def test_load_and_unload_in_llama_servers_and_ollamas_shapes(make_runner, serve_
     assert opened == [GAMMA, BETA]
 
 
+def test_a_request_on_a_model_unloaded_under_it_says_so(make_runner, serve_app):
+    app = create_app(None, ServerSettings(model_name=ALPHA, more_models=(BETA,)))
+    state = app.state.server
+
+    def open_runner(name: str):
+        backend = fake(f"I am {name}.")
+        backend.decode_delay = 0.05  # the stream is still running when the model goes
+        return make_runner(backend)
+
+    for model in state.models:
+        model.config = model.name
+    state.loader = ModelLoader(state.models, open_runner, state.attach, on_unloaded=state.forget_runner)
+    base = serve_app(app)
+    assert post(base, "/models/load", {"model": BETA})[0] == 200
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
+    stream = client.chat.completions.create(model=BETA, messages=HI, stream=True, max_tokens=200,
+                                            extra_body={"ignore_eos": True, "min_tokens": 200})
+    next(iter(stream))
+    assert post(base, "/models/unload", {"model": BETA}) == (200, {"success": True})
+    with pytest.raises(openai.APIError, match="'chat-beta' was unloaded"):
+        for _ in stream:
+            pass
+
+
 def test_a_model_that_cannot_load_fails_its_requests_and_the_others_go_on(make_runner, serve_app):
     app, opened = loading_app(make_runner, fails=(BETA,))
     base = serve_app(app)

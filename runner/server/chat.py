@@ -80,7 +80,7 @@ class CompletionCall:
         _observe_latency(self._state, results)
         failure = failure_of(results)
         if failure is not None:
-            raise _failure_error(failure, results.index(failure), len(results))
+            raise _failure_error(failure, results.index(failure), len(results), self._unloaded())
         return results
 
     async def events(self) -> AsyncIterator[Delta | Result | ApiError]:
@@ -95,6 +95,14 @@ class CompletionCall:
             else:
                 yield event if isinstance(event, ApiError) else event.result
 
+    def _unloaded(self) -> str | None:
+        """The model's name when it was unloaded under this request (its runner is no longer the
+        model's), and the server is not shutting down: what cancelled it then."""
+        model = self._state.models.named(self.model) if self.model else None
+        if model is None or self._state.is_draining or model.runner is self.job.runner:
+            return None
+        return model.name
+
     async def _progress(self) -> AsyncIterator[PieceEvent | ResultEvent | ApiError]:
         """The job's events as a stream renders them, each piece timed for the metrics; a choice
         that failed (or a client too slow to keep up) ends them with its error, the other
@@ -106,7 +114,8 @@ class CompletionCall:
                 latency.observe(event)
             elif not event.result.ok:
                 job.cancel()
-                yield _too_slow_error() if job.is_overrun else _failure_error(event.result, event.choice, job.item.n)
+                yield _too_slow_error() if job.is_overrun else _failure_error(event.result, event.choice, job.item.n,
+                                                                             self._unloaded())
                 return
             yield event
 
@@ -316,10 +325,13 @@ async def _results_unless_disconnected(request: HttpRequest, job: Job) -> list[R
     return finished.result() if finished.done() and not finished.cancelled() else None
 
 
-def _failure_error(failure: Result, choice: int, num_choices: int) -> ApiError:
+def _failure_error(failure: Result, choice: int, num_choices: int, unloaded: str | None = None) -> ApiError:
     if failure.schema_error is not None:  # the output ended, but the schema could only be approximated
         return ApiError(INVALID_OUTPUT_STATUS, schema_failure_message(failure, choice, num_choices), INVALID_OUTPUT,
                         "response_format", INVALID_OUTPUT_CODE)
+    if failure.finish_reason is FinishReason.CANCELLED and unloaded is not None:
+        return ApiError(503, f"The model {unloaded!r} was unloaded; the request was cancelled. Retry to load it "
+                             f"again.", OVERLOADED, code="model_unloaded")
     if failure.finish_reason is FinishReason.CANCELLED:
         return ApiError(503, "The server is shutting down; the request was cancelled.", OVERLOADED,
                         code="shutting_down")

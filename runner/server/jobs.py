@@ -111,9 +111,12 @@ class LoopDispatcher:
             self._next_interval_s = len({id(job) for job, _ in events}) / MAX_CHUNKS_PER_SECOND
         _route(events)
 
-    def close(self) -> None:
-        """Stop listening to the runner (the loop is done)."""
+    def close(self, take_held: bool = False) -> None:
+        """Stop listening to the runner (the loop is done; or with take_held, on the loop, the
+        runner is: what it delivered last goes to its jobs first)."""
         self.runner.remove_delivery_listener(self.flush)
+        if take_held:
+            self._take()
         self._waker.close()
 
 

@@ -133,9 +133,9 @@ class ModelLoader:
             return False
         runner, model.runner = model.runner, None
         model.idle_since, model.keep_alive_s = None, math.inf
+        await asyncio.to_thread(runner.close)  # what ran on it ends cancelled, its results delivered
         if self.on_unloaded is not None:
             self.on_unloaded(runner)
-        await asyncio.to_thread(runner.close)
         logger.info("unloaded %s", model.name)
         return True
 

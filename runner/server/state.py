@@ -189,10 +189,11 @@ class ServerState:
             raise ApiError(503, "The server is shutting down.", OVERLOADED, code="shutting_down")
 
     def forget_runner(self, runner: Runner) -> None:
-        """An unloaded model's runner: its dispatcher goes with it."""
+        """An unloaded model's closed runner (on the loop): what it delivered last is handed to
+        its requests, then its dispatcher goes."""
         dispatcher = self._dispatchers.pop(id(runner), None)
         if dispatcher is not None:
-            dispatcher.close()
+            dispatcher.close(take_held=True)
 
     def check_model(self, name: Any) -> None:
         """A 404 when the server serves no model of that name (None names the default)."""
