@@ -505,3 +505,11 @@ class FakeBackend:
     def close(self) -> None:
         self.closed = True
 
+
+class LatestMention(dict):
+    """Scripted replies for FakeBackend.replies, chosen by the key the prompt mentions last: a
+    tool round trip's second prompt holds the question too, but the tool's result comes after it."""
+
+    def get(self, prompt, default=None):
+        mentioned = [(prompt.rfind(key), reply) for key, reply in self.items() if key in prompt]
+        return max(mentioned)[1] if mentioned else default

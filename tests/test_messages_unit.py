@@ -14,7 +14,7 @@ import jsonschema
 import pytest
 from anthropic.lib.streaming._messages import accumulate_event
 from anthropic.types import Message, RawMessageStreamEvent
-from fakes import FakeBackend
+from fakes import FakeBackend, LatestMention
 from multiseq.server import ServerSettings, create_app
 from multiseq.request import NO_TIMINGS, FinishReason, Result
 from multiseq.server.errors import ApiError
@@ -336,15 +336,6 @@ API_KEY = "sekrit-key"
 GREEDY = {"temperature": 0}  # this SDK's create() has no sampling parameters; the API still takes them
 RAW_EVENTS = ("message_start", "content_block_start", "content_block_delta", "content_block_stop", "message_delta",
               "message_stop")
-
-
-class LatestMention(dict):
-    """Scripted replies for the fake backend, chosen by the key the prompt mentions last: a tool
-    round trip's second prompt holds the question too, but the tool's result comes after it."""
-
-    def get(self, prompt, default=None):
-        mentioned = [(prompt.rfind(key), reply) for key, reply in self.items() if key in prompt]
-        return max(mentioned)[1] if mentioned else default
 
 
 @pytest.fixture

@@ -17,8 +17,8 @@ import ollama
 import openai
 import pytest
 
-from fakes import BOS, FakeBackend, fake_embedding_rows
-from helpers import wait_until
+from fakes import BOS, FakeBackend, LatestMention, fake_embedding_rows
+from helpers import post_json, wait_until
 from multiseq.server import ServerSettings, create_app
 from multiseq.server.loader import ModelLoader
 from multiseq.server.serve import _load_at_start
@@ -27,16 +27,9 @@ ALPHA, BETA, LATER, GAMMA, DELTA = "chat-alpha", "chat-beta", "still-loading", "
 HI = [{"role": "user", "content": "Hi"}]
 
 
-class ByMention(dict):
-    """Scripted replies chosen by a key the prompt holds."""
-
-    def get(self, prompt, default=None):
-        return next((reply for key, reply in self.items() if key in prompt), default)
-
-
 def fake(reply: str) -> FakeBackend:
     backend = FakeBackend(num_slots=2, window=512, n_batch=64)
-    backend.replies = ByMention({"<user>Hi<assistant>": reply.encode()})
+    backend.replies = LatestMention({"<user>Hi<assistant>": reply.encode()})
     return backend
 
 
@@ -245,10 +238,5 @@ def test_when_no_model_can_load_at_start_the_server_stops_saying_why(make_runner
 
 
 def post(base: str, path: str, payload: dict) -> tuple[int, dict]:
-    host, port = base.removeprefix("http://").split(":")
-    connection = http.client.HTTPConnection(host, int(port), timeout=10)
-    connection.request("POST", path, body=json.dumps(payload), headers={"Content-Type": "application/json"})
-    response = connection.getresponse()
-    data = response.read()
-    connection.close()
-    return response.status, json.loads(data)
+    status, data = post_json(base, path, payload)
+    return status, json.loads(data)

@@ -11,7 +11,7 @@ import numpy as np
 import ollama
 import pytest
 
-from fakes import BOS, FAKE_N_EMBD, FakeBackend, fake_embedding_rows
+from fakes import BOS, FAKE_N_EMBD, FakeBackend, LatestMention, fake_embedding_rows
 from multiseq.server import ServerSettings, create_app
 
 MODEL = "fake-model"
@@ -29,15 +29,6 @@ WEATHER_TOOL = {"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
 GREEDY = {"temperature": 0}
-
-
-class LatestMention(dict):
-    """Scripted replies chosen by the key the prompt mentions last (a tool round trip's second
-    prompt holds the question too, but the tool's result comes after it)."""
-
-    def get(self, prompt, default=None):
-        mentioned = [(prompt.rfind(key), reply) for key, reply in self.items() if key in prompt]
-        return max(mentioned)[1] if mentioned else default
 
 
 @pytest.fixture

@@ -5,10 +5,13 @@ its details go to the server's log."""
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from starlette.responses import JSONResponse
+from starlette.requests import Request as HttpRequest
+from starlette.responses import JSONResponse, Response
 
 INVALID_REQUEST = "invalid_request_error"
 AUTHENTICATION = "authentication_error"
@@ -55,3 +58,24 @@ def error_body(message: str, kind: str, param: str | None = None, code: str | No
 
 def internal_error() -> ApiError:
     return ApiError(500, INTERNAL_ERROR_MESSAGE, SERVER_ERROR)
+
+
+Route = Callable[[HttpRequest], Awaitable[Response]]
+
+
+def in_error_shape(response_of: Callable[[ApiError], Response]) -> Callable[[Route], Route]:
+    """A decorator answering a route's errors in another API's shape (`response_of` makes it
+    from the ApiError): the seam's ApiErrors converted, anything unexpected logged and answered
+    with the fixed internal error."""
+    def decorate(route: Route) -> Route:
+        async def answer(request: HttpRequest) -> Response:
+            try:
+                return await route(request)
+            except ApiError as error:
+                return response_of(error)
+            except Exception:
+                logging.getLogger("multiseq.server").exception("unexpected error on %s %s", request.method,
+                                                               request.url.path)
+                return response_of(internal_error())
+        return answer
+    return decorate

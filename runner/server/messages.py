@@ -15,15 +15,13 @@ no `param`.
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Awaitable, Callable
 
 from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response
 
 from .bodies import read_json
 from .chat import count_prompt_tokens, start_chat
-from .errors import ApiError, internal_error
+from .errors import in_error_shape, internal_error
 from .messages_errors import ERROR_TYPES_BY_STATUS  # noqa: F401 - the door reads it here
 from .messages_errors import API_ERROR, error_body, error_response, sse_event
 from .messages_output import message_id, message_of
@@ -31,25 +29,13 @@ from .messages_request import translate_request
 from .messages_stream import message_events
 from .sse import EventStream
 
-logger = logging.getLogger("multiseq.server")
 
 ENDPOINT = "/v1/messages"
 IGNORED_TOOLS_HEADER = "x-multiseq-ignored-tools"
 
 
-def _in_anthropic_shape(route: Callable[[HttpRequest], Awaitable[Response]]) -> Callable[[HttpRequest],
-                                                                                           Awaitable[Response]]:
-    """Errors of a Messages route in Anthropic's shape: the seam's ApiErrors converted, anything
-    unexpected logged and answered with a fixed message."""
-    async def answer(request: HttpRequest) -> Response:
-        try:
-            return await route(request)
-        except ApiError as error:
-            return error_response(error)
-        except Exception:
-            logger.exception("unexpected error on %s %s", request.method, request.url.path)
-            return error_response(internal_error())
-    return answer
+# Errors of a Messages route in Anthropic's shape.
+_in_anthropic_shape = in_error_shape(error_response)
 
 
 @_in_anthropic_shape

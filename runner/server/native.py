@@ -96,32 +96,27 @@ async def infill(request: HttpRequest) -> Response:
     state = request.app.state.server
     body = await read_json(request, state.settings.max_body_bytes)
     runner, _ = await state.runner_for(body.get("model"))
-    fim = runner.backend.fim_tokens()
-    if fim.missing:
-        raise ApiError(400, f"/infill needs the model's fill-in-the-middle tokens; this model has no "
-                            f"{', '.join(fim.missing)} token (use /completion)", INVALID_REQUEST)
-    try:
-        wanted = infill_input(body)
-    except ItemError as error:
-        raise ApiError(400, str(error), INVALID_REQUEST, error.param) from None
-    window = infill_window(runner.window)
-    tokens, text = await state.offload.prepare(_infill_tokens, runner.backend, wanted, fim, window)
+    tokens, text = await infill_prompt(request, runner, body, "/infill needs the model's fill-in-the-middle tokens; "
+                                                              "this model has no {tokens} token (use /completion)")
     fields = {name: value for name, value in body.items() if name not in INFILL_FIELDS}
     return await _answer(request, fields | {"prompt": tokens}, "infill", prompt_text=text)
 
 
-async def infill_prompt(request: HttpRequest, runner, prefix: str, suffix: str, field: str) -> list[int]:
-    """The text before and after the cursor laid out with the model's fill-in-the-middle tokens
-    (as /infill lays them out): the tokens of a prompt to complete. A 400 naming `field` when
-    the model has no such tokens."""
+async def infill_prompt(request: HttpRequest, runner, body: dict[str, Any], missing: str,
+                        param: str | None = None) -> tuple[list[int], str]:
+    """The body's infill fields (the text before and after the cursor, other files' chunks)
+    laid out with the model's fill-in-the-middle tokens: the prompt's tokens and text. A 400
+    saying `missing` ({tokens}: the ones the model lacks; naming `param`) when it has none, or
+    naming the field that is wrong."""
     fim = runner.backend.fim_tokens()
     if fim.missing:
-        raise ApiError(400, f"'{field}' needs the model's fill-in-the-middle tokens; this model has no "
-                            f"{', '.join(fim.missing)} token", INVALID_REQUEST, field)
-    wanted = infill_input({"input_prefix": prefix, "input_suffix": suffix})
-    tokens, _ = await request.app.state.server.offload.prepare(_infill_tokens, runner.backend, wanted, fim,
-                                                               infill_window(runner.window))
-    return tokens
+        raise ApiError(400, missing.format(tokens=", ".join(fim.missing)), INVALID_REQUEST, param)
+    try:
+        wanted = infill_input(body)
+    except ItemError as error:
+        raise ApiError(400, str(error), INVALID_REQUEST, error.param) from None
+    return await request.app.state.server.offload.prepare(_infill_tokens, runner.backend, wanted, fim,
+                                                          infill_window(runner.window))
 
 
 def _infill_tokens(backend, wanted, fim, window: InfillWindow) -> tuple[list[int], str]:

@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import datetime
 import json
-import logging
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 from starlette.requests import Request as HttpRequest
@@ -34,12 +33,11 @@ from ..tools import ArgumentsDelta, ReasoningDelta, TextDelta, ToolCallStart
 from .bodies import read_json
 from .chat import CompletionCall, start_completion
 from .embeddings import embedded
-from .errors import INVALID_REQUEST, ApiError, internal_error
+from .errors import INVALID_REQUEST, ApiError, in_error_shape, internal_error
 from .native import infill_prompt
 from .ollama_request import OllamaCall, chat_call, generate_call, keep_alive_of
 from .sse import EventStream
 
-logger = logging.getLogger("multiseq.server")
 
 # The Ollama API whose routes and fields these answer as (clients compare it with what they need).
 OLLAMA_VERSION = "0.12.0"
@@ -51,19 +49,7 @@ def _error_response(error: ApiError) -> Response:
     return JSONResponse({"error": error.message}, status_code=error.status, headers=error.headers)
 
 
-def _in_ollama_shape(route: Callable[[HttpRequest], Awaitable[Response]]) -> Callable[[HttpRequest],
-                                                                                         Awaitable[Response]]:
-    """Errors of an Ollama route in its shape; anything unexpected logged and answered with a
-    fixed message."""
-    async def answer(request: HttpRequest) -> Response:
-        try:
-            return await route(request)
-        except ApiError as error:
-            return _error_response(error)
-        except Exception:
-            logger.exception("unexpected error on %s %s", request.method, request.url.path)
-            return _error_response(internal_error())
-    return answer
+_in_ollama_shape = in_error_shape(_error_response)  # errors of an Ollama route in its shape
 
 
 def _now() -> str:
@@ -100,15 +86,20 @@ async def generate(request: HttpRequest) -> Response:
     """POST /api/generate (`suffix`: the text after the cursor, laid out for fill-in-the-middle)."""
     state = request.app.state.server
     body = await read_json(request, state.settings.max_body_bytes)
-    name = generate_call(body).model
+    translated = generate_call(body)  # a body that cannot run is refused before any model loads
     if not body.get("prompt") and not body.get("images") and not body.get("suffix"):
-        return JSONResponse(await _loaded_or_unloaded(request, name, body, "generate"))
-    runner, model = await _picked(request, name, keep_alive_of(body.get("keep_alive")))
+        return JSONResponse(await _loaded_or_unloaded(request, translated.model, body, "generate"))
+    runner, model = await _picked(request, translated.model, keep_alive_of(body.get("keep_alive")))
     suffix = body.get("suffix")
     if suffix is not None and not isinstance(suffix, str):
         raise ApiError(400, "'suffix' must be a string", INVALID_REQUEST, "suffix")
-    laid_out = await infill_prompt(request, runner, body.get("prompt") or "", suffix, "suffix") if suffix else None
-    return await _generated(request, generate_call(body, laid_out), model, "generate")
+    if suffix:
+        laid_out, _ = await infill_prompt(request, runner, {"input_prefix": body.get("prompt") or "",
+                                                            "input_suffix": suffix},
+                                          "'suffix' needs the model's fill-in-the-middle tokens; this model has no "
+                                          "{tokens} token", "suffix")
+        translated = generate_call(body, laid_out)
+    return await _generated(request, translated, model, "generate")
 
 
 async def _loaded_or_unloaded(request: HttpRequest, name: str, body: dict[str, Any], kind: str) -> dict[str, Any]:
