@@ -10,7 +10,8 @@ before each run. Each run: 16 greedy streams on SmolLM2 alone, then the same 16 
 chat to Gemma sent 3 s in (its load happens then, on a thread of its own). Reported per run: the
 largest ratio, over the streams, of a stream's longest gap between two pieces with the load to
 its longest gap without (target: at most 2x), and the seconds from the Gemma request to its
-first token (the load, then its prefill). The last line is one JSON object.
+first token (the load, then its prefill). With --control the second pass has no load either:
+what the ratio reads between two passes alike. The last line is one JSON object.
 """
 
 from __future__ import annotations
@@ -44,11 +45,11 @@ def first_token_seconds(base: str) -> float:
     raise SystemExit("the second model gave no piece")
 
 
-def one_run(base: str, streams: int) -> dict:
+def one_run(base: str, streams: int, control: bool = False) -> dict:
     post(base, "/models/unload", {"model": SECOND})
     _, alone = stories(base, streams)
-    loaded: dict = {}
-    loading = threading.Timer(3.0, lambda: loaded.update(seconds=first_token_seconds(base)))
+    loaded: dict = {"seconds": float("nan")}
+    loading = threading.Timer(3.0, lambda: None if control else loaded.update(seconds=first_token_seconds(base)))
     loading.start()
     _, beside = stories(base, streams)
     loading.join()
@@ -62,6 +63,8 @@ def main() -> None:
     parser.add_argument("--streams", type=int, default=16)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--control", action="store_true",
+                        help="no load in the second pass: the ratio's spread between two passes alike")
     args = parser.parse_args()
     port = peers._free_port()
     command = [sys.executable, "-m", "multiseq.cli.main", "serve", "-m", CHAT, "-m", SECOND, "-np", str(args.streams),
@@ -70,7 +73,7 @@ def main() -> None:
         process, base = peers.start_server(command, Path(folder) / "serve.log", port)
         try:
             post(base, "/models/load", {"model": SECOND})  # loaded once (the file cached), as a reload is
-            runs = [one_run(base, args.streams) for _ in range(args.runs)]
+            runs = [one_run(base, args.streams, args.control) for _ in range(args.runs)]
         finally:
             peers._stop(process)
     for number, run in enumerate(runs, 1):

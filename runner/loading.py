@@ -9,7 +9,7 @@ from typing import Any
 
 from . import models
 from .config import DEFAULT_SLOT_CTX, KV_POOL_AUTO, RANK, RunnerConfig
-from .llama.backend import LlamaBackend, LlamaModel, free_memory_for_kv
+from .llama.backend import LlamaBackend, LlamaModel, free_memory_for_kv, grammar_tokenizers
 from .llama.kv_sizing import default_pool
 
 
@@ -82,6 +82,19 @@ def backend_on(model, config: RunnerConfig, owns_model: bool) -> LlamaBackend:
                         cache_types=cache_types, pool_tokens=pool,
                         windows_while_they_fit=pool is not None and config.kv_layout == "auto" and config.parallel > 1,
                         ranks=(config.pooling or model.pooling) == RANK)
+
+
+def prepare_constraints_of(config: RunnerConfig) -> None:
+    """Build llguidance's tokenizer for the config's model file before the model loads (kept
+    for the process: multiseq.llama.text's GrammarTokenizers), so that its load does not build it
+    with the GIL held while other models stream. Nothing for a reranker or a model that is not
+    a local file yet; a vocabulary llguidance cannot read is left for the load to report."""
+    if config.pooling == RANK or not os.path.isfile(str(config.model)):
+        return
+    try:
+        grammar_tokenizers.of(str(config.model))
+    except ValueError:
+        pass
 
 
 def model_placement(config: RunnerConfig) -> dict[str, Any]:

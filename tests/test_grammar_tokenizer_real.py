@@ -23,3 +23,21 @@ def test_the_grammar_tokenizer_reads_the_vocabulary_as_llguidances_own_adapter_d
     assert [ours.decode_bytes([token]) for token in tokens] == [theirs.decode_bytes([token]) for token in tokens]
     assert ours.eos_tokens == theirs.eos_tokens
     assert ours.vocab_size == theirs.vocab_size
+
+
+def test_the_grammar_tokenizer_outlives_the_model_that_asked_for_it(smollm):
+    """A model unloaded and loaded again (a server's on-demand models) finds its constraints'
+    tokenizer built: the same one, which still tokenizes once the model that asked for it is
+    closed, because it calls a vocabulary of its own (the closed model's is freed)."""
+    from multiseq.loading import open_model
+
+    first = open_model(smollm.path)
+    tokenizer = first.grammar_tokenizer()
+    first.close()
+    second = open_model(smollm.path)
+    try:
+        assert second.grammar_tokenizer() is tokenizer and smollm.grammar_tokenizer() is tokenizer
+        text = "Hello, world: {\"answer\": 42}"
+        assert tokenizer.tokenize_str(text) == second.tokenize(text, add_special=False)
+    finally:
+        second.close()

@@ -21,6 +21,7 @@ from fakes import BOS, FakeBackend, LatestMention, fake_embedding_rows
 from helpers import post_json, wait_until
 from multiseq.server import ServerSettings, create_app
 from multiseq.server.loader import ModelLoader
+from multiseq.server.models import ServedModels
 from multiseq.server.serve import _load_at_start
 
 ALPHA, BETA, LATER, GAMMA, DELTA = "chat-alpha", "chat-beta", "still-loading", "chat-gamma", "chat-delta"
@@ -193,6 +194,24 @@ def test_load_and_unload_in_llama_servers_and_ollamas_shapes(make_runner, serve_
     assert [model.model for model in client.ps().models] == [BETA]
     assert client.generate(model=BETA, keep_alive=0).done_reason == "unload" and statuses(base)[1] == "unloaded"
     assert opened == [GAMMA, BETA]
+
+
+def test_while_every_loaded_model_is_idle_the_others_are_prepared_once_each():
+    """A load's GIL-holding work (the constraints' tokenizer) is done ahead, while no stream
+    would stall: never while a loaded model runs something, and once a model."""
+    models = ServedModels([ALPHA, BETA, GAMMA])
+    for model in models:
+        model.config = model.name
+    prepared: list[str] = []
+    loader = ModelLoader(models, None, None, prepare=prepared.append)
+    snapshot = SimpleNamespace(num_running=1)
+    models.default.runner = SimpleNamespace(num_waiting=0, latest_snapshot=snapshot, failure=None)
+    asyncio.run(loader._prepare_one_while_idle())
+    assert prepared == [], "a stream runs on ALPHA"
+    snapshot.num_running = 0
+    for _ in range(4):
+        asyncio.run(loader._prepare_one_while_idle())
+    assert prepared == [BETA, GAMMA], "one a sweep; ALPHA is loaded"
 
 
 def test_a_request_on_a_model_unloaded_under_it_says_so(make_runner, serve_app):

@@ -21,6 +21,7 @@ import os
 import threading
 import time
 from collections.abc import Sequence
+from functools import partial
 
 import numpy as np
 
@@ -46,7 +47,7 @@ from .layout import moved_states, put_back
 from .media import MediaDecoder, MediaPrompt, Projector, is_placeholder
 from .rerank import RerankLayout, rerank_template
 from .log import capturing_llama_log, flash_attention_used, forward_llama_log, layer_devices
-from .text import Vocabulary, apply_builtin_template, load_user_template, render_chat
+from .text import GrammarTokenizers, Vocabulary, apply_builtin_template, load_user_template, render_chat
 
 # not a child of multiseq.llama (llama.cpp's own log, which the CLI quiets below errors)
 notices = logging.getLogger("multiseq.backend")  # multiseq's own notices about llama.cpp
@@ -149,7 +150,7 @@ class LlamaModel:
         self.token_bytes = vocabulary.token_bytes
         self.is_end_of_generation = vocabulary.is_end_of_generation
         self.end_of_generation_tokens = vocabulary.end_of_generation_tokens
-        self.grammar_tokenizer = vocabulary.grammar_tokenizer
+        self.grammar_tokenizer = vocabulary.grammar_tokenizer if vocab_only else partial(grammar_tokenizers.of, self.path)
         self.bos_and_eos_texts = vocabulary.bos_and_eos_texts
         self.fim_tokens = vocabulary.fim_tokens
         self.rerank_tokens = RerankLayout(llama, self._vocab, vocabulary.tokenize,
@@ -457,6 +458,8 @@ class LlamaBackend:
             return self.embedding_output.wanted_logits(pointer, self._batch, self.n_vocab)
         return np.ctypeslib.as_array(pointer, shape=(num_outputs, self.n_vocab))
 
+
+grammar_tokenizers = GrammarTokenizers(lambda path: LlamaModel(path, vocab_only=True))
 
 # --- where things run --------------------------------------------------------------------------
 

@@ -7,9 +7,10 @@ closed when the load ends); the requests for a model being loaded await that one
 when --models-max are loaded, the least recently used idle model is unloaded to make room; when
 none is idle, the load waits for one, up to a bound, then answers 503. A model idle for its
 keep-alive (the server's default, or the last request's `keep_alive`; 0: at once) is unloaded by
-a sweep on the event loop; its next request loads it again. The default model (the first) is
-never unloaded: the Batch API, /metrics and the dashboard are its. A model that fails to load fails its
-requests with a 503 naming it, and the others go on.
+a sweep on the event loop; its next request loads it again. While every loaded model is idle,
+the sweep prepares the models not loaded (what their load would do holding the GIL). The
+default model (the first) is never unloaded: the Batch API, /metrics and the dashboard are its.
+A model that fails to load fails its requests with a 503 naming it, and the others go on.
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ class ModelLoader:
 
     def __init__(self, models: ServedModels, open_runner: Callable[[Any], Runner],
                  attach: Callable[[Runner, str], None], max_loaded: int = 0, room_timeout_s: float = 60.0,
-                 on_unloaded: Callable[[Runner], None] | None = None, keep_alive_s: float = math.inf) -> None:
+                 on_unloaded: Callable[[Runner], None] | None = None, keep_alive_s: float = math.inf,
+                 prepare: Callable[[Any], None] | None = None) -> None:
         self.models = models
         self.open_runner = open_runner
         self.attach = attach
@@ -48,6 +50,8 @@ class ModelLoader:
         self.on_unloaded = on_unloaded
         self.keep_alive_s = keep_alive_s  # a model's until a request says otherwise
         self.is_closed = False  # the server stopped: a load that ends now closes its runner
+        self.prepare = prepare  # builds, from a config, what its load would build holding the GIL
+        self.prepared: set[str] = set()  # the models whose preparation ran
 
     async def ensure_loaded(self, model: ServedModel) -> None:
         """Return once `model` is loaded (or could not be: its failure says why); a load under
@@ -151,4 +155,21 @@ class ModelLoader:
                 if model.idle_since is not None and now - model.idle_since >= model.keep_alive_s and \
                         self.can_unload(model):
                     await self.unload(model)
+            await self._prepare_one_while_idle()
             await asyncio.sleep(SWEEP_INTERVAL_SECONDS)
+
+    async def _prepare_one_while_idle(self) -> None:
+        """While every loaded model is idle, prepare one model that is not loaded (its
+        constraints' tokenizer: 780 ms with the GIL held on a 262k vocabulary, which would
+        otherwise stall every stream of the other models when it loads)."""
+        if self.prepare is None or not all(model.is_idle for model in self.models if model.runner is not None):
+            return
+        waiting = [model for model in self.models if model.runner is None and model.config is not None and
+                   model.loading is None and model.failure is None and model.name not in self.prepared]
+        if not waiting:
+            return
+        self.prepared.add(waiting[0].name)
+        try:
+            await asyncio.to_thread(self.prepare, waiting[0].config)
+        except Exception as error:  # noqa: BLE001 - its load will meet it again, and say so
+            logger.warning("could not prepare %s before its load: %s", waiting[0].name, error)

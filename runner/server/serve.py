@@ -94,11 +94,12 @@ class Server(uvicorn.Server):
 
 
 def prepare_constraints(runner: Runner) -> None:
-    """Build llguidance's tokenizer over the model's vocabulary while the model loads, not at
-    the first request with tools or a schema: the build holds the GIL (115 ms of its 326 on
-    SmolLM2's 49k tokens, longer on bigger vocabularies), which would stall every stream. Not
-    for a model that does not generate (an encoder, a reranker); and a vocabulary llguidance
-    cannot read fails only the constrained requests (each says why), never the server."""
+    """Build llguidance's tokenizer over the model's vocabulary while the model loads (unless
+    built before: it is kept for the process, across unloads), not at the first request with
+    tools or a schema: the build holds the GIL (115 ms of its 326 on SmolLM2's 49k tokens, 780
+    ms in one piece on Gemma 3's 262k), which would stall every stream. Not for a model that
+    does not generate (an encoder, a reranker); and a vocabulary llguidance cannot read fails
+    only the constrained requests (each says why), never the server."""
     backend = runner.backend
     if backend.ranks or backend.embeds_whole:
         return
@@ -107,6 +108,13 @@ def prepare_constraints(runner: Runner) -> None:
     except ValueError as error:
         logger.warning("constrained output (schemas, grammars, forced tool calls) is not available with this "
                        "model's vocabulary: %s", error)
+
+
+def prepare_constraints_of(config: RunnerConfig) -> None:
+    """multiseq.loading's, imported at the first call (it loads llama.cpp)."""
+    from ..loading import prepare_constraints_of as prepare
+
+    prepare(config)
 
 
 def freeze_loaded_objects() -> None:
@@ -200,7 +208,8 @@ def _prepared(open_runner: Callable[[RunnerConfig], Runner]) -> Callable[[Runner
 def serve(config: RunnerConfig | list[RunnerConfig], settings: ServerSettings, host: str, port: int,
           access_log: bool = True, on_listening: Callable[[Server], None] | None = None,
           on_ready: Callable[[Runner], None] | None = None,
-          open_runner: Callable[[RunnerConfig], Runner] = Runner) -> str | None:
+          open_runner: Callable[[RunnerConfig], Runner] = Runner,
+          prepare_model: Callable[[RunnerConfig], None] = prepare_constraints_of) -> str | None:
     """Serve until a signal stops the server. The models (a config each: settings.model_name's,
     then settings.more_models') load one after the other once the socket is open; each serves
     as soon as it has loaded, and one that cannot load answers 503 while the others go on
@@ -219,7 +228,8 @@ def serve(config: RunnerConfig | list[RunnerConfig], settings: ServerSettings, h
     for model, model_config in zip(state.models, configs):
         model.config = model_config
     state.loader = ModelLoader(state.models, _prepared(open_runner), state.attach, settings.models_max,
-                               on_unloaded=state.forget_runner, keep_alive_s=settings.model_keep_alive_s)
+                               on_unloaded=state.forget_runner, keep_alive_s=settings.model_keep_alive_s,
+                               prepare=prepare_model)
 
     async def run() -> None:
         serving = asyncio.ensure_future(server.serve(sockets=[listener]))
