@@ -12,7 +12,7 @@ import click
 from rich.console import Console
 
 from .. import models
-from ..config import KV_POOL_AUTO, OverflowPolicy, RunnerConfig, SamplingParams, default_of
+from ..config import OverflowPolicy, RunnerConfig, SamplingParams, default_of
 from ..llama.kv_sizing import AGENT_SESSION_TOKENS
 from ..errors import BackendError
 from ..loop.runner import Runner
@@ -28,8 +28,9 @@ from ..server.routing import ROUTINGS
 from ..models.folders import DATA_DIR_VARIABLE
 from .dashboard import ServerDashboard
 from .images import DEFAULT_IMAGE_PROMPT, image_prompts_file
-from .job import BatchJob, OpenedRunner, check_chat_template
-from .served import duration, resolved_config, served_models
+from .job import BatchJob, OpenedRunner
+from .presets import preset_models, served_names
+from .served import duration, resolved_config, serve_config, served_models
 from .options import (SERVE_STEP_TOKENS, StreamInterval, engine_options, overflow_option, runner_config,
                       sampling_defaults, sampling_options)
 from ..formats.reader import PromptFormat, TextMode
@@ -200,6 +201,10 @@ def batch_run(prompts_file: Path | None, images_dir: Path | None, image_prompt: 
               help="Serve the models this folder holds (beside any -m): each GGUF file, named by its file (the "
                    "first part of a split one), and each subfolder's model with the mmproj projector beside it, named "
                    "by the subfolder.")
+@click.option("--models-preset", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Serve the models an INI file describes, llama-server's preset shape: a [NAME] section each, "
+                   "its keys serve's options without dashes (model, c, np, cache-type-k, pooling, alias...). See "
+                   "docs/server.md.")
 @click.option("--models-max", type=click.IntRange(0), default=0, show_default=True,
               help="With several -m: models loaded at once (0: every one). The first ones load at start, the others "
                    "at their first request, the least recently used idle one unloaded to make room.")
@@ -253,7 +258,7 @@ def serve(ctx_size: int | None, kv_unified: bool | None, host: str, port: int, a
           allowed_hosts: str | None, cors_origins: str | None, strict_fields: bool, alias: str | None, max_queue: int,
           max_body_mb: float, data_dir: Path | None, max_upload_mb: float, max_batch_lines: int,
           prepare_timeout: float, send_timeout: float, keep_alive: float, stream_interval: float | None,
-          models_dir: Path | None, models_max: int, models_keep_alive: str,
+          models_dir: Path | None, models_preset: Path | None, models_max: int, models_keep_alive: str,
           dashboard: bool | None, ray_address: str | None, replicas: int | None, routing: str | None,
           share_prefixes: bool | None, worker_gpus: float | None, verbose: bool, **options) -> None:
     """Serve the model over an OpenAI-compatible HTTP API, batching concurrent clients.
@@ -271,28 +276,27 @@ def serve(ctx_size: int | None, kv_unified: bool | None, host: str, port: int, a
     from ..server.store import StoreError
 
     _check_ray_options(ray_address, replicas, routing, share_prefixes, worker_gpus, dashboard)
+    context = click.get_current_context()
+    presets = preset_models(models_preset, serve, context) if models_preset is not None else []
     model_names, options["model"] = options["model"], options["model"][0]
-    several = len(model_names) > 1 or models_dir is not None
+    several = len(model_names) > 1 or models_dir is not None or bool(presets)
     if several and ray_address is not None:
-        raise click.UsageError("--ray serves one model: give -m once, and no --models-dir")
+        raise click.UsageError("--ray serves one model: give -m once, and no --models-dir or --models-preset")
     if several and models_max == 1:
         raise click.UsageError("--models-max 1 leaves no room for a second model: the first one stays loaded (the "
                                "Batch API, /metrics and the dashboard are its); give 2 or more, or 0 for all")
-    options["slot_ctx"], options["kv_pool"] = _kv_sizes(ctx_size, options["slot_ctx"], options["parallel"],
-                                                        kv_unified is not False and not options["batch_invariant"])
-    options["kv_layout"] = "pool" if kv_unified else "auto"
-    if options["step_tokens"] is None:
-        options["step_tokens"] = min(max(SERVE_STEP_TOKENS, options["parallel"]), options["n_batch"])
-    config = runner_config(options)
+    config = serve_config({**options, "ctx_size": ctx_size, "kv_unified": kv_unified})
     settings_defaults = sampling_defaults(options)
-    if config.chat_template:
-        check_chat_template(config.chat_template)
-    # A folder alone serves its models (without -m, the default model is not served beside them).
-    folder_only = models_dir is not None and not options.get("hf_repo") and \
-        click.get_current_context().get_parameter_source("model") is click.core.ParameterSource.DEFAULT
-    resolved = None if folder_only else resolve_model(config.model)
-    configs, names = served_models(config, resolved, alias, model_names[1:], models_dir)
+    # A folder or a models file alone serves its models (without -m, the default model is not served beside them).
+    given_elsewhere = (models_dir is not None or bool(presets)) and not options.get("hf_repo") and \
+        context.get_parameter_source("model") is click.core.ParameterSource.DEFAULT
+    resolved = None if given_elsewhere else resolve_model(config.model)
+    described = [(preset.name, resolved_config(serve_config(preset.options), resolve_model(preset.options["model"][0])))
+                 for preset in presets]
+    configs, names = served_models(config, resolved, alias, model_names[1:], models_dir, described)
+    model_aliases, deferred_models = served_names(presets, names)
     settings = ServerSettings(model_name=names[0], more_models=names[1:], models_max=models_max,
+                              model_aliases=model_aliases, deferred_models=deferred_models,
                               model_keep_alive_s=duration(models_keep_alive, "--models-keep-alive"),
                               api_key=api_key or None, max_queue=max_queue,
                               max_body_bytes=int(max_body_mb * 2**20), defaults=settings_defaults,
@@ -396,25 +400,6 @@ def _free_port(host: str) -> int:
 
     with open_socket(host, 0) as probe:
         return probe.getsockname()[1]
-
-
-def _kv_sizes(ctx_size: int | None, slot_ctx: int | None, parallel: int, unified: bool) -> tuple[int | None, int | str | None]:
-    """(slot_ctx, kv_pool) from -c, --slot-ctx and -np: one pool of -c tokens (sized from the
-    model and memory without -c) whose sessions --slot-ctx caps; or, with windows, each slot's
-    window: --slot-ctx, or llama-server's -c divided among the -np slots."""
-    if unified:
-        if ctx_size is not None and slot_ctx is not None and slot_ctx > ctx_size:
-            raise click.UsageError(f"--slot-ctx {slot_ctx} caps a session above the whole pool (-c {ctx_size})")
-        return slot_ctx, ctx_size if ctx_size is not None else KV_POOL_AUTO
-    if ctx_size is None:
-        return slot_ctx, None
-    if slot_ctx is not None:
-        raise click.UsageError("with --no-kv-unified, give -c/--ctx-size (the total) or --slot-ctx (per slot), "
-                               "not both")
-    if ctx_size // parallel < 16:
-        raise click.UsageError(f"-c {ctx_size} leaves {ctx_size // parallel} tokens to each of {parallel} slots; "
-                               f"give at least {16 * parallel}")
-    return ctx_size // parallel, None
 
 
 def _kv_types(config: RunnerConfig) -> str:

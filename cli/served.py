@@ -6,13 +6,16 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+from collections.abc import Sequence
 from pathlib import Path
 
 import click
 
 from .. import models
-from ..config import RunnerConfig
+from ..config import KV_POOL_AUTO, RunnerConfig
+from .job import check_chat_template
 from .models_commands import resolve_model
+from .options import SERVE_STEP_TOKENS, runner_config
 
 
 def duration(value: str, option: str) -> float:
@@ -28,12 +31,13 @@ def duration(value: str, option: str) -> float:
 
 
 def served_models(config: RunnerConfig, resolved: models.ResolvedModel | None, alias: str | None,
-                  more: tuple[str, ...], folder: Path | None = None) -> tuple[list[RunnerConfig], tuple[str, ...]]:
+                  more: tuple[str, ...], folder: Path | None = None,
+                  described: Sequence[tuple[str, RunnerConfig]] = ()) -> tuple[list[RunnerConfig], tuple[str, ...]]:
     """The config and name of each model serve was given: the first -m (with the projector
-    options; none when only a folder was given), each further -m with the same engine options
-    but its own file (and no projector but one found beside it), then those the folder holds;
-    the first is named --alias where given. A usage error when two would share a name, or when
-    the folder holds none."""
+    options; none when only a folder or a models file was given), each further -m with the same
+    engine options but its own file (and no projector but one found beside it), those the folder
+    holds, then those a models file describes (named, with their own configs); the first is named
+    --alias where given. A usage error when two would share a name, or when the folder holds none."""
     configs, names = ([resolved_config(config, resolved)], [resolved.name]) if resolved is not None else ([], [])
     for name in more:
         extra = resolve_model(name)
@@ -46,6 +50,9 @@ def served_models(config: RunnerConfig, resolved: models.ResolvedModel | None, a
         for name, weights, projector in found:
             configs.append(dataclasses.replace(config, model=str(weights), mmproj=projector and str(projector)))
             names.append(name)
+    for name, described_config in described:
+        configs.append(described_config)
+        names.append(name)
     names[0] = alias or names[0]
     repeated = next((name for name in names if names.count(name) > 1), None)
     if repeated is not None:
@@ -91,3 +98,39 @@ def _is_projector(path: Path) -> bool:
 def _is_weights(path: Path) -> bool:
     shard = SHARD.search(path.name)
     return path.suffix.lower() == ".gguf" and not _is_projector(path) and (shard is None or int(shard.group(1)) == 1)
+
+
+def serve_config(options: dict) -> RunnerConfig:
+    """The RunnerConfig of serve's parameters for one model (-m's first, or a models file's)."""
+    options = dict(options)
+    ctx_size, kv_unified = options["ctx_size"], options["kv_unified"]
+    if isinstance(options["model"], tuple):
+        options["model"] = options["model"][0]
+    options["slot_ctx"], options["kv_pool"] = _kv_sizes(ctx_size, options["slot_ctx"], options["parallel"],
+                                                        kv_unified is not False and not options["batch_invariant"])
+    options["kv_layout"] = "pool" if kv_unified else "auto"
+    if options["step_tokens"] is None:
+        options["step_tokens"] = min(max(SERVE_STEP_TOKENS, options["parallel"]), options["n_batch"])
+    config = runner_config(options)
+    if config.chat_template:
+        check_chat_template(config.chat_template)
+    return config
+
+
+def _kv_sizes(ctx_size: int | None, slot_ctx: int | None, parallel: int, unified: bool) -> tuple[int | None, int | str | None]:
+    """(slot_ctx, kv_pool) from -c, --slot-ctx and -np: one pool of -c tokens (sized from the
+    model and memory without -c) whose sessions --slot-ctx caps; or, with windows, each slot's
+    window: --slot-ctx, or llama-server's -c divided among the -np slots."""
+    if unified:
+        if ctx_size is not None and slot_ctx is not None and slot_ctx > ctx_size:
+            raise click.UsageError(f"--slot-ctx {slot_ctx} caps a session above the whole pool (-c {ctx_size})")
+        return slot_ctx, ctx_size if ctx_size is not None else KV_POOL_AUTO
+    if ctx_size is None:
+        return slot_ctx, None
+    if slot_ctx is not None:
+        raise click.UsageError("with --no-kv-unified, give -c/--ctx-size (the total) or --slot-ctx (per slot), "
+                               "not both")
+    if ctx_size // parallel < 16:
+        raise click.UsageError(f"-c {ctx_size} leaves {ctx_size // parallel} tokens to each of {parallel} slots; "
+                               f"give at least {16 * parallel}")
+    return ctx_size // parallel, None

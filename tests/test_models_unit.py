@@ -103,11 +103,11 @@ def test_unknown_and_loading_models_are_refused_in_each_apis_shape(two_models):
 
 
 def loading_app(make_runner, models_max: int = 0, keep_alive_s: float = math.inf, fails: tuple[str, ...] = (),
-                room_timeout_s: float = 2.0):
+                room_timeout_s: float = 2.0, **settings):
     """An app whose models (ALPHA, BETA, GAMMA, DELTA) its loader opens on fake backends (those
     in `fails` raise), with --models-max and --models-keep-alive; the names opened, in order."""
     app = create_app(None, ServerSettings(model_name=ALPHA, more_models=(BETA, GAMMA, DELTA), models_max=models_max,
-                                          model_keep_alive_s=keep_alive_s))
+                                          model_keep_alive_s=keep_alive_s, **settings))
     state, opened = app.state.server, []
 
     def open_runner(name: str):
@@ -254,6 +254,20 @@ def test_when_no_model_can_load_at_start_the_server_stops_saying_why(make_runner
     asyncio.run(_load_at_start(server, None, failure))
     assert server.should_exit and failure == ["the model could not load: no such file: chat-alpha.gguf"]
     app.state.server.close()
+
+
+def test_a_models_files_aliases_pick_their_model_and_its_deferred_models_wait_for_a_request(make_runner,
+                                                                                           serve_app):
+    app, opened = loading_app(make_runner, model_aliases=(("small", BETA), ("tiny", BETA)),
+                              deferred_models=(ALPHA, GAMMA))
+    server = SimpleNamespace(state=app.state.server, should_exit=False)
+    asyncio.run(_load_at_start(server, None, []))
+    assert opened == [ALPHA, BETA, DELTA], "GAMMA is loaded at its first request; the default always at start"
+    base = serve_app(app)
+    status, body = chat_with(base, "tiny")
+    assert status == 200 and body["choices"][0]["message"]["content"] == f"I am {BETA}."
+    assert [card["aliases"] for card in get(base, "/v1/models")[1]["data"]] == [[], ["small", "tiny"], [], []]
+    assert chat_with(base, GAMMA)[0] == 200 and opened == [ALPHA, BETA, DELTA, GAMMA]
 
 
 def post(base: str, path: str, payload: dict) -> tuple[int, dict]:

@@ -67,7 +67,7 @@ async def metrics(request: HttpRequest) -> Response:
 def _model_card(model: ServedModel) -> dict[str, Any]:
     """A served model as /v1/models lists it, with its state as llama-server's router says it."""
     card = {"id": model.name, "object": "model", "created": 0, "owned_by": "multiseq",
-            "status": {"value": model.status}}
+            "aliases": list(model.aliases), "status": {"value": model.status}}
     if model.runner is not None and any(_modalities(model.runner).values()):
         card["capabilities"] = ["completion", "multimodal"]  # as llama-server lists a model that reads media
     return card

@@ -12,7 +12,7 @@ import asyncio
 import json
 import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +36,7 @@ class ServedModel:
     picked_at: float = 0.0  # when a request last picked it (monotonic)
     keep_alive_s: float = math.inf  # idle this long, it is unloaded (the last request's keep_alive)
     idle_since: float | None = None  # when it was first seen idle since its last use
+    aliases: tuple[str, ...] = ()  # more names requests may give it (a models file's `alias`)
 
     @property
     def status(self) -> str:
@@ -57,17 +58,27 @@ class ServedModel:
 class ServedModels:
     """The served models in the order they were named; the first is the default."""
 
-    def __init__(self, names: Sequence[str]) -> None:
-        if not names or len(set(names)) != len(names):
-            raise ValueError(f"a server serves one model or more, each under its own name: got {list(names)}")
+    def __init__(self, names: Sequence[str], aliases: Mapping[str, str] | None = None) -> None:
+        aliases = dict(aliases or {})
+        if not names or len(set(names)) != len(names) or set(aliases) & set(names) or \
+                not set(aliases.values()) <= set(names):
+            raise ValueError(f"a server serves one model or more, each under its own names: got {list(names)}, "
+                             f"aliases {aliases}")
         self._models = {name: ServedModel(name) for name in names}
+        self._aliases = {alias: self._models[name] for alias, name in aliases.items()}
+        for alias, model in self._aliases.items():
+            model.aliases += (alias,)
         self.default = self._models[names[0]]
 
     def __iter__(self) -> Iterator[ServedModel]:
         return iter(self._models.values())
 
     def named(self, name: str) -> ServedModel | None:
-        return self._models.get(name) or self._models.get(name.removesuffix(OLLAMA_TAG))
+        for each in (name, name.removesuffix(OLLAMA_TAG)):
+            found = self._models.get(each) or self._aliases.get(each)
+            if found is not None:
+                return found
+        return None
 
     def pick(self, name: object) -> ServedModel:
         """The model a request names (None: the default); a 404 naming the served ones when

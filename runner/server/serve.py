@@ -180,11 +180,12 @@ async def _stop_when_the_engine_fails(server: Server, state, failure: list[str])
 
 async def _load_at_start(server: Server, on_ready: Callable[[Runner], None] | None, failure: list[str]) -> None:
     """Load the models the server starts with (the first --models-max, every one without a
-    limit) one after the other, each served as soon as it has loaded; one that cannot load is
-    marked so (its requests get a 503), and when none could, the server stops saying why. The
-    others load at their first request."""
+    limit, but those a models file defers) one after the other, each served as soon as it has
+    loaded; one that cannot load is marked so (its requests get a 503), and when none could, the
+    server stops saying why. The others load at their first request."""
     state = server.state
-    first = list(state.models)[:state.loader.max_loaded or None]
+    deferred = set(state.settings.deferred_models) - {state.models.default.name}
+    first = [model for model in state.models if model.name not in deferred][:state.loader.max_loaded or None]
     for model in first:
         await state.loader.ensure_loaded(model)
         if server.should_exit:

@@ -39,6 +39,8 @@ class ServerSettings:
     more_models: tuple[str, ...] = ()
     models_max: int = 0  # models loaded at once (0: every one); the least recently used idle one goes for another
     model_keep_alive_s: float = math.inf  # a model idle this long is unloaded (a request's keep_alive wins)
+    model_aliases: tuple[tuple[str, str], ...] = ()  # (alias, model name): more names requests may give a model
+    deferred_models: tuple[str, ...] = ()  # models loaded at their first request, not at start (never the first)
     api_key: str | None = None  # when set, every route but /health wants `Authorization: Bearer <key>`
     metrics_public: bool = False  # with an api_key, /metrics is open too
     # Host header names besides the bound address and loopback (`*`: any; `*.lan`: a domain).
@@ -91,7 +93,7 @@ class ServerState:
     """What the routes share: the models and their runners, settings, metrics."""
 
     def __init__(self, runner: Runner | None, settings: ServerSettings) -> None:
-        self.models = ServedModels([settings.model_name, *settings.more_models])
+        self.models = ServedModels([settings.model_name, *settings.more_models], dict(settings.model_aliases))
         self.models.default.runner = runner
         self.settings = settings
         self.metrics = ServerMetrics(lambda: self.runner)
