@@ -30,7 +30,7 @@ from .dashboard import ServerDashboard
 from .images import DEFAULT_IMAGE_PROMPT, image_prompts_file
 from .job import BatchJob, OpenedRunner
 from .presets import preset_models, served_names
-from .served import duration, resolved_config, serve_config, served_models
+from .served import MemorySize, duration, resolved_config, serve_config, served_models
 from .options import (SERVE_STEP_TOKENS, StreamInterval, engine_options, overflow_option, runner_config,
                       sampling_defaults, sampling_options)
 from ..formats.reader import PromptFormat, TextMode
@@ -208,6 +208,10 @@ def batch_run(prompts_file: Path | None, images_dir: Path | None, image_prompt: 
 @click.option("--models-max", type=click.IntRange(0), default=0, show_default=True,
               help="With several -m: models loaded at once (0: every one). The first ones load at start, the others "
                    "at their first request, the least recently used idle one unloaded to make room.")
+@click.option("--models-memory", type=MemorySize(), metavar="SIZE",
+              help="With several models: the most memory the server may hold with its models loaded (8G, 6000M), "
+                   "each model's share computed from its GGUF before it loads (weights, KV, --cache-ram); the least "
+                   "recently used idle one is unloaded to make room.")
 @click.option("--models-keep-alive", metavar="DURATION", default="-1", show_default=True,
               help="With several -m: a model idle this long is unloaded, and loaded again at its next request "
                    "(seconds, or 5m, 1h; -1: never). A request's keep_alive (Ollama's) wins. The first model stays.")
@@ -258,7 +262,8 @@ def serve(ctx_size: int | None, kv_unified: bool | None, host: str, port: int, a
           allowed_hosts: str | None, cors_origins: str | None, strict_fields: bool, alias: str | None, max_queue: int,
           max_body_mb: float, data_dir: Path | None, max_upload_mb: float, max_batch_lines: int,
           prepare_timeout: float, send_timeout: float, keep_alive: float, stream_interval: float | None,
-          models_dir: Path | None, models_preset: Path | None, models_max: int, models_keep_alive: str,
+          models_dir: Path | None, models_preset: Path | None, models_max: int, models_memory: int | None,
+          models_keep_alive: str,
           dashboard: bool | None, ray_address: str | None, replicas: int | None, routing: str | None,
           share_prefixes: bool | None, worker_gpus: float | None, verbose: bool, **options) -> None:
     """Serve the model over an OpenAI-compatible HTTP API, batching concurrent clients.
@@ -297,6 +302,7 @@ def serve(ctx_size: int | None, kv_unified: bool | None, host: str, port: int, a
     model_aliases, deferred_models = served_names(presets, names)
     settings = ServerSettings(model_name=names[0], more_models=names[1:], models_max=models_max,
                               model_aliases=model_aliases, deferred_models=deferred_models,
+                              models_memory_bytes=models_memory,
                               model_keep_alive_s=duration(models_keep_alive, "--models-keep-alive"),
                               api_key=api_key or None, max_queue=max_queue,
                               max_body_bytes=int(max_body_mb * 2**20), defaults=settings_defaults,

@@ -30,6 +30,21 @@ def duration(value: str, option: str) -> float:
     return seconds if seconds is not None else math.inf
 
 
+class MemorySize(click.ParamType):
+    """An amount of memory in bytes: a number with K, M, G or T (powers of 1,024; KiB, GB... too)."""
+
+    name = "size"
+    UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+    def convert(self, value, param, ctx) -> int:
+        if isinstance(value, int):
+            return value
+        found = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?\s*", str(value), re.IGNORECASE)
+        if found is None or float(found[1]) <= 0:
+            self.fail(f"{value!r} is not an amount of memory such as 8G or 6000M", param, ctx)
+        return int(float(found[1]) * self.UNITS[found[2].upper()])
+
+
 def served_models(config: RunnerConfig, resolved: models.ResolvedModel | None, alias: str | None,
                   more: tuple[str, ...], folder: Path | None = None,
                   described: Sequence[tuple[str, RunnerConfig]] = ()) -> tuple[list[RunnerConfig], tuple[str, ...]]:

@@ -4,13 +4,14 @@ binds llama.cpp and knows nothing of names."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any
 
 from . import models
 from .config import DEFAULT_SLOT_CTX, KV_POOL_AUTO, RANK, RunnerConfig
 from .llama.backend import LlamaBackend, LlamaModel, free_memory_for_kv, grammar_tokenizers
-from .llama.kv_sizing import default_pool
+from .llama.kv_sizing import default_pool, free_host_memory
 
 
 def open_model(name_or_path: str | os.PathLike | None = None, chat_template: str | None = None,
@@ -95,6 +96,57 @@ def prepare_constraints_of(config: RunnerConfig) -> None:
         grammar_tokenizers.of(str(config.model))
     except ValueError:
         pass
+
+
+# What a loaded context holds besides its weights, KV and the logits of a step: llama.cpp's
+# compute buffers and the runner's own (13-14 MiB measured on Gemma 3 270M, 3-4 MiB on SmolLM2,
+# at 4,096 and 32,768 pool tokens), with room to spare.
+CONTEXT_OVERHEAD_BYTES = 32 * 2**20
+# llguidance's tokenizer with the vocabulary-only model under it, kept for the process once
+# built: 145 MiB measured for Gemma 3's 262,144 tokens (580 bytes a token), 37 MiB for
+# SmolLM2's 49,152 (790).
+KEPT_BYTES_PER_VOCABULARY_TOKEN = 800
+
+
+def memory_of(config: RunnerConfig, room_bytes: int | None = None) -> tuple[int, int, RunnerConfig]:
+    """(loaded, kept, config): the host memory a model takes while loaded with this config, and
+    what it keeps for the process once loaded (its constraints' tokenizer), from its GGUF's
+    metadata alone (no weights read), and the config to load it with. Loaded: its weights and
+    projector (their files' sizes), its KV pool, its RAM tier at its bound (--cache-ram), the
+    logits of one step and CONTEXT_OVERHEAD_BYTES. A pool sized by default (auto) is sized here,
+    within `room_bytes` (the memory it may take; None: what the host has free), and the config
+    returned names it, so that the load makes that pool and not one sized from the memory free
+    then."""
+    resolved = models.resolve(config.model)
+    model = LlamaModel(str(resolved.path), vocab_only=True)
+    try:
+        config = _pool_sized(model, config, room_bytes, os.path.getsize(resolved.path))
+        per_token = model.kv_bytes_per_token((config.cache_type_k, config.cache_type_v)) or 0
+        pool = config.kv_pool if isinstance(config.kv_pool, int) else config.session_ctx * config.parallel
+        projector = config.mmproj or (str(resolved.projector) if resolved.projector and config.auto_mmproj else None)
+        step_logits = model.n_vocab * 4 * max(config.step_tokens or 0, config.parallel)
+        total = os.path.getsize(resolved.path) + (os.path.getsize(projector) if projector else 0) + pool * per_token + \
+            (config.cache_ram_mib * 2**20 if config.prefix_cache else 0) + step_logits + CONTEXT_OVERHEAD_BYTES
+        kept = 0 if (config.pooling or model.pooling) == RANK else model.n_vocab * KEPT_BYTES_PER_VOCABULARY_TOKEN
+        return total, kept, config
+    finally:
+        model.close()
+
+
+def _pool_sized(model: LlamaModel, config: RunnerConfig, room_bytes: int | None, weight_bytes: int) -> RunnerConfig:
+    """The config with an auto pool sized as backend_on would size it, but within room_bytes."""
+    per_token = model.kv_bytes_per_token((config.cache_type_k, config.cache_type_v))
+    if config.kv_pool != KV_POOL_AUTO or not per_token:
+        return config
+    free = free_host_memory()  # what backend_on reads once the weights are in
+    free = None if free is None else max(0, free - weight_bytes)
+    if room_bytes is not None:
+        ram_tier = config.cache_ram_mib * 2**20 if config.prefix_cache else 0
+        within = max(0, room_bytes - weight_bytes - ram_tier - CONTEXT_OVERHEAD_BYTES)
+        free = within if free is None else min(free, within)
+    sized = default_pool(model.n_ctx_train or DEFAULT_SLOT_CTX, config.parallel, per_token, free)
+    return dataclasses.replace(config, kv_pool=sized.tokens,
+                               slot_ctx=min(config.slot_ctx or sized.session_tokens, sized.tokens))
 
 
 def model_placement(config: RunnerConfig) -> dict[str, Any]:

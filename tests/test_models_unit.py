@@ -20,6 +20,7 @@ import pytest
 from fakes import BOS, FakeBackend, LatestMention, fake_embedding_rows
 from helpers import post_json, wait_until
 from multiseq.server import ServerSettings, create_app
+from multiseq.server.budget import MemoryBudget, ModelMemory
 from multiseq.server.loader import ModelLoader
 from multiseq.server.models import ServedModels
 from multiseq.server.serve import _load_at_start
@@ -103,7 +104,7 @@ def test_unknown_and_loading_models_are_refused_in_each_apis_shape(two_models):
 
 
 def loading_app(make_runner, models_max: int = 0, keep_alive_s: float = math.inf, fails: tuple[str, ...] = (),
-                room_timeout_s: float = 2.0, **settings):
+                room_timeout_s: float = 2.0, memory: MemoryBudget | None = None, **settings):
     """An app whose models (ALPHA, BETA, GAMMA, DELTA) its loader opens on fake backends (those
     in `fails` raise), with --models-max and --models-keep-alive; the names opened, in order."""
     app = create_app(None, ServerSettings(model_name=ALPHA, more_models=(BETA, GAMMA, DELTA), models_max=models_max,
@@ -119,7 +120,7 @@ def loading_app(make_runner, models_max: int = 0, keep_alive_s: float = math.inf
     for model in state.models:
         model.config = model.name
     state.loader = ModelLoader(state.models, open_runner, state.attach, models_max, room_timeout_s=room_timeout_s,
-                               on_unloaded=state.forget_runner, keep_alive_s=keep_alive_s)
+                               on_unloaded=state.forget_runner, keep_alive_s=keep_alive_s, memory=memory)
     return app, opened
 
 
@@ -268,6 +269,48 @@ def test_a_models_files_aliases_pick_their_model_and_its_deferred_models_wait_fo
     assert status == 200 and body["choices"][0]["message"]["content"] == f"I am {BETA}."
     assert [card["aliases"] for card in get(base, "/v1/models")[1]["data"]] == [[], ["small", "tiny"], [], []]
     assert chat_with(base, GAMMA)[0] == 200 and opened == [ALPHA, BETA, DELTA, GAMMA]
+
+
+def within_memory(limit_mib: int, **mib: int) -> MemoryBudget:
+    """A budget of limit_mib (the process's own 100 MiB of it), each model's share in `mib`
+    while loaded, and 10 MiB it keeps for the process once loaded."""
+    budget = MemoryBudget(limit_mib * 2**20, lambda name, room: ModelMemory(mib[name] * 2**20, 10 * 2**20, name))
+    budget.baseline_bytes = 100 * 2**20
+    return budget
+
+
+def test_within_a_memory_budget_a_load_unloads_the_least_recently_used_idle_models_it_needs(make_runner,
+                                                                                          serve_app):
+    app, opened = loading_app(make_runner, memory=within_memory(1000, **{ALPHA: 300, BETA: 300, GAMMA: 250,
+                                                                         DELTA: 500}))
+    server = SimpleNamespace(state=app.state.server, should_exit=False)
+    asyncio.run(_load_at_start(server, None, []))
+    assert opened == [ALPHA, BETA, GAMMA], "DELTA does not fit beside them: it waits for its first request"
+    base = serve_app(app)
+    models = app.state.server.models
+    for model, idle_for in ((BETA, 20), (GAMMA, 30)):
+        models.named(model).picked_at -= idle_for
+    assert chat_with(base, DELTA)[0] == 200, "100 + 310 + 510 and 30 kept fits once GAMMA, then BETA, are unloaded"
+    assert statuses(base) == ["loaded", "unloaded", "unloaded", "loaded"] and opened[-1] == DELTA
+
+
+def test_a_model_over_the_memory_budget_alone_fails_its_requests_saying_so(make_runner, serve_app):
+    app, opened = loading_app(make_runner, memory=within_memory(1000, **{ALPHA: 300, BETA: 950, GAMMA: 1, DELTA: 1}))
+    base = serve_app(app)
+    status, body = chat_with(base, BETA)
+    assert status == 503 and body["error"]["code"] == "model_failed" and opened == []
+    assert body["error"]["message"].startswith('The model "chat-beta" could not be loaded: it needs 960 MiB loaded, '
+                                               'more than --models-memory leaves to one model (900 MiB of 1000 MiB)')
+
+
+def test_a_model_that_cannot_fit_beside_the_default_is_refused_at_once(make_runner, serve_app):
+    app, opened = loading_app(make_runner, room_timeout_s=60, memory=within_memory(1000, **{ALPHA: 500, BETA: 450,
+                                                                                            GAMMA: 1, DELTA: 1}))
+    base = serve_app(app)
+    assert chat_with(base, ALPHA)[0] == 200
+    status, body = chat_with(base, BETA)  # 100 + 510 + 460 > 1000, and the default stays loaded
+    assert status == 503 and body["error"]["code"] == "models_memory" and opened == [ALPHA]
+    assert "does not fit in --models-memory 1000 MiB beside the models that stay loaded" in body["error"]["message"]
 
 
 def post(base: str, path: str, payload: dict) -> tuple[int, dict]:

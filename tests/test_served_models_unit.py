@@ -10,7 +10,7 @@ import pytest
 
 from multiseq.cli.main import serve
 from multiseq.cli.presets import preset_models, served_names
-from multiseq.cli.served import folder_models, serve_config
+from multiseq.cli.served import MemorySize, folder_models, serve_config
 
 
 def test_a_folder_holds_its_gguf_files_and_its_subfolders_models(tmp_path):
@@ -89,3 +89,12 @@ def test_a_models_files_alias_may_not_take_a_served_name(tmp_path):
         ((("small", "chat"), ("tiny", "chat")), ("ranker",))
     with pytest.raises(click.UsageError, match="the alias 'small' of \\[chat\\] is already a served model's name"):
         served_names([chat, ranker], ("small", "chat", "ranker"))
+
+
+def test_a_memory_budget_is_read_in_the_units_people_write():
+    size = MemorySize()
+    assert [size.convert(text, None, None) for text in ("8G", "6000M", "1.5GiB", "512mb", "1048576")] == \
+        [8 * 2**30, 6000 * 2**20, 3 * 2**29, 512 * 2**20, 2**20]
+    for text in ("lots", "0G", "-1G", "8X"):
+        with pytest.raises(click.BadParameter, match="is not an amount of memory"):
+            size.convert(text, None, None)

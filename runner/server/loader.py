@@ -11,6 +11,10 @@ a sweep on the event loop; its next request loads it again. While every loaded m
 the sweep prepares the models not loaded (what their load would do holding the GIL). The
 default model (the first) is never unloaded: the Batch API, /metrics and the dashboard are its.
 A model that fails to load fails its requests with a 503 naming it, and the others go on.
+
+With a memory budget (--models-memory, multiseq.server.budget), each model's share is computed
+before its first load, and a load first unloads least recently used idle models until the
+process stays within the budget; a model that can never fit fails its requests saying so.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..loop.runner import Runner
+from .budget import MemoryBudget, size_text
 from .errors import OVERLOADED, ApiError
 from .limits import RETRY_AFTER_SECONDS
 from .models import ServedModel, ServedModels
@@ -41,7 +46,7 @@ class ModelLoader:
     def __init__(self, models: ServedModels, open_runner: Callable[[Any], Runner],
                  attach: Callable[[Runner, str], None], max_loaded: int = 0, room_timeout_s: float = 60.0,
                  on_unloaded: Callable[[Runner], None] | None = None, keep_alive_s: float = math.inf,
-                 prepare: Callable[[Any], None] | None = None) -> None:
+                 prepare: Callable[[Any], None] | None = None, memory: MemoryBudget | None = None) -> None:
         self.models = models
         self.open_runner = open_runner
         self.attach = attach
@@ -52,6 +57,7 @@ class ModelLoader:
         self.is_closed = False  # the server stopped: a load that ends now closes its runner
         self.prepare = prepare  # builds, from a config, what its load would build holding the GIL
         self.prepared: set[str] = set()  # the models whose preparation ran
+        self.memory = memory  # None: loads are bounded by their count alone
 
     async def ensure_loaded(self, model: ServedModel) -> None:
         """Return once `model` is loaded (or could not be: its failure says why); a load under
@@ -64,6 +70,8 @@ class ModelLoader:
 
     async def _load(self, model: ServedModel) -> None:
         try:
+            if not await self._measured(model):
+                return
             await self._make_room(model)
             started = time.monotonic()
             try:
@@ -73,30 +81,77 @@ class ModelLoader:
                 model.failure = f"the model could not load: {error}"
                 return
             model.idle_since, model.keep_alive_s = None, self.keep_alive_s
+            if self.memory is not None:
+                self.memory.kept.add(model.name)
             self.attach(runner, model.name)
             logger.info("loaded %s in %.1f s", model.name, time.monotonic() - started)
         finally:
             model.loading = None
 
+    async def _measured(self, model: ServedModel) -> bool:
+        """With a memory budget, the model's share known and its config sized within the
+        budget; False, its failure said, when it cannot be known or is over the budget alone."""
+        if self.memory is None:
+            return True
+        try:
+            memory = await self.memory.measured(model.name, model.config)
+        except Exception as error:  # noqa: BLE001 - said to its requests, as a failed load is
+            logger.error("the model %s could not load: %s", model.name, error)
+            model.failure = f"the model could not load: {error}"
+            return False
+        model.config = memory.config
+        why = self.memory.too_large_alone(model.name)
+        if why is not None:
+            model.told_failure, model.failure = why, f"the model could not load: {why}"
+            logger.error("the model %s could not load: %s", model.name, why)
+            return False
+        return True
+
     async def _make_room(self, model: ServedModel) -> None:
-        """Unload least recently used idle models until one more fits under max_loaded; wait
-        for one to become idle when none is, up to room_timeout_s."""
+        """Unload least recently used idle models until one more fits under max_loaded and the
+        memory budget; wait for one to become idle when none is, up to room_timeout_s. A 503
+        at once where unloading every other model could not make room in the budget."""
         deadline = time.monotonic() + self.room_timeout_s
-        while self.max_loaded and self._num_holding(model) >= self.max_loaded:
+        while not self.has_room_for(model):
+            staying = [other.name for other in self.models if other.runner is not None and not self.can_unload(other)]
+            if self.memory is not None and not self.memory.fits(model.name, staying):
+                raise self._no_room(model, f"it does not fit in --models-memory {size_text(self.memory.limit_bytes)} "
+                                           f"beside the models that stay loaded", "models_memory")
             idle = [other for other in self.models if other is not model and other.is_idle and self.can_unload(other)]
             if idle:
                 await self.unload(min(idle, key=lambda other: other.picked_at))
                 continue
             if time.monotonic() > deadline:
-                raise ApiError(503, f"The model {model.name!r} cannot be loaded now: {self.max_loaded} models are "
-                                    f"loaded (--models-max) and every one is busy. Retry later.", OVERLOADED,
-                               code="models_busy", headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
+                limit = f"{self.max_loaded} models are loaded (--models-max)" if self._too_many(model) else \
+                    f"the loaded models take what --models-memory {size_text(self.memory.limit_bytes)} holds"
+                raise self._no_room(model, f"{limit} and every one is busy", "models_busy")
             await asyncio.sleep(ROOM_POLL_SECONDS)
 
-    def _num_holding(self, model: ServedModel) -> int:
-        """Models loaded, or being loaded (but `model`): what the limit counts."""
-        return sum(other.runner is not None or (other.loading is not None and other is not model)
-                   for other in self.models)
+    @staticmethod
+    def _no_room(model: ServedModel, why: str, code: str) -> ApiError:
+        return ApiError(503, f"The model {model.name!r} cannot be loaded now: {why}. Retry later.", OVERLOADED,
+                        code=code, headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
+
+    def has_room_for(self, model: ServedModel) -> bool:
+        """Whether `model` may load now without unloading another (its share measured)."""
+        return not self._too_many(model) and \
+            (self.memory is None or self.memory.fits(model.name, [other.name for other in self._holding(model)]))
+
+    async def load_if_room(self, model: ServedModel) -> bool:
+        """Load `model` where it fits beside those loaded, unloading none (a server's start);
+        False when it is left for its first request."""
+        if await self._measured(model) and self.has_room_for(model):
+            await self.ensure_loaded(model)
+            return True
+        return False
+
+    def _too_many(self, model: ServedModel) -> bool:
+        return bool(self.max_loaded) and len(self._holding(model)) >= self.max_loaded
+
+    def _holding(self, model: ServedModel) -> list[ServedModel]:
+        """Models loaded, or being loaded (but `model`): what the limits count."""
+        return [other for other in self.models
+                if other.runner is not None or (other.loading is not None and other is not model)]
 
     async def _opened(self, config: Any) -> Runner:
         """open_runner(config) on a daemon thread; a runner that comes after the server stopped
@@ -168,8 +223,15 @@ class ModelLoader:
                    model.loading is None and model.failure is None and model.name not in self.prepared]
         if not waiting:
             return
-        self.prepared.add(waiting[0].name)
+        model = waiting[0]
+        if self.memory is not None:  # what it keeps for the process must fit beside the loaded models
+            loaded = [other.name for other in self.models if other.runner is not None]
+            if not await self._measured(model) or not self.memory.fits(model.name, loaded, kept_only=True):
+                return
+        self.prepared.add(model.name)
         try:
-            await asyncio.to_thread(self.prepare, waiting[0].config)
+            await asyncio.to_thread(self.prepare, model.config)
         except Exception as error:  # noqa: BLE001 - its load will meet it again, and say so
-            logger.warning("could not prepare %s before its load: %s", waiting[0].name, error)
+            logger.warning("could not prepare %s before its load: %s", model.name, error)
+        if self.memory is not None:
+            self.memory.kept.add(model.name)

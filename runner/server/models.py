@@ -31,6 +31,7 @@ class ServedModel:
     name: str
     runner: Runner | None = None  # None: not loaded (loading, unloaded, or it could not load)
     failure: str | None = None  # why it could not load
+    told_failure: str | None = None  # why, where its clients may be told (no path, no internals)
     config: Any = None  # what a loader opens it from (None: it is attached, never loaded here)
     loading: asyncio.Future | None = None  # a load under way, which requests for it await
     picked_at: float = 0.0  # when a request last picked it (monotonic)
@@ -97,7 +98,8 @@ def ready(model: ServedModel) -> Runner:
     """The model's runner, or a 503 saying why there is none to serve it now."""
     model.picked_at = time.monotonic()
     if model.failure is not None:
-        raise ApiError(503, f"The model {json.dumps(model.name)} could not be loaded.", OVERLOADED,
+        why = f": {model.told_failure}" if model.told_failure else ""
+        raise ApiError(503, f"The model {json.dumps(model.name)} could not be loaded{why}.", OVERLOADED,
                        code="model_failed")
     if model.runner is None:
         raise ApiError(503, f"The model {json.dumps(model.name)} is loading; try again shortly.", OVERLOADED,

@@ -22,6 +22,7 @@ import uvicorn
 from ..config import RunnerConfig
 from ..loop.runner import Runner
 from .app import ServerSettings, ServerState, create_app
+from .budget import MemoryBudget, ModelMemory
 from .loader import ModelLoader
 
 logger = logging.getLogger("multiseq.server")
@@ -117,6 +118,13 @@ def prepare_constraints_of(config: RunnerConfig) -> None:
     prepare(config)
 
 
+def memory_of(config: RunnerConfig, room_bytes: int) -> ModelMemory:
+    """multiseq.loading's, imported at the first call (it loads llama.cpp)."""
+    from ..loading import memory_of as measure
+
+    return ModelMemory(*measure(config, room_bytes))
+
+
 def freeze_loaded_objects() -> None:
     """Leave what loading made (the model's vocabulary and caches, templates, modules) out of
     the garbage collector's full passes from now on. Such a pass walks every tracked object and
@@ -180,14 +188,15 @@ async def _stop_when_the_engine_fails(server: Server, state, failure: list[str])
 
 async def _load_at_start(server: Server, on_ready: Callable[[Runner], None] | None, failure: list[str]) -> None:
     """Load the models the server starts with (the first --models-max, every one without a
-    limit, but those a models file defers) one after the other, each served as soon as it has
-    loaded; one that cannot load is marked so (its requests get a 503), and when none could, the
-    server stops saying why. The others load at their first request."""
+    limit, but those a models file defers, and those over the memory budget beside the ones
+    before them) one after the other, each served as soon as it has loaded; one that cannot load
+    is marked so (its requests get a 503), and when none could, the server stops saying why. The
+    others load at their first request."""
     state = server.state
     deferred = set(state.settings.deferred_models) - {state.models.default.name}
     first = [model for model in state.models if model.name not in deferred][:state.loader.max_loaded or None]
     for model in first:
-        await state.loader.ensure_loaded(model)
+        await state.loader.load_if_room(model)
         if server.should_exit:
             return
         if on_ready is not None and model.runner is not None and model is state.models.default:
@@ -210,7 +219,8 @@ def serve(config: RunnerConfig | list[RunnerConfig], settings: ServerSettings, h
           access_log: bool = True, on_listening: Callable[[Server], None] | None = None,
           on_ready: Callable[[Runner], None] | None = None,
           open_runner: Callable[[RunnerConfig], Runner] = Runner,
-          prepare_model: Callable[[RunnerConfig], None] = prepare_constraints_of) -> str | None:
+          prepare_model: Callable[[RunnerConfig], None] = prepare_constraints_of,
+          measure_model: Callable[[RunnerConfig, int], ModelMemory] = memory_of) -> str | None:
     """Serve until a signal stops the server. The models (a config each: settings.model_name's,
     then settings.more_models') load one after the other once the socket is open; each serves
     as soon as it has loaded, and one that cannot load answers 503 while the others go on
@@ -228,9 +238,10 @@ def serve(config: RunnerConfig | list[RunnerConfig], settings: ServerSettings, h
     state = app.state.server
     for model, model_config in zip(state.models, configs):
         model.config = model_config
+    memory = None if settings.models_memory_bytes is None else MemoryBudget(settings.models_memory_bytes, measure_model)
     state.loader = ModelLoader(state.models, _prepared(open_runner), state.attach, settings.models_max,
                                on_unloaded=state.forget_runner, keep_alive_s=settings.model_keep_alive_s,
-                               prepare=prepare_model)
+                               prepare=prepare_model, memory=memory)
 
     async def run() -> None:
         serving = asyncio.ensure_future(server.serve(sockets=[listener]))

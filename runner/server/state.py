@@ -39,6 +39,7 @@ class ServerSettings:
     more_models: tuple[str, ...] = ()
     models_max: int = 0  # models loaded at once (0: every one); the least recently used idle one goes for another
     model_keep_alive_s: float = math.inf  # a model idle this long is unloaded (a request's keep_alive wins)
+    models_memory_bytes: int | None = None  # the process's memory with its models loaded at most (None: no bound)
     model_aliases: tuple[tuple[str, str], ...] = ()  # (alias, model name): more names requests may give a model
     deferred_models: tuple[str, ...] = ()  # models loaded at their first request, not at start (never the first)
     api_key: str | None = None  # when set, every route but /health wants `Authorization: Bearer <key>`
