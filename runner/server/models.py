@@ -71,8 +71,15 @@ class ServedModels:
             model.aliases += (alias,)
         self.default = self._models[names[0]]
 
+    def add(self, name: str, config: Any) -> ServedModel:
+        """A model served from now on (a pulled one), loaded at its first request."""
+        if self.named(name) is not None:
+            raise ValueError(f"a model is already served as {name!r}")
+        self._models[name] = ServedModel(name, config=config)
+        return self._models[name]
+
     def __iter__(self) -> Iterator[ServedModel]:
-        return iter(self._models.values())
+        return iter(list(self._models.values()))  # a pull may add one while a sweep goes over them
 
     def named(self, name: str) -> ServedModel | None:
         for each in (name, name.removesuffix(OLLAMA_TAG)):

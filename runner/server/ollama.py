@@ -35,6 +35,7 @@ from .chat import CompletionCall, start_completion
 from .embeddings import embedded
 from .errors import INVALID_REQUEST, ApiError, in_error_shape, internal_error
 from .native import infill_prompt
+from .ollama_pull import pull
 from .ollama_request import OllamaCall, chat_call, generate_call, keep_alive_of
 from .sse import EventStream
 
@@ -335,4 +336,5 @@ ROUTES = [
     Route("/api/show", show, methods=["POST"]),
     Route("/api/ps", running, methods=["GET"]),
     Route("/api/version", version, methods=["GET"]),
+    Route("/api/pull", _in_ollama_shape(pull), methods=["POST"]),
 ]
