@@ -215,6 +215,26 @@ def test_while_every_loaded_model_is_idle_the_others_are_prepared_once_each():
     assert prepared == [BETA, GAMMA], "one a sweep; ALPHA is loaded"
 
 
+def test_within_a_memory_budget_a_model_is_prepared_only_where_what_it_keeps_fits():
+    models = ServedModels([ALPHA, BETA, GAMMA])
+    for model in models:
+        model.config = model.name
+    prepared: list[str] = []
+    budget = MemoryBudget(1000 * 2**20, lambda name, room: ModelMemory(
+        {ALPHA: 500, BETA: 300, GAMMA: 300}[name] * 2**20, {ALPHA: 10, BETA: 450, GAMMA: 100}[name] * 2**20, name))
+    budget.baseline_bytes = 100 * 2**20
+    loader = ModelLoader(models, None, None, prepare=prepared.append, memory=budget)
+    models.default.runner = SimpleNamespace(num_waiting=0, latest_snapshot=SimpleNamespace(num_running=0), failure=None)
+    asyncio.run(budget.measured(ALPHA, ALPHA))
+    budget.kept.add(ALPHA)  # loaded: 100 + 500 + 10 used
+    for _ in range(3):
+        asyncio.run(loader._prepare_one_while_idle())
+    assert prepared == [] and budget.kept == {ALPHA}, "BETA would keep 450 MiB beside 610: over 1000"
+    models.named(BETA).failure = "set aside for this test"
+    asyncio.run(loader._prepare_one_while_idle())
+    assert prepared == [GAMMA] and budget.kept == {ALPHA, GAMMA}, "GAMMA's 100 MiB fits"
+
+
 def test_a_request_on_a_model_unloaded_under_it_says_so(make_runner, serve_app):
     app = create_app(None, ServerSettings(model_name=ALPHA, more_models=(BETA,)))
     state = app.state.server
