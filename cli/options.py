@@ -143,6 +143,11 @@ def engine_options(slot_ctx_help: str = "Context tokens per slot (prompt + gener
                           "where the projector reads it)."),
         click.option("--mmproj-auto/--no-mmproj", "auto_mmproj", default=True, show_default=True,
                      help="With a Hugging Face model (-hf), load the projector its repository holds for it."),
+        click.option("--lora", "lora_files", metavar="FILE", multiple=True, type=click.Path(exists=True, dir_okay=False),
+                     help="A LoRA adapter GGUF applied to every sequence, scale 1 (llama-server's --lora; again for "
+                          "more)."),
+        click.option("--lora-scaled", "lora_scaled", metavar="FILE:SCALE", multiple=True,
+                     help="A LoRA adapter GGUF with its scale (llama-server's --lora-scaled; again for more)."),
         click.option("--chat-template", metavar="NAME_OR_FILE",
                      help="Chat template for messages: a llama.cpp built-in name (chatml, gemma, llama3, ...) or a "
                           "Jinja template file. Default: the model's own."),
@@ -233,6 +238,8 @@ def sampling_options(max_tokens_default: int | None, max_tokens_help: str) -> Ca
 def runner_config(options: dict[str, Any]) -> RunnerConfig:
     """The RunnerConfig of the engine options (a usage error when a value does not go)."""
     values = {name: options[name] for name in ENGINE_FIELDS if name in options}
+    if options.get("lora_files") or options.get("lora_scaled"):
+        values["lora"] = lora_adapters(options.get("lora_files", ()), options.get("lora_scaled", ()))
     if values.get("slot_ctx") is None:
         values.pop("slot_ctx", None)
     if options.get("hf_repo"):
@@ -243,6 +250,21 @@ def runner_config(options: dict[str, Any]) -> RunnerConfig:
         return RunnerConfig(**values)
     except ValueError as error:
         raise click.UsageError(str(error)) from None
+
+
+def lora_adapters(files: tuple[str, ...], scaled: tuple[str, ...]) -> tuple[tuple[str, float], ...]:
+    """--lora FILE (scale 1) and --lora-scaled FILE:SCALE as (path, scale) pairs."""
+    pairs = [(path, 1.0) for path in files]
+    for given in scaled:
+        path, _, scale = given.rpartition(":")
+        try:
+            value = float(scale)
+        except ValueError:
+            raise click.UsageError(f"--lora-scaled {given!r}: give FILE:SCALE, the scale a number") from None
+        if not path or not os.path.isfile(path):
+            raise click.UsageError(f"--lora-scaled {given!r}: {path or given!r} is not a file")
+        pairs.append((path, value))
+    return tuple(pairs)
 
 
 def _hub_model(repo: str) -> str:

@@ -304,6 +304,8 @@ class RunnerConfig:
     # Without mmproj: load the projector a Hugging Face repository holds beside its model (as
     # llama.cpp's -hf does; --no-mmproj turns it off).
     auto_mmproj: bool = True
+    # LoRA adapters (GGUF file, scale) applied to every sequence (llama-server's --lora-scaled).
+    lora: tuple[tuple[str, float], ...] = ()
     # Overrides the model's template: a llama.cpp built-in template name, Jinja template text,
     # or the path of a Jinja template file (rendered with jinja2; see chat_template.py).
     chat_template: str | None = None
@@ -355,12 +357,7 @@ class RunnerConfig:
         _require(self.overflow in [policy.value for policy in OverflowPolicy],
                  f"overflow must be one of {', '.join(policy.value for policy in OverflowPolicy)}, got {self.overflow!r}")
         object.__setattr__(self, "overflow", OverflowPolicy(self.overflow))
-        _require(self.model is None or isinstance(self.model, (str, os.PathLike)),
-                 f"model must be a registry name or a path, got {self.model!r}")
-        _require(self.mmproj is None or isinstance(self.mmproj, (str, os.PathLike)),
-                 f"mmproj must be a path, got {self.mmproj!r}")
-        _require(self.chat_template is None or isinstance(self.chat_template, str),
-                 f"chat_template must be a string, got {self.chat_template!r}")
+        self._check_files()
         _require(self.seed is None or (is_int(self.seed) and 0 <= self.seed < 2**64),
                  f"seed must be an integer in [0, 2**64), got {self.seed!r}")
         _require(self.reasoning_format in REASONING_FORMATS,
@@ -402,6 +399,18 @@ class RunnerConfig:
         if self.slot_ctx is not None:
             return min(self.slot_ctx, pool or self.slot_ctx)
         return pool or DEFAULT_SLOT_CTX
+
+    def _check_files(self) -> None:
+        _require(self.model is None or isinstance(self.model, (str, os.PathLike)),
+                 f"model must be a registry name or a path, got {self.model!r}")
+        _require(self.mmproj is None or isinstance(self.mmproj, (str, os.PathLike)),
+                 f"mmproj must be a path, got {self.mmproj!r}")
+        _require(isinstance(self.lora, tuple) and all(
+            isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[0], (str, os.PathLike))
+            and is_number(pair[1]) for pair in self.lora),
+            f"lora must be a tuple of (adapter GGUF path, scale) pairs, got {self.lora!r}")
+        _require(self.chat_template is None or isinstance(self.chat_template, str),
+                 f"chat_template must be a string, got {self.chat_template!r}")
 
     def _check_speculation(self) -> None:
         _require(self.spec_type in SPEC_TYPES,

@@ -82,7 +82,8 @@ def backend_on(model, config: RunnerConfig, owns_model: bool) -> LlamaBackend:
                         batch_invariant=config.batch_invariant, flash_attn=config.flash_attn.value,
                         cache_types=cache_types, pool_tokens=pool,
                         windows_while_they_fit=pool is not None and config.kv_layout == "auto" and config.parallel > 1,
-                        ranks=(config.pooling or model.pooling) == RANK)
+                        ranks=(config.pooling or model.pooling) == RANK,
+                        adapters=[(str(path), float(scale)) for path, scale in config.lora])
 
 
 def prepare_constraints_of(config: RunnerConfig) -> None:

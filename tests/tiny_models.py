@@ -323,3 +323,27 @@ def tiny_bert(out: Path, pooling: str = "mean", rank_head: bool = False, layers:
     return written(writer, Path(out))
 
 
+
+
+# --- a LoRA adapter --------------------------------------------------------------------------
+
+def lora_adapter_for(model_path: Path, out: Path, rank: int = 4, std: float = 0.05, seed: int = 0,
+                     target: str = "attn_q", dtype=np.float16) -> Path:
+    """A LoRA adapter GGUF of random weights for a model file: every layer's `target` weight
+    gets lora_a (rank x inputs) and lora_b (outputs x rank), alpha = rank, in llama.cpp's layout
+    (what convert_lora_to_gguf.py writes)."""
+    import gguf
+
+    reader = gguf.GGUFReader(model_path)
+    architecture = reader.fields["general.architecture"].contents()
+    writer = gguf.GGUFWriter(out, architecture)
+    writer.add_string("general.type", "adapter")
+    writer.add_string("adapter.type", "lora")
+    writer.add_float32("adapter.lora.alpha", float(rank))
+    generator = np.random.default_rng(seed)
+    for tensor in reader.tensors:
+        if tensor.name.startswith("blk.") and tensor.name.endswith(f".{target}.weight"):
+            n_in, n_out = (int(size) for size in tensor.shape[:2])  # ggml's order: inputs first
+            writer.add_tensor(f"{tensor.name}.lora_a", generator.normal(0, std, (rank, n_in)).astype(dtype))
+            writer.add_tensor(f"{tensor.name}.lora_b", generator.normal(0, std, (n_out, rank)).astype(dtype))
+    return written(writer, out)

@@ -41,7 +41,8 @@ from .batch_arrays import BatchArrays, chunk_rules_for, rows_in_entry_order
 from .chains import SlotChains
 from .embeddings import POOLING_NAMES, EmbeddingOutput
 from .facts import read_model_facts
-from .devices import Platform, describe_placement
+from .adapters import apply_adapters, load_adapter
+from .devices import Platform, describe_placement, note_no_gpu
 from .kv import KV_TYPES, SlotKv, kv_bytes_per_token
 from .layout import moved_states, put_back
 from .media import MediaDecoder, MediaPrompt, Projector, is_placeholder
@@ -60,7 +61,6 @@ _SPLIT_MODES = {"none": llama.LLAMA_SPLIT_MODE_NONE, "layer": llama.LLAMA_SPLIT_
                 "row": llama.LLAMA_SPLIT_MODE_ROW, "tensor": llama.LLAMA_SPLIT_MODE_TENSOR}
 _FLASH_ATTENTION = {"on": llama.LLAMA_FLASH_ATTN_TYPE_ENABLED, "off": llama.LLAMA_FLASH_ATTN_TYPE_DISABLED,
                     "auto": llama.LLAMA_FLASH_ATTN_TYPE_AUTO}
-_no_gpu_noted = False
 
 
 def builtin_chat_templates() -> list[str]:
@@ -121,7 +121,7 @@ class LlamaModel:
         self.params.vocab_only = vocab_only  # the vocabulary and metadata alone: no weights, no context
         self.repack_weights = repack_weights
         if n_gpu_layers and not gpu_offload_supported():
-            _note_no_gpu(n_gpu_layers)
+            note_no_gpu(n_gpu_layers)
         with capturing_llama_log() as log:
             self.handle = llama.llama_model_load_from_file(str(model_path).encode(), self.params)
         if not self.handle:
@@ -144,6 +144,7 @@ class LlamaModel:
         self.chat_template = chosen
         self._jinja: JinjaRenderer | None = None
         self.projector: Projector | None = None  # load_projector: what reads its images or audio
+        self._adapters: dict[str, object] = {}  # LoRA adapters by file, freed with the model
         self.found_projector: str | None = None  # one found beside it (a Hugging Face repository's)
         # Text work needs only the vocabulary (Vocabulary's methods say what each does).
         self.tokenize = vocabulary.tokenize
@@ -226,6 +227,12 @@ class LlamaModel:
         self.projector = Projector(llama, mtmd, self.handle, path, threads, gpu_offload_supported(),
                                    _FLASH_ATTENTION[flash_attn])
 
+    def adapter(self, path: str):
+        """The LoRA adapter in `path`, loaded for this model once (BackendError when it does not go)."""
+        if path not in self._adapters:
+            self._adapters[path] = load_adapter(llama, self.handle, path)
+        return self._adapters[path]
+
     def tokenize_media(self, texts: list[str], media: list[bytes]) -> MediaPrompt:
         """Texts with media between them as tokens (see multiseq.llama.media)."""
         if self.projector is None:
@@ -268,16 +275,17 @@ class LlamaBackend:
     def __init__(self, model: LlamaModel, num_slots: int, slot_ctx: int, n_batch: int, threads: int,
                  owns_model: bool = False, swa_full: bool = True, batch_invariant: bool = False,
                  flash_attn: str = "auto", cache_types: tuple[str, str] = ("f16", "f16"),
-                 pool_tokens: int | None = None, windows_while_they_fit: bool = False, ranks: bool = False) -> None:
+                 pool_tokens: int | None = None, windows_while_they_fit: bool = False, ranks: bool = False,
+                 adapters: Sequence[tuple[str, float]] = ()) -> None:
         if batch_invariant and model.repack_weights:
             raise BackendError("batch_invariant needs the model loaded with repack_weights=False "
                                "(repacked weights compute a token differently by its place in the batch)")
-        self.model = model
-        self.num_slots = num_slots
-        self.n_batch = n_batch
+        self.model, self.num_slots, self.n_batch = model, num_slots, n_batch
         self.ranks = ranks  # a reranker's context: pooling rank, every input a score (llama/embeddings)
         self._owns_model = owns_model
         self.cache_types = cache_types  # (K, V): the KV cache's element types
+        # LoRA adapters (file, scale) on every sequence: set on each context this backend makes.
+        self.adapters = [(model.adapter(path), scale) for path, scale in adapters]
         # A pool held in a window per slot while every slot fits its window (windows_while_they_fit):
         # the engine counts one pool of cells either way; relayout changes what llama.cpp holds.
         self.pooled = pool_tokens is not None and not windows_while_they_fit
@@ -285,8 +293,7 @@ class LlamaBackend:
                               str(getattr(flash_attn, "value", flash_attn)), pool_tokens)
         self._ctx = self._new_context(*self._context_args, pooled=self.pooled)
         self.chunk_rules = chunk_rules_for(batch_invariant)
-        self.n_vocab = model.n_vocab
-        self.add_bos = model.add_bos
+        self.n_vocab, self.add_bos = model.n_vocab, model.add_bos
         # llama.cpp rounds each slot's window (or the pool) up to a multiple of 256; the runner
         # enforces the size that was asked for, so a run behaves the same whatever the rounding.
         self.allocated_window = llama.llama_n_ctx(self._ctx) if pool_tokens else llama.llama_n_ctx_seq(self._ctx)
@@ -361,6 +368,7 @@ class LlamaBackend:
             size = f"a pool of {pool_tokens}" if pool_tokens else f"{num_slots} x {slot_ctx}"
             raise BackendError(f"llama.cpp could not create a context of {size} tokens{cause}")
         self.flash_attention = flash_attention_used(log.lines)
+        apply_adapters(llama, ctx, self.adapters)
         return ctx
 
     def relayout(self, pooled: bool, shares: dict[int, tuple[int, int]]) -> None:
@@ -466,16 +474,6 @@ grammar_tokenizers = GrammarTokenizers(lambda path: LlamaModel(path, vocab_only=
 def gpu_offload_supported() -> bool:
     """Whether this llama.cpp build has a GPU backend (CUDA, Metal, Vulkan, ...)."""
     return bool(llama.llama_supports_gpu_offload())
-
-
-def _note_no_gpu(n_gpu_layers: int) -> None:
-    """Say once per process that GPU layers were asked of a build without a GPU backend."""
-    global _no_gpu_noted
-    if not _no_gpu_noted:
-        _no_gpu_noted = True
-        notices.warning(f"no GPU backend in this llama.cpp build (CPU only): n_gpu_layers {n_gpu_layers} (-ngl) has "
-                        f"no effect, the model runs on the CPU; `multiseq info` shows the build, and the README's "
-                        f"GPU section how to install one with a GPU backend")
 
 
 def _libggml() -> str | None:

@@ -8,6 +8,7 @@ hands over (`GgmlRegistry`).
 from __future__ import annotations
 
 import ctypes
+import logging
 from dataclasses import dataclass
 
 _DEVICE_KINDS = ("CPU", "GPU", "integrated GPU", "accelerator", "meta")  # ggml_backend_dev_type's order
@@ -182,3 +183,17 @@ class Platform:
                           max_devices=int(llama.llama_max_devices()), supports_mmap=bool(llama.llama_supports_mmap()),
                           supports_mlock=bool(llama.llama_supports_mlock()), backends=self.backends(),
                           devices=self.devices(), cpu_features=cpu_features(system_info), system_info=system_info)
+
+
+_no_gpu_noted = False
+
+
+def note_no_gpu(n_gpu_layers: int) -> None:
+    """Say once per process that GPU layers were asked of a build without a GPU backend."""
+    global _no_gpu_noted
+    if not _no_gpu_noted:
+        _no_gpu_noted = True
+        logging.getLogger("multiseq.backend").warning(
+            f"no GPU backend in this llama.cpp build (CPU only): n_gpu_layers {n_gpu_layers} (-ngl) has no effect, "
+            f"the model runs on the CPU; `multiseq info` shows the build, and the README's GPU section how to "
+            f"install one with a GPU backend")
