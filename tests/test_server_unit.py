@@ -174,6 +174,17 @@ def test_props_name_the_tool_call_family(server):
                                     "reasoning": None, "detected": "generic"}
 
 
+def test_lora_adapters_are_listed_in_llama_servers_shape_and_kept_as_started(make_runner, serve_app):
+    runner = make_runner(FakeBackend(num_slots=2, window=256, n_batch=64), lora=(("/m/style.gguf", 0.5),
+                                                                                   ("/m/tone.gguf", 1.0)))
+    base = serve_app(create_app(runner, ServerSettings(model_name=MODEL)))
+    status, data = get(base, "/lora-adapters")
+    assert status == 200 and json.loads(data) == [{"id": 0, "path": "/m/style.gguf", "scale": 0.5},
+                                                  {"id": 1, "path": "/m/tone.gguf", "scale": 1.0}]
+    status, body, _ = post(base, "/lora-adapters", json.dumps([{"id": 0, "scale": 0.2}]))
+    assert status == 400 and "set when the server starts" in body["error"]["message"]
+
+
 def test_health_is_503_while_the_model_loads(make_runner, serve_app):
     app = create_app(None, ServerSettings(model_name=MODEL))
     base = serve_app(app)

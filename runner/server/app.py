@@ -91,6 +91,19 @@ async def props(request: HttpRequest) -> Response:
                          "embedding": {"pooling": runner.pooling, "n_embd": runner.backend.n_embd}})
 
 
+async def lora_adapters(request: HttpRequest) -> Response:
+    """GET /lora-adapters, llama-server's: the model's adapters (--lora, --lora-scaled), each
+    with its id and scale (?model= picks one of several models). Their scales are set at start:
+    a POST is a 400 saying so."""
+    model = state_of(request).models.pick(request.query_params.get("model"))
+    if request.method == "POST":
+        raise ApiError(400, "The adapters' scales are set when the server starts (--lora, --lora-scaled); they "
+                            "cannot be changed while it serves.", INVALID_REQUEST)
+    runner = ready(model)
+    return JSONResponse([{"id": index, "path": str(path), "scale": float(scale)}
+                         for index, (path, scale) in enumerate(runner.config.lora)])
+
+
 async def list_models(request: HttpRequest) -> Response:
     cards = [_model_card(model) for model in state_of(request).models]
     return JSONResponse({"object": "list", "data": cards, "models": cards})  # Codex reads `models`
@@ -154,6 +167,7 @@ def create_app(runner: Runner | None = None, settings: ServerSettings | None = N
         *(Route(path, health, methods=["GET"]) for path in HEALTH_PATHS),
         Route("/metrics", metrics, methods=["GET"]),
         Route("/props", props, methods=["GET"]),
+        Route("/lora-adapters", lora_adapters, methods=["GET", "POST"]),
         Route("/v1/models", list_models, methods=["GET"]),
         Route("/models", list_models, methods=["GET"]),  # llama-server's alias
         Route("/v1/models/{model:path}", get_model, methods=["GET"]),
