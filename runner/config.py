@@ -306,6 +306,9 @@ class RunnerConfig:
     auto_mmproj: bool = True
     # LoRA adapters (GGUF file, scale) applied to every sequence (llama-server's --lora-scaled).
     lora: tuple[tuple[str, float], ...] = ()
+    # LoRA adapters by name (name, GGUF path, scale), each on the requests that name it
+    # (Request.adapter) over `lora`: vLLM's --lora-modules. One context: a step runs one adapter.
+    lora_modules: tuple[tuple[str, str, float], ...] = ()
     # Overrides the model's template: a llama.cpp built-in template name, Jinja template text,
     # or the path of a Jinja template file (rendered with jinja2; see chat_template.py).
     chat_template: str | None = None
@@ -409,6 +412,12 @@ class RunnerConfig:
             isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[0], (str, os.PathLike))
             and is_number(pair[1]) for pair in self.lora),
             f"lora must be a tuple of (adapter GGUF path, scale) pairs, got {self.lora!r}")
+        _require(isinstance(self.lora_modules, tuple) and all(
+            isinstance(entry, tuple) and len(entry) == 3 and isinstance(entry[0], str) and entry[0]
+            and isinstance(entry[1], (str, os.PathLike)) and is_number(entry[2]) for entry in self.lora_modules)
+            and len({entry[0] for entry in self.lora_modules}) == len(self.lora_modules),
+            f"lora_modules must be a tuple of (name, adapter GGUF path, scale), each name once, got "
+            f"{self.lora_modules!r}")
         _require(self.chat_template is None or isinstance(self.chat_template, str),
                  f"chat_template must be a string, got {self.chat_template!r}")
 

@@ -83,7 +83,8 @@ def backend_on(model, config: RunnerConfig, owns_model: bool) -> LlamaBackend:
                         cache_types=cache_types, pool_tokens=pool,
                         windows_while_they_fit=pool is not None and config.kv_layout == "auto" and config.parallel > 1,
                         ranks=(config.pooling or model.pooling) == RANK,
-                        adapters=[(str(path), float(scale)) for path, scale in config.lora])
+                        adapters=[(str(path), float(scale)) for path, scale in config.lora],
+                        named_adapters=[(str(path), float(scale)) for _, path, scale in config.lora_modules])
 
 
 def prepare_constraints_of(config: RunnerConfig) -> None:

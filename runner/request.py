@@ -62,6 +62,9 @@ class Request:
     # multiseq.MEDIA_MARKER. A chat's media are parts of its messages' content instead:
     # {"type": "image", "data": bytes} (or "audio").
     media: tuple[bytes, ...] = ()
+    # A LoRA adapter of the runner's (RunnerConfig.lora_modules, by name) on this request alone:
+    # its steps run through it (steps group the sequences by adapter); None: the model's own.
+    adapter: str | None = None
 
     def __post_init__(self) -> None:
         if (self.prompt is None) == (self.messages is None):

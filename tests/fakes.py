@@ -30,6 +30,7 @@ from multiseq.llama.facts import ModelFacts
 from multiseq.llama.media import MediaChunk, MediaPrompt, MediaSpan, placeholder_of
 from multiseq.llama.template_input import content_text
 from multiseq.llama.text import FimTokens
+from multiseq.loop.sequence import ADAPTER_MARK
 from multiseq.errors import BackendError, NoKvSlot
 from multiseq.sampling.grammar import tokenizer_from_pieces
 
@@ -66,6 +67,7 @@ class DecodeCall:
     started_at: float
     start_positions: list[int]  # of each entry, in batch order
     embedding_slots: tuple[int, ...] = ()  # slots whose entry is an embedding request's prompt chunk
+    adapter_set: int = 0  # the adapter set the step ran through (0: the model's own)
 
 
 class FakeGraphSampling:
@@ -209,6 +211,7 @@ class FakeBackend:
         self.num_generated_fed = [0] * num_slots
         self.has_pending_token = [False] * num_slots
         self.calls: list[DecodeCall] = []
+        self.adapter_set = 0  # use_adapter_set's: what the next decode runs through
         self.media_decodes: list[tuple[int, int]] = []  # (slot, placeholder) of every medium decoded
         self.media_non_causal = True  # its media's tokens attend both ways (Gemma 3's images; audio: no)
         self.encode_checks = 3  # steps a medium encoded beside them takes (FakeMediaChunk)
@@ -312,6 +315,9 @@ class FakeBackend:
         self.layout_moves.append(pooled)
         self.pooled = pooled
 
+    def use_adapter_set(self, index: int) -> None:
+        self.adapter_set = index
+
     def decode(self, entries: list) -> np.ndarray:
         self.is_decoding = True
         try:
@@ -354,6 +360,7 @@ class FakeBackend:
             started_at=started,
             start_positions=[entry.start_pos for entry in entries],
             embedding_slots=tuple(entry.slot for entry in entries if entry.embeds),
+            adapter_set=self.adapter_set,
         ))
         if self.pool_size is not None and self.num_cells_used + num_tokens > self.pool_size:
             raise NoKvSlot(f"fake: {num_tokens} tokens, {self.pool_size - self.num_cells_used} cells free")
@@ -494,6 +501,8 @@ class FakeBackend:
         for slot in scheduler.slots:
             assert slot.is_free, f"slot {slot.index} is still busy"
             kept = slot.kept.tolist()
+            if kept:  # (a prefix computed through an adapter is marked as its: sequence.adapter_marked)
+                kept[0] %= ADAPTER_MARK
             assert self.kv[slot.index] == kept, f"slot {slot.index} holds {self.kv[slot.index]}, keeps {kept}"
 
     def slot_pos_max(self, slot: int) -> int:

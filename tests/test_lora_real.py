@@ -50,3 +50,22 @@ def test_an_adapter_for_another_model_is_refused_saying_why(smollm, real_runner,
     other = str(lora_adapter_for(Path(gemma.path), tmp_path / "gemma-lora.gguf"))
     with pytest.raises(BackendError, match="could not load the LoRA adapter .*gemma-lora.gguf"):
         real_runner(smollm, 1, lora=((other, 1.0),))
+
+
+def test_requests_naming_adapters_share_a_runner_and_each_gets_its_adapters_numbers(unpacked_model, real_runner,
+                                                                                     adapter, tmp_path_factory):
+    """Steps grouped by adapter set: each request's numbers are those of a runner whose whole
+    model has its adapter (or none), to the last bit under --batch-invariant."""
+    model = unpacked_model("smollm2-135m")
+    other = str(lora_adapter_for(Path(model.path), tmp_path_factory.mktemp("lora2") / "other.gguf", std=0.3,
+                                 target="ffn_down", seed=1))
+    modules = (("style", adapter, 1.0), ("tone", other, 0.5))
+    shared = real_runner(model, 3, batch_invariant=True, lora_modules=modules)
+    wanted = [(PROMPTS[0], None), (PROMPTS[1], "style"), (PROMPTS[0], "tone")]
+    results = shared.run_batch([Request(prompt=prompt, id=f"{index}", adapter=name, sampling=SamplingParams(
+        max_tokens=8, temperature=0, ignore_eos=True, logprobs=True)) for index, (prompt, name) in enumerate(wanted)])
+    together = [(result.text, [entry.logprob for entry in result.logprobs]) for result in results]
+    alone = [greedy(real_runner(model, 1, batch_invariant=True, lora=lora), [prompt])[0]
+             for prompt, lora in ((PROMPTS[0], ()), (PROMPTS[1], ((adapter, 1.0),)), (PROMPTS[0], ((other, 0.5),)))]
+    assert together == alone
+    assert together[0] != together[2], "the same prompt, through another adapter"

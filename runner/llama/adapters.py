@@ -32,3 +32,33 @@ def apply_adapters(llama: ModuleType, ctx: Any, adapters: Sequence[tuple[Any, fl
     scales = (ctypes.c_float * len(adapters))(*(scale for _, scale in adapters))
     if llama.llama_set_adapters_lora(ctx, handles, len(adapters), scales) != 0:
         raise BackendError("llama.cpp could not apply the LoRA adapters to the context")
+
+
+class AdapterSets:
+    """The adapter sets a context runs steps through: set 0 is `base` (the whole model's, maybe
+    none), set i is `base` with the i-th of `named`; `use` switches the context between steps."""
+
+    def __init__(self, llama: ModuleType, load: Any, base: Sequence[tuple[str, float]],
+                 named: Sequence[tuple[str, float]] = ()) -> None:
+        self._llama = llama
+        loaded = [(load(path), scale) for path, scale in base]
+        self.sets = [loaded] + [loaded + [(load(path), scale)] for path, scale in named]
+        self.current = 0
+        self._ctx = None
+
+    def bind(self, ctx: Any) -> None:
+        """A new context: the current set applied to it."""
+        self._ctx = ctx
+        self._apply()
+
+    def use(self, index: int) -> None:
+        if index != self.current:
+            self.current = index
+            self._apply()
+
+    def _apply(self) -> None:
+        adapters = self.sets[self.current]
+        if adapters:
+            apply_adapters(self._llama, self._ctx, adapters)
+        elif self._llama.llama_set_adapters_lora(self._ctx, None, 0, None) != 0:
+            raise BackendError("llama.cpp could not take the LoRA adapters off the context")

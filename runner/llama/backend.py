@@ -41,7 +41,7 @@ from .batch_arrays import BatchArrays, chunk_rules_for, rows_in_entry_order
 from .chains import SlotChains
 from .embeddings import POOLING_NAMES, EmbeddingOutput
 from .facts import read_model_facts
-from .adapters import apply_adapters, load_adapter
+from .adapters import AdapterSets, load_adapter
 from .devices import Platform, describe_placement, note_no_gpu
 from .kv import KV_TYPES, SlotKv, kv_bytes_per_token
 from .layout import moved_states, put_back
@@ -276,16 +276,15 @@ class LlamaBackend:
                  owns_model: bool = False, swa_full: bool = True, batch_invariant: bool = False,
                  flash_attn: str = "auto", cache_types: tuple[str, str] = ("f16", "f16"),
                  pool_tokens: int | None = None, windows_while_they_fit: bool = False, ranks: bool = False,
-                 adapters: Sequence[tuple[str, float]] = ()) -> None:
+                 adapters: Sequence[tuple[str, float]] = (), named_adapters: Sequence[tuple[str, float]] = ()) -> None:
         if batch_invariant and model.repack_weights:
             raise BackendError("batch_invariant needs the model loaded with repack_weights=False "
                                "(repacked weights compute a token differently by its place in the batch)")
         self.model, self.num_slots, self.n_batch = model, num_slots, n_batch
-        self.ranks = ranks  # a reranker's context: pooling rank, every input a score (llama/embeddings)
-        self._owns_model = owns_model
+        self.ranks, self._owns_model = ranks, owns_model  # ranks: a reranker's context (llama/embeddings)
         self.cache_types = cache_types  # (K, V): the KV cache's element types
-        # LoRA adapters (file, scale) on every sequence: set on each context this backend makes.
-        self.adapters = [(model.adapter(path), scale) for path, scale in adapters]
+        # LoRA adapters (file, scale): on every sequence, and one of `named` on a step's (llama/adapters)
+        self.adapter_sets = AdapterSets(llama, model.adapter, adapters, named_adapters)
         # A pool held in a window per slot while every slot fits its window (windows_while_they_fit):
         # the engine counts one pool of cells either way; relayout changes what llama.cpp holds.
         self.pooled = pool_tokens is not None and not windows_while_they_fit
@@ -328,6 +327,7 @@ class LlamaBackend:
                      "bos_token", "render_tokens", "tokenize_media", "facts"):
             setattr(self, name, getattr(model, name))
         self.model_pooling, self.kv_bytes_per_token = model.pooling, model.kv_bytes_per_token(cache_types)
+        self.use_adapter_set = self.adapter_sets.use  # the adapter set of the steps from now on
         # The KV of one slot (SlotKv's methods say what each does), for the engine.
         for name in ("clear_slot", "reuse_prefix", "undo_failed_decode", "rewind_slot", "save_slot", "restore_slot",
                      "shift_slot", "slot_pos_max", "slot_pos_min"):
@@ -368,7 +368,7 @@ class LlamaBackend:
             size = f"a pool of {pool_tokens}" if pool_tokens else f"{num_slots} x {slot_ctx}"
             raise BackendError(f"llama.cpp could not create a context of {size} tokens{cause}")
         self.flash_attention = flash_attention_used(log.lines)
-        apply_adapters(llama, ctx, self.adapters)
+        self.adapter_sets.bind(ctx)
         return ctx
 
     def relayout(self, pooled: bool, shares: dict[int, tuple[int, int]]) -> None:

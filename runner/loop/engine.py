@@ -74,7 +74,7 @@ class Engine:
         # go through its parser (and as nothing, llama.cpp's way, everywhere else).
         self._marker_bytes = self.tools.marker_tokens(backend)
         self.row_sampling = RowSampling(config.sampling, backend.graph_sampling)
-        self.execution = StepExecution(self.backend, self.row_sampling)
+        self.execution = StepExecution(self.backend, self.row_sampling, bool(config.lora_modules))
         self.speculator = (Speculator(config, self.window, stream_per_slot=self.pool is None and config.parallel > 1)
                            if config.spec_type != "none" else None)
 

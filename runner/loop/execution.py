@@ -65,9 +65,10 @@ MAX_FAILED_DECODES_IN_A_ROW = 3
 class StepExecution:
     """Decodes and samples plans over one backend, counting decodes that fail in a row."""
 
-    def __init__(self, backend: Backend, row_sampling: RowSampling) -> None:
+    def __init__(self, backend: Backend, row_sampling: RowSampling, switches_adapters: bool = False) -> None:
         self.backend = backend
         self.row_sampling = row_sampling
+        self.switches_adapters = switches_adapters  # requests name adapters: each step sets its own
         self._num_failed_decodes = 0  # decodes failed since the last one that succeeded
 
     def execute(self, plan: StepPlan) -> Executed:
@@ -101,6 +102,8 @@ class StepExecution:
         while True:
             try:
                 in_graph = self.row_sampling.prepare(plan)
+                if self.switches_adapters:
+                    self.backend.use_adapter_set(plan.adapter)
                 logits = self.backend.decode(plan.entries)
                 break
             except NoKvSlot:

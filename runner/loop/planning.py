@@ -67,6 +67,11 @@ class StepPlan:
     def __bool__(self) -> bool:
         return bool(self.chunks)
 
+    @property
+    def adapter(self) -> int:
+        """The adapter set the step runs through (every chunk's: a step runs one)."""
+        return self.chunks[0].seq.adapter if self.chunks else 0
+
     def with_halved_prefill(self) -> StepPlan | None:
         """The same step with every prompt chunk halved, for a retry when the KV had no room (an
         input computed whole, or a media chunk, is left for a later step instead: cut, it would
@@ -106,12 +111,28 @@ class StepPlanner:
         # decoding tokens, never both (they alternate, so neither starves).
         self.isolate_prefill = isolate_prefill
         self._last_step_prefilled = False
+        self._last_adapter = 0  # the adapter set of the last step that had a choice of several
 
     def plan(self, running: list[Sequence], free_cells: int | None = None) -> StepPlan:
         """One token for every decoding sequence, then prompt chunks by priority, then age, up
         to the step's token budget (isolated: one or the other). Prompt chunks always get room
         for one chunk the backend's rules allow, so that prefill progresses beside any number
-        of decoding slots; in a shared KV pool (free_cells given), only as much as is free."""
+        of decoding slots; in a shared KV pool (free_cells given), only as much as is free. A
+        step runs one adapter set (llama.cpp applies adapters to a whole context): with several
+        among the running sequences, the steps take them in turn."""
+        sets = sorted({seq.adapter for seq in running})
+        if len(sets) <= 1:
+            return self._plan_of(running, free_cells)
+        turn = [index for index in sets if index > self._last_adapter] + [index for index in sets
+                                                                         if index <= self._last_adapter]
+        for index in turn:  # the next set with something to run now
+            plan = self._plan_of([seq for seq in running if seq.adapter == index], free_cells)
+            if plan:
+                self._last_adapter = index
+                return plan
+        return StepPlan([])
+
+    def _plan_of(self, running: list[Sequence], free_cells: int | None) -> StepPlan:
         prefilling = _prefilling_in_order(running)
         decoding = [seq for seq in running if seq.status is SequenceStatus.DECODING]
         if prefilling and not self.isolate_prefill:

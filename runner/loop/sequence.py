@@ -90,8 +90,9 @@ class Sequence:
                  overflow: OverflowPolicy, max_tokens: int, prompt_tokens_dropped: int = 0,
                  submitted_at: float | None = None, priority: int = Priority.BATCH,
                  tool_parser: OutputParser | None = None, embedding: PooledEmbedding | None = None,
-                 media_spans: tuple = (), streams: bool = False) -> None:
+                 media_spans: tuple = (), streams: bool = False, adapter: int = 0) -> None:
         self.id = request_id
+        self.adapter = adapter  # the runner's adapter set its steps run through (0: the model's own)
         self.embedding = embedding  # an embedding request's rows, pooled: it ends with its prompt
         self.priority = priority
         self.prompt_tokens = prompt_tokens
@@ -137,9 +138,9 @@ class Sequence:
 
     @property
     def prompt_array(self) -> np.ndarray:
-        """The prompt as tokens, for comparing prefixes (int64: a medium's placeholders are big)."""
+        """The prompt as tokens, for comparing prefixes (int64: media placeholders; adapter_marked)."""
         if self._prompt_array is None:
-            self._prompt_array = np.asarray(self.prompt_tokens, dtype=np.int64)
+            self._prompt_array = adapter_marked(np.asarray(self.prompt_tokens, dtype=np.int64), self.adapter)
         return self._prompt_array
 
     @property
@@ -349,7 +350,19 @@ def reusable_kv_tokens(seq: Sequence, with_generated: bool) -> np.ndarray:
     num_generated_in_kv = seq.n_past - len(seq.prompt_tokens)
     if not with_generated or seq.tokens_shifted_out or num_generated_in_kv <= 0:
         return seq.prompt_array[:reusable_prompt_length(seq)]
-    return np.asarray(seq.prompt_tokens + seq.output_tokens[:num_generated_in_kv], dtype=np.int64)
+    return adapter_marked(np.asarray(seq.prompt_tokens + seq.output_tokens[:num_generated_in_kv], dtype=np.int64),
+                          seq.adapter)
+
+
+ADAPTER_MARK = 1 << 40  # above any token id (media placeholders are negative)
+
+
+def adapter_marked(tokens: np.ndarray, adapter: int) -> np.ndarray:
+    """Tokens as prefixes compare them: under adapter set `adapter` (0: none), the first is
+    marked, so that no prefix is shared between adapter sets (the KV differs)."""
+    if adapter and len(tokens):
+        tokens[0] += adapter * ADAPTER_MARK
+    return tokens
 
 
 def scores_prompt(seq: Sequence) -> bool:

@@ -79,7 +79,8 @@ class SequenceMaker:
                                   self.backend.token_bytes, banned_early)
         return Sequence(request_id, fit.tokens, sampler, n_keep, overflow, fit.max_tokens,
                         prompt_tokens_dropped=fit.num_dropped, priority=request.priority,
-                        tool_parser=self.tools.parser(request, text), media_spans=media_spans, streams=streams)
+                        tool_parser=self.tools.parser(request, text), media_spans=media_spans, streams=streams,
+                        adapter=self._adapter_of(request))
 
     def _media_sequence(self, request: Request, request_id: str, text: str, media: list[bytes],
                         streams: bool) -> Sequence:
@@ -103,6 +104,16 @@ class SequenceMaker:
         fit = fit_prompt(prompt.tokens, self.window, 0, request.sampling.max_tokens, OverflowPolicy.REJECT)
         return self._generating_sequence(request, request_id, text, fit, 0, OverflowPolicy.REJECT, prompt.spans,
                                          streams)
+
+    def _adapter_of(self, request: Request) -> int:
+        """The adapter set a request's steps run through: 1 + its lora_modules entry (0: none)."""
+        if request.adapter is None:
+            return 0
+        names = [name for name, _, _ in self.config.lora_modules]
+        if request.adapter not in names:
+            raise ValueError(f"no LoRA adapter is named {request.adapter!r} here"
+                             + (f" (there are {', '.join(names)})" if names else " (the runner has none)"))
+        return 1 + names.index(request.adapter)
 
     def _embedding_sequence(self, request: Request, request_id: str, tokens: list[int]) -> Sequence:
         """An embedding request's sequence: its whole prompt in one window (an embedding of a
