@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import logging
 import sys
@@ -30,7 +32,7 @@ from .dashboard import ServerDashboard
 from .images import DEFAULT_IMAGE_PROMPT, image_prompts_file
 from .job import BatchJob, OpenedRunner
 from .presets import preset_models, served_names
-from .served import MemorySize, duration, resolved_config, serve_config, served_models
+from .served import MemorySize, duration, named_adapters, resolved_config, serve_config, served_models
 from .options import (SERVE_STEP_TOKENS, StreamInterval, engine_options, overflow_option, runner_config,
                       sampling_defaults, sampling_options)
 from ..formats.reader import PromptFormat, TextMode
@@ -197,6 +199,9 @@ def batch_run(prompts_file: Path | None, images_dir: Path | None, image_prompt: 
 @click.option("--strict-fields", is_flag=True, help="Refuse unknown Chat Completions and Completions fields with a "
               "400 naming the field, instead of ignoring them (named in the x-multiseq-ignored-fields header).")
 @click.option("--alias", help="The model id clients send and /v1/models lists. [default: the model's name]")
+@click.option("--lora-modules", "lora_modules", metavar="NAME=FILE[:SCALE]", multiple=True,
+              help="Serve a LoRA adapter of the first model as a model of its own named NAME (vLLM's flag; again for "
+                   "more): its requests run on the first model's slots, the steps taking the adapters in turn.")
 @click.option("--models-dir", type=click.Path(exists=True, file_okay=False, path_type=Path),
               help="Serve the models this folder holds (beside any -m): each GGUF file, named by its file (the "
                    "first part of a split one), and each subfolder's model with the mmproj projector beside it, named "
@@ -262,7 +267,7 @@ def serve(ctx_size: int | None, kv_unified: bool | None, host: str, port: int, a
           allowed_hosts: str | None, cors_origins: str | None, strict_fields: bool, alias: str | None, max_queue: int,
           max_body_mb: float, data_dir: Path | None, max_upload_mb: float, max_batch_lines: int,
           prepare_timeout: float, send_timeout: float, keep_alive: float, stream_interval: float | None,
-          models_dir: Path | None, models_preset: Path | None, models_max: int, models_memory: int | None,
+          lora_modules: tuple[str, ...], models_dir: Path | None, models_preset: Path | None, models_max: int, models_memory: int | None,
           models_keep_alive: str,
           dashboard: bool | None, ray_address: str | None, replicas: int | None, routing: str | None,
           share_prefixes: bool | None, worker_gpus: float | None, verbose: bool, **options) -> None:
@@ -300,8 +305,10 @@ def serve(ctx_size: int | None, kv_unified: bool | None, host: str, port: int, a
                  for preset in presets]
     configs, names = served_models(config, resolved, alias, model_names[1:], models_dir, described)
     model_aliases, deferred_models = served_names(presets, names)
+    configs[0] = dataclasses.replace(configs[0], lora_modules=named_adapters(lora_modules, names))
     settings = ServerSettings(model_name=names[0], more_models=names[1:], models_max=models_max,
                               model_aliases=model_aliases, deferred_models=deferred_models,
+                              adapter_models=tuple((name, names[0]) for name, _, _ in configs[0].lora_modules),
                               models_memory_bytes=models_memory,
                               model_keep_alive_s=duration(models_keep_alive, "--models-keep-alive"),
                               api_key=api_key or None, max_queue=max_queue,

@@ -28,7 +28,7 @@ SERVER_WIDE = ("host", "port", "api_key", "metrics_public", "allowed_hosts", "co
                "max_queue", "max_body_mb", "data_dir", "max_upload_mb", "max_batch_lines", "prepare_timeout",
                "send_timeout", "keep_alive", "stream_interval", "models_dir", "models_preset", "models_max",
                "models_memory", "models_keep_alive", "dashboard", "ray_address", "replicas", "routing", "share_prefixes",
-               "worker_gpus", "verbose", "alias", "hf_repo")
+               "worker_gpus", "verbose", "alias", "hf_repo", "lora_modules")
 TRUE, FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -43,6 +44,32 @@ class MemorySize(click.ParamType):
         if found is None or float(found[1]) <= 0:
             self.fail(f"{value!r} is not an amount of memory such as 8G or 6000M", param, ctx)
         return int(float(found[1]) * self.UNITS[found[2].upper()])
+
+
+def named_adapters(given: tuple[str, ...], taken: tuple[str, ...]) -> tuple[tuple[str, str, float], ...]:
+    """--lora-modules NAME=FILE[:SCALE] as (name, path, scale), or a usage error naming the value."""
+    adapters = []
+    for text in given:
+        name, _, rest = text.partition("=")
+        path, scale = rest, 1.0
+        if ":" in rest and _is_number(rest.rpartition(":")[2]):
+            path, scale = rest.rpartition(":")[0], float(rest.rpartition(":")[2])
+        if not name or not path:
+            raise click.UsageError(f"--lora-modules {text!r}: give NAME=FILE or NAME=FILE:SCALE")
+        if not os.path.isfile(os.path.expanduser(path)):
+            raise click.UsageError(f"--lora-modules {text!r}: {path!r} is not a file")
+        if name in taken or name in (each for each, _, _ in adapters):
+            raise click.UsageError(f"--lora-modules {text!r}: {name!r} already names a served model")
+        adapters.append((name, os.path.expanduser(path), scale))
+    return tuple(adapters)
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def served_models(config: RunnerConfig, resolved: models.ResolvedModel | None, alias: str | None,

@@ -64,3 +64,21 @@ def test_lora_modules_are_named_once_each():
 
     with pytest.raises(ValueError, match="each name once"):
         RunnerConfig(lora_modules=(("style", "/a.gguf", 1.0), ("style", "/b.gguf", 1.0)))
+
+
+def test_an_adapter_served_as_a_model_runs_on_its_bases_slots_and_answers_as_itself(make_runner, serve_app):
+    import openai
+
+    from multiseq.server import ServerSettings, create_app
+
+    backend = FakeBackend(num_slots=2, window=256, n_batch=64)
+    runner = make_runner(backend, lora_modules=MODULES)
+    app = create_app(runner, ServerSettings(model_name="base", adapter_models=(("style", "base"), ("tone", "base"))))
+    client = openai.OpenAI(base_url=f"{serve_app(app)}/v1", api_key="unused", max_retries=0)
+    cards = {model.id: model for model in client.models.list().data}
+    assert list(cards) == ["base", "style", "tone"] and cards["tone"].model_extra["parent"] == "base"
+    for name, adapter_set in (("tone", 2), ("base", 0), ("style", 1)):
+        reply = client.completions.create(model=name, prompt=f"{PROMPT} ({name})", max_tokens=3, temperature=0)
+        assert reply.model == name
+        assert {call.adapter_set for call in backend.calls} == {adapter_set}, name
+        backend.calls.clear()

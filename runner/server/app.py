@@ -105,7 +105,8 @@ async def lora_adapters(request: HttpRequest) -> Response:
 
 
 async def list_models(request: HttpRequest) -> Response:
-    cards = [_model_card(model) for model in state_of(request).models]
+    cards = [card for model in state_of(request).models for card in (_model_card(model), *(
+        _model_card(model) | {"id": name, "aliases": [], "parent": model.name} for name in model.adapters))]
     return JSONResponse({"object": "list", "data": cards, "models": cards})  # Codex reads `models`
 
 

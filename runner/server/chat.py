@@ -225,8 +225,9 @@ async def start_completion(request: HttpRequest, body: dict[str, Any], is_chat: 
         item = await state.offload.prepare(openai_body_item, uuid.uuid4().hex, body, is_chat, state.settings.defaults)
     except ItemError as error:
         raise ApiError(400, str(error), INVALID_REQUEST, error.param) from None
+    adapter = state.models.adapter_of(body.get("model"))  # a LoRA adapter served as a model: its base runs it
     item = dataclasses.replace(item, request=dataclasses.replace(item.request, overflow=state.settings.overflow,
-                                                                 priority=Priority.INTERACTIVE))
+                                                                 priority=Priority.INTERACTIVE, adapter=adapter))
     state.metrics.requests.labels(api).inc()
     # Only a stream's pieces are read as they come (each piece's deltas); a whole answer's
     # output is read once, when it ends.

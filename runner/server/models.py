@@ -38,6 +38,7 @@ class ServedModel:
     keep_alive_s: float = math.inf  # idle this long, it is unloaded (the last request's keep_alive)
     idle_since: float | None = None  # when it was first seen idle since its last use
     aliases: tuple[str, ...] = ()  # more names requests may give it (a models file's `alias`)
+    adapters: tuple[str, ...] = ()  # its LoRA adapters served as models of their own (--lora-modules)
 
     @property
     def status(self) -> str:
@@ -59,17 +60,28 @@ class ServedModel:
 class ServedModels:
     """The served models in the order they were named; the first is the default."""
 
-    def __init__(self, names: Sequence[str], aliases: Mapping[str, str] | None = None) -> None:
-        aliases = dict(aliases or {})
-        if not names or len(set(names)) != len(names) or set(aliases) & set(names) or \
-                not set(aliases.values()) <= set(names):
+    def __init__(self, names: Sequence[str], aliases: Mapping[str, str] | None = None,
+                 adapters: Mapping[str, str] | None = None) -> None:
+        aliases, adapters = dict(aliases or {}), dict(adapters or {})
+        if not names or len(set(names)) != len(names) or len({*aliases, *adapters, *names}) != \
+                len(aliases) + len(adapters) + len(names) or not {*aliases.values(), *adapters.values()} <= set(names):
             raise ValueError(f"a server serves one model or more, each under its own names: got {list(names)}, "
-                             f"aliases {aliases}")
+                             f"aliases {aliases}, adapters {adapters}")
         self._models = {name: ServedModel(name) for name in names}
         self._aliases = {alias: self._models[name] for alias, name in aliases.items()}
         for alias, model in self._aliases.items():
             model.aliases += (alias,)
+        # A LoRA adapter served as a model (--lora-modules): its requests run on its base's runner.
+        self._adapters = {name: self._models[base] for name, base in adapters.items()}
+        for name, model in self._adapters.items():
+            model.adapters += (name,)
         self.default = self._models[names[0]]
+
+    def adapter_of(self, name: object) -> str | None:
+        """The adapter a request's model name stands for (None: a model's own name or alias)."""
+        if not isinstance(name, str):
+            return None
+        return next((each for each in (name, name.removesuffix(OLLAMA_TAG)) if each in self._adapters), None)
 
     def add(self, name: str, config: Any) -> ServedModel:
         """A model served from now on (a pulled one), loaded at its first request."""
@@ -83,7 +95,7 @@ class ServedModels:
 
     def named(self, name: str) -> ServedModel | None:
         for each in (name, name.removesuffix(OLLAMA_TAG)):
-            found = self._models.get(each) or self._aliases.get(each)
+            found = self._models.get(each) or self._aliases.get(each) or self._adapters.get(each)
             if found is not None:
                 return found
         return None
@@ -95,7 +107,7 @@ class ServedModels:
             return self.default
         model = self.named(name) if isinstance(name, str) else None
         if model is None:
-            served = ", ".join(json.dumps(model.name) for model in self)
+            served = ", ".join(json.dumps(each) for model in self for each in (model.name, *model.adapters))
             raise ApiError(404, f"The model {json.dumps(name)} does not exist: this server serves {served}.",
                            INVALID_REQUEST, "model", "model_not_found")
         return model

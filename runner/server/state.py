@@ -42,6 +42,7 @@ class ServerSettings:
     models_memory_bytes: int | None = None  # the process's memory with its models loaded at most (None: no bound)
     model_aliases: tuple[tuple[str, str], ...] = ()  # (alias, model name): more names requests may give a model
     deferred_models: tuple[str, ...] = ()  # models loaded at their first request, not at start (never the first)
+    adapter_models: tuple[tuple[str, str], ...] = ()  # (adapter name, base model): --lora-modules, served as models
     api_key: str | None = None  # when set, every route but /health wants `Authorization: Bearer <key>`
     metrics_public: bool = False  # with an api_key, /metrics is open too
     # Host header names besides the bound address and loopback (`*`: any; `*.lan`: a domain).
@@ -94,7 +95,8 @@ class ServerState:
     """What the routes share: the models and their runners, settings, metrics."""
 
     def __init__(self, runner: Runner | None, settings: ServerSettings) -> None:
-        self.models = ServedModels([settings.model_name, *settings.more_models], dict(settings.model_aliases))
+        self.models = ServedModels([settings.model_name, *settings.more_models], dict(settings.model_aliases),
+                                   dict(settings.adapter_models))
         self.models.default.runner = runner
         self.settings = settings
         self.metrics = ServerMetrics(lambda: self.runner)
@@ -185,7 +187,7 @@ class ServerState:
             await self.loader.ensure_loaded(model)
             self._check_not_draining()
         model.keep_alive_s = self.settings.model_keep_alive_s if keep_alive_s is None else keep_alive_s
-        return ready(model), model.name
+        return ready(model), self.models.adapter_of(name) or model.name  # an adapter answers as itself
 
     def _check_not_draining(self) -> None:
         if self.is_draining:
