@@ -82,3 +82,25 @@ def test_an_adapter_served_as_a_model_runs_on_its_bases_slots_and_answers_as_its
         assert reply.model == name
         assert {call.adapter_set for call in backend.calls} == {adapter_set}, name
         backend.calls.clear()
+
+
+def test_llama_servers_per_request_lora_field_picks_a_module_by_its_id(make_runner, serve_app):
+    from helpers import post_json
+    from multiseq.server import ServerSettings, create_app
+
+    backend = FakeBackend(num_slots=2, window=256, n_batch=64)
+    runner = make_runner(backend, lora=(("/adapters/base.gguf", 1.0),), lora_modules=MODULES)
+    base = serve_app(create_app(runner, ServerSettings(model_name="base")))
+    status, _ = post_json(base, "/lora-adapters", {})  # (a POST: refused)
+    assert status == 400
+    for lora, adapter_set in (([{"id": 2, "scale": 0.5}], 2), ([{"id": 1, "scale": 1.0}, {"id": 2}], 1), ([], 0),
+                              ([{"id": 0, "scale": 1.0}], 0)):
+        status, _ = post_json(base, "/v1/completions", {"prompt": f"{PROMPT}", "max_tokens": 2, "lora": lora})
+        assert status == 200 and {call.adapter_set for call in backend.calls} == {adapter_set}, lora
+        backend.calls.clear()
+    for lora, said in (([{"id": 2, "scale": 1.0}], "adapter 2 runs at scale 0.5 here"),
+                       ([{"id": 1, "scale": 1.0}, {"id": 2, "scale": 0.5}], "one of the --lora-modules at a time"),
+                       ([{"id": 0, "scale": 0.0}], "adapter 0 runs at scale 1 here"),
+                       ([{"id": 3, "scale": 1.0}], "/lora-adapters lists 3"), ("style", "must be a list")):
+        status, body = post_json(base, "/v1/completions", {"prompt": PROMPT, "max_tokens": 2, "lora": lora})
+        assert status == 400 and said in body, lora

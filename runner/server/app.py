@@ -92,16 +92,18 @@ async def props(request: HttpRequest) -> Response:
 
 
 async def lora_adapters(request: HttpRequest) -> Response:
-    """GET /lora-adapters, llama-server's: the model's adapters (--lora, --lora-scaled), each
-    with its id and scale (?model= picks one of several models). Their scales are set at start:
-    a POST is a 400 saying so."""
+    """GET /lora-adapters, llama-server's: the model's adapters (--lora, --lora-scaled, then
+    --lora-modules with their names), each with its id and scale (?model= picks one of several
+    models); a request's `lora` field names them by id. Their scales are set at start: a POST
+    is a 400 saying so."""
     model = state_of(request).models.pick(request.query_params.get("model"))
     if request.method == "POST":
         raise ApiError(400, "The adapters' scales are set when the server starts (--lora, --lora-scaled); they "
                             "cannot be changed while it serves.", INVALID_REQUEST)
-    runner = ready(model)
-    return JSONResponse([{"id": index, "path": str(path), "scale": float(scale)}
-                         for index, (path, scale) in enumerate(runner.config.lora)])
+    config = ready(model).config  # the whole model's adapters, then those of --lora-modules (by name)
+    listed = [{"path": str(path), "scale": float(scale)} for path, scale in config.lora] + [
+        {"name": name, "path": str(path), "scale": float(scale)} for name, path, scale in config.lora_modules]
+    return JSONResponse([{"id": index} | entry for index, entry in enumerate(listed)])
 
 
 async def list_models(request: HttpRequest) -> Response:

@@ -22,6 +22,7 @@ from typing import Any
 from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response
 
+from ..config import is_int, is_number
 from ..errors import BackendError
 from ..formats.fields import ItemError
 from ..formats.openai_output import (INVALID_OUTPUT, INVALID_OUTPUT_CODE, INVALID_OUTPUT_STATUS, approximated_field,
@@ -215,17 +216,47 @@ class _LatencyObserver:
         self._last_piece_at[event.choice] = event.at
 
 
+def adapter_of_lora_field(lora: Any, config) -> str | None:
+    """llama-server's per-request `lora` ([{"id", "scale"}], ids as /lora-adapters lists them:
+    the whole model's adapters, then --lora-modules) as the adapter module it picks (None: the
+    model's own set). The whole model's adapters stay at their scales, and a request runs one
+    module at its scale: a 400 saying so for any other choice."""
+    modules, first = config.lora_modules, len(config.lora)
+    if not isinstance(lora, list) or not all(isinstance(entry, dict) and is_int(entry.get("id"))
+                                             and is_number(entry.get("scale", 0.0)) for entry in lora):
+        raise ApiError(400, "'lora' must be a list of {\"id\": N, \"scale\": X} (the ids of /lora-adapters)",
+                       INVALID_REQUEST, "lora")
+    picked = []
+    for entry in lora:
+        index, scale = entry["id"], float(entry.get("scale", 0.0))
+        if not 0 <= index < first + len(modules):
+            raise ApiError(400, f"'lora' names adapter {index}: /lora-adapters lists {first + len(modules)}",
+                           INVALID_REQUEST, "lora")
+        configured = config.lora[index][1] if index < first else modules[index - first][2]
+        if scale and scale != configured or (index < first and not scale):
+            raise ApiError(400, f"adapter {index} runs at scale {configured:g} here (set at start); a request "
+                                f"picks one of the --lora-modules at its scale, or none", INVALID_REQUEST, "lora")
+        if scale and index >= first:
+            picked.append(modules[index - first][0])
+    if len(picked) > 1:
+        raise ApiError(400, "a request runs one of the --lora-modules at a time", INVALID_REQUEST, "lora")
+    return picked[0] if picked else None
+
+
 async def start_completion(request: HttpRequest, body: dict[str, Any], is_chat: bool, api: str) -> CompletionCall:
     """Validate an OpenAI Chat Completions (is_chat) or Completions body and queue its choices at
     interactive priority. `api` names the API it came through, for the metrics. Raises
     ApiError (OpenAI's shape, naming the field) when it cannot run."""
     state = _state(request)
     runner, model = await state.runner_for(body.get("model"))
+    # A LoRA adapter served as a model (its base runs it), or llama-server's per-request `lora`.
+    lora, body = body.get("lora"), {name: value for name, value in body.items() if name != "lora"}
+    adapter = state.models.adapter_of(body.get("model")) or (
+        None if lora is None else adapter_of_lora_field(lora, runner.config))
     try:  # in the prepare threads: a schema or a tool set seen for the first time is compiled here
         item = await state.offload.prepare(openai_body_item, uuid.uuid4().hex, body, is_chat, state.settings.defaults)
     except ItemError as error:
         raise ApiError(400, str(error), INVALID_REQUEST, error.param) from None
-    adapter = state.models.adapter_of(body.get("model"))  # a LoRA adapter served as a model: its base runs it
     item = dataclasses.replace(item, request=dataclasses.replace(item.request, overflow=state.settings.overflow,
                                                                  priority=Priority.INTERACTIVE, adapter=adapter))
     state.metrics.requests.labels(api).inc()
@@ -269,6 +300,7 @@ async def _complete(request: HttpRequest, is_chat: bool) -> Response:
     # Clients (LiteLLM, OpenHands, vLLM's) add fields of their own: left out and named, unless
     # the server was told to refuse them (openai_body_item then names the first).
     ignored = [] if state.settings.strict_fields else unknown_body_fields(body, is_chat)
+    ignored = [name for name in ignored if name != "lora"]  # llama-server's, read by start_completion
     body = {name: value for name, value in body.items() if name not in ignored}
     headers = ignored_fields_header(ignored)
     stream, include_usage = _stream_options(body)
