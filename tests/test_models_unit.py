@@ -9,6 +9,7 @@ import asyncio
 import http.client
 import json
 import math
+import threading
 from types import SimpleNamespace
 
 import anthropic
@@ -336,3 +337,23 @@ def test_a_model_that_cannot_fit_beside_the_default_is_refused_at_once(make_runn
 def post(base: str, path: str, payload: dict) -> tuple[int, dict]:
     status, data = post_json(base, path, payload)
     return status, json.loads(data)
+
+
+def test_requests_waiting_for_a_load_are_bounded_by_the_queue(make_runner, serve_app):
+    app, opened = loading_app(make_runner, max_queue=2)
+    loader, release = app.state.server.loader, threading.Event()
+    open_now = loader.open_runner
+    loader.open_runner = lambda config: (release.wait(30), open_now(config))[1]
+    base = serve_app(app)
+    answers: list[int] = []
+    waiting = [threading.Thread(target=lambda: answers.append(chat_with(base, BETA)[0])) for _ in range(2)]
+    for thread in waiting:
+        thread.start()
+    wait_until(lambda: app.state.server._num_awaiting_loads == 2, what="two requests waiting for BETA's load")
+    status, body = chat_with(base, BETA)
+    assert status == 503 and body["error"]["code"] == "queue_full" and "waiting for models to load" in \
+        body["error"]["message"]
+    release.set()
+    for thread in waiting:
+        thread.join(30)
+    assert answers == [200, 200] and opened == [BETA]

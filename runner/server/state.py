@@ -106,6 +106,7 @@ class ServerState:
             settings.model_name, settings.defaults, settings.overflow, settings.max_batch_lines))
         # Choices accepted but not yet handed to the runner (it counts them from then on).
         self._num_dispatching = 0
+        self._num_awaiting_loads = 0  # requests waiting for their model to load (bounded by max_queue)
         self._dispatch_lock = threading.Lock()
         self._dispatchers: dict[int, LoopDispatcher] = {}  # by runner: its events to the serving loop
         self.is_draining = False
@@ -183,11 +184,24 @@ class ServerState:
         serve now. keep_alive_s: how long it stays loaded once idle (None: the server's default)."""
         self._check_not_draining()
         model = self.models.pick(name)
-        if self.loader is not None:
-            await self.loader.ensure_loaded(model)
+        if self.loader is not None and model.runner is None:
+            await self._await_load(model)
             self._check_not_draining()
         model.keep_alive_s = self.settings.model_keep_alive_s if keep_alive_s is None else keep_alive_s
         return ready(model), self.models.adapter_of(name) or model.name  # an adapter answers as itself
+
+    async def _await_load(self, model) -> None:
+        """Wait for the model's load, among at most --max-queue requests waiting for loads (a
+        503 beyond: a flood of requests for a model that loads holds no more than the queue)."""
+        if self._num_awaiting_loads >= self.settings.max_queue:
+            raise ApiError(503, f"The server is busy: {self._num_awaiting_loads} requests are waiting for models to "
+                                f"load. Retry later.", OVERLOADED, code="queue_full",
+                           headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
+        self._num_awaiting_loads += 1
+        try:
+            await self.loader.ensure_loaded(model)
+        finally:
+            self._num_awaiting_loads -= 1
 
     def _check_not_draining(self) -> None:
         if self.is_draining:
