@@ -113,8 +113,8 @@ KEPT_BYTES_PER_VOCABULARY_TOKEN = 800
 def memory_of(config: RunnerConfig, room_bytes: int | None = None) -> tuple[int, int, RunnerConfig]:
     """(loaded, kept, config): the host memory a model takes while loaded with this config, and
     what it keeps for the process once loaded (its constraints' tokenizer), from its GGUF's
-    metadata alone (no weights read), and the config to load it with. Loaded: its weights and
-    projector (their files' sizes), its KV pool, its RAM tier at its bound (--cache-ram), the
+    metadata alone (no weights read), and the config to load it with. Loaded: its weights,
+    projector and LoRA adapters (their files' sizes), its KV pool, its RAM tier at its bound (--cache-ram), the
     logits of one step and CONTEXT_OVERHEAD_BYTES. A pool sized by default (auto) is sized here,
     within `room_bytes` (the memory it may take; None: what the host has free), and the config
     returned names it, so that the load makes that pool and not one sized from the memory free
@@ -127,7 +127,9 @@ def memory_of(config: RunnerConfig, room_bytes: int | None = None) -> tuple[int,
         pool = config.kv_pool if isinstance(config.kv_pool, int) else config.session_ctx * config.parallel
         projector = config.mmproj or (str(resolved.projector) if resolved.projector and config.auto_mmproj else None)
         step_logits = model.n_vocab * 4 * max(config.step_tokens or 0, config.parallel)
+        adapters = [path for path, _ in config.lora] + [path for _, path, _ in config.lora_modules]
         total = os.path.getsize(resolved.path) + (os.path.getsize(projector) if projector else 0) + pool * per_token + \
+            sum(os.path.getsize(path) for path in adapters) + \
             (config.cache_ram_mib * 2**20 if config.prefix_cache else 0) + step_logits + CONTEXT_OVERHEAD_BYTES
         kept = 0 if (config.pooling or model.pooling) == RANK else model.n_vocab * KEPT_BYTES_PER_VOCABULARY_TOKEN
         return total, kept, config
