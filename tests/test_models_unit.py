@@ -10,6 +10,7 @@ import http.client
 import json
 import math
 import threading
+import urllib.request
 from types import SimpleNamespace
 
 import anthropic
@@ -141,6 +142,24 @@ def test_a_model_loads_at_its_first_request(make_runner, serve_app):
     assert status == 200 and body["choices"][0]["message"]["content"] == f"I am {BETA}." and opened == [BETA]
     assert statuses(base) == ["unloaded", "loaded", "unloaded", "unloaded"]
     assert chat_with(base, BETA)[0] == 200 and opened == [BETA], "loaded once"
+
+
+def test_metrics_say_each_models_state_by_name(make_runner, serve_app):
+    app, _ = loading_app(make_runner)
+    base = serve_app(app)
+    assert chat_with(base, BETA, max_tokens=4)[0] == 200
+    status, data = get_text(base, "/metrics")
+    assert status == 200
+    assert f'multiseq_model_loaded{{model="{ALPHA}"}} 0.0' in data and f'multiseq_model_loaded{{model="{BETA}"}} 1.0' in data
+    assert f'multiseq_model_requests_running{{model="{BETA}"}} 0.0' in data
+    generated = next(line for line in data.splitlines()
+                     if line.startswith(f'multiseq_model_generation_tokens_total{{model="{BETA}"}}'))
+    assert float(generated.split()[-1]) > 0 and f'model_generation_tokens_total{{model="{GAMMA}"}}' not in data
+
+
+def get_text(base: str, path: str) -> tuple[int, str]:
+    with urllib.request.urlopen(f"{base}{path}", timeout=10) as response:
+        return response.status, response.read().decode()
 
 
 def test_within_models_max_the_least_recently_used_idle_model_goes(make_runner, serve_app):

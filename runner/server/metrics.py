@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -32,7 +32,7 @@ LOOP_LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0
 
 
 class ServerMetrics:
-    def __init__(self, runner_of: Callable[[], Runner | None]) -> None:
+    def __init__(self, runner_of: Callable[[], Runner | None], models_of: Callable[[], Iterable] = tuple) -> None:
         self.registry = CollectorRegistry()
         self.ttft = Histogram("multiseq_time_to_first_token_seconds", "Request arrival to its first token",
                               buckets=TTFT_BUCKETS, registry=self.registry)
@@ -49,6 +49,7 @@ class ServerMetrics:
         self.embedding_tokens = Counter("multiseq_embedding_prompt_tokens", "Tokens of the inputs embedded",
                                         registry=self.registry)
         self.registry.register(_EngineCollector(runner_of))
+        self.registry.register(_ModelsCollector(models_of))
         self.loop_lag = LoopLagMonitor(self.registry)
 
     def requests_by_api(self) -> dict[str, int]:
@@ -152,6 +153,35 @@ class _EngineCollector:
             yield _counter("multiseq_media_encode_seconds", "Time the projector spent encoding", media.projector.encode_seconds)
             yield _counter("multiseq_media_prefilled", "Images or audio decoded into a slot's KV (a reused one is not)",
                            media.decoded)
+
+
+class _ModelsCollector:
+    """Each served model, by name (the engine's metrics above are the first model's): loaded or
+    not, its requests running and waiting, and the tokens it generated while loaded."""
+
+    def __init__(self, models_of: Callable[[], Iterable]) -> None:
+        self._models_of = models_of
+
+    def collect(self) -> Iterator[Metric]:
+        families = {
+            "loaded": GaugeMetricFamily("multiseq_model_loaded", "1 while the model is loaded, else 0",
+                                        labels=["model"]),
+            "running": GaugeMetricFamily("multiseq_model_requests_running", "The model's requests holding a slot",
+                                         labels=["model"]),
+            "waiting": GaugeMetricFamily("multiseq_model_requests_waiting", "The model's requests queued for a slot",
+                                         labels=["model"]),
+            "generated": CounterMetricFamily("multiseq_model_generation_tokens", "Tokens the model generated since "
+                                             "it last loaded", labels=["model"]),
+        }
+        for model in self._models_of():
+            runner = model.runner
+            families["loaded"].add_metric([model.name], int(runner is not None))
+            if runner is not None:
+                snapshot = runner.latest_snapshot
+                families["running"].add_metric([model.name], snapshot.num_running)
+                families["waiting"].add_metric([model.name], runner.num_waiting)
+                families["generated"].add_metric([model.name], snapshot.stats.generated_tokens)
+        yield from families.values()
 
 
 def _pool_metrics(pool: PoolSnapshot, runner: Runner) -> Iterator[Metric]:

@@ -99,7 +99,7 @@ class ServerState:
                                    dict(settings.adapter_models))
         self.models.default.runner = runner
         self.settings = settings
-        self.metrics = ServerMetrics(lambda: self.runner)
+        self.metrics = ServerMetrics(lambda: self.runner, lambda: self.models)
         self.offload = Offload(settings.prepare_threads, settings.io_threads, settings.prepare_timeout_s)
         # StoreError when the data directory cannot be used.
         self.batches = None if settings.data_dir is None else BatchService(settings.data_dir, BatchRules(
