@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-
 import json
 import logging
 import sys
@@ -267,8 +266,8 @@ def serve(ctx_size: int | None, kv_unified: bool | None, host: str, port: int, a
           allowed_hosts: str | None, cors_origins: str | None, strict_fields: bool, alias: str | None, max_queue: int,
           max_body_mb: float, data_dir: Path | None, max_upload_mb: float, max_batch_lines: int,
           prepare_timeout: float, send_timeout: float, keep_alive: float, stream_interval: float | None,
-          lora_modules: tuple[str, ...], models_dir: Path | None, models_preset: Path | None, models_max: int, models_memory: int | None,
-          models_keep_alive: str,
+          lora_modules: tuple[str, ...], models_dir: Path | None, models_preset: Path | None, models_max: int,
+          models_memory: int | None, models_keep_alive: str,
           dashboard: bool | None, ray_address: str | None, replicas: int | None, routing: str | None,
           share_prefixes: bool | None, worker_gpus: float | None, verbose: bool, **options) -> None:
     """Serve the model over an OpenAI-compatible HTTP API, batching concurrent clients.

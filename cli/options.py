@@ -254,17 +254,25 @@ def runner_config(options: dict[str, Any]) -> RunnerConfig:
 
 def lora_adapters(files: tuple[str, ...], scaled: tuple[str, ...]) -> tuple[tuple[str, float], ...]:
     """--lora FILE (scale 1) and --lora-scaled FILE:SCALE as (path, scale) pairs."""
-    pairs = [(path, 1.0) for path in files]
-    for given in scaled:
-        path, _, scale = given.rpartition(":")
-        try:
-            value = float(scale)
-        except ValueError:
-            raise click.UsageError(f"--lora-scaled {given!r}: give FILE:SCALE, the scale a number") from None
-        if not path or not os.path.isfile(path):
-            raise click.UsageError(f"--lora-scaled {given!r}: {path or given!r} is not a file")
-        pairs.append((path, value))
-    return tuple(pairs)
+    return (*((path, 1.0) for path in files),
+            *(adapter_file(given, given, "--lora-scaled", scale_required=True) for given in scaled))
+
+
+def adapter_file(text: str, given: str, option: str, scale_required: bool = False) -> tuple[str, float]:
+    """An adapter's FILE:SCALE (or FILE alone at scale 1, unless the scale is required) as
+    (path, scale), or a usage error naming the option and the value `given`."""
+    path, colon, scale = text.rpartition(":")
+    try:
+        value = float(scale) if colon else None
+    except ValueError:
+        value = None
+    if value is None:
+        if scale_required:
+            raise click.UsageError(f"{option} {given!r}: give FILE:SCALE, the scale a number")
+        path, value = text, 1.0
+    if not path or not os.path.isfile(os.path.expanduser(path)):
+        raise click.UsageError(f"{option} {given!r}: {path or given!r} is not a file")
+    return os.path.expanduser(path), value
 
 
 def _hub_model(repo: str) -> str:

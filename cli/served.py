@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -16,7 +15,7 @@ from .. import models
 from ..config import KV_POOL_AUTO, RunnerConfig
 from .job import check_chat_template
 from .models_commands import resolve_model
-from .options import SERVE_STEP_TOKENS, runner_config
+from .options import SERVE_STEP_TOKENS, adapter_file, runner_config
 
 
 def duration(value: str, option: str) -> float:
@@ -51,25 +50,12 @@ def named_adapters(given: tuple[str, ...], taken: tuple[str, ...]) -> tuple[tupl
     adapters = []
     for text in given:
         name, _, rest = text.partition("=")
-        path, scale = rest, 1.0
-        if ":" in rest and _is_number(rest.rpartition(":")[2]):
-            path, scale = rest.rpartition(":")[0], float(rest.rpartition(":")[2])
-        if not name or not path:
+        if not name or not rest:
             raise click.UsageError(f"--lora-modules {text!r}: give NAME=FILE or NAME=FILE:SCALE")
-        if not os.path.isfile(os.path.expanduser(path)):
-            raise click.UsageError(f"--lora-modules {text!r}: {path!r} is not a file")
         if name in taken or name in (each for each, _, _ in adapters):
             raise click.UsageError(f"--lora-modules {text!r}: {name!r} already names a served model")
-        adapters.append((name, os.path.expanduser(path), scale))
+        adapters.append((name, *adapter_file(rest, text, "--lora-modules")))
     return tuple(adapters)
-
-
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
 
 
 def served_models(config: RunnerConfig, resolved: models.ResolvedModel | None, alias: str | None,

@@ -10,7 +10,6 @@ import http.client
 import json
 import math
 import threading
-import urllib.request
 from types import SimpleNamespace
 
 import anthropic
@@ -47,13 +46,18 @@ def two_models(make_runner, serve_app):
 
 
 def get(base: str, path: str) -> tuple[int, dict]:
+    status, text = get_text(base, path)
+    return status, json.loads(text)
+
+
+def get_text(base: str, path: str) -> tuple[int, str]:
     host, port = base.removeprefix("http://").split(":")
     connection = http.client.HTTPConnection(host, int(port), timeout=10)
     connection.request("GET", path)
     response = connection.getresponse()
     data = response.read()
     connection.close()
-    return response.status, json.loads(data)
+    return response.status, data.decode()
 
 
 def test_each_api_answers_with_the_model_it_names(two_models):
@@ -155,11 +159,6 @@ def test_metrics_say_each_models_state_by_name(make_runner, serve_app):
     generated = next(line for line in data.splitlines()
                      if line.startswith(f'multiseq_model_generation_tokens_total{{model="{BETA}"}}'))
     assert float(generated.split()[-1]) > 0 and f'model_generation_tokens_total{{model="{GAMMA}"}}' not in data
-
-
-def get_text(base: str, path: str) -> tuple[int, str]:
-    with urllib.request.urlopen(f"{base}{path}", timeout=10) as response:
-        return response.status, response.read().decode()
 
 
 def test_within_models_max_the_least_recently_used_idle_model_goes(make_runner, serve_app):

@@ -26,12 +26,10 @@ def load_adapter(llama: ModuleType, model_handle: Any, path: str) -> Any:
 
 def apply_adapters(llama: ModuleType, ctx: Any, adapters: Sequence[tuple[Any, float]]) -> None:
     """Set the adapters (handle, scale) on a context; none: the model alone."""
-    if not adapters:
-        return
     handles = (llama.llama_adapter_lora_p_ctypes * len(adapters))(*(handle for handle, _ in adapters))
     scales = (ctypes.c_float * len(adapters))(*(scale for _, scale in adapters))
-    if llama.llama_set_adapters_lora(ctx, handles, len(adapters), scales) != 0:
-        raise BackendError("llama.cpp could not apply the LoRA adapters to the context")
+    if llama.llama_set_adapters_lora(ctx, handles if adapters else None, len(adapters), scales if adapters else None):
+        raise BackendError("llama.cpp could not set the LoRA adapters on the context")
 
 
 class AdapterSets:
@@ -47,18 +45,12 @@ class AdapterSets:
         self._ctx = None
 
     def bind(self, ctx: Any) -> None:
-        """A new context: the current set applied to it."""
+        """A new context (which holds no adapters): the current set applied to it."""
         self._ctx = ctx
-        self._apply()
+        if self.sets[self.current]:
+            apply_adapters(self._llama, ctx, self.sets[self.current])
 
     def use(self, index: int) -> None:
         if index != self.current:
             self.current = index
-            self._apply()
-
-    def _apply(self) -> None:
-        adapters = self.sets[self.current]
-        if adapters:
-            apply_adapters(self._llama, self._ctx, adapters)
-        elif self._llama.llama_set_adapters_lora(self._ctx, None, 0, None) != 0:
-            raise BackendError("llama.cpp could not take the LoRA adapters off the context")
+            apply_adapters(self._llama, self._ctx, self.sets[index])

@@ -113,8 +113,7 @@ class ModelLoader:
         at once where unloading every other model could not make room in the budget."""
         deadline = time.monotonic() + self.room_timeout_s
         while not self.has_room_for(model):
-            staying = [other.name for other in self.models if other.runner is not None and not self.can_unload(other)]
-            if self.memory is not None and not self.memory.fits(model.name, staying):
+            if self.memory is not None and not self.memory.fits(model.name, self._staying()):
                 raise self._no_room(model, f"it does not fit in --models-memory {size_text(self.memory.limit_bytes)} "
                                            f"beside the models that stay loaded", "models_memory")
             idle = [other for other in self.models if other is not model and other.is_idle and self.can_unload(other)]
@@ -144,6 +143,10 @@ class ModelLoader:
             await self.ensure_loaded(model)
             return True
         return False
+
+    def _staying(self) -> list[str]:
+        """The loaded models no unload can take away (the default)."""
+        return [other.name for other in self.models if other.runner is not None and not self.can_unload(other)]
 
     def _too_many(self, model: ServedModel) -> bool:
         return bool(self.max_loaded) and len(self._holding(model)) >= self.max_loaded

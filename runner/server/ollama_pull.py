@@ -74,16 +74,17 @@ async def _pulled(state, name: str, wanted: str) -> AsyncIterator[dict[str, Any]
         loop.call_soon_threadsafe(progress.put_nowait, {"status": f"{PHASES.get(step.phase, step.phase)} {step.model}",
                                                         "total": step.total_bytes, "completed": step.done_bytes})
 
-    fetching = asyncio.ensure_future(asyncio.to_thread(models.resolve, wanted, told))
-    while not fetching.done() or not progress.empty():
-        getter = asyncio.ensure_future(progress.get())
-        await asyncio.wait({fetching, getter}, return_when=asyncio.FIRST_COMPLETED)
-        if getter.done():
-            yield getter.result()
-        else:
-            getter.cancel()
+    def fetched() -> models.ResolvedModel:
+        try:
+            return models.resolve(wanted, told)
+        finally:  # after every progress line: the loop takes them in the order they were handed
+            loop.call_soon_threadsafe(progress.put_nowait, None)
+
+    fetching = asyncio.ensure_future(asyncio.to_thread(fetched))
+    while (line := await progress.get()) is not None:
+        yield line
     try:
-        resolved = fetching.result()
+        resolved = await fetching
     except models.ModelError as error:
         yield {"error": f"pull model manifest: {_without_paths(str(error))}"}
         return
