@@ -18,7 +18,7 @@ from ..config import (CONTEXT_POOLINGS, DEFAULT_SLOT_CTX, KV_CACHE_TYPES, REASON
                       SplitMode, default_of)
 
 ENGINE_FIELDS = ("model", "mmproj", "auto_mmproj", "parallel", "slot_ctx", "kv_pool", "kv_layout", "threads", "n_keep", "n_discard", "seed", "chat_template",
-                 "tool_format", "reasoning_format", "cache_type_k", "cache_type_v", "prefix_cache", "cache_ram_mib", "step_tokens", "n_batch", "batch_invariant", "overflow", "n_gpu_layers", "main_gpu", "split_mode", "tensor_split",
+                 "tool_format", "reasoning_format", "cache_type_k", "cache_type_v", "prefix_cache", "cache_ram_mib", "cache_disk", "cache_disk_mib", "step_tokens", "n_batch", "batch_invariant", "overflow", "n_gpu_layers", "main_gpu", "split_mode", "tensor_split",
                  "flash_attn", "sampling", "spec_type", "spec_draft_max", "spec_draft_min", "spec_ngram_size", "pooling")
 SAMPLING_FIELDS = ("max_tokens", "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "stop", "ignore_eos",
                    "strict_schema")
@@ -135,6 +135,12 @@ def engine_options(slot_ctx_help: str = "Context tokens per slot (prompt + gener
                      default=default_of(RunnerConfig, "cache_ram_mib"), show_default=True,
                      help="Host memory for slot states saved before their slot is reused, restored when that "
                           "conversation or prefix comes back (0: off)."),
+        click.option("--cache-disk", metavar="DIR", type=click.Path(file_okay=False),
+                     help="A folder for slot states leaving host memory, and at exit for every kept prefix: "
+                          "restored after a restart instead of prefilled (a conversation, an agent's prompt)."),
+        click.option("--cache-disk-size", "cache_disk_mib", type=click.IntRange(min=1), metavar="MIB",
+                     default=default_of(RunnerConfig, "cache_disk_mib"), show_default=True,
+                     help="The --cache-disk folder's bound; the least recently used states go first."),
         click.option("--batch-invariant", is_flag=True, default=default_of(RunnerConfig, "batch_invariant"),
                      help="Make each output independent of what runs beside it (parallelism, prefix reuse), "
                           "at some cost in speed."),

@@ -324,6 +324,10 @@ class RunnerConfig:
     # Host memory (MiB) for slots' KV saved before it is overwritten, restored when a prompt
     # comes back to it (llama-server's --cache-ram); 0 turns it off.
     cache_ram_mib: int = 2048
+    # A folder where states leaving host memory, and at close what the slots and host memory
+    # keep, are written, to be restored after a restart (None: off); bounded in MiB.
+    cache_disk: str | None = None
+    cache_disk_mib: int = 10240
     # A request's output independent of what shares its batch (parallelism, prefix reuse, the
     # other requests), at some cost in speed: flash attention and weight repacking are off, and
     # a step holds either one prompt chunk or the decoding tokens.
@@ -371,6 +375,10 @@ class RunnerConfig:
         _check_flag(self, "prefix_cache")
         _require(is_int(self.cache_ram_mib) and self.cache_ram_mib >= 0,
                  f"cache_ram_mib must be an integer >= 0 (0: off), got {self.cache_ram_mib!r}")
+        _require(self.cache_disk is None or isinstance(self.cache_disk, str),
+                 f"cache_disk must be a folder's path or None, got {self.cache_disk!r}")
+        _require(is_int(self.cache_disk_mib) and self.cache_disk_mib >= 1,
+                 f"cache_disk_mib must be an integer >= 1, got {self.cache_disk_mib!r}")
         _check_flag(self, "batch_invariant")
         _require(is_int(self.parallel) and self.parallel >= 1, f"parallel must be >= 1, got {self.parallel!r}")
         _require(self.slot_ctx is None or (is_int(self.slot_ctx) and self.slot_ctx >= 16),

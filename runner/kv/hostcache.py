@@ -22,12 +22,14 @@ from here (best_scored_match), and only those entries serve them.
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..llama.batch import SlotState
+from .disk import DiskEntry, DiskTier
 from .prefix import KeptScores, common_prefix_length, starts_with, worth_waiting_for
 
 # Saving costs a copy of the slot's KV (~23 kB a token on SmolLM2, 9 on Gemma 3): a slot whose
@@ -37,20 +39,23 @@ MIN_SAVE_TOKENS = 32
 # 1,201 tokens, 27.7 MB, took 3-8 ms; prefilling them ~3.9 s).
 INITIAL_RESTORE_SECONDS_PER_BYTE = 1e-9
 INITIAL_PREFILL_SECONDS_PER_TOKEN = 3e-3
+INITIAL_DISK_READ_SECONDS_PER_BYTE = 2e-9  # 500 MB/s, until a read is timed
 _SMOOTHING = 0.2  # weight of a new measurement in the running estimates
 
 
 @dataclass(eq=False)
 class HostEntry:
-    """A slot's KV saved in host memory: the tokens at positions 0..len-1, and the state."""
+    """A slot's KV saved in host memory: the tokens at positions 0..len-1, and the state (None:
+    it is still in its file of the disk tier, `disk`, read when it is restored)."""
 
     tokens: np.ndarray
-    state: SlotState
+    state: SlotState | None
     scores: KeptScores | None = None  # a scored prompt's log probabilities of tokens 1, 2, ...
+    disk: DiskEntry | None = None
 
     @property
     def num_bytes(self) -> int:
-        return len(self.state)
+        return len(self.state) if self.state is not None else self.disk.num_state_bytes
 
 
 @dataclass(frozen=True)
@@ -83,6 +88,7 @@ class CostModel:
 
     restore_seconds_per_byte: float = INITIAL_RESTORE_SECONDS_PER_BYTE
     prefill_seconds_per_token: float = INITIAL_PREFILL_SECONDS_PER_TOKEN
+    disk_read_seconds_per_byte: float = INITIAL_DISK_READ_SECONDS_PER_BYTE
 
     def note_restore(self, num_bytes: int, seconds: float) -> None:
         if num_bytes > 0:
@@ -92,9 +98,15 @@ class CostModel:
         if num_tokens > 0:
             self.prefill_seconds_per_token = _smoothed(self.prefill_seconds_per_token, seconds / num_tokens)
 
-    def restoring_pays(self, num_bytes: int, num_tokens_saved: int) -> bool:
-        """Whether restoring num_bytes costs less than prefilling the tokens it saves."""
-        return num_bytes * self.restore_seconds_per_byte < num_tokens_saved * self.prefill_seconds_per_token
+    def note_disk_read(self, num_bytes: int, seconds: float) -> None:
+        if num_bytes > 0:
+            self.disk_read_seconds_per_byte = _smoothed(self.disk_read_seconds_per_byte, seconds / num_bytes)
+
+    def restoring_pays(self, num_bytes: int, num_tokens_saved: int, from_disk: bool = False) -> bool:
+        """Whether restoring num_bytes (read from disk first) costs less than prefilling the
+        tokens it saves."""
+        per_byte = self.restore_seconds_per_byte + (self.disk_read_seconds_per_byte if from_disk else 0.0)
+        return num_bytes * per_byte < num_tokens_saved * self.prefill_seconds_per_token
 
 
 def _owned(state: SlotState) -> SlotState:
@@ -121,8 +133,9 @@ class HostCacheStats:
 class HostCache:
     """Saved slot states, found by the longest common prefix with a prompt, LRU-bounded in bytes."""
 
-    def __init__(self, limit_bytes: int) -> None:
+    def __init__(self, limit_bytes: int, disk: DiskTier | None = None) -> None:
         self.limit_bytes = limit_bytes
+        self.disk = disk  # where evicted entries go (None: they are dropped)
         self._entries: OrderedDict[int, HostEntry] = OrderedDict()  # least recently used first
         self._next_key = 0
         self.num_bytes = 0  # entries' and parked states'
@@ -133,7 +146,7 @@ class HostCache:
 
     @property
     def is_enabled(self) -> bool:
-        return self.limit_bytes > 0
+        return self.limit_bytes > 0 or self.disk is not None
 
     @property
     def num_entries(self) -> int:
@@ -143,13 +156,36 @@ class HostCache:
         return [*self._entries.values(), *self._parked.values()]
 
     def best_match(self, prompt: np.ndarray) -> tuple[HostEntry | None, int]:
-        """The entry (or parked state) sharing the longest prefix with `prompt`, and that length."""
+        """The entry (or parked state, or file of the disk tier) sharing the longest prefix with
+        `prompt`, and that length."""
         best, best_length = None, 0
         for entry in self._all_states():
             length = common_prefix_length(entry.tokens, prompt)
             if length > best_length:
                 best, best_length = entry, length
+        if self.disk is not None:
+            on_disk, length = self.disk.best_match(prompt)
+            if length > best_length:
+                best, best_length = HostEntry(on_disk.tokens, None, disk=on_disk), length
         return best, best_length
+
+    def restoring_pays(self, entry: HostEntry, num_tokens_saved: int) -> bool:
+        """Whether restoring the entry (read from its file first, where it is on disk alone)
+        costs less than prefilling the tokens it saves."""
+        return self.costs.restoring_pays(entry.num_bytes, num_tokens_saved, from_disk=entry.state is None)
+
+    def state_of(self, entry: HostEntry) -> SlotState | None:
+        """The entry's state: read from its file when it is on disk alone, and kept in memory
+        from then on (it is the most recently used); None when the file is gone or damaged."""
+        if entry.state is not None:
+            return entry.state
+        started = time.perf_counter()
+        state = self.disk.read(entry.disk)
+        if state is not None:
+            self.costs.note_disk_read(len(state), time.perf_counter() - started)
+            entry.state = state
+            self._keep(entry.tokens, state, on_disk=True)
+        return state
 
     def best_scored_match(self, prompt: np.ndarray, num_top: int) -> tuple[HostEntry | None, int]:
         """The entry with log probabilities (at least num_top alternatives each) whose tokens
@@ -178,10 +214,12 @@ class HostCache:
         self.stats.num_saved += 1
         return True
 
-    def _keep(self, tokens: np.ndarray, state: SlotState, scores: KeptScores | None = None) -> bool:
-        """add(), counted by its caller (as saved here, or as imported)."""
+    def _keep(self, tokens: np.ndarray, state: SlotState, scores: KeptScores | None = None,
+              on_disk: bool = False) -> bool:
+        """add(), counted by its caller (as saved here, or as imported); a state too large for
+        memory goes to the disk tier (unless it came from there: `on_disk`)."""
         if len(state) > self.limit_bytes:
-            return False
+            return not on_disk and self._spill(tokens, state)
         for key, entry in list(self._entries.items()):  # entries the new one covers (scores and all)
             if starts_with(tokens, entry.tokens) and (scores is not None or entry.scores is None):
                 self._remove(key)
@@ -206,9 +244,25 @@ class HostCache:
         if self.num_parked_bytes + num_bytes > self.limit_bytes:
             return False
         while self.num_bytes + num_bytes > self.limit_bytes:
-            self._remove(next(iter(self._entries)))
+            key = next(iter(self._entries))
+            self._spill(self._entries[key].tokens, self._entries[key].state)
+            self._remove(key)
             self.stats.num_evicted += 1
         return True
+
+    def _spill(self, tokens: np.ndarray, state: SlotState) -> bool:
+        """Hand a state leaving memory to the disk tier, unless it is off or holds it already."""
+        return self.disk is not None and not self.disk.covers(tokens) and self.disk.put(tokens, state)
+
+    def persist(self, kept: list[tuple[np.ndarray, SlotState]]) -> None:
+        """Before the process ends: every entry, then the slots' `kept` states (the most recent),
+        written to the disk tier where it holds them not, and the writes waited for."""
+        if self.disk is None:
+            return
+        for tokens, state in [(entry.tokens, entry.state) for entry in self._entries.values()] + kept:
+            if not self.disk.covers(tokens):
+                self.disk.put(tokens, state, wait=True)
+        self.disk.close()
 
     def park(self, tokens: np.ndarray, state: SlotState) -> HostEntry | None:
         """Hold a preempted sequence's state (never evicted) until unpark(); None when it

@@ -32,6 +32,7 @@ from ..config import RunnerConfig
 from ..errors import RequestFault, request_fault
 from .execution import Executed, StepExecution
 from .graph_sampling import RowSampling
+from ..kv.disk import DiskTier, state_key
 from ..kv.hostcache import HostCache, PrefixHolding
 from ..kv.pool import CellLedger, PoolTracking
 from .outcome import result_of
@@ -59,7 +60,8 @@ class Engine:
         self.pool = CellLedger(config.parallel, backend.pool_size) if backend.pool_size else None
         self.backend = backend if self.pool is None else PoolTracking(backend, self.pool)
         self.window = backend.window
-        self.host_cache = HostCache(config.cache_ram_mib * 2**20 if config.prefix_cache else 0)
+        self.host_cache = HostCache(config.cache_ram_mib * 2**20 if config.prefix_cache else 0,
+                                    _disk_tier(config, backend) if config.prefix_cache else None)
         self.tools = ToolSupport(backend.chat_template_source, config.tool_format,
                                  split_reasoning=config.reasoning_format != "none")
         self.maker = SequenceMaker(config, self.backend, self.tools, self.window)
@@ -307,3 +309,14 @@ def _first_piece_prompt(seq: Sequence) -> dict:
         return {}
     return dict(prompt_first_token=seq.sampler.token_bytes(seq.prompt_tokens[0]),
                 prompt_logprobs=tuple(seq.prompt_logprobs))
+
+
+def _disk_tier(config: RunnerConfig, backend: Backend) -> DiskTier | None:
+    """The disk tier of --cache-disk, its states keyed by what makes one valid here: the model
+    file, the KV types, the attention kernels (flash attention lays V out otherwise), the
+    whole-model adapters, and batch invariance (other kernels, other numbers)."""
+    if config.cache_disk is None:
+        return None
+    key = state_key(backend.facts.path, config.cache_type_k, config.cache_type_v, config.flash_attn.value,
+                    config.batch_invariant, config.lora)
+    return DiskTier(config.cache_disk, config.cache_disk_mib * 2**20, key)

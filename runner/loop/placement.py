@@ -165,11 +165,25 @@ class KvPlacement:
         held = max(in_slot, in_host)
         if share_more_than is None or held <= share_more_than:
             return PrefixHolding(held, in_flight)
-        if entry is not None and in_host >= in_slot:
-            return PrefixHolding(held, in_flight, SharedPrefix(entry.tokens, entry.state))
+        state = self.host_cache.state_of(entry) if entry is not None and in_host >= in_slot else None
+        if state is not None:
+            return PrefixHolding(held, in_flight, SharedPrefix(entry.tokens, state))
         state = self.backend.save_slot(slot)
         shared = None if state is None else SharedPrefix(self.scheduler.kv_tokens(slot), state)
         return PrefixHolding(held, in_flight, shared)
+
+    def persist(self) -> None:
+        """Before the engine closes: what host memory and the free slots keep, written to the
+        disk tier (where it is on), to be found again after a restart."""
+        if self.host_cache.disk is None:
+            return
+        kept = []
+        for slot in self.scheduler.idle_by_age():
+            tokens = self.scheduler.kv_tokens(slot)
+            state = self.backend.save_slot(slot) if len(tokens) >= MIN_SAVE_TOKENS else None
+            if state is not None:
+                kept.append((tokens, state))
+        self.host_cache.persist(kept)
 
     def clear(self) -> None:
         """Forget every prefix kept in a free slot (and clear that slot's KV) or in host memory."""
@@ -193,7 +207,8 @@ class KvPlacement:
         if entry is None:
             return self.backend.reuse_prefix(placement.slot, placement.source_slot, placement.num_cached)
         started = time.perf_counter()
-        intact = self.backend.restore_slot(placement.slot, entry.state, placement.num_cached)
+        state = self.host_cache.state_of(entry)  # read from the disk tier first, where it is there alone
+        intact = state is not None and self.backend.restore_slot(placement.slot, state, placement.num_cached)
         if intact:
             self.host_cache.note_restored(entry, placement.num_cached, time.perf_counter() - started)
         return intact

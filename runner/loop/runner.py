@@ -220,10 +220,13 @@ class Runner:
         return self._worker.step()
 
     def close(self) -> None:
-        """Cancel whatever is left, stop the worker thread and free the model. Idempotent."""
+        """Cancel whatever is left, write the kept prefixes to the disk tier (--cache-disk),
+        stop the worker thread and free the model. Idempotent."""
         if self._closed:
             return
         self.cancel_all()
+        if self.failure is None:  # what the slots and host memory keep, to the disk tier (where on)
+            self.between_steps(self.engine.placement.persist)
         self._inbox.close()
         if self._worker.thread is not None:
             self._worker.thread.join()

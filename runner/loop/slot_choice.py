@@ -124,7 +124,7 @@ class SlotChooser:
         unscored = [slot for slot in targets if self.slots[slot].kept_scores is None]
         target = self._least_recently_used(unscored or targets)
         if entry is not None and in_host >= best_length + MIN_COPY_TOKENS and \
-                self.host_cache.costs.restoring_pays(entry.num_bytes, in_host - best_length):
+                self.host_cache.restoring_pays(entry, in_host - best_length):
             return Placement(target, None, in_host, entry, _first_scores(entry.scores, in_host, num_top))
         if best is None:
             return Placement(target, target, 0)
@@ -187,7 +187,7 @@ class SlotChooser:
         entry, shared = self.host_cache.best_match(prompt)
         num_cached = self.chunk_rules.reusable(shared, len(prompt))
         gain = num_cached - placement.num_cached
-        if entry is None or gain < MIN_COPY_TOKENS or not self.host_cache.costs.restoring_pays(entry.num_bytes, gain):
+        if entry is None or gain < MIN_COPY_TOKENS or not self.host_cache.restoring_pays(entry, gain):
             return placement
         return Placement(self._least_recently_used(targets), None, num_cached, entry)
 

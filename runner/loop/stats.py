@@ -213,6 +213,21 @@ class HostCacheSnapshot:
     num_evicted: int
     tokens_restored: int
     num_imported: int = 0  # states another replica handed over
+    disk: DiskSnapshot | None = None  # the disk tier under it (--cache-disk; None: off)
+
+
+@dataclass(frozen=True)
+class DiskSnapshot:
+    """The disk tier of the prefix cache (--cache-disk) at one moment."""
+
+    limit_bytes: int
+    num_bytes: int
+    num_files: int
+    num_written: int
+    num_read: int  # states read back to be restored
+    num_evicted: int
+    num_damaged: int  # files that failed their check: removed, never restored
+    num_failed_writes: int  # a full disk, say: the state was not kept
 
 
 @dataclass(frozen=True)
@@ -282,8 +297,13 @@ def _pool_snapshot(pool, stats: StatsRecorder, layout) -> PoolSnapshot:
 
 def host_cache_snapshot(cache: HostCache) -> HostCacheSnapshot:
     counts = cache.stats
+    disk = None
+    if cache.disk is not None:
+        written = cache.disk.stats
+        disk = DiskSnapshot(cache.disk.limit_bytes, cache.disk.num_bytes, cache.disk.num_files, written.num_written,
+                            written.num_read, written.num_evicted, written.num_damaged, written.num_failed_writes)
     return HostCacheSnapshot(cache.limit_bytes, cache.num_bytes, cache.num_entries, counts.num_saved,
-                             counts.num_restored, counts.num_evicted, counts.tokens_restored, counts.num_imported)
+                             counts.num_restored, counts.num_evicted, counts.tokens_restored, counts.num_imported, disk)
 
 
 def _slot_snapshot(slot: int, seq: Sequence | None, window: int, now: float, num_kept: int) -> SlotSnapshot:

@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from ..loop.runner import Runner
-from ..loop.stats import HostCacheSnapshot, PoolSnapshot
+from ..loop.stats import DiskSnapshot, HostCacheSnapshot, PoolSnapshot
 
 # Seconds; TTFT spans queueing and prefill, gaps are one decode step or a stall.
 TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0)
@@ -212,6 +212,21 @@ def _ram_cache_metrics(cache: HostCacheSnapshot) -> Iterator[Metric]:
     yield _counter("multiseq_ram_cache_evictions", "Slot states dropped to stay within the bound", cache.num_evicted)
     yield _counter("multiseq_ram_cache_imports", "Prefix states brought from another replica instead of a prefill",
                    cache.num_imported)
+    if cache.disk is not None:
+        yield from _disk_cache_metrics(cache.disk)
+
+
+def _disk_cache_metrics(disk: DiskSnapshot) -> Iterator[Metric]:
+    yield _gauge("multiseq_disk_cache_bytes", "Bytes of slot state files in the disk cache", disk.num_bytes)
+    yield _gauge("multiseq_disk_cache_limit_bytes", "The disk cache's bound (--cache-disk-size)", disk.limit_bytes)
+    yield _gauge("multiseq_disk_cache_files", "Slot state files in the disk cache", disk.num_files)
+    yield _counter("multiseq_disk_cache_writes", "Slot states written to the disk cache", disk.num_written)
+    yield _counter("multiseq_disk_cache_reads", "Slot states read back from the disk cache", disk.num_read)
+    yield _counter("multiseq_disk_cache_evictions", "State files removed to stay within the bound", disk.num_evicted)
+    yield _counter("multiseq_disk_cache_damaged", "State files that failed their check, removed unread",
+                   disk.num_damaged)
+    yield _counter("multiseq_disk_cache_failed_writes", "States not written (a full disk, say)",
+                   disk.num_failed_writes)
 
 
 def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
