@@ -226,6 +226,9 @@ def batch_run(prompts_file: Path | None, images_dir: Path | None, image_prompt: 
 @click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path),
               help=f"Where the Files and Batch APIs keep uploads, batches and their results, across restarts "
                    f"(also {DATA_DIR_VARIABLE}). [default: the user's data folder for multiseq]")
+@click.option("--slot-save-path", type=click.Path(file_okay=False, path_type=Path),
+              help="A folder for llama-server's POST /slots/{id}?action=save|restore: a slot's KV kept in a file and "
+                   "given back, across restarts.")
 @click.option("--max-upload-mb", default=DEFAULT_MAX_UPLOAD_BYTES / 2**20, show_default=True,
               type=click.FloatRange(0, min_open=True), help="Largest file POST /v1/files takes; a larger one gets 413.")
 @click.option("--max-batch-lines", default=DEFAULT_MAX_BATCH_LINES, show_default=True, type=click.IntRange(1),
@@ -264,7 +267,8 @@ def batch_run(prompts_file: Path | None, images_dir: Path | None, image_prompt: 
 @click.option("-v", "--verbose", is_flag=True, help="Show llama.cpp warnings.")
 def serve(ctx_size: int | None, kv_unified: bool | None, host: str, port: int, api_key: str | None, metrics_public: bool,
           allowed_hosts: str | None, cors_origins: str | None, strict_fields: bool, alias: str | None, max_queue: int,
-          max_body_mb: float, data_dir: Path | None, max_upload_mb: float, max_batch_lines: int,
+          max_body_mb: float, data_dir: Path | None, slot_save_path: Path | None, max_upload_mb: float,
+          max_batch_lines: int,
           prepare_timeout: float, send_timeout: float, keep_alive: float, stream_interval: float | None,
           lora_modules: tuple[str, ...], models_dir: Path | None, models_preset: Path | None, models_max: int,
           models_memory: int | None, models_keep_alive: str,
@@ -313,6 +317,7 @@ def serve(ctx_size: int | None, kv_unified: bool | None, host: str, port: int, a
                               api_key=api_key or None, max_queue=max_queue,
                               max_body_bytes=int(max_body_mb * 2**20), defaults=settings_defaults,
                               overflow=config.overflow, data_dir=data_dir or models.data_dir(),
+                              slot_save_path=slot_save_path,
                               max_upload_bytes=int(max_upload_mb * 2**20), max_batch_lines=max_batch_lines,
                               metrics_public=metrics_public, strict_fields=strict_fields,
                               allowed_hosts=allowed_hosts_for(host, parse_list(allowed_hosts)),

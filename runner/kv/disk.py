@@ -100,7 +100,7 @@ class DiskTier:
         self.limit_bytes = limit_bytes
         self.folder = Path(folder) / key
         self.folder.mkdir(parents=True, exist_ok=True)
-        self._key_digest = hashlib.blake2b(key.encode(), digest_size=16).digest()
+        self._key_digest = _key_digest(key)
         self._lock = threading.Lock()  # the index and the byte counts, between the engine and the writer
         self._files: OrderedDict[str, DiskEntry] = OrderedDict()  # least recently used first
         # Handed to the writer, not yet written: found (and read from memory) meanwhile.
@@ -293,6 +293,31 @@ class DiskTier:
         if entry is not None:
             self.num_bytes -= entry.num_file_bytes
             entry.path.unlink(missing_ok=True)
+
+
+def save_state_file(path: Path, key: str, tokens: np.ndarray, state) -> int:
+    """Write one state to a file of its own (llama-server's /slots save), as the tier writes
+    its files; the bytes written."""
+    tokens = np.asarray(tokens, dtype=np.int64)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}{_PARTIAL}")
+    try:
+        _write_file(partial, path, _key_digest(key), tokens, _as_bytes(state))
+    finally:
+        partial.unlink(missing_ok=True)
+    return path.stat().st_size
+
+
+def load_state_file(path: Path, key: str) -> tuple[np.ndarray, np.ndarray]:
+    """A file save_state_file wrote, checked: its tokens and state (DamagedState: it does not
+    read back as written, or was written for another model or settings)."""
+    digest = _key_digest(key)
+    entry = _read_entry(path, digest)
+    return entry.tokens, _read_state(entry, digest)
+
+
+def _key_digest(key: str) -> bytes:
+    return hashlib.blake2b(key.encode(), digest_size=16).digest()
 
 
 def _name_of(tokens: np.ndarray) -> str:

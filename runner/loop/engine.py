@@ -311,12 +311,16 @@ def _first_piece_prompt(seq: Sequence) -> dict:
                 prompt_logprobs=tuple(seq.prompt_logprobs))
 
 
+def states_key(config: RunnerConfig, backend: Backend) -> str:
+    """What makes a saved KV state valid here, as a key: the model file, the KV types, the
+    attention kernels (flash attention lays V out otherwise), the whole-model adapters, and
+    batch invariance (other kernels, other numbers)."""
+    return state_key(backend.facts.path, config.cache_type_k, config.cache_type_v, config.flash_attn.value,
+                     config.batch_invariant, config.lora)
+
+
 def _disk_tier(config: RunnerConfig, backend: Backend) -> DiskTier | None:
-    """The disk tier of --cache-disk, its states keyed by what makes one valid here: the model
-    file, the KV types, the attention kernels (flash attention lays V out otherwise), the
-    whole-model adapters, and batch invariance (other kernels, other numbers)."""
+    """The disk tier of --cache-disk (None: off)."""
     if config.cache_disk is None:
         return None
-    key = state_key(backend.facts.path, config.cache_type_k, config.cache_type_v, config.flash_attn.value,
-                    config.batch_invariant, config.lora)
-    return DiskTier(config.cache_disk, config.cache_disk_mib * 2**20, key)
+    return DiskTier(config.cache_disk, config.cache_disk_mib * 2**20, states_key(config, backend))

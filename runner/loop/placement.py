@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from ..llama.batch import Backend
+from ..llama.batch import Backend, SlotState
 from ..kv.hostcache import MIN_SAVE_TOKENS, HostCache, PrefixHolding, SharedPrefix
 from ..kv.prefix import KeptScores
 from .scheduler import Admission, IdleEviction, Placement, Scheduler
@@ -184,6 +184,43 @@ class KvPlacement:
             if state is not None:
                 kept.append((tokens, state))
         self.host_cache.persist(kept)
+
+    # --- llama-server's slot actions (POST /slots/{id}): on an idle slot; None when it is busy --
+
+    def saved_slot(self, slot: int) -> tuple[np.ndarray, SlotState | None] | None:
+        """The tokens an idle slot's KV keeps, and its state (None: it keeps nothing)."""
+        if not self.scheduler.slots[slot].is_free:
+            return None
+        tokens = self.scheduler.kv_tokens(slot)
+        return tokens, self.backend.save_slot(slot) if len(tokens) else None
+
+    def restore_slot(self, slot: int, tokens: np.ndarray, state: SlotState, now: float) -> bool | None:
+        """An idle slot given a saved state (what it kept goes to host memory first, when worth
+        it); its KV then keeps `tokens`. False when the state does not restore here."""
+        if not self.scheduler.slots[slot].is_free:
+            return None
+        self.erase_slot(slot, save=True)
+        pool = self.scheduler.pool
+        for idle in self.scheduler.idle_by_age():  # room in a shared pool
+            if pool is None or pool.num_free >= len(tokens):
+                break
+            self._evict_idle(self.scheduler.evict_kept(idle))
+        if not self.backend.restore_slot(slot, state, len(tokens)):
+            self.backend.reuse_prefix(slot, slot, 0)
+            return False
+        self.scheduler.slots[slot].keep(np.asarray(tokens, dtype=np.int64), now)
+        return True
+
+    def erase_slot(self, slot: int, save: bool = False) -> int | None:
+        """An idle slot's kept prefix dropped (with `save`, to host memory first when worth it);
+        how many tokens it kept."""
+        if not self.scheduler.slots[slot].is_free:
+            return None
+        idle = self.scheduler.evict_kept(slot)
+        if save and len(idle.tokens) >= MIN_SAVE_TOKENS:
+            self._save_to_host(slot, idle.tokens, idle.scores)
+        self.backend.reuse_prefix(slot, slot, 0)
+        return len(idle.tokens)
 
     def clear(self) -> None:
         """Forget every prefix kept in a free slot (and clear that slot's KV) or in host memory."""

@@ -25,7 +25,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from ..loop.runner import Runner
-from . import batch_api, embeddings, messages, native, ollama, rerank, responses, tokens
+from . import batch_api, embeddings, messages, native, ollama, rerank, responses, slots, tokens
 from .chat import chat_completions, completions
 from .door import HEALTH_PATHS, ApiKeyGuard, SiteGuard, cors_options
 from .errors import INVALID_REQUEST, NOT_FOUND, SERVER_ERROR, ApiError, internal_error
@@ -171,6 +171,8 @@ def create_app(runner: Runner | None = None, settings: ServerSettings | None = N
         Route("/metrics", metrics, methods=["GET"]),
         Route("/props", props, methods=["GET"]),
         Route("/lora-adapters", lora_adapters, methods=["GET", "POST"]),
+        Route("/slots", slots.list_slots, methods=["GET"]),
+        Route("/slots/{id_slot}", slots.slot_action, methods=["POST"]),
         Route("/v1/models", list_models, methods=["GET"]),
         Route("/models", list_models, methods=["GET"]),  # llama-server's alias
         Route("/v1/models/{model:path}", get_model, methods=["GET"]),

@@ -60,6 +60,8 @@ class ServerSettings:
     overflow: OverflowPolicy = OverflowPolicy.REJECT
     # Where the Files and Batch APIs keep files, batches and results (None: those APIs are off).
     data_dir: Path | None = None
+    # Where POST /slots/{id}?action=save|restore keeps slots' KV files (None: those actions are off).
+    slot_save_path: Path | None = None
     max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES  # a larger upload gets 413
     max_batch_lines: int = DEFAULT_MAX_BATCH_LINES  # a batch with more requests fails validation
     # Threads that prepare requests (render, tokenize, compile schemas and tool grammars), and
