@@ -18,7 +18,7 @@ from ..config import (CONTEXT_POOLINGS, DEFAULT_SLOT_CTX, KV_CACHE_TYPES, REASON
                       SplitMode, default_of)
 
 ENGINE_FIELDS = ("model", "mmproj", "auto_mmproj", "parallel", "slot_ctx", "kv_pool", "kv_layout", "threads", "n_keep", "n_discard", "seed", "chat_template",
-                 "tool_format", "reasoning_format", "cache_type_k", "cache_type_v", "prefix_cache", "cache_ram_mib", "cache_disk", "cache_disk_mib", "step_tokens", "n_batch", "batch_invariant", "overflow", "n_gpu_layers", "main_gpu", "split_mode", "tensor_split",
+                 "tool_format", "reasoning_format", "reasoning_budget", "reasoning_budget_message", "cache_type_k", "cache_type_v", "prefix_cache", "cache_ram_mib", "cache_disk", "cache_disk_mib", "step_tokens", "n_batch", "batch_invariant", "overflow", "n_gpu_layers", "main_gpu", "split_mode", "tensor_split",
                  "flash_attn", "sampling", "spec_type", "spec_draft_max", "spec_draft_min", "spec_ngram_size", "pooling")
 SAMPLING_FIELDS = ("max_tokens", "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "stop", "ignore_eos",
                    "strict_schema")
@@ -171,6 +171,11 @@ def engine_options(slot_ctx_help: str = "Context tokens per slot (prompt + gener
         click.option("--reasoning-format", type=click.Choice(list(REASONING_FORMATS)), default="auto", show_default=True,
                      help="auto: a reasoning model's thinking comes apart from its answer (reasoning_content); "
                           "none: the raw text is the answer, thinking included."),
+        click.option("--reasoning-budget", type=click.IntRange(min=-1), default=default_of(RunnerConfig, "reasoning_budget"),
+                     show_default=True, help="Tokens a reasoning model may think per request before its thinking is "
+                     "closed and the answer follows (-1: no limit, 0: none); a request's own budget wins."),
+        click.option("--reasoning-budget-message", default="", metavar="TEXT",
+                     help="Text written at the end of thinking cut by the budget, before its close (llama-server's)."),
         click.option("-ngl", "--n-gpu-layers", type=GpuLayers(),
                      help="Layers stored on the GPU: a number, or all (-1). A build without a GPU backend says so "
                           "and runs on the CPU. [default: llama.cpp's, every layer on a GPU build]"),

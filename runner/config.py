@@ -162,9 +162,18 @@ class SamplingParams:
     # of generating. 0: no limit.
     min_indent: int = 0
     newline_deadline_ms: int = 0
+    # Tokens a reasoning model may spend in its reasoning block before its close is forced (-1:
+    # no limit, 0: closed as soon as it opens; None: the runner's reasoning_budget), and the
+    # text written before that close (None: the runner's reasoning_budget_message).
+    reasoning_budget: int | None = None
+    reasoning_budget_message: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stop", _stop_strings(self.stop))
+        _require(self.reasoning_budget is None or (is_int(self.reasoning_budget) and self.reasoning_budget >= -1),
+                 f"reasoning_budget must be an integer >= -1 (-1: no limit), got {self.reasoning_budget!r}")
+        _require(self.reasoning_budget_message is None or isinstance(self.reasoning_budget_message, str),
+                 f"reasoning_budget_message must be a string, got {self.reasoning_budget_message!r}")
         _require(self.max_tokens is None or (is_int(self.max_tokens) and self.max_tokens >= 1),
                  f"max_tokens must be an integer >= 1 (or None: until the window is full), got {self.max_tokens!r}")
         _require(is_number(self.temperature) and self.temperature >= 0,
@@ -320,6 +329,11 @@ class RunnerConfig:
     # the raw text is the answer, thinking and its markers included (llama-server's
     # --reasoning-format none).
     reasoning_format: str = "auto"
+    # A reasoning model's reasoning tokens per request before its block's close is forced (-1:
+    # no limit; 0: none), and the text written before that close (llama-server's
+    # --reasoning-budget and --reasoning-budget-message); a request's own wins.
+    reasoning_budget: int = -1
+    reasoning_budget_message: str = ""
     prefix_cache: bool = True  # reuse prompt prefixes already in some slot's KV instead of prefilling them
     # Host memory (MiB) for slots' KV saved before it is overwritten, restored when a prompt
     # comes back to it (llama-server's --cache-ram); 0 turns it off.
@@ -367,6 +381,10 @@ class RunnerConfig:
         self._check_files()
         _require(self.seed is None or (is_int(self.seed) and 0 <= self.seed < 2**64),
                  f"seed must be an integer in [0, 2**64), got {self.seed!r}")
+        _require(is_int(self.reasoning_budget) and self.reasoning_budget >= -1,
+                 f"reasoning_budget must be an integer >= -1 (-1: no limit), got {self.reasoning_budget!r}")
+        _require(isinstance(self.reasoning_budget_message, str),
+                 f"reasoning_budget_message must be a string, got {self.reasoning_budget_message!r}")
         _require(self.reasoning_format in REASONING_FORMATS,
                  f"reasoning_format must be one of {', '.join(REASONING_FORMATS)}, got {self.reasoning_format!r}")
         _require(self.tool_format is None or self.tool_format in TOOL_FORMATS,

@@ -260,6 +260,7 @@ class Result:
     tool_calls: tuple[ToolCall, ...] = ()
     reasoning: str | None = None
     tool_call_error: str | None = None
+    reasoning_tokens: int = 0  # of completion_tokens, those inside the reasoning block (a reasoning chat's)
     stop_string: str | None = None  # the stop string that ended the output (finish_reason stop)
     # Speculative decoding: draft tokens verified for this request, and how many came true
     # (OpenAI's accepted/rejected_prediction_tokens are these and their difference).

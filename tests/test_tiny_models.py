@@ -144,3 +144,30 @@ def test_infill_lays_out_the_real_vocabularys_fim_tokens(deepseek_client, tiny_m
     assert answer["tokens_evaluated"] == len(expected)
     assert len(text("<|fim_pad|>")) > 1
     assert answer["tokens_predicted"] == 4 and answer["stop_type"] == "limit"
+
+
+def test_a_reasoning_budget_closes_the_thinking_the_template_opened(tiny_model, header):
+    """DeepSeek R1's template as its later revision writes it, opening <think> for the model: a
+    random model would think until max_tokens; with a budget of 4 its fifth token is the forced
+    </think>, and the answer follows."""
+    template = header.value("tokenizer.chat_template")
+    opening = template.replace("{{'<｜Assistant｜>'}}{% endif %}", "{{'<｜Assistant｜><think>\\n'}}{% endif %}")
+    assert opening != template
+    model = open_model(tiny_model.path, chat_template=opening)
+    config = RunnerConfig(model=tiny_model.path, parallel=2, slot_ctx=256, n_batch=256, threads=TEST_THREADS,
+                          seed=TEST_SEED)
+    ask = [{"role": "user", "content": "Is the sea salty?"}]
+
+    def chat(budget: int | None) -> object:
+        return Request(messages=ask, sampling=SamplingParams(max_tokens=12, temperature=0, ignore_eos=True,
+                                                             reasoning_budget=budget))
+    try:
+        with Runner.on_model(model, config) as runner:
+            assert runner.tool_family["name"] == "deepseek"
+            budgeted, unlimited = runner.run_batch([chat(4), chat(None)])
+    finally:
+        model.close()
+    assert budgeted.reasoning_tokens == 4 and budgeted.completion_tokens == 12
+    assert budgeted.reasoning and budgeted.text  # 4 tokens of thought, then 7 of answer after the close
+    assert len(tiny_model.tokenize(budgeted.reasoning, add_special=False)) <= 4
+    assert unlimited.reasoning_tokens == 12 and not unlimited.text

@@ -74,9 +74,12 @@ SAMPLING_FIELDS = {
     "strict_schema": (lambda value: isinstance(value, bool), "true or false"),
     "min_indent": (is_int, "an integer"),
     "newline_deadline_ms": (is_int, "an integer"),
+    "reasoning_budget_message": (lambda value: isinstance(value, str), "a string"),  # llama-server's
 }
+# A reasoning budget's names: vLLM's, then llama-server's two (SamplingParams.reasoning_budget).
+REASONING_BUDGET_FIELDS = ("thinking_token_budget", "reasoning_budget_tokens", "thinking_budget_tokens")
 # Fields every line may carry besides the sampling fields.
-COMMON_FIELDS = {"n", "response_format", "max_completion_tokens", "repetition_penalty"}
+COMMON_FIELDS = {"n", "response_format", "max_completion_tokens", "repetition_penalty", *REASONING_BUDGET_FIELDS}
 # OpenAI body fields that change nothing here but appear in real files.
 IGNORED_OPENAI_FIELDS = {
     "model", "user", "metadata", "store", "service_tier", "stream", "stream_options",

@@ -121,11 +121,16 @@ def usage_of(results: list[Result], num_prompts: int = 1, prompt_only: bool = Fa
              # cached_tokens as OpenAI counts it (all reused); the part restored from RAM (--cache-ram) apart
              "prompt_tokens_details": {"cached_tokens": sum(result.prompt_tokens_cached for result in firsts),
                                        "cached_tokens_from_ram": sum(result.prompt_tokens_from_ram for result in firsts)}}
+    details: dict[str, int] = {}
+    reasoning = sum(result.reasoning_tokens for result in results)
+    if reasoning:  # a reasoning model's: the part of completion_tokens spent reasoning
+        details["reasoning_tokens"] = reasoning
     drafted = sum(result.draft_tokens for result in results)
     if drafted:  # speculative decoding's draft tokens, in the fields OpenAI gives predicted outputs
         accepted = sum(result.draft_tokens_accepted for result in results)
-        usage["completion_tokens_details"] = {"accepted_prediction_tokens": accepted,
-                                              "rejected_prediction_tokens": drafted - accepted}
+        details |= {"accepted_prediction_tokens": accepted, "rejected_prediction_tokens": drafted - accepted}
+    if details:
+        usage["completion_tokens_details"] = details
     return usage
 
 

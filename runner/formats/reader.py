@@ -25,10 +25,10 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from ..config import DEFAULT_POOLING, POOLINGS, SamplingParams
+from ..config import DEFAULT_POOLING, POOLINGS, SamplingParams, is_int
 from ..request import Request
 from .media_input import PromptWithMedia
-from .fields import (COMMON_FIELDS, IGNORED_OPENAI_FIELDS, SAMPLING_FIELDS, ItemError, chat_messages,
+from .fields import (COMMON_FIELDS, IGNORED_OPENAI_FIELDS, REASONING_BUDGET_FIELDS, SAMPLING_FIELDS, ItemError, chat_messages,
                      check_constraint_compiles, choice_count, completion_logprobs, completion_prompts, constraint_param,
                      echo_fields, non_finite_path, reject_unsupported, response_format_overrides, sampling_overrides)
 from .embeddings import embedding_inputs, embeddings_body_requests, encoding_format, input_requests
@@ -136,7 +136,20 @@ def line_overrides(fields: dict[str, Any]) -> dict[str, Any]:
                             "max_completion_tokens") from None
     if fields.get("response_format") is not None:
         overrides.update(response_format_overrides(fields["response_format"]))
+    overrides.update(_reasoning_budget(fields))
     return overrides
+
+
+def _reasoning_budget(fields: dict[str, Any]) -> dict[str, Any]:
+    """The reasoning budget under the first of its names the line gives (vLLM's or llama-server's)."""
+    name = next((name for name in REASONING_BUDGET_FIELDS if fields.get(name) is not None), None)
+    if name is None:
+        return {}
+    value = fields[name]
+    if not is_int(value) or value < -1:
+        raise ItemError(f"field {name!r} must be an integer >= -1 (-1: no limit, 0: no reasoning), got "
+                        f"{json.dumps(value)}", name)
+    return {"reasoning_budget": value}
 
 
 def build_request(item_id: str, prompt: Any, messages: Any, overrides: dict[str, Any],

@@ -42,6 +42,7 @@ def result_of(seq: Sequence, parse: bool = True) -> Result:
         schema_error=seq.schema_error,
         approximated=seq.sampler.approximated,
         stop_string=seq.pieces.assembler.matched_stop,
+        reasoning_tokens=0 if seq.sampler.budget is None else seq.sampler.budget.spent,
         draft_tokens=seq.num_drafted,
         draft_tokens_accepted=seq.num_draft_accepted,
         embedding=seq.embedding.vector() if seq.embedding is not None and seq.embedding.is_complete else None,

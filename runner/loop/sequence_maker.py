@@ -15,6 +15,7 @@ from ..llama.media import MEDIA_MARKER
 from ..config import CONTEXT_POOLINGS, DEFAULT_POOLING, RANK, OverflowPolicy, RunnerConfig
 from ..sampling.grammar import TokenConstraint
 from ..request import Request
+from ..sampling.budget import ReasoningBudget
 from ..sampling.sampler import SequenceSampler
 from .pooling import PooledEmbedding
 from .scheduler import fit_prompt
@@ -76,7 +77,7 @@ class SequenceMaker:
         banned = self.backend.end_of_generation_tokens() if params.ignore_eos else ()
         banned_early = self.backend.end_of_generation_tokens() if params.min_tokens and not banned else ()
         sampler = SequenceSampler(params, seed, fit.tokens, banned, self._constraint(request, text),
-                                  self.backend.token_bytes, banned_early)
+                                  self.backend.token_bytes, banned_early, self._reasoning_budget(request, text))
         return Sequence(request_id, fit.tokens, sampler, n_keep, overflow, fit.max_tokens,
                         prompt_tokens_dropped=fit.num_dropped, priority=request.priority,
                         tool_parser=self.tools.parser(request, text), media_spans=media_spans, streams=streams,
@@ -104,6 +105,21 @@ class SequenceMaker:
         fit = fit_prompt(prompt.tokens, self.window, 0, request.sampling.max_tokens, OverflowPolicy.REJECT)
         return self._generating_sequence(request, request_id, text, fit, 0, OverflowPolicy.REJECT, prompt.spans,
                                          streams)
+
+    def _reasoning_budget(self, request: Request, prompt: str) -> ReasoningBudget | None:
+        """The reasoning of a chat whose reasoning is read apart (its tokens counted, its budget
+        kept; None: the model does not reason, or the request is no chat)."""
+        markers = self.tools.family.reasoning
+        if not self.tools.reasons or markers is None or request.messages is None:
+            return None
+        params, config = request.sampling, self.config
+        budget = params.reasoning_budget if params.reasoning_budget is not None else config.reasoning_budget
+        message = (params.reasoning_budget_message if params.reasoning_budget_message is not None
+                   else config.reasoning_budget_message)
+        forced = self.backend.tokenize(message + markers[1], add_special=False) if budget >= 0 else []
+        marker_bytes = {token: text.encode("utf-8") for text, token in self.tools.special_markers.items()}
+        return ReasoningBudget(budget, markers, forced, self.tools.family.opens_reasoning(prompt),
+                               lambda token: marker_bytes.get(token) or self.backend.token_bytes(token))
 
     def _adapter_of(self, request: Request) -> int:
         """The adapter set a request's steps run through: 1 + its lora_modules entry (0: none)."""

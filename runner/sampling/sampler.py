@@ -28,6 +28,7 @@ import numpy as np
 from ..llama.batch import ChainSpec
 from ..llama.media import is_placeholder
 from ..config import SamplingParams
+from .budget import ReasoningBudget
 from .constrained import candidates_allowed, masked_argmax, masked_top_k, pad_candidates
 from .grammar import TokenConstraint, allowed_bits, fill_bitmasks
 from .logprobs import TokenLogprob, token_logprob
@@ -64,7 +65,7 @@ class SequenceSampler:
     def __init__(self, params: SamplingParams, seed: int, prompt_tokens: Sequence[int],
                  banned_tokens: Sequence[int] = (), constraint: TokenConstraint | None = None,
                  token_bytes: Callable[[int], bytes] | None = None,
-                 banned_until_min_tokens: Sequence[int] = ()) -> None:
+                 banned_until_min_tokens: Sequence[int] = (), budget: ReasoningBudget | None = None) -> None:
         self.params = params
         self.seed = seed % 2**64
         self.num_accepted = 0  # tokens accepted so far: the index of the next draw
@@ -86,13 +87,22 @@ class SequenceSampler:
                                 maxlen=params.repeat_last_n)
         self.constraint = constraint
         self.token_bytes = token_bytes or (lambda token: b"")
+        self.budget = budget  # the reasoning block's tokens counted, and its close forced at the budget
 
-    @cached_property
+    @property
     def chain_spec(self) -> ChainSpec | None:
         """The llama.cpp sampler chain that samples this sequence's rows as this sampler would
         (the same distribution, another generator); None when the host is needed: a
-        constraint, penalties, tokens banned until min_tokens, or log probabilities. Asked
-        every step; what it depends on is set when the sampler is made, so it is built once."""
+        constraint, penalties, tokens banned until min_tokens, log probabilities, or a token
+        forced by the reasoning budget."""
+        if self.budget is not None and self.budget.forced_token() is not None:
+            return None
+        return self._chain_spec
+
+    @cached_property
+    def _chain_spec(self) -> ChainSpec | None:
+        """chain_spec but for the budget: what it depends on is set when the sampler is made,
+        so it is built once."""
         if (self.constraint is not None or self.recent is not None or self.banned_early is not None
                 or self.params.logprobs):
             return None
@@ -118,6 +128,8 @@ class SequenceSampler:
 
     def accept(self, token: int) -> None:
         self.num_accepted += 1
+        if self.budget is not None:
+            self.budget.accept(token)
         if self.recent is not None:
             self.recent.append(token)
         if self.constraint is not None:
@@ -128,9 +140,13 @@ class SequenceSampler:
         """This sampler as it will be once `tokens` are accepted (a draft's later rows are
         sampled so), and as it was again afterwards, whatever happens inside."""
         recent = None if self.recent is None else self.recent.copy()
+        budget = None if self.budget is None else self.budget.saved()
         num_consumed = 0
         try:
             self.num_accepted += len(tokens)
+            if self.budget is not None:
+                for token in tokens:
+                    self.budget.accept(token)
             if self.recent is not None:
                 self.recent.extend(tokens)
             if self.constraint is not None:
@@ -141,6 +157,8 @@ class SequenceSampler:
         finally:
             self.num_accepted -= len(tokens)
             self.recent = recent
+            if budget is not None:
+                self.budget.restore(budget)
             if num_consumed:
                 self.constraint.rollback(num_consumed)
 
@@ -164,9 +182,12 @@ class SequenceSampler:
         parts = [ids for ids in (self.bias_ids, self.banned, self.banned_early) if ids is not None]
         return np.concatenate(parts) if parts else None
 
-    def adjusted_ids(self) -> np.ndarray | None:
-        """The ids adjust() may change in a row (None: it changes none), so that a step whose
-        sampling failed can put them back before the rows are sampled again one by one."""
+    def adjusted_ids(self) -> np.ndarray | slice | None:
+        """The ids adjust() may change in a row (None: it changes none; a slice: all of them),
+        so that a step whose sampling failed can put them back before the rows are sampled
+        again one by one."""
+        if self.budget is not None and self.budget.forced_token() is not None:
+            return slice(None)
         if not self.recent:
             return self._fixed_adjusted_ids
         recent = np.fromiter(self.recent, dtype=np.int64, count=len(self.recent))
@@ -182,6 +203,11 @@ class SequenceSampler:
             row[self.banned] = -np.inf
         if self.banned_early is not None and self.num_accepted < self.params.min_tokens:
             row[self.banned_early] = -np.inf
+        forced = None if self.budget is None else self.budget.forced_token()
+        if forced is not None:  # the reasoning budget is spent: this token and no other
+            row[:forced] = -np.inf
+            row[forced] = 0.0
+            row[forced + 1:] = -np.inf
 
 
 def sample_rows(logits: np.ndarray, samplers: Sequence[SequenceSampler]) -> list[Sampled]:

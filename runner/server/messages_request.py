@@ -85,14 +85,20 @@ def translate_request(body: dict[str, Any], for_counting: bool = False) -> Messa
 
 def _thinking(value: Any) -> dict[str, Any]:
     """Anthropic's extended thinking ({"type": "enabled", "budget_tokens": N} or {"type":
-    "disabled"}) as the switch thinking templates read (enable_thinking). The budget is not a
-    limit here: max_tokens bounds the whole reply."""
+    "disabled"}) as the switch thinking templates read (enable_thinking), and its budget as the
+    reasoning budget: past N thinking tokens the block is closed and the answer follows."""
     if value is None:
         return {}
     if not isinstance(value, dict) or value.get("type") not in ("enabled", "disabled", "adaptive"):
         raise invalid("thinking", "must be {\"type\": \"enabled\", \"budget_tokens\": N} or {\"type\": \"disabled\"}")
     thinks = value["type"] != "disabled"
-    return {"chat_template_kwargs": {"enable_thinking": thinks, "thinking": thinks}}
+    fields: dict[str, Any] = {"chat_template_kwargs": {"enable_thinking": thinks, "thinking": thinks}}
+    budget = value.get("budget_tokens")
+    if thinks and budget is not None:
+        if isinstance(budget, bool) or not isinstance(budget, int) or budget < 0:
+            raise invalid("thinking.budget_tokens", "must be a whole number of tokens")
+        fields["reasoning_budget_tokens"] = budget
+    return fields
 
 
 def _max_tokens(value: Any) -> int:

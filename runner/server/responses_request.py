@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..formats.fields import ItemError
+from ..formats.fields import REASONING_BUDGET_FIELDS, ItemError
 from ..formats.tool_fields import read_tool
 from .responses_input import bad_request, chat_messages, normalize_input
 
@@ -133,6 +133,9 @@ def _sampling_fields(body: dict[str, Any]) -> dict[str, Any]:
     reasoning = body.get("reasoning")
     if isinstance(reasoning, dict) and reasoning.get("effort") is not None:
         fields["reasoning_effort"] = reasoning["effort"]  # the chat path checks the value
+    for name in (*REASONING_BUDGET_FIELDS, "reasoning_budget_message"):  # vLLM's and llama-server's, as on chat
+        if body.get(name) is not None:
+            fields[name] = body[name]
     return fields
 
 
