@@ -51,7 +51,17 @@ class Call:
     arguments: str
 
 
-Segment = Text | Thought | Call
+@dataclass(frozen=True)
+class PartialCall:
+    """A call whose end has not come, as far as it is written: its name, and the start of its
+    arguments as they will read once it ends (a prefix of the Call's arguments, always). Only
+    the last segment of a parse while the output grows; the reader streams the arguments."""
+
+    name: str
+    arguments: str
+
+
+Segment = Text | Thought | Call | PartialCall
 
 
 @dataclass(frozen=True)
@@ -98,13 +108,25 @@ class Open:
     Stops (when not None): text appended after the text parsed, as long as no stop appears in
     the text from `at` that was not there before, changes nothing but `grows`: with Text or
     Thought, it is more content or reasoning (less an end that may begin a stop); with None,
-    no segment comes of it (a call whose end has not come)."""
+    no segment comes of it (a call whose end has not come).
+
+    `reread_after` (with stops): the text is read again once that many characters came without
+    a stop, all the same: a call whose arguments stream (the claim holds but for the arguments
+    of its PartialCall, which grow), read at that pace instead of at every piece."""
 
     at: int
     state: Hashable = None
     grows: type[Text] | type[Thought] | None = None
     stops: tuple[str, ...] | None = None
     repeats: int = 0
+    reread_after: int = 0
+
+
+def reread_pace(partial: PartialCall | None) -> int:
+    """How many characters a streaming call's arguments grow by between two reads: a tenth of
+    a token's worth at first, then a fiftieth of what is written (a 20,000-character argument is
+    read about 50 times over, not 5,000), at most 512."""
+    return 16 if partial is None else min(512, max(32, len(partial.arguments) // 50))
 
 
 @dataclass(frozen=True)

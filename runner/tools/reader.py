@@ -24,9 +24,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from .family import Call, Family, ParseContext, Text, Thought
+from .family import Call, Family, ParseContext, PartialCall, Text, Thought
 from .stops import Stops, stops_of
 from .types import ArgumentsDelta, Delta, ParsedOutput, ReasoningDelta, TextDelta, ToolCall, ToolCallStart
+
+
+# A call's arguments stream as they are written once this long (characters): a shorter call
+# comes whole, its start and arguments together, so that one cut off by max_tokens or found
+# malformed at its end was never started in the stream; a long one (a file written through a
+# call) shows as it is written, as OpenAI's and llama-server's streams show it.
+STREAM_ARGUMENTS_AFTER = 128
 
 
 class EdgeTrimmer:
@@ -101,12 +108,16 @@ class OutputParser:
         self._reasoning = _Stream(ReasoningDelta)
         self._calls: list[ToolCall] = []
         self._calls_since_resume = 0
+        self._num_started = 0  # calls whose start went out (a streamed one that never ended too)
+        self._streaming: tuple[int, str, str, str] | None = None  # a call not yet whole: (index, id, name, sent)
         self._settled_error: str | None = None  # the last error of the text before the resume point
         self._error: str | None = None
         self._state: object = None  # where the text from the resume point is read from (None: the start)
         self._grows: type[Text] | type[Thought] | None = None  # what plain text appended there is
         self._stops: Stops | None = None  # until one of these appears (None: parse every piece)
         self._pending = ""  # the end of the text that may begin a stop
+        self._reread_after = 0  # with stops: read again once this many characters came all the same (0: never)
+        self._chars_unread = 0  # characters taken without a parse since the last one
         self._closed = False
         self._verify = verify
         self._whole: list[str] = []  # the whole text so far (verify=True only)
@@ -164,6 +175,10 @@ class OutputParser:
         window = self._pending + text if self._pending else text
         if stops.occur_in(window):
             return False
+        if self._reread_after:
+            self._chars_unread += len(text)
+            if self._chars_unread >= self._reread_after:
+                return False
         held = stops.held(window)
         if held:
             self._pending = window[len(window) - held:]
@@ -179,9 +194,17 @@ class OutputParser:
         text = "".join(self._unsettled)
         parsed = self.family.parse(text, replace(self._context, final=final, state=self._state))
         segments = parsed.segments
+        partial = segments[-1] if segments and type(segments[-1]) is PartialCall else None
+        if partial is not None:
+            segments = segments[:-1]
         self._take(segments, deltas)
+        if partial is not None:
+            self._stream_call(partial, deltas)
+        elif final:
+            self._streaming = None  # a call cut off or unreadable: it never became one
         self._error = parsed.error or self._settled_error
         self._stops = None
+        self._chars_unread = 0
         opened = None if final else parsed.open
         if opened is None:
             return  # nothing claimed: the next piece parses the same text again, and more
@@ -197,6 +220,7 @@ class OutputParser:
             if opened.grows is None or held == len(unsettled):
                 self._stops = stops
                 self._pending = unsettled[len(unsettled) - held:]
+                self._reread_after = opened.reread_after
 
     def _take(self, segments: tuple, deltas: list[Delta]) -> None:
         """A parse's segments since the resume point, in order: what was not taken yet goes out
@@ -210,14 +234,38 @@ class OutputParser:
                 reasoning_at = self._reasoning.take_from(segment.text, reasoning_at, deltas)
             else:
                 if num_calls >= self._calls_since_resume:
-                    if not self.family.keeps_space_before_calls:
-                        self._content.drop_held_space()
-                    index = len(self._calls)
-                    self._calls.append(ToolCall(self._call_id(index), segment.name, segment.arguments))
-                    deltas += [ToolCallStart(index, self._calls[-1].id, segment.name),
-                               ArgumentsDelta(index, segment.arguments)]
+                    self._add_call(segment, deltas)
                 num_calls += 1
         self._calls_since_resume = num_calls
+
+    def _add_call(self, call: Call, deltas: list[Delta]) -> None:
+        """A whole call: its start and arguments go out, or what its streamed start lacks."""
+        if not self.family.keeps_space_before_calls:
+            self._content.drop_held_space()
+        streaming, self._streaming = self._streaming, None
+        if streaming is not None and streaming[2] == call.name and call.arguments.startswith(streaming[3]):
+            index, call_id, _, sent = streaming
+        else:
+            index, call_id, sent = self._num_started, self._call_id(len(self._calls)), ""
+            self._num_started += 1
+            deltas.append(ToolCallStart(index, call_id, call.name))
+        self._calls.append(ToolCall(call_id, call.name, call.arguments))
+        if call.arguments[len(sent):] or not sent:
+            deltas.append(ArgumentsDelta(index, call.arguments[len(sent):]))
+
+    def _stream_call(self, partial: PartialCall, deltas: list[Delta]) -> None:
+        """A call not yet whole, once its arguments are long enough to be worth streaming: its
+        start goes out once, then its arguments as they grow."""
+        if self._streaming is None or self._streaming[2] != partial.name:
+            if len(partial.arguments) < STREAM_ARGUMENTS_AFTER:
+                return
+            self._streaming = (self._num_started, self._call_id(len(self._calls)), partial.name, "")
+            self._num_started += 1
+            deltas.append(ToolCallStart(self._streaming[0], self._streaming[1], partial.name))
+        index, call_id, name, sent = self._streaming
+        if len(partial.arguments) > len(sent) and partial.arguments.startswith(sent):
+            deltas.append(ArgumentsDelta(index, partial.arguments[len(sent):]))
+            self._streaming = (index, call_id, name, partial.arguments)
 
     def _resume_at(self, text: str, at: int, repeated: tuple) -> None:
         """The text before `at` is settled: the next parse starts there (and gives the

@@ -21,8 +21,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..family import (CONTENT, CUT_OFF, REASONING, Call, CallSyntax, FamilyParse, Open, ParseContext, Segment, Text,
-                      Thought, first_found, held_back, skip_space)
+from ..family import (CONTENT, CUT_OFF, REASONING, Call, CallSyntax, FamilyParse, Open, ParseContext, PartialCall,
+                      Segment, Text, Thought, first_found, held_back, reread_pace, skip_space)
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
@@ -65,7 +65,13 @@ RAW = "raw"
 
 
 class Pending(Exception):
-    """The text ends before what is being read does."""
+    """The text ends before what is being read does; `partial`: the call being read, where its
+    name is known and its arguments began as an object (they stream as they are written)."""
+
+    def __init__(self, partial: PartialCall | None = None, in_call: bool = False) -> None:
+        super().__init__()
+        self.partial = partial
+        self.in_call = in_call or partial is not None  # inside a call object: read again at every piece
 
 
 class Malformed(Exception):
@@ -167,8 +173,17 @@ def next_key(text: str, position: int, is_first: bool, final: bool) -> tuple[str
 
 
 def call_object(text: str, position: int, final: bool) -> tuple[Call, int]:
-    """One {"name": ..., "arguments": {...}} object (other keys are skipped), and where it ends."""
+    """One {"name": ..., "arguments": {...}} object (other keys are skipped), and where it ends;
+    Pending inside it says so (with the call as far as it is written, once its name is known
+    and its arguments began)."""
     position = expect(text, position, "{", "'{' to begin the call")
+    try:
+        return _call_members(text, position, final)
+    except Pending as pending:
+        raise Pending(pending.partial, in_call=True) from None
+
+
+def _call_members(text: str, position: int, final: bool) -> tuple[Call, int]:
     name = arguments = None
     is_first = True
     while True:
@@ -182,7 +197,13 @@ def call_object(text: str, position: int, final: bool) -> tuple[Call, int]:
                 raise Malformed(NO_NAME)
             name = value.value
         elif key in ARGUMENTS_KEYS and arguments is None:
-            arguments, position = arguments_at(text, position, final)
+            try:
+                arguments, position = arguments_at(text, position, final)
+            except Pending as pending:
+                start = skip_json_space(text, position)
+                if name is not None and text.startswith("{", start):  # written as they will read: stream them
+                    raise Pending(PartialCall(name, text[start:])) from None
+                raise
         else:
             _, position = scan_value(text, position, final)
     if name is None:
@@ -284,11 +305,17 @@ class Body:
         progress = Progress()
         try:
             end = read(text, group_start, final, progress)
-        except Pending:
+        except Pending as pending:
             self.segments.extend(progress.calls)
             if not final:
-                waits_for = None if stops is None or progress.between_calls else tuple(stops)
-                return self.parse(Open(start, state, None, waits_for, repeats=len(progress.calls)))
+                # A call whose arguments stream is read again at every piece (from its group's start).
+                # Before a call's object opens, its '{' is a stop too: from there its arguments
+                # stream, read again at a pace as they grow.
+                waits_for = None if stops is None or progress.between_calls else (*stops, "{")
+                if pending.partial is not None:
+                    self.segments.append(pending.partial)
+                pace = reread_pace(pending.partial) if pending.in_call and waits_for is not None else 0
+                return self.parse(Open(start, state, None, waits_for, repeats=len(progress.calls), reread_after=pace))
             self.error = CUT_OFF
             return self.parse(None)
         except Malformed as problem:

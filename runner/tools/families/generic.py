@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 
-from ..family import CUT_OFF, Family, FamilyParse, Open, ParseContext, Segment, Text, skip_space, then
+from ..family import CUT_OFF, Family, FamilyParse, Open, ParseContext, Segment, Text, reread_pace, skip_space, then
 from ._json_calls import (BODY, JSON_CLOSERS, NOT_JSON, RAW, THINK_CLOSE, THINK_OPEN, Malformed, Pending, Progress,
                           call_array, call_object, excerpt, expect, in_body, json_call_syntax, lead, next_char,
                           next_key, read_raw, scan_value, skip_json_space)
@@ -130,12 +130,16 @@ class _Object:
         if isinstance(problem, Pending):
             if self.context.final:
                 return self._parse(CUT_OFF, None)
-            # Read again from the object's start (or from just after the response).
-            waits = None if progress.between_calls else JSON_CLOSERS
+            # Read again from the object's start (or from just after the response); inside a
+            # call at every piece (its arguments stream), before one from its opening '{'.
+            waits = None if progress.between_calls else (*JSON_CLOSERS, "{")
             repeats = len(progress.calls)
+            if problem.partial is not None:
+                self.segments.append(problem.partial)
+            pace = reread_pace(problem.partial) if problem.in_call and waits is not None else 0
             if self.after_response:
-                return self._parse(None, Open(self.raw_start, AFTER_RESPONSE, None, waits, repeats))
-            return self._parse(None, Open(self.start, BODY, None, waits, repeats))
+                return self._parse(None, Open(self.raw_start, AFTER_RESPONSE, None, waits, repeats, pace))
+            return self._parse(None, Open(self.start, BODY, None, waits, repeats, pace))
         self._add_text(self.text[self.raw_start if progress.after_last is None else progress.after_last:])
         return self._parse(problem.reason, Open(len(self.text), RAW, Text, ()))
 

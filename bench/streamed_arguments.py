@@ -1,0 +1,81 @@
+"""A long call's arguments through the output reader, streamed as a server feeds it: how much of
+the call is written before its arguments start to reach the client, and what reading it costs.
+
+Usage (from the repository root, in the project's virtual environment):
+
+    python bench/streamed_arguments.py [--chars 20000] [--piece 4] [--runs 5]
+
+For each JSON-call family (Hermes, Mistral, Llama 3, the generic format): one call writing a
+file of about --chars characters (a `content` argument with quotes, newlines and non-ASCII
+text), fed to the reader in pieces of --piece characters (a token's text is about 4). Reported:
+the characters of the output written when the first arguments delta came out, the number of
+arguments deltas, and the reader's time for the whole output (the best of --runs). Run it on
+the commit before a change to compare (the reader is the same entry point). The last line is
+one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+from multiseq.tools import ArgumentsDelta, ToolFormat
+from multiseq.tools.reading import output_parser
+
+FORMATS = {
+    "hermes": (ToolFormat.HERMES, '<tool_call>\n{"name": "write_file", "arguments": ', "}\n</tool_call>"),
+    "mistral": (ToolFormat.MISTRAL, '[TOOL_CALLS][{"name": "write_file", "arguments": ', "}]"),
+    "llama3": (ToolFormat.LLAMA3, '{"name": "write_file", "parameters": ', "}"),
+    "generic": (ToolFormat.GENERIC, '{"tool_calls": [{"name": "write_file", "arguments": ', "}]}"),
+}
+
+
+def file_text(chars: int) -> str:
+    lines, total = [], 0
+    while total < chars:
+        line = f"print('line {len(lines)}: \"hello\" wörld')\n"
+        lines.append(line)
+        total += len(line)
+    return "".join(lines)
+
+
+def read(tool_format, text: str, piece: int) -> tuple[int | None, int, float]:
+    """(characters written at the first arguments delta, arguments deltas, seconds)."""
+    parser = output_parser(tool_format)
+    first, deltas = None, 0
+    started = time.perf_counter()
+    for start in range(0, len(text), piece):
+        for delta in parser.feed(text[start:start + piece]):
+            if isinstance(delta, ArgumentsDelta):
+                deltas += 1
+                first = start + piece if first is None else first
+    for delta in parser.close():
+        if isinstance(delta, ArgumentsDelta):
+            deltas += 1
+            first = len(text) if first is None else first
+    return first, deltas, time.perf_counter() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--chars", type=int, default=20_000)
+    parser.add_argument("--piece", type=int, default=4)
+    parser.add_argument("--runs", type=int, default=5)
+    args = parser.parse_args()
+    arguments = json.dumps({"path": "main.py", "content": file_text(args.chars)}, ensure_ascii=False)
+    summary = {}
+    for name, (tool_format, before, after) in FORMATS.items():
+        text = before + arguments + after
+        runs = [read(tool_format, text, args.piece) for _ in range(args.runs)]
+        first, deltas, _ = runs[0]
+        seconds = min(run[2] for run in runs)
+        summary[name] = {"output_chars": len(text), "chars_at_first_arguments": first, "arguments_deltas": deltas,
+                         "reader_ms": round(seconds * 1000, 1),
+                         "us_per_piece": round(seconds * 1e6 / -(-len(text) // args.piece), 2)}
+        print(name, json.dumps(summary[name]), flush=True)
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()

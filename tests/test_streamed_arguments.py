@@ -1,0 +1,165 @@
+"""A call's arguments as they are written, in the JSON-call families (Hermes, Mistral, Llama 3,
+the generic format): once a call's arguments pass STREAM_ARGUMENTS_AFTER characters its start
+goes out and its arguments follow piece by piece; the deltas add up to the call's arguments;
+a shorter call still comes whole; a long call cut off by the end of the output was started in
+the stream, and the result drops it with the error; a long call found malformed becomes content,
+and the calls after it take the next index. Then the APIs' streams through the official clients."""
+
+from __future__ import annotations
+
+import json
+
+import anthropic
+import openai
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from fakes import FakeBackend
+from multiseq.server import ServerSettings, create_app
+from multiseq.tools import ArgumentsDelta, TextDelta, ToolCallStart, ToolFormat
+from multiseq.tools.reader import STREAM_ARGUMENTS_AFTER
+from multiseq.tools.reading import output_parser
+from test_tools_unit import rendered
+
+CONTENT = "".join(f"print('line {number}: \"hello\" wörld')\n" for number in range(120))  # quotes, newlines
+WRITE = json.dumps({"path": "main.py", "content": CONTENT}, ensure_ascii=False)
+FORMATS = {
+    ToolFormat.HERMES: ('<tool_call>\n{"name": "write_file", "arguments": ', "}\n</tool_call>"),
+    ToolFormat.MISTRAL: ('[TOOL_CALLS][{"name": "write_file", "arguments": ', "}]"),
+    ToolFormat.LLAMA3: ('{"name": "write_file", "parameters": ', "}"),
+    ToolFormat.GENERIC: ('{"tool_calls": [{"name": "write_file", "arguments": ', "}]}"),
+}
+
+
+def feed(tool_format, pieces: list[str]) -> tuple[list, object]:
+    parser = output_parser(tool_format, call_id=lambda index: f"call_{index}")
+    deltas = [delta for piece in pieces for delta in parser.feed(piece)] + parser.close()
+    return deltas, parser.result()
+
+
+def in_pieces(text: str, size: int = 7) -> list[str]:
+    return [text[start:start + size] for start in range(0, len(text), size)]
+
+
+def arguments_of(deltas: list, index: int = 0) -> str:
+    return "".join(delta.text for delta in deltas if isinstance(delta, ArgumentsDelta) and delta.index == index)
+
+
+@pytest.mark.parametrize("tool_format", list(FORMATS))
+def test_long_arguments_stream_as_they_are_written_and_add_up(tool_format):
+    before, after = FORMATS[tool_format]
+    text = before + WRITE + after
+    deltas, result = feed(tool_format, in_pieces(text))
+    [call] = result.tool_calls
+    assert call.arguments == WRITE and arguments_of(deltas) == WRITE
+    starts = [delta for delta in deltas if isinstance(delta, ToolCallStart)]
+    assert starts == [ToolCallStart(0, "call_0", "write_file")]
+    # The start came once the arguments were long enough (read again every 32 characters at
+    # first), long before the call's end; then the arguments came at a pace, not at its end.
+    start_at = deltas.index(starts[0])
+    assert len(arguments_of(deltas[:start_at + 2])) <= STREAM_ARGUMENTS_AFTER + 32 + 7
+    assert sum(isinstance(delta, ArgumentsDelta) for delta in deltas) > 20
+
+
+def test_a_short_call_still_comes_whole():
+    text = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    deltas, _ = feed(ToolFormat.HERMES, list(text))
+    assert deltas == [ToolCallStart(0, "call_0", "get_weather"), ArgumentsDelta(0, '{"city": "Paris"}')]
+
+
+def test_a_long_call_cut_off_was_started_and_the_result_drops_it():
+    before, _ = FORMATS[ToolFormat.HERMES]
+    text = "Writing it. " + before + WRITE[:1500]
+    deltas, result = feed(ToolFormat.HERMES, in_pieces(text))
+    assert result.tool_calls == () and result.error == "the model's tool call was cut off before it ended"
+    assert result.content == "Writing it."
+    assert [delta for delta in deltas if isinstance(delta, ToolCallStart)] == [ToolCallStart(0, "call_0", "write_file")]
+    assert WRITE.startswith(arguments_of(deltas)) and len(arguments_of(deltas)) > 1000
+    assert "".join(delta.text for delta in deltas if isinstance(delta, TextDelta)) == "Writing it."
+
+
+def test_a_long_call_found_malformed_is_content_and_the_next_call_takes_the_next_index():
+    broken = WRITE[:-1] + ', "mode": tru}'
+    text = ('<tool_call>\n{"name": "write_file", "arguments": ' + broken + "}\n</tool_call>\n"
+            '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>')
+    deltas, result = feed(ToolFormat.HERMES, in_pieces(text))
+    assert "not valid JSON" in result.error and "write_file" in result.content
+    assert [(delta.index, delta.name) for delta in deltas if isinstance(delta, ToolCallStart)] == [(0, "write_file")]
+    assert result.tool_calls == ()  # a call after a malformed one is content too, as the format reads
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_a_long_call_cut_anywhere_gives_the_deltas_and_result_of_the_whole_text(data):
+    tool_format = data.draw(st.sampled_from(list(FORMATS)), label="format")
+    before, after = FORMATS[tool_format]
+    text = before + WRITE + after
+    cuts = sorted(data.draw(st.sets(st.integers(1, len(text) - 1), max_size=40), label="cuts"))
+    pieces = [text[start:end] for start, end in zip([0, *cuts], [*cuts, len(text)])]
+    deltas, result = feed(tool_format, pieces)
+    whole_deltas, whole_result = feed(tool_format, [text])
+    assert result == whole_result and arguments_of(deltas) == arguments_of(whole_deltas) == WRITE
+    assert [delta for delta in deltas if not isinstance(delta, ArgumentsDelta)] == \
+        [delta for delta in whole_deltas if not isinstance(delta, ArgumentsDelta)]
+
+
+# --- the APIs, on the fake backend (the generic format), read by the official clients -----------
+
+WRITE_TOOL = {"type": "function", "function": {"name": "write_file", "description": "Write a file", "parameters": {
+    "type": "object", "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
+    "required": ["path", "content"]}}}
+ASK = [{"role": "user", "content": "Write main.py"}]
+
+
+@pytest.fixture
+def base(make_runner, serve_app):
+    from multiseq.tools import Tool
+
+    tools = (Tool("write_file", "Write a file", WRITE_TOOL["function"]["parameters"]),)
+    reply = '{"tool_calls": [{"name": "write_file", "arguments": ' + WRITE + "}]}"
+    runner = make_runner(FakeBackend(num_slots=2, window=8192, n_batch=256, replies={rendered(ASK, tools): reply}))
+    return serve_app(create_app(runner, ServerSettings(model_name="fake")))
+
+
+def test_chat_completions_stream_the_arguments_in_many_chunks(base):
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
+    chunks = list(client.chat.completions.create(model="fake", messages=ASK, tools=[WRITE_TOOL], max_tokens=6000,
+                                                 temperature=0, stream=True))
+    parts = [call.function.arguments for chunk in chunks if chunk.choices
+             for call in chunk.choices[0].delta.tool_calls or () if call.function.arguments]
+    assert len(parts) > 20 and "".join(parts) == WRITE
+
+
+def test_responses_stream_the_arguments_in_many_deltas(base):
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
+    events = list(client.responses.create(model="fake", input=ASK[0]["content"], max_output_tokens=6000,
+                                          tools=[{"type": "function", **WRITE_TOOL["function"]}], stream=True))
+    deltas = [event.delta for event in events if event.type == "response.function_call_arguments.delta"]
+    done = [event.arguments for event in events if event.type == "response.function_call_arguments.done"]
+    assert len(deltas) > 20 and "".join(deltas) == WRITE and done == [WRITE]
+
+
+def test_messages_stream_the_arguments_as_input_json_deltas(base):
+    client = anthropic.Anthropic(base_url=base, api_key="unused", max_retries=0)
+    tool = {"name": "write_file", "description": "Write a file", "input_schema": WRITE_TOOL["function"]["parameters"]}
+    with client.messages.stream(model="fake", max_tokens=6000, messages=ASK, tools=[tool]) as stream:
+        parts = [event.delta.partial_json for event in stream
+                 if event.type == "content_block_delta" and event.delta.type == "input_json_delta"]
+        message = stream.get_final_message()
+    assert len(parts) > 20 and json.loads("".join(parts)) == json.loads(WRITE)
+    assert message.content[-1].input == json.loads(WRITE)
+
+
+def test_a_long_call_cut_off_ends_the_stream_with_length_and_an_incomplete_item(base):
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
+    chunks = list(client.chat.completions.create(model="fake", messages=ASK, tools=[WRITE_TOOL], max_tokens=400,
+                                                 temperature=0, stream=True))
+    parts = [call.function.arguments for chunk in chunks if chunk.choices
+             for call in chunk.choices[0].delta.tool_calls or () if call.function.arguments]
+    assert WRITE.startswith("".join(parts)) and len("".join(parts)) > 200
+    assert chunks[-1].choices[0].finish_reason == "length"
+    events = list(client.responses.create(model="fake", input=ASK[0]["content"], max_output_tokens=400,
+                                          tools=[{"type": "function", **WRITE_TOOL["function"]}], stream=True))
+    [done] = [event.item for event in events if event.type == "response.output_item.done"]
+    assert done.type == "function_call" and done.status == "incomplete"
+    assert events[-1].type == "response.incomplete"
