@@ -5,9 +5,9 @@ Usage (from the repository root, in the project's virtual environment):
 
     python bench/streamed_arguments.py [--chars 20000] [--piece 4] [--runs 5]
 
-For each JSON-call family (Hermes, Mistral, Llama 3, the generic format): one call writing a
-file of about --chars characters (a `content` argument with quotes, newlines and non-ASCII
-text), fed to the reader in pieces of --piece characters (a token's text is about 4). Reported:
+For each JSON-call family (Hermes, Mistral, Llama 3, the generic format) and two parameter-block
+families (Qwen3-Coder's qwen3-xml, MiniMax M2): one call writing a file of about --chars
+characters (a `content` argument with quotes, newlines and non-ASCII text), fed to the reader in pieces of --piece characters (a token's text is about 4). Reported:
 the characters of the output written when the first arguments delta came out, the number of
 arguments deltas, and the reader's time for the whole output (the best of --runs). Run it on
 the commit before a change to compare (the reader is the same entry point). The last line is
@@ -20,7 +20,7 @@ import argparse
 import json
 import time
 
-from multiseq.tools import ArgumentsDelta, ToolFormat
+from multiseq.tools import ArgumentsDelta, Tool, ToolFormat
 from multiseq.tools.reading import output_parser
 
 FORMATS = {
@@ -29,6 +29,15 @@ FORMATS = {
     "llama3": (ToolFormat.LLAMA3, '{"name": "write_file", "parameters": ', "}"),
     "generic": (ToolFormat.GENERIC, '{"tool_calls": [{"name": "write_file", "arguments": ', "}]}"),
 }
+# Parameter-block families: the file's text as the value of their content parameter.
+BLOCKS = {
+    "qwen3-xml": ("<tool_call>\n<function=write_file>\n<parameter=path>\nmain.py\n</parameter>\n"
+                  "<parameter=content>\n", "\n</parameter>\n</function>\n</tool_call>"),
+    "minimax-m2": ('<minimax:tool_call>\n<invoke name="write_file">\n<parameter name="path">\nmain.py\n'
+                   '</parameter>\n<parameter name="content">\n', "\n</parameter>\n</invoke>\n</minimax:tool_call>"),
+}
+TOOLS = (Tool("write_file", "Write a file", {"type": "object", "properties": {
+    "path": {"type": "string"}, "content": {"type": "string"}}}),)
 
 
 def file_text(chars: int) -> str:
@@ -42,7 +51,7 @@ def file_text(chars: int) -> str:
 
 def read(tool_format, text: str, piece: int) -> tuple[int | None, int, float]:
     """(characters written at the first arguments delta, arguments deltas, seconds)."""
-    parser = output_parser(tool_format)
+    parser = output_parser(tool_format, tools=TOOLS)
     first, deltas = None, 0
     started = time.perf_counter()
     for start in range(0, len(text), piece):
@@ -65,8 +74,10 @@ def main() -> None:
     args = parser.parse_args()
     arguments = json.dumps({"path": "main.py", "content": file_text(args.chars)}, ensure_ascii=False)
     summary = {}
-    for name, (tool_format, before, after) in FORMATS.items():
-        text = before + arguments + after
+    content = file_text(args.chars)
+    outputs = {name: (tool_format, before + arguments + after) for name, (tool_format, before, after) in FORMATS.items()}
+    outputs |= {name: (name, before + content + after) for name, (before, after) in BLOCKS.items()}
+    for name, (tool_format, text) in outputs.items():
         runs = [read(tool_format, text, args.piece) for _ in range(args.runs)]
         first, deltas, _ = runs[0]
         seconds = min(run[2] for run in runs)

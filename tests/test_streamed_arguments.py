@@ -163,3 +163,48 @@ def test_a_long_call_cut_off_ends_the_stream_with_length_and_an_incomplete_item(
     [done] = [event.item for event in events if event.type == "response.output_item.done"]
     assert done.type == "function_call" and done.status == "incomplete"
     assert events[-1].type == "response.incomplete"
+
+
+# --- parameter-block families: a string value's JSON as it is written --------------------------
+
+from multiseq.tools import Tool  # noqa: E402 - the XML part's own import
+
+XML_TOOLS = (Tool("write_file", "Write a file", {"type": "object", "properties": {
+    "path": {"type": "string"}, "mode": {"type": "integer"}, "content": {"type": "string"}}}),)
+CODE = "".join(f"if x < {n}:\n    print(\"</parameter> is text here\", '{n}')\n" for n in range(60))
+XML_CALLS = {
+    "qwen3-xml": ("<tool_call>\n<function=write_file>\n<parameter=path>\nmain.py\n</parameter>\n<parameter=mode>\n"
+                  "420\n</parameter>\n<parameter=content>\n" + CODE + "\n</parameter>\n</function>\n</tool_call>"),
+    "minimax-m2": ('<minimax:tool_call>\n<invoke name="write_file">\n<parameter name="path">\nmain.py\n</parameter>\n'
+                   '<parameter name="mode">\n420\n</parameter>\n<parameter name="content">\n' + CODE +
+                   "\n</parameter>\n</invoke>\n</minimax:tool_call>"),
+    "seed-oss": ("<seed:tool_call>\n<function=write_file>\n<parameter=path>main.py</parameter>\n<parameter=mode>420"
+                 "</parameter>\n<parameter=content>" + CODE + "</parameter>\n</function>\n</seed:tool_call>"),
+}
+
+
+def feed_xml(family: str, pieces: list[str]) -> tuple[list, object]:
+    parser = output_parser(family, tools=XML_TOOLS, call_id=lambda index: f"call_{index}")
+    deltas = [delta for piece in pieces for delta in parser.feed(piece)] + parser.close()
+    return deltas, parser.result()
+
+
+@pytest.mark.parametrize("family", list(XML_CALLS))
+def test_a_long_string_parameter_streams_as_json_and_adds_up(family):
+    deltas, result = feed_xml(family, in_pieces(XML_CALLS[family], 5))
+    [call] = result.tool_calls
+    assert json.loads(call.arguments) == {"path": "main.py", "mode": 420, "content": CODE}
+    assert arguments_of(deltas) == call.arguments
+    assert sum(isinstance(delta, ArgumentsDelta) for delta in deltas) > 20
+    assert [delta for delta in deltas if isinstance(delta, ToolCallStart)] == [ToolCallStart(0, "call_0", "write_file")]
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_a_parameter_block_call_cut_anywhere_reads_as_the_whole_text(data):
+    family = data.draw(st.sampled_from(list(XML_CALLS)), label="family")
+    text = "Writing it.\n" + XML_CALLS[family]
+    cuts = sorted(data.draw(st.sets(st.integers(1, len(text) - 1), max_size=60), label="cuts"))
+    deltas, result = feed_xml(family, [text[start:end] for start, end in zip([0, *cuts], [*cuts, len(text)])])
+    whole_deltas, whole_result = feed_xml(family, [text])
+    assert result == whole_result and arguments_of(deltas) == arguments_of(whole_deltas) == result.tool_calls[0].arguments

@@ -21,8 +21,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..family import (CONTENT, CUT_OFF, REASONING, Call, FamilyParse, Open, ParseContext, Segment, Text, Thought,
-                      arguments_json, held_back, may_begin, property_schema, read_turn, skip_space, then, typed_value)
+from ..family import (CONTENT, CUT_OFF, REASONING, Call, FamilyParse, Open, ParseContext, PartialCall, Segment, Text,
+                      Thought, arguments_json, held_back, may_begin, property_schema, read_turn, reread_pace, skip_space,
+                      then, typed_value)
 
 
 @dataclass(frozen=True)
@@ -141,6 +142,7 @@ class _Block:
     end: int | None = None
     unread: int = 0
     problem: str | None = None
+    partial: PartialCall | None = None  # the function being written, as far as it settled
 
 
 def _read_body(syntax: XmlCallSyntax, body: str, context: ParseContext, line_start: bool) -> FamilyParse:
@@ -169,7 +171,10 @@ def _read_body(syntax: XmlCallSyntax, body: str, context: ParseContext, line_sta
             continue
         if block.problem is None:  # the output ended (or may still end) inside the block
             if not context.final:
-                return FamilyParse(tuple(segments), error, opened)
+                if block.partial is not None:  # its arguments stream
+                    segments.append(block.partial)
+                # Read again at a pace (a string value's text streams), not at every piece.
+                return FamilyParse(tuple(segments), error, replace(opened, reread_after=reread_pace(block.partial)))
             # A call cut off by the end of the output was a call: dropped, markup and all (after
             # whole calls, what is left of the block: a call cut off, or its closer cut short).
             return FamilyParse(tuple(segments), CUT_OFF)
@@ -242,7 +247,8 @@ def _read_block(syntax: XmlCallSyntax, text: str, start: int, bare: bool, contex
         position = skip_space(text, position)
         if text.startswith(syntax.function_open, position):
             call, position, block.problem = _read_function(syntax, text, position, context)
-            if call is None:
+            if not isinstance(call, Call):
+                block.partial = call
                 return block
             block.calls.append(call)
             block.unread = position
@@ -256,9 +262,10 @@ def _read_block(syntax: XmlCallSyntax, text: str, start: int, bare: bool, contex
 
 
 def _read_function(syntax: XmlCallSyntax, text: str, position: int,
-                   context: ParseContext) -> tuple[Call | None, int, str | None]:
+                   context: ParseContext) -> tuple[Call | PartialCall | None, int, str | None]:
     """A function from its tag: (the call, where it ends, None), or (None, _, why it cannot be
-    read; None while the text so far may still become one)."""
+    read; None while the text so far may still become one). While a string value is being
+    written, the call as far as it settled (a PartialCall) instead of None."""
     name, position, problem = _tag_name(text, position + len(syntax.function_open))
     if name is None:
         return None, position, problem
@@ -271,8 +278,8 @@ def _read_function(syntax: XmlCallSyntax, text: str, position: int,
             if key is None:
                 return None, position, problem
             end, after = _value_end(syntax, text, position)
-            if end is None:
-                return None, position, None  # the value goes on
+            if end is None:  # the value goes on
+                return _partial(syntax, name, arguments, key, text[position:], property_schema(schema, key)), position, None
             raw = _value_text(text[position:end], syntax.newline_around_values, closed=after > end)
             arguments[key] = parameter_value(raw, property_schema(schema, key))
             position = after
@@ -285,6 +292,30 @@ def _read_function(syntax: XmlCallSyntax, text: str, position: int,
         else:
             return None, position, (f"the model's tool call could not be read: {syntax.parameter_open}KEY> "
                                     f"or {syntax.function_close} was expected")
+
+
+def _partial(syntax: XmlCallSyntax, name: str, arguments: dict[str, Any], key: str, raw: str,
+             schema: Mapping[str, Any]) -> PartialCall | None:
+    """The call as far as it settled while a value is being written: the JSON of the values
+    before it, and of the value's text so far where the value is a string (text stays text,
+    and json.dumps escapes it a character at a time, so this is a prefix of the call's
+    arguments); None for a value of another type (its JSON is known once it ends)."""
+    if schema_types(schema) != {"string"}:
+        return None
+    if syntax.newline_around_values:
+        if not raw:
+            return None  # whether a newline (markup) comes first is not known yet
+        raw = raw.removeprefix("\n")
+    close = raw.rfind(syntax.parameter_close)
+    after = raw[close + len(syntax.parameter_close):].lstrip() if close >= 0 else None
+    if after is not None and any(tag.startswith(after) for tag in (syntax.parameter_open, syntax.function_close,
+                                                                   syntax.block_close)):
+        raw = raw[:close]  # a close tag, its next tag not (all) come yet: the value may end there
+    ends = (syntax.parameter_close, "\n" + syntax.parameter_open, "\n" + syntax.function_close)
+    raw = raw[:len(raw) - held_back(raw, ends)]
+    raw = raw.removesuffix("\n")  # the newline before a close tag is markup (or ends a forgotten one's value)
+    before = arguments_json(arguments)[:-1] + (", " if arguments else "")
+    return PartialCall(name, before + arguments_json(key) + ": " + arguments_json(raw)[:-1])
 
 
 def _value_end(syntax: XmlCallSyntax, text: str, start: int) -> tuple[int | None, int]:
