@@ -23,11 +23,12 @@ from test_tools_unit import rendered
 
 CONTENT = "".join(f"print('line {number}: \"hello\" wörld')\n" for number in range(120))  # quotes, newlines
 WRITE = json.dumps({"path": "main.py", "content": CONTENT}, ensure_ascii=False)
-FORMATS = {
-    ToolFormat.HERMES: ('<tool_call>\n{"name": "write_file", "arguments": ', "}\n</tool_call>"),
-    ToolFormat.MISTRAL: ('[TOOL_CALLS][{"name": "write_file", "arguments": ', "}]"),
-    ToolFormat.LLAMA3: ('{"name": "write_file", "parameters": ', "}"),
-    ToolFormat.GENERIC: ('{"tool_calls": [{"name": "write_file", "arguments": ', "}]}"),
+FORMATS = {  # by name: the family, the text before the arguments, and after them
+    "hermes": (ToolFormat.HERMES, '<tool_call>\n{"name": "write_file", "arguments": ', "}\n</tool_call>"),
+    "mistral": (ToolFormat.MISTRAL, '[TOOL_CALLS][{"name": "write_file", "arguments": ', "}]"),
+    "mistral-v11": (ToolFormat.MISTRAL, "[TOOL_CALLS]write_file[ARGS]", ""),  # Devstral, Mistral Small 3.2
+    "llama3": (ToolFormat.LLAMA3, '{"name": "write_file", "parameters": ', "}"),
+    "generic": (ToolFormat.GENERIC, '{"tool_calls": [{"name": "write_file", "arguments": ', "}]}"),
 }
 
 
@@ -45,9 +46,9 @@ def arguments_of(deltas: list, index: int = 0) -> str:
     return "".join(delta.text for delta in deltas if isinstance(delta, ArgumentsDelta) and delta.index == index)
 
 
-@pytest.mark.parametrize("tool_format", list(FORMATS))
-def test_long_arguments_stream_as_they_are_written_and_add_up(tool_format):
-    before, after = FORMATS[tool_format]
+@pytest.mark.parametrize("name", list(FORMATS))
+def test_long_arguments_stream_as_they_are_written_and_add_up(name):
+    tool_format, before, after = FORMATS[name]
     text = before + WRITE + after
     deltas, result = feed(tool_format, in_pieces(text))
     [call] = result.tool_calls
@@ -68,7 +69,7 @@ def test_a_short_call_still_comes_whole():
 
 
 def test_a_long_call_cut_off_was_started_and_the_result_drops_it():
-    before, _ = FORMATS[ToolFormat.HERMES]
+    _, before, _ = FORMATS["hermes"]
     text = "Writing it. " + before + WRITE[:1500]
     deltas, result = feed(ToolFormat.HERMES, in_pieces(text))
     assert result.tool_calls == () and result.error == "the model's tool call was cut off before it ended"
@@ -91,8 +92,7 @@ def test_a_long_call_found_malformed_is_content_and_the_next_call_takes_the_next
 @settings(max_examples=40, deadline=None)
 @given(data=st.data())
 def test_a_long_call_cut_anywhere_gives_the_deltas_and_result_of_the_whole_text(data):
-    tool_format = data.draw(st.sampled_from(list(FORMATS)), label="format")
-    before, after = FORMATS[tool_format]
+    tool_format, before, after = FORMATS[data.draw(st.sampled_from(list(FORMATS)), label="format")]
     text = before + WRITE + after
     cuts = sorted(data.draw(st.sets(st.integers(1, len(text) - 1), max_size=40), label="cuts"))
     pieces = [text[start:end] for start, end in zip([0, *cuts], [*cuts, len(text)])]

@@ -232,6 +232,9 @@ class Family:
     # What the family's handler adds to a rendered prompt (Gemma 4's model turn after a call).
     finish_prompt: Callable[[str], str] | None = None
     keeps_developer_role: bool = False  # the template has a developer role of its own (gpt-oss)
+    # The template reads the tools as the system message's `tools`, a JSON text of the functions
+    # (Phi-4-mini), not as the template's `tools`.
+    tools_in_system: bool = False
 
     def matches(self, template: str) -> bool:
         return any(all(part in template for part in fingerprint) for fingerprint in self.fingerprints)

@@ -8,6 +8,7 @@ itself, and the control tokens its parser must see as text.
 from __future__ import annotations
 
 import datetime
+import json
 from typing import TYPE_CHECKING
 
 from .families import detect, family_named
@@ -59,7 +60,7 @@ class ToolSupport:
         if self.family.call_id_length is not None:
             messages = tuple(with_call_ids_of_length(messages, self.family.call_id_length))
         template = self.detected
-        shaping = {"adjust": self._adjustment(backend),
+        shaping = {"adjust": self._adjustment(backend, request.tools),
                    "keeps_developer_role": template.keeps_developer_role, "now": now}
         if self.is_native:
             tools = [tool.openai() for tool in request.tools] if request.tools else None
@@ -69,12 +70,19 @@ class ToolSupport:
                                          options=options, **shaping)
         return template.finish_prompt(prompt) if template.finish_prompt is not None else prompt
 
-    def _adjustment(self, backend: Backend):
-        """The detected family's own shaping of the messages for its template (None: none)."""
+    def _adjustment(self, backend: Backend, tools=()):
+        """The detected family's own shaping of the messages for its template (None: none), and
+        the tools put in the system message for a template that reads them there."""
         adjust, source = self.detected.template_messages, backend.chat_template_source
-        if adjust is None or source is None:
+        in_system = tools_in_system_message(tools) if tools and self.detected.tools_in_system else None
+        if (adjust is None or source is None) and in_system is None:
             return None
-        return lambda messages: adjust(messages, source)
+
+        def adjusted(messages: list[dict]) -> list[dict]:
+            if adjust is not None and source is not None:
+                messages = adjust(messages, source)
+            return messages if in_system is None else in_system(messages)
+        return adjusted
 
     def grammar(self, request: Request, prompt: str = "") -> str | None:
         """The grammar of the request's calls (None when it may make none, or when the family
@@ -111,3 +119,15 @@ class ToolSupport:
                 found[tokens[0]] = marker.encode("utf-8")
         self.special_markers = {text.decode("utf-8"): token for token, text in found.items()}
         return found
+
+
+def tools_in_system_message(tools):
+    """A shaping that gives the system message (a new one first where there is none) the tools
+    as `tools`, the JSON text of their functions, as Phi-4-mini's template reads them."""
+    text = json.dumps([tool.openai()["function"] for tool in tools], ensure_ascii=False)
+
+    def shaped(messages: list[dict]) -> list[dict]:
+        if messages and messages[0]["role"] == "system":
+            return [messages[0] | {"tools": text}, *messages[1:]]
+        return [{"role": "system", "content": "", "tools": text}, *messages]
+    return shaped

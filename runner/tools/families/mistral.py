@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..family import CONTENT, Call, Family, FamilyParse, Open, ParseContext, Text, then
+from ..family import CONTENT, Call, Family, FamilyParse, Open, ParseContext, PartialCall, Text, then
 from ._json_calls import (JSON_CLOSERS, NO_NAME, RAW, THINK_CLOSE, THINK_OPEN, Body, Malformed, Pending, Progress,
                           arguments_at, call_array, content_until, json_call_syntax, lead, next_char, read_raw,
                           skip_json_space)
@@ -67,7 +67,11 @@ def _calls(text: str, position: int, final: bool, progress: Progress) -> int:
         raise Malformed(NO_ARGS)
     if not name:
         raise Malformed(NO_NAME)
-    arguments, position = arguments_at(text, position + len(ARGS), final)
+    start = skip_json_space(text, position + len(ARGS))
+    try:
+        arguments, position = arguments_at(text, start, final)
+    except Pending:  # the arguments as they are written (an object's text as it will read): they stream
+        raise Pending(PartialCall(name, text[start:]) if text.startswith("{", start) else None, in_call=True) from None
     progress.add(Call(name, arguments), position)
     return position
 
