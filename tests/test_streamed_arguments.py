@@ -29,6 +29,7 @@ FORMATS = {  # by name: the family, the text before the arguments, and after the
     "mistral-v11": (ToolFormat.MISTRAL, "[TOOL_CALLS]write_file[ARGS]", ""),  # Devstral, Mistral Small 3.2
     "llama3": (ToolFormat.LLAMA3, '{"name": "write_file", "parameters": ', "}"),
     "generic": (ToolFormat.GENERIC, '{"tool_calls": [{"name": "write_file", "arguments": ', "}]}"),
+    "gpt-oss": ("gpt-oss", "<|channel|>commentary to=functions.write_file <|constrain|>json<|message|>", "<|call|>"),
 }
 
 
@@ -178,6 +179,8 @@ XML_CALLS = {
     "minimax-m2": ('<minimax:tool_call>\n<invoke name="write_file">\n<parameter name="path">\nmain.py\n</parameter>\n'
                    '<parameter name="mode">\n420\n</parameter>\n<parameter name="content">\n' + CODE +
                    "\n</parameter>\n</invoke>\n</minimax:tool_call>"),
+    "glm": ("<tool_call>write_file\n<arg_key>path</arg_key>\n<arg_value>main.py</arg_value>\n<arg_key>mode</arg_key>\n"
+            "<arg_value>420</arg_value>\n<arg_key>content</arg_key>\n<arg_value>" + CODE + "</arg_value>\n</tool_call>"),
     "seed-oss": ("<seed:tool_call>\n<function=write_file>\n<parameter=path>main.py</parameter>\n<parameter=mode>420"
                  "</parameter>\n<parameter=content>" + CODE + "</parameter>\n</function>\n</seed:tool_call>"),
 }

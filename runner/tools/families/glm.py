@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import re
 
-from ..family import (CONTENT, CUT_OFF, Call, CallSyntax, Family, FamilyParse, Open, ParseContext, Segment, Text,
-                      arguments_json, held_back, leading_reasoning, property_schema, skip_space, then, typed_value)
+from ..family import (CONTENT, CUT_OFF, Call, CallSyntax, Family, FamilyParse, Open, ParseContext, PartialCall,
+                      Segment, Text, arguments_json, held_back, leading_reasoning, property_schema, reread_pace,
+                      skip_space, then, typed_value)
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
@@ -42,7 +43,12 @@ MALFORMED = "the model's tool call is not in GLM's <tool_call> format"
 
 
 class _Pending(Exception):
-    """The text so far ends inside a call: more text decides it."""
+    """The text so far ends inside a call: more text decides it (`partial`: the call as far as
+    it settled, while a string value is written)."""
+
+    def __init__(self, partial: PartialCall | None = None) -> None:
+        super().__init__()
+        self.partial = partial
 
 
 class _Malformed(Exception):
@@ -81,8 +87,10 @@ def _parse_body(text: str, context: ParseContext) -> FamilyParse:
         segments.append(Text(_content(text[position:start])))
         try:
             call, position = _read_call(text, start + len(CALL_OPEN), context)
-        except _Pending:
-            return FamilyParse(tuple(segments), open=Open(start, CONTENT, None, (CALL_CLOSE, CALL_OPEN)))
+        except _Pending as pending:  # read again at a pace (a string value's text streams) or at a closer
+            partial = () if pending.partial is None else (pending.partial,)
+            return FamilyParse((*segments, *partial), open=Open(start, CONTENT, None, (CALL_CLOSE, CALL_OPEN),
+                                                                 reread_after=reread_pace(pending.partial)))
         except _Malformed as problem:
             if problem.reason == CUT_OFF:  # a call cut off by the end of the output was a call: dropped
                 return FamilyParse(tuple(segments), CUT_OFF)
@@ -109,7 +117,10 @@ def _read_call(text: str, position: int, context: ParseContext) -> tuple[Call, i
             return Call(name, arguments_json(arguments)), position + len(CALL_CLOSE)
         if not text.startswith(KEY_OPEN, position):
             raise _unexpected(text, position, (CALL_CLOSE, KEY_OPEN), context)
-        key, value, position, call_closed = _read_argument(text, position + len(KEY_OPEN), context)
+        try:
+            key, value, position, call_closed = _read_argument(text, position + len(KEY_OPEN), context)
+        except _Pending:
+            raise _Pending(_partial(text, position + len(KEY_OPEN), name, arguments, schema)) from None
         arguments[key] = typed_value(value, property_schema(schema, key))
         if call_closed:
             return Call(name, arguments_json(arguments)), position
@@ -127,6 +138,23 @@ def _read_argument(text: str, position: int, context: ParseContext) -> tuple[str
     value_start = position + len(VALUE_OPEN)
     value_end, after, call_closed = _value_end(text, value_start, context)
     return key, text[value_start:value_end], after, call_closed
+
+
+def _partial(text: str, position: int, name: str, arguments: dict, schema) -> PartialCall | None:
+    """The call as far as it settled while the argument from `position` (after <arg_key>) is
+    being written: where its value is a string, the JSON of the values before it and of its text
+    so far, up to the first closer in it (which may end it) or what may begin one (a prefix of
+    the call's arguments); None before its value starts, or for a value of another type."""
+    key_end = text.find(KEY_CLOSE, position)
+    value = -1 if key_end < 0 else skip_space(text, key_end + len(KEY_CLOSE))
+    key = text[position:key_end].strip()
+    if value < 0 or not text.startswith(VALUE_OPEN, value) or property_schema(schema, key).get("type") != "string":
+        return None
+    raw = text[value + len(VALUE_OPEN):]
+    closer = _first_of(raw, (VALUE_CLOSE, CALL_CLOSE), 0)
+    raw = raw[:closer] if closer >= 0 else raw[:len(raw) - held_back(raw, (VALUE_CLOSE, CALL_CLOSE))]
+    before = arguments_json(arguments)[:-1] + (", " if arguments else "")
+    return PartialCall(name, before + arguments_json(key) + ": " + arguments_json(raw)[:-1])
 
 
 def _value_end(text: str, start: int, context: ParseContext) -> tuple[int, int, bool]:

@@ -35,7 +35,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..family import (CONTENT, CUT_OFF, REASONING, Call, CallSyntax, Family, FamilyParse, Open, ParseContext,
-                      Segment, Text, Thought, held_back, json_object_text, skip_space)
+                      PartialCall, Segment, Text, Thought, held_back, json_object_text, reread_pace, skip_space)
 
 START, END, MESSAGE, CHANNEL = "<|start|>", "<|end|>", "<|message|>", "<|channel|>"
 CONSTRAIN, CALL, RETURN = "<|constrain|>", "<|call|>", "<|return|>"
@@ -216,8 +216,11 @@ def _read_json_call(text: str, start: int, body: int, name: str, context: ParseC
     """The call when its body is a JSON object followed by its end; None when it is not (the
     body is then read up to the first end marker)."""
     closed = _json_object_end(text, body)
-    if closed is None:  # the object has not closed: more text, or a call cut off
-        return Step([], None, error=CUT_OFF) if context.final else waits
+    if closed is None:  # the object has not closed: more text (its arguments stream), or a call cut off
+        if context.final:
+            return Step([], None, error=CUT_OFF)
+        partial = PartialCall(name, text[body:])
+        return Step([partial], None, open=replace(waits.open, reread_after=reread_pace(partial)))
     arguments = json_object_text(text[body:closed])
     if arguments is None:
         return None
