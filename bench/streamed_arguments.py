@@ -6,7 +6,7 @@ Usage (from the repository root, in the project's virtual environment):
     python bench/streamed_arguments.py [--chars 20000] [--piece 4] [--runs 5]
 
 For each family whose long arguments stream (Hermes, Mistral's two forms, Llama 3, the generic
-format, gpt-oss, Phi-4-mini; and the parameter-block ones: Qwen3-Coder's qwen3-xml, MiniMax M2,
+format, gpt-oss, Kimi K2, DeepSeek V3/R1, Phi-4-mini; and the parameter-block ones: Qwen3-Coder's qwen3-xml, MiniMax M2,
 GLM): one call writing a file of about --chars
 characters (a `content` argument with quotes, newlines and non-ASCII text), fed to the reader in pieces of --piece characters (a token's text is about 4). Reported:
 the characters of the output written when the first arguments delta came out, the number of
@@ -31,6 +31,10 @@ FORMATS = {
     "generic": (ToolFormat.GENERIC, '{"tool_calls": [{"name": "write_file", "arguments": ', "}]}"),
     "mistral-v11": (ToolFormat.MISTRAL, "[TOOL_CALLS]write_file[ARGS]", ""),
     "gpt-oss": ("gpt-oss", "<|channel|>commentary to=functions.write_file <|constrain|>json<|message|>", "<|call|>"),
+    "kimi": ("kimi", "<|tool_calls_section_begin|><|tool_call_begin|>functions.write_file:0<|tool_call_argument_begin|>",
+             "<|tool_call_end|><|tool_calls_section_end|>"),
+    "deepseek": ("deepseek", "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>write_file\n```json\n",
+                 "\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>"),
     "phi4-mini": ("phi4-mini", '<|tool_call|>[{"name": "write_file", "arguments": ', "}]<|/tool_call|>"),
 }
 # Parameter-block families: the file's text as the value of their content parameter.

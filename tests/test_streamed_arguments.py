@@ -29,6 +29,12 @@ FORMATS = {  # by name: the family, the text before the arguments, and after the
     "mistral-v11": (ToolFormat.MISTRAL, "[TOOL_CALLS]write_file[ARGS]", ""),  # Devstral, Mistral Small 3.2
     "llama3": (ToolFormat.LLAMA3, '{"name": "write_file", "parameters": ', "}"),
     "generic": (ToolFormat.GENERIC, '{"tool_calls": [{"name": "write_file", "arguments": ', "}]}"),
+    "kimi": ("kimi", "<|tool_calls_section_begin|><|tool_call_begin|>functions.write_file:0<|tool_call_argument_begin|>",
+             "<|tool_call_end|><|tool_calls_section_end|>"),
+    "deepseek": ("deepseek", "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>write_file\n```json\n",
+                 "\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>"),
+    "deepseek-v3.1": ("deepseek", "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>write_file<｜tool▁sep｜>",
+                      "<｜tool▁call▁end｜><｜tool▁calls▁end｜>"),
     "gpt-oss": ("gpt-oss", "<|channel|>commentary to=functions.write_file <|constrain|>json<|message|>", "<|call|>"),
 }
 
@@ -211,3 +217,12 @@ def test_a_parameter_block_call_cut_anywhere_reads_as_the_whole_text(data):
     deltas, result = feed_xml(family, [text[start:end] for start, end in zip([0, *cuts], [*cuts, len(text)])])
     whole_deltas, whole_result = feed_xml(family, [text])
     assert result == whole_result and arguments_of(deltas) == arguments_of(whole_deltas) == result.tool_calls[0].arguments
+
+
+def test_a_family_that_normalizes_arguments_streams_them_normalized():
+    """DeepSeek's arguments are handed out as json.dumps writes them, whatever the model wrote."""
+    written = json.dumps(json.loads(WRITE), indent=2, ensure_ascii=True)
+    _, before, after = FORMATS["deepseek"]
+    deltas, result = feed("deepseek", in_pieces(before + written + after))
+    assert arguments_of(deltas) == result.tool_calls[0].arguments == WRITE
+    assert sum(isinstance(delta, ArgumentsDelta) for delta in deltas) > 20

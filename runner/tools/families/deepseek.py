@@ -45,8 +45,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..family import (CONTENT, CUT_OFF, REASONING, STRICT_JSON, Call, CallSyntax, Family, FamilyParse, Open,
-                      ParseContext, Segment, Text, Thought, arguments_json, held_back, property_schema, read_turn,
-                      skip_space, then, typed_value)
+                      ParseContext, PartialCall, Segment, Text, Thought, arguments_json, held_back, property_schema,
+                      read_turn, reread_pace, skip_space, then, typed_value)
+from ..partial_json import settled_prefix
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 CALLS_BEGIN, CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
@@ -89,6 +90,7 @@ class _Section:
     end: int | None = None
     failure: str | None = None
     failed_at: int = 0
+    partial: PartialCall | None = None  # the call being written, as far as it settled (its arguments stream)
 
 
 def parse(text: str, context: ParseContext) -> FamilyParse:
@@ -170,7 +172,8 @@ def _read_answer(text: str, context: ParseContext) -> FamilyParse:
             # whose closer has not come: the section is read again, from its opener, when
             # something that ends a call or the section comes.
             stops = MARKED_SECTION_STOPS if marked else DSML_SECTION_STOPS
-            return FamilyParse(tuple(segments), error, Open(opener.start(), CONTENT, None, stops, len(read.calls)))
+            opened = Open(opener.start(), CONTENT, None, stops, len(read.calls), reread_after=reread_pace(read.partial))
+            return FamilyParse((*segments, *([read.partial] if read.partial else [])), error, opened)
         if read.failure is not None:
             error = read.failure
             # A call cut off by the end of the output was a call: dropped, and the rest of its
@@ -216,14 +219,17 @@ def _read_marked_section(text: str, start: int, context: ParseContext) -> _Secti
             section.end = position + len(CALLS_END)
             return section
         read = _read_marked_call(text, position + len(CALL_BEGIN)) if text.startswith(CALL_BEGIN, position) else None
+        if isinstance(read, PartialCall):
+            section.partial, read = read, None
         if read is None:
             return _failed(section, text, position, _CALLS_END)
         call, position = read
         section.calls.append(call)
 
 
-def _read_marked_call(text: str, start: int) -> tuple[Call, int] | None:
-    """One call after <｜tool▁call▁begin｜>, and where it ends; None when it cannot be read (yet)."""
+def _read_marked_call(text: str, start: int) -> tuple[Call, int] | PartialCall | None:
+    """One call after <｜tool▁call▁begin｜>, and where it ends; None when it cannot be read (yet),
+    or while its arguments' object is being written, the call as far as it settled."""
     separator = text.find(SEPARATOR, start)
     if separator < 0:
         return None
@@ -244,8 +250,8 @@ def _read_marked_call(text: str, start: int) -> tuple[Call, int] | None:
         return None
     try:
         arguments, end = STRICT_JSON.raw_decode(text, json_start)
-    except ValueError:
-        return None
+    except ValueError:  # not whole yet (or not JSON, which only the end settles)
+        return PartialCall(name, settled_prefix(text[json_start:])) if text.startswith("{", json_start) else None
     if not isinstance(arguments, dict):
         return None
     end = skip_space(text, end)

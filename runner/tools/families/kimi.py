@@ -39,8 +39,8 @@ from dataclasses import replace
 from typing import Any
 
 from ..family import (CONTENT, CUT_OFF, REASONING, STRICT_JSON, Call, CallSyntax, Family, FamilyParse, Open,
-                      ParseContext, Segment, Text, Thought, held_back, may_begin, property_schema, skip_space, then,
-                      typed_value)
+                      ParseContext, PartialCall, Segment, Text, Thought, held_back, may_begin, property_schema,
+                      reread_pace, skip_space, then, typed_value)
 
 # --- Kimi K2's tokens ---
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
@@ -101,9 +101,10 @@ class _Pending(Exception):
     """The text so far ends inside a call or a tag: more text decides it. `stops`: the strings
     without which it stays so (None: any text may decide it)."""
 
-    def __init__(self, stops: tuple[str, ...] | None = None) -> None:
+    def __init__(self, stops: tuple[str, ...] | None = None, partial: PartialCall | None = None) -> None:
         super().__init__()
         self.stops = stops
+        self.partial = partial  # the call as far as it is written, while its arguments stream
 
 
 class _Malformed(Exception):
@@ -229,7 +230,11 @@ def _calls(text: str, start: int, context: ParseContext, segments: list[Segment]
     try:
         return read(text, start, context, segments)
     except _Pending as pending:
-        return FamilyParse(tuple(segments), open=Open(start, CONTENT, None, pending.stops, len(segments) - before))
+        repeats = len(segments) - before
+        if pending.partial is None:
+            return FamilyParse(tuple(segments), open=Open(start, CONTENT, None, pending.stops, repeats))
+        return FamilyParse((*segments, pending.partial), open=Open(start, CONTENT, None, pending.stops, repeats,
+                                                                    reread_after=reread_pace(pending.partial)))
     except _Malformed as problem:
         if problem.reason == CUT_OFF:  # a call cut off by the end of the output was a call: dropped
             return FamilyParse(tuple(segments), CUT_OFF)
@@ -322,8 +327,10 @@ def _read_k2_call(text: str, start: int, context: ParseContext) -> tuple[Call, i
     except ValueError:
         # Unfinished JSON may hold the end marker's text in a string: only the end decides. An
         # object is whole only at a closing brace; anything else may be decided by any text.
-        if not context.final:
-            raise _Pending(("}",) if text.startswith("{", json_start) else None) from None
+        if not context.final:  # an object's text as it will read: its arguments stream
+            is_object = text.startswith("{", json_start)
+            raise _Pending(("}",) if is_object else None,
+                           PartialCall(name, text[json_start:]) if is_object and name else None) from None
         raise _Malformed(MALFORMED if CALL_END in text[json_start:] else CUT_OFF) from None
     if not name or not isinstance(arguments, dict):
         raise _Malformed(MALFORMED)
