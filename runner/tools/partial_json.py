@@ -20,6 +20,7 @@ import json
 import re
 
 _WHITESPACE = " \t\n\r"
+_ENDS_SCALAR = _WHITESPACE + ",]}"
 _SCALAR = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?|true|false|null")
 _PLAIN = re.compile(r'[^"\\\x00-\x1f]*')
 _ESCAPES = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t"}
@@ -129,8 +130,8 @@ class _Reader:
     def _scalar(self) -> bool:
         """A number or literal, once something after it shows that it ended."""
         found = _SCALAR.match(self.text, self.at)
-        if found is None or found.end() == len(self.text):
-            return False  # not JSON, or it may go on
+        if found is None or found.end() == len(self.text) or self.text[found.end()] not in _ENDS_SCALAR:
+            return False  # not JSON, or it may go on (1.5e, 1.5e+)
         self.at = found.end()
         self.out.append(json.dumps(json.loads(found.group())))
         return True

@@ -103,8 +103,7 @@ class _Pending(Exception):
 
     def __init__(self, stops: tuple[str, ...] | None = None, partial: PartialCall | None = None) -> None:
         super().__init__()
-        self.stops = stops
-        self.partial = partial  # the call as far as it is written, while its arguments stream
+        self.stops, self.partial = stops, partial  # partial: the call as far as it is written (its arguments stream)
 
 
 class _Malformed(Exception):
@@ -112,8 +111,7 @@ class _Malformed(Exception):
 
     def __init__(self, reason: str, raw: str | None = None) -> None:
         super().__init__(reason)
-        self.reason = reason
-        self.raw = raw  # the text given back as content (where the caller knows it better)
+        self.reason, self.raw = reason, raw  # raw: the text given back as content (where the caller knows it better)
 
 
 def _unfinished(context: ParseContext, stops: tuple[str, ...] | None = None) -> Exception:
@@ -123,10 +121,7 @@ def _unfinished(context: ParseContext, stops: tuple[str, ...] | None = None) -> 
 def parse(text: str, context: ParseContext) -> FamilyParse:
     known, place = context.state if context.state is not None else (None, None)
     form = _format(text, context.variant, known)
-    if form == K3:
-        parsed = _parse_k3(text, context, place)
-    else:
-        parsed = _parse_k2(text, context, place, known=form == K2)
+    parsed = _parse_k3(text, context, place) if form == K3 else _parse_k2(text, context, place, known=form == K2)
     opened = parsed.open
     if opened is not None:
         opened = replace(opened, state=(form, opened.state))
@@ -141,8 +136,7 @@ def _format(text: str, variant: str | None, known: str | None) -> str | None:
         return K3 if "k3" in variant.lower() else K2
     if known is not None:
         return known
-    k3_at = _first(text, K3_TOKENS)[0]
-    k2_at = _first(text, K2_TOKENS)[0]
+    k3_at, k2_at = _first(text, K3_TOKENS)[0], _first(text, K2_TOKENS)[0]
     if k3_at >= 0 and (k2_at < 0 or k3_at < k2_at):
         return K3
     return K2 if k2_at >= 0 else None
@@ -229,12 +223,10 @@ def _calls(text: str, start: int, context: ParseContext, segments: list[Segment]
     before = len(segments)
     try:
         return read(text, start, context, segments)
-    except _Pending as pending:
-        repeats = len(segments) - before
-        if pending.partial is None:
-            return FamilyParse(tuple(segments), open=Open(start, CONTENT, None, pending.stops, repeats))
-        return FamilyParse((*segments, pending.partial), open=Open(start, CONTENT, None, pending.stops, repeats,
-                                                                    reread_after=reread_pace(pending.partial)))
+    except _Pending as pending:  # a call whose arguments stream is read again at a pace too
+        partial, pace = ((pending.partial,), reread_pace(pending.partial)) if pending.partial else ((), 0)
+        return FamilyParse((*segments, *partial),
+                           open=Open(start, CONTENT, None, pending.stops, len(segments) - before, pace))
     except _Malformed as problem:
         if problem.reason == CUT_OFF:  # a call cut off by the end of the output was a call: dropped
             return FamilyParse(tuple(segments), CUT_OFF)
@@ -329,8 +321,8 @@ def _read_k2_call(text: str, start: int, context: ParseContext) -> tuple[Call, i
         # object is whole only at a closing brace; anything else may be decided by any text.
         if not context.final:  # an object's text as it will read: its arguments stream
             is_object = text.startswith("{", json_start)
-            raise _Pending(("}",) if is_object else None,
-                           PartialCall(name, text[json_start:]) if is_object and name else None) from None
+            partial = PartialCall(name, text[json_start:]) if is_object and name else None
+            raise _Pending(("}",) if is_object else None, partial) from None
         raise _Malformed(MALFORMED if CALL_END in text[json_start:] else CUT_OFF) from None
     if not name or not isinstance(arguments, dict):
         raise _Malformed(MALFORMED)
