@@ -226,3 +226,26 @@ def test_a_family_that_normalizes_arguments_streams_them_normalized():
     deltas, result = feed("deepseek", in_pieces(before + written + after))
     assert arguments_of(deltas) == result.tool_calls[0].arguments == WRITE
     assert sum(isinstance(delta, ArgumentsDelta) for delta in deltas) > 20
+
+
+# --- every family, its calls as its grammar writes them -----------------------------------------
+
+from multiseq.tools.families import all_families  # noqa: E402
+from multiseq.tools.writing import written as written_calls  # noqa: E402
+
+# The families whose long arguments stream (the others hand a call out once it closes).
+STREAMING = {"hermes", "mistral", "llama3", "generic", "gpt-oss", "kimi", "deepseek", "phi4-mini", "qwen3-xml",
+             "apriel", "nemotron-v2", "command-r7b", "firefunction-v2", "granite", "minimax-m1",
+             "minimax-m2", "seed-oss", "glm"}
+ARGUMENTS = {"path": "main.py", "content": CODE.rstrip("\n")}  # (minimax-m2 reads a last newline as markup)
+
+
+@pytest.mark.parametrize("family", [family for family in all_families() if family.call_syntax is not None],
+                         ids=lambda family: family.name)
+def test_a_long_call_written_as_the_grammar_writes_it_adds_up_and_streams_where_said(family):
+    text = written_calls(family.call_syntax, [("write_file", ARGUMENTS)])
+    deltas, result = feed_xml(family.name, in_pieces(text, 5))
+    [call] = result.tool_calls
+    assert json.loads(call.arguments) == ARGUMENTS and arguments_of(deltas) == call.arguments
+    streamed = sum(isinstance(delta, ArgumentsDelta) for delta in deltas) > 20
+    assert streamed == (family.name in STREAMING), f"{family.name} streams: {streamed}"

@@ -15,8 +15,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..family import (CONTENT, CUT_OFF, STRICT_JSON, Call, FamilyParse, Open, ParseContext, Segment, Text, arguments_json,
-                      held_back, skip_space)
+from ..family import (CONTENT, CUT_OFF, STRICT_JSON, Call, FamilyParse, Open, ParseContext, PartialCall, Segment, Text,
+                      arguments_json, held_back, reread_pace, skip_space)
+from ..partial_json import settled_prefix
 
 UNREADABLE = "the model's tool call could not be read"
 
@@ -85,8 +86,14 @@ def content_and_calls(text: str, context: ParseContext, openers: Sequence[str], 
             return FamilyParse(tuple(segments), error, Open(at, CONTENT, Text, waiting_for))
         segments.append(Text(without(text[position:start], hidden)))
         section = read_section(text, start, opener, context)
-        if section is None:  # not ended yet: everything from here waits
-            return FamilyParse(tuple(segments), error, Open(start, CONTENT, None, getattr(read_section, "stops", None)))
+        if section is None or isinstance(section, PartialCall):  # not ended yet: everything from here waits
+            stops = getattr(read_section, "stops", None)
+            if section is None:  # (a section whose first call streams is read again at a pace)
+                pace = reread_pace(None) if getattr(read_section, "streams_calls", False) else 0
+                return FamilyParse(tuple(segments), error, Open(start, CONTENT, None, stops, reread_after=pace))
+            # Its first call's arguments stream: read again at a pace too.
+            return FamilyParse((*segments, section), error, Open(start, CONTENT, None, stops,
+                                                                  reread_after=reread_pace(section)))
         if isinstance(section, Unreadable):
             if section.rest_is_text:
                 segments.append(Text(text[start:]))
@@ -99,19 +106,32 @@ def content_and_calls(text: str, context: ParseContext, openers: Sequence[str], 
         position = section.end
 
 
-def closed_section(closer: str, read_body: Callable[[str, ParseContext], tuple[Call, ...] | None]) -> SectionReader:
+# The keys of a JSON call's name and of its arguments, where a section's calls stream (Keys(("name",),
+# ("arguments",))): the first call's arguments go out as they are written.
+@dataclass(frozen=True)
+class Keys:
+    name: tuple[str, ...]
+    arguments: tuple[str, ...]
+
+
+def closed_section(closer: str, read_body: Callable[[str, ParseContext], tuple[Call, ...] | None],
+                   streams: Keys | None = None) -> SectionReader:
     """A reader of sections that `closer` ends: the body between the markers read by `read_body`
-    (None: not calls). A section never closed is cut off."""
+    (None: not calls). A section never closed is cut off; while it is written, with `streams`,
+    its first call as far as it settled (first_call_partial)."""
     @section_reader((closer,))
-    def read(text: str, start: int, opener: str, context: ParseContext) -> Calls | Unreadable | None:
+    def read(text: str, start: int, opener: str, context: ParseContext) -> Calls | Unreadable | PartialCall | None:
         body_start = start + len(opener)
         end = text.find(closer, body_start)
         if end < 0:
-            return Unreadable(CUT_OFF, len(text)) if context.final else None
+            if context.final:
+                return Unreadable(CUT_OFF, len(text))
+            return first_call_partial(text[body_start:len(text) - held_back(text, (closer,))], streams)
         calls = read_body(text[body_start:end], context)
         if calls is None:
             return Unreadable(UNREADABLE, end + len(closer))
         return Calls(calls, end + len(closer))
+    read.streams_calls = streams is not None  # content_and_calls reads it again at a pace
     return read
 
 
@@ -122,14 +142,17 @@ JSON_ENDS = ("}", "]")
 
 
 def json_section(read_value: Callable[[Any, ParseContext], tuple[Call, ...] | None],
-                 opener_keeps: int = 0) -> SectionReader:
+                 opener_keeps: int = 0, streams: Keys | None = None) -> SectionReader:
     """A reader of sections with no closing marker: the JSON value after the opener ends it.
-    `opener_keeps`: how many of the opener's last characters begin the value (a "[")."""
+    `opener_keeps`: how many of the opener's last characters begin the value (a "["); `streams`
+    as closed_section's."""
     @section_reader(JSON_ENDS)
-    def read(text: str, start: int, opener: str, context: ParseContext) -> Calls | Unreadable | None:
+    def read(text: str, start: int, opener: str, context: ParseContext) -> Calls | Unreadable | PartialCall | None:
         found = json_value_at(text, start + len(opener) - opener_keeps)
         if isinstance(found, JsonCutOff):
-            return Unreadable(CUT_OFF, len(text)) if context.final else None
+            if context.final:
+                return Unreadable(CUT_OFF, len(text))
+            return first_call_partial(text[start + len(opener) - opener_keeps:], streams)
         if isinstance(found, JsonBroken):
             return Unreadable(UNREADABLE, len(text), rest_is_text=True)  # not JSON: what follows is not a call either
         value, end = found
@@ -137,6 +160,7 @@ def json_section(read_value: Callable[[Any, ParseContext], tuple[Call, ...] | No
         if calls is None:
             return Unreadable(UNREADABLE, end)
         return Calls(calls, end)
+    read.streams_calls = streams is not None  # content_and_calls reads it again at a pace
     return read
 
 
@@ -279,6 +303,41 @@ def named_calls(value: Any, name_key: str, arguments_keys: Sequence[str]) -> tup
             return None
         calls.append(Call(item[name_key], arguments))
     return tuple(calls) if calls else None
+
+
+def first_call_partial(body: str, keys: Keys | None) -> PartialCall | None:
+    """The first call of a JSON list (or object) of calls still being written, as far as it
+    settled: once its name is written and its arguments object began, its arguments as
+    arguments_json will write them (partial_json); None before that, or without `keys`. (Only
+    the first: a section's calls go out together once it ends.)"""
+    if keys is None:
+        return None
+    position = skip_space(body, 0)
+    if body.startswith("[", position):
+        position = skip_space(body, position + 1)
+    if not body.startswith("{", position):
+        return None
+    position, name = position + 1, None
+    while True:
+        position = skip_space(body, position)
+        if body.startswith(",", position):
+            position = skip_space(body, position + 1)
+        try:
+            key, position = STRICT_JSON.raw_decode(body, position)
+        except ValueError:
+            return None
+        position = skip_space(body, position)
+        if not isinstance(key, str) or not body.startswith(":", position):
+            return None
+        position = skip_space(body, position + 1)
+        if key in keys.arguments and name is not None and body.startswith("{", position):
+            return PartialCall(name, settled_prefix(body[position:]))
+        try:
+            value, position = STRICT_JSON.raw_decode(body, position)
+        except ValueError:
+            return None
+        if key in keys.name and isinstance(value, str) and value:
+            name = value
 
 
 # --- text ------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 
 from ..family import CallSyntax, Family, FamilyParse, ParseContext, leading_reasoning, then
-from ._marked_calls import closed_section, content_and_calls, json_list_calls
+from ._marked_calls import Keys, closed_section, content_and_calls, json_list_calls
 
 CALLS, END_CALLS = "<tool_calls>", "</tool_calls>"
 REASONING_STEPS = "Here are my reasoning steps:"  # what Apriel 1.6's generation prompt ends with
@@ -23,7 +23,7 @@ THINKING, END_THINKING = "<thinking>", "</thinking>"
 END_OF_TURN = "<|end|>"
 
 
-_read_calls = closed_section(END_CALLS, json_list_calls)
+_read_calls = closed_section(END_CALLS, json_list_calls, streams=Keys(("name",), ("arguments",)))
 
 
 def parse(text: str, context: ParseContext) -> FamilyParse:

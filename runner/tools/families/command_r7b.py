@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 
 from ..family import Call, CallSyntax, Family, FamilyParse, ParseContext, leading_reasoning, then
-from ._marked_calls import closed_section, content_and_calls, named_calls
+from ._marked_calls import Keys, closed_section, content_and_calls, named_calls
 
 THINKING, END_THINKING = "<|START_THINKING|>", "<|END_THINKING|>"
 ACTION, END_ACTION = "<|START_ACTION|>", "<|END_ACTION|>"
@@ -32,7 +32,7 @@ def _action_calls(body: str, context: ParseContext) -> tuple[Call, ...] | None:
     return named_calls(value, "tool_name", ("parameters", "arguments"))
 
 
-_read_action = closed_section(END_ACTION, _action_calls)
+_read_action = closed_section(END_ACTION, _action_calls, streams=Keys(("tool_name",), ("parameters", "arguments")))
 
 
 def parse(text: str, context: ParseContext) -> FamilyParse:

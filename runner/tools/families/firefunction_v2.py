@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..family import Call, CallSyntax, Family, FamilyParse, ParseContext
-from ._marked_calls import content_and_calls, json_section, named_calls
+from ._marked_calls import Keys, content_and_calls, json_section, named_calls
 
 CALLS = "functools["  # the "[" begins the JSON list: a bare "functools" (Python's module) is text
 END_OF_TURN = "<|eot_id|>"
@@ -19,7 +19,7 @@ def _calls_of(value: Any, context: ParseContext) -> tuple[Call, ...] | None:
     return named_calls(value, "name", ("arguments",)) if isinstance(value, list) else None
 
 
-_read_calls = json_section(_calls_of, opener_keeps=1)
+_read_calls = json_section(_calls_of, opener_keeps=1, streams=Keys(("name",), ("arguments",)))
 
 
 def parse(text: str, context: ParseContext) -> FamilyParse:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..family import Call, CallSyntax, Family, FamilyParse, ParseContext, leading_reasoning, then
-from ._marked_calls import content_and_calls, json_section, named_calls
+from ._marked_calls import Keys, content_and_calls, json_section, named_calls
 
 CALLS = "<|tool_call|>"
 THINK, END_THINK = "<think>", "</think>"
@@ -24,7 +24,7 @@ def _calls_of(value: Any, context: ParseContext) -> tuple[Call, ...] | None:
     return named_calls(value, "name", ("arguments", "parameters"))
 
 
-_read_calls = json_section(_calls_of)
+_read_calls = json_section(_calls_of, streams=Keys(("name",), ("arguments", "parameters")))
 
 
 def parse(text: str, context: ParseContext) -> FamilyParse:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 
 from ..family import Call, CallSyntax, Family, FamilyParse, ParseContext, leading_reasoning, then, read_turn
-from ._marked_calls import closed_section, content_and_calls, named_calls, skip_space
+from ._marked_calls import Keys, closed_section, content_and_calls, named_calls, skip_space
 
 CALLS, END_CALLS = "<tool_calls>", "</tool_calls>"
 THINK, END_THINK = "<think>", "</think>"
@@ -49,7 +49,7 @@ def _calls_in_block(body: str, context: ParseContext) -> tuple[Call, ...] | None
     return tuple(calls) if calls else None
 
 
-_read_block = closed_section(END_CALLS, _calls_in_block)
+_read_block = closed_section(END_CALLS, _calls_in_block, streams=Keys(("name",), ("arguments", "parameters")))
 
 
 def parse(text: str, context: ParseContext) -> FamilyParse:

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 
 from ..family import CallSyntax, Family, FamilyParse, ParseContext, leading_reasoning, then
-from ._marked_calls import closed_section, content_and_calls, json_list_calls
+from ._marked_calls import Keys, closed_section, content_and_calls, json_list_calls
 
 CALLS, END_CALLS = "<TOOLCALL>", "</TOOLCALL>"
 THINK, END_THINK = "<think>", "</think>"
 END_OF_TURN = "<SPECIAL_12>"
 
 
-_read_calls = closed_section(END_CALLS, json_list_calls)
+_read_calls = closed_section(END_CALLS, json_list_calls, streams=Keys(("name",), ("arguments",)))
 
 
 def parse(text: str, context: ParseContext) -> FamilyParse:
