@@ -115,10 +115,11 @@ class Keys:
 
 
 def closed_section(closer: str, read_body: Callable[[str, ParseContext], tuple[Call, ...] | None],
-                   streams: Keys | None = None) -> SectionReader:
+                   streams: Keys | Callable[[str], PartialCall | None] | None = None) -> SectionReader:
     """A reader of sections that `closer` ends: the body between the markers read by `read_body`
     (None: not calls). A section never closed is cut off; while it is written, with `streams`,
-    its first call as far as it settled (first_call_partial)."""
+    its first call as far as it settled (first_call_partial with these keys, or the family's own
+    function of the body)."""
     @section_reader((closer,))
     def read(text: str, start: int, opener: str, context: ParseContext) -> Calls | Unreadable | PartialCall | None:
         body_start = start + len(opener)
@@ -142,7 +143,7 @@ JSON_ENDS = ("}", "]")
 
 
 def json_section(read_value: Callable[[Any, ParseContext], tuple[Call, ...] | None],
-                 opener_keeps: int = 0, streams: Keys | None = None) -> SectionReader:
+                 opener_keeps: int = 0, streams: Keys | Callable[[str], PartialCall | None] | None = None) -> SectionReader:
     """A reader of sections with no closing marker: the JSON value after the opener ends it.
     `opener_keeps`: how many of the opener's last characters begin the value (a "["); `streams`
     as closed_section's."""
@@ -305,13 +306,13 @@ def named_calls(value: Any, name_key: str, arguments_keys: Sequence[str]) -> tup
     return tuple(calls) if calls else None
 
 
-def first_call_partial(body: str, keys: Keys | None) -> PartialCall | None:
+def first_call_partial(body: str, keys: Keys | Callable[[str], PartialCall | None] | None) -> PartialCall | None:
     """The first call of a JSON list (or object) of calls still being written, as far as it
     settled: once its name is written and its arguments object began, its arguments as
     arguments_json will write them (partial_json); None before that, or without `keys`. (Only
     the first: a section's calls go out together once it ends.)"""
-    if keys is None:
-        return None
+    if keys is None or callable(keys):
+        return None if keys is None else keys(body)
     position = skip_space(body, 0)
     if body.startswith("[", position):
         position = skip_space(body, position + 1)

@@ -14,7 +14,9 @@ from __future__ import annotations
 import json
 import re
 
-from ..family import CUT_OFF, Call, CallSyntax, Family, FamilyParse, ParseContext, arguments_json, json_object_text
+from ..family import (CUT_OFF, Call, CallSyntax, Family, FamilyParse, ParseContext, PartialCall, arguments_json,
+                      json_object_text, skip_space)
+from ..partial_json import settled_prefix
 from ._marked_calls import UNREADABLE, Calls, Unreadable, content_and_calls, first_of, section_reader
 
 FUNCTION, END_FUNCTION = "<function=", "</function>"
@@ -24,7 +26,7 @@ _NAME = re.compile(r"([^\s<>]+)>")
 _NAME_SO_FAR = re.compile(r"[^\s<>]*\Z")
 
 
-def _read_function(text: str, start: int, opener: str, context: ParseContext) -> Calls | Unreadable | None:
+def _read_function(text: str, start: int, opener: str, context: ParseContext) -> Calls | Unreadable | PartialCall | None:
     name_start = start + len(opener)
     name = _NAME.match(text, name_start)
     if name is None:
@@ -34,8 +36,11 @@ def _read_function(text: str, start: int, opener: str, context: ParseContext) ->
             return Unreadable(CUT_OFF, len(text))
         return Unreadable(UNREADABLE, len(text), rest_is_text=True)
     end = text.find(END_FUNCTION, name.end())
-    if end < 0:
-        return Unreadable(CUT_OFF, len(text)) if context.final else None
+    if end < 0:  # not closed yet: its arguments stream, as arguments_json will write them
+        if context.final:
+            return Unreadable(CUT_OFF, len(text))
+        body = skip_space(text, name.end())
+        return PartialCall(name.group(1), settled_prefix(text[body:])) if text.startswith("{", body) else None
     arguments = json_object_text(text[name.end():end] or "{}")
     if arguments is None:
         return Unreadable(UNREADABLE, end + len(END_FUNCTION))
@@ -67,9 +72,12 @@ def _code_arguments(code: str) -> str:
 
 # A function comes when </function> closes it; the code after the tag at an end token.
 @section_reader((END_FUNCTION, END_OF_MESSAGE, END_OF_TURN))
-def _read_section(text: str, start: int, opener: str, context: ParseContext) -> Calls | Unreadable | None:
+def _read_section(text: str, start: int, opener: str, context: ParseContext) -> Calls | Unreadable | PartialCall | None:
     reader = _read_python if opener == PYTHON_TAG else _read_function
     return reader(text, start, opener, context)
+
+
+_read_section.streams_calls = True  # a function's arguments stream: read again at a pace
 
 
 def parse(text: str, context: ParseContext) -> FamilyParse:

@@ -15,7 +15,7 @@ its own ids. With reasoning_effort low or minimal the template writes an empty r
 
 from __future__ import annotations
 
-from ..family import Call, CallSyntax, Family, FamilyParse, ParseContext, leading_reasoning, then, json_object_text
+from ..family import Call, CallSyntax, Family, FamilyParse, ParseContext, PartialCall, leading_reasoning, then, json_object_text
 from ._marked_calls import closed_section, content_and_calls
 
 BEGIN, END, ASSISTANT = "<|begin|>", "<|end|>", "assistant"
@@ -48,7 +48,16 @@ def _call(body: str, context: ParseContext) -> tuple[Call, ...] | None:
     return None if arguments is None else (Call(name, arguments),)
 
 
-_read_call = closed_section(CALL_END, _call)
+def _partial(body: str) -> PartialCall | None:
+    """The call as far as it is written, once its name is and its arguments' object began (their
+    text as json_object_text will give it, less whitespace that may end it)."""
+    _, has_name, named = body.partition(CALL_NAME)
+    name, has_arguments, raw = named.partition(CALL_ARGS)
+    raw = raw.strip()
+    return PartialCall(name.strip(), raw) if has_name and has_arguments and name.strip() and raw.startswith("{") else None
+
+
+_read_call = closed_section(CALL_END, _call, streams=_partial)
 
 FAMILY = Family(
     name="solar-open",
