@@ -122,6 +122,14 @@ class Open:
     reread_after: int = 0
 
 
+def string_value_partial(name: str, settled: dict, key: str, text: str) -> PartialCall:
+    """A call whose string parameter `key` is being written (parameter-block formats): the JSON
+    of the values before it, then of its text so far; json.dumps escapes a character at a time,
+    so this is a prefix of arguments_json's text of the whole call."""
+    before = arguments_json(settled)[:-1] + (", " if settled else "")
+    return PartialCall(name, before + arguments_json(key) + ": " + arguments_json(text)[:-1])
+
+
 def reread_pace(partial: PartialCall | None) -> int:
     """How many characters a streaming call's arguments grow by between two reads: a tenth of
     a token's worth at first, then a fiftieth of what is written (a 20,000-character argument is

@@ -23,7 +23,7 @@ from typing import Any
 
 from ..family import (CONTENT, CUT_OFF, REASONING, Call, FamilyParse, Open, ParseContext, PartialCall, Segment, Text,
                       Thought, arguments_json, held_back, may_begin, property_schema, read_turn, reread_pace, skip_space,
-                      then, typed_value)
+                      string_value_partial, then, typed_value)
 
 
 @dataclass(frozen=True)
@@ -314,8 +314,7 @@ def _partial(syntax: XmlCallSyntax, name: str, arguments: dict[str, Any], key: s
     ends = (syntax.parameter_close, "\n" + syntax.parameter_open, "\n" + syntax.function_close)
     raw = raw[:len(raw) - held_back(raw, ends)]
     raw = raw.removesuffix("\n")  # the newline before a close tag is markup (or ends a forgotten one's value)
-    before = arguments_json(arguments)[:-1] + (", " if arguments else "")
-    return PartialCall(name, before + arguments_json(key) + ": " + arguments_json(raw)[:-1])
+    return string_value_partial(name, arguments, key, raw)
 
 
 def _value_end(syntax: XmlCallSyntax, text: str, start: int) -> tuple[int | None, int]:

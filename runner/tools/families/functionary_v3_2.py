@@ -14,9 +14,11 @@ tokens are not text.
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
-from ..family import (CUT_OFF, Call, CallSyntax, Family, FamilyParse, Open, ParseContext, Segment, Text, arguments_json,
-                      held_back)
+from ..family import (CUT_OFF, Call, CallSyntax, Family, FamilyParse, Open, ParseContext, PartialCall, Segment, Text,
+                      arguments_json, held_back, reread_pace, skip_space)
+from ..partial_json import settled_prefix
 from ._marked_calls import JSON_ENDS, UNREADABLE, JsonCutOff, json_value_at, without
 
 NEXT = ">>>"
@@ -148,6 +150,14 @@ class _Reader:
         if isinstance(found, JsonCutOff):
             if final:
                 self.error = CUT_OFF  # a call cut off by the end of the output: dropped
+                return None
+            body = skip_space(text, start)
+            if text.startswith("{", body) and (not first or name in self.context.tools):
+                # Its arguments stream as arguments_json will write them; read again at a pace too.
+                partial = PartialCall(name, settled_prefix(text[body:]))
+                self.segments.append(partial)
+                self.wait_for_message(message_start, first, CALL_STOPS)
+                self.open = replace(self.open, reread_after=reread_pace(partial))
                 return None
             return self.wait_for_message(message_start, first, CALL_STOPS)
         if first and name not in self.context.tools:

@@ -26,7 +26,7 @@ import re
 
 from ..family import (CONTENT, CUT_OFF, Call, CallSyntax, Family, FamilyParse, Open, ParseContext, PartialCall,
                       Segment, Text, arguments_json, held_back, leading_reasoning, property_schema, reread_pace,
-                      skip_space, then, typed_value)
+                      skip_space, string_value_partial, then, typed_value)
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
@@ -153,8 +153,7 @@ def _partial(text: str, position: int, name: str, arguments: dict, schema) -> Pa
     raw = text[value + len(VALUE_OPEN):]
     closer = _first_of(raw, (VALUE_CLOSE, CALL_CLOSE), 0)
     raw = raw[:closer] if closer >= 0 else raw[:len(raw) - held_back(raw, (VALUE_CLOSE, CALL_CLOSE))]
-    before = arguments_json(arguments)[:-1] + (", " if arguments else "")
-    return PartialCall(name, before + arguments_json(key) + ": " + arguments_json(raw)[:-1])
+    return string_value_partial(name, arguments, key, raw)
 
 
 def _value_end(text: str, start: int, context: ParseContext) -> tuple[int, int, bool]:

@@ -17,10 +17,10 @@ The turn ends at the end-of-sentence token.
 
 from __future__ import annotations
 
-from ..family import (CUT_OFF, Call, CallSyntax, Family, FamilyParse, ParseContext, leading_reasoning, then, arguments_json, may_begin,
-                      property_schema, read_turn)
+from ..family import (CUT_OFF, Call, CallSyntax, Family, FamilyParse, ParseContext, PartialCall, leading_reasoning, then,
+                      arguments_json, held_back, may_begin, property_schema, read_turn, string_value_partial)
 from ._marked_calls import Calls, Unreadable, content_and_calls, skip_space, section_reader
-from ._xml_calls import parameter_value
+from ._xml_calls import parameter_value, schema_types
 
 HYTK = ":opensource"  # the template's suffix of every special token
 
@@ -59,7 +59,12 @@ def _parse_turn(text: str, context: ParseContext) -> FamilyParse:
 
 
 class _Waiting(Exception):
-    """The text ends inside the block: more may complete it."""
+    """The text ends inside the block: more may complete it (`partial`: its first call as far
+    as it settled, while a string value is written)."""
+
+    def __init__(self, partial: PartialCall | None = None) -> None:
+        super().__init__()
+        self.partial = partial
 
 
 class _Broken(Exception):
@@ -71,8 +76,8 @@ def _read_block(text: str, start: int, opener: str, context: ParseContext) -> Ca
     """The call block from `start`: its calls, unreadable text, or None while it goes on."""
     try:
         calls, end = _calls_at(text, start + len(opener), context)
-    except _Waiting:
-        return Unreadable(CUT_OFF, len(text)) if context.final else None
+    except _Waiting as waiting:
+        return Unreadable(CUT_OFF, len(text)) if context.final else waiting.partial
     except _Broken:
         close = text.find(CALLS_CLOSE, start)
         if close < 0:
@@ -86,7 +91,10 @@ def _calls_at(text: str, position: int, context: ParseContext) -> tuple[list[Cal
     while True:
         position = skip_space(text, position)
         if text.startswith(CALL_OPEN, position):
-            call, position = _call_at(text, position + len(CALL_OPEN), context)
+            try:
+                call, position = _call_at(text, position + len(CALL_OPEN), context)
+            except _Waiting as waiting:  # only a block's first call streams (its calls go out together)
+                raise _Waiting(None if calls else waiting.partial) from None
             calls.append(call)
         elif text.startswith(CALLS_CLOSE, position) and calls:
             return calls, position + len(CALLS_CLOSE)
@@ -117,7 +125,11 @@ def _call_at(text: str, position: int, context: ParseContext) -> tuple[Call, int
             position = skip_space(text, position)
             if not text.startswith(VALUE_OPEN, position):
                 raise _Waiting if may_begin(text, position, (VALUE_OPEN,)) else _Broken
-            raw, position = _between(text, position + len(VALUE_OPEN), VALUE_CLOSE)
+            value_start = position + len(VALUE_OPEN)
+            if text.find(VALUE_CLOSE, value_start) < 0 and schema_types(property_schema(schema, key.strip())) == {"string"}:
+                raw = text[value_start:len(text) - held_back(text[value_start:], (VALUE_CLOSE,))]
+                raise _Waiting(string_value_partial(name, arguments, key.strip(), raw))
+            raw, position = _between(text, value_start, VALUE_CLOSE)
             arguments[key.strip()] = parameter_value(raw, property_schema(schema, key.strip()))
         elif text.startswith(CALL_CLOSE, position):
             return Call(name, arguments_json(arguments)), position + len(CALL_CLOSE)
@@ -125,6 +137,9 @@ def _call_at(text: str, position: int, context: ParseContext) -> tuple[Call, int
             raise _Waiting
         else:
             raise _Broken
+
+
+_read_block.streams_calls = True  # its first call's string values stream: read again at a pace
 
 
 def _between(text: str, position: int, closer: str) -> tuple[str, int]:
