@@ -187,6 +187,8 @@ XML_CALLS = {
                    "\n</parameter>\n</invoke>\n</minimax:tool_call>"),
     "glm": ("<tool_call>write_file\n<arg_key>path</arg_key>\n<arg_value>main.py</arg_value>\n<arg_key>mode</arg_key>\n"
             "<arg_value>420</arg_value>\n<arg_key>content</arg_key>\n<arg_value>" + CODE + "</arg_value>\n</tool_call>"),
+    "minicpm5": ('<function name="write_file"><param name="path">main.py</param><param name="mode">420</param>'
+                 '<param name="content"><![CDATA[' + CODE + "]]></param></function>"),
     "seed-oss": ("<seed:tool_call>\n<function=write_file>\n<parameter=path>main.py</parameter>\n<parameter=mode>420"
                  "</parameter>\n<parameter=content>" + CODE + "</parameter>\n</function>\n</seed:tool_call>"),
 }
@@ -235,7 +237,7 @@ from multiseq.tools.writing import written as written_calls  # noqa: E402
 
 # The families whose long arguments stream (the others hand a call out once it closes).
 STREAMING = {"hermes", "mistral", "llama3", "generic", "gpt-oss", "kimi", "deepseek", "phi4-mini", "qwen3-xml",
-             "apriel", "nemotron-v2", "command-r7b", "firefunction-v2", "granite", "minimax-m1", "solar-open", "functionary-v3.1", "functionary-v3.2", "hy3",
+             "apriel", "nemotron-v2", "command-r7b", "firefunction-v2", "granite", "minimax-m1", "solar-open", "functionary-v3.1", "functionary-v3.2", "hy3", "minicpm5",
              "minimax-m2", "seed-oss", "glm"}
 ARGUMENTS = {"path": "main.py", "content": CODE.rstrip("\n")}  # (minimax-m2 reads a last newline as markup)
 

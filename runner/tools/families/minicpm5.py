@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import re
 
-from ..family import (CUT_OFF, Call, CallSyntax, Family, FamilyParse, ParseContext, leading_reasoning, then, arguments_json, property_schema,
-                      read_turn)
+from ..family import (CUT_OFF, Call, CallSyntax, Family, FamilyParse, ParseContext, PartialCall, leading_reasoning, then,
+                      arguments_json, held_back, property_schema, read_turn, string_value_partial)
 from ._marked_calls import Calls, Unreadable, content_and_calls, skip_space, section_reader
-from ._xml_calls import parameter_value
+from ._xml_calls import parameter_value, schema_types
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 FUNCTION_OPEN, FUNCTION_CLOSE = '<function name="', "</function>"
@@ -47,7 +47,12 @@ def _parse_turn(text: str, context: ParseContext) -> FamilyParse:
 
 
 class _Waiting(Exception):
-    """The text ends inside the call: more may complete it."""
+    """The text ends inside the call: more may complete it (`partial`: the call as far as it
+    settled, while a string value is written)."""
+
+    def __init__(self, partial: PartialCall | None = None) -> None:
+        super().__init__()
+        self.partial = partial
 
 
 class _Broken(Exception):
@@ -60,8 +65,8 @@ def _read_function(text: str, start: int, opener: str, context: ParseContext) ->
     it has not ended."""
     try:
         call, end = _function_at(text, start + len(opener), context)
-    except _Waiting:
-        return Unreadable(CUT_OFF, len(text)) if context.final else None
+    except _Waiting as waiting:
+        return Unreadable(CUT_OFF, len(text)) if context.final else waiting.partial
     except _Broken:
         close = text.find(FUNCTION_CLOSE, start)
         if close < 0:
@@ -78,7 +83,10 @@ def _function_at(text: str, position: int, context: ParseContext) -> tuple[Call,
         position = skip_space(text, position)
         if text.startswith(PARAM_OPEN, position):
             key, position = _tag_name(text, position + len(PARAM_OPEN))
-            raw, position = _value_at(text, position)
+            try:
+                raw, position = _value_at(text, position)
+            except _Waiting:
+                raise _Waiting(_partial(text, position, name, arguments, key, schema)) from None
             arguments[key] = parameter_value(raw, property_schema(schema, key))
         elif text.startswith(FUNCTION_CLOSE, position):
             return Call(name, arguments_json(arguments)), position + len(FUNCTION_CLOSE)
@@ -86,6 +94,21 @@ def _function_at(text: str, position: int, context: ParseContext) -> tuple[Call,
             raise _Waiting
         else:
             raise _Broken
+
+
+def _partial(text: str, position: int, name: str, arguments: dict, key: str, schema) -> PartialCall | None:
+    """The call as far as it settled while the string value from `position` is written (plain,
+    or inside CDATA): up to what may begin its close; None for a value of another type."""
+    if schema_types(property_schema(schema, key)) != {"string"} or CDATA_OPEN.startswith(text[position:]):
+        return None
+    cdata = text.startswith(CDATA_OPEN, position)
+    start, closer = (position + len(CDATA_OPEN), CDATA_CLOSE) if cdata else (position, PARAM_CLOSE)
+    end = text.find(closer, start)  # (a CDATA block may be whole, its </param> still coming)
+    raw = text[start:end] if end >= 0 else text[start:len(text) - held_back(text[start:], (closer,))]
+    return string_value_partial(name, arguments, key, raw)
+
+
+_read_function.streams_calls = True  # a string value streams: read again at a pace
 
 
 def _tag_name(text: str, position: int) -> tuple[str, int]:
