@@ -112,6 +112,7 @@ def content_and_calls(text: str, context: ParseContext, openers: Sequence[str], 
 class Keys:
     name: tuple[str, ...]
     arguments: tuple[str, ...]
+    name_is_key: bool = False  # a call may be {NAME: {arguments}} too (Apertus)
 
 
 def closed_section(closer: str, read_body: Callable[[str, ParseContext], tuple[Call, ...] | None],
@@ -333,6 +334,8 @@ def first_call_partial(body: str, keys: Keys | Callable[[str], PartialCall | Non
         position = skip_space(body, position + 1)
         if key in keys.arguments and name is not None and body.startswith("{", position):
             return PartialCall(name, settled_prefix(body[position:]))
+        if keys.name_is_key and key and key not in (*keys.name, *keys.arguments) and body.startswith("{", position):
+            return PartialCall(key, settled_prefix(body[position:]))
         try:
             value, position = STRICT_JSON.raw_decode(body, position)
         except ValueError:

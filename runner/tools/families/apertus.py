@@ -12,7 +12,7 @@ import json
 from typing import Any
 
 from ..family import Call, CallSyntax, Family, FamilyParse, ParseContext, leading_reasoning, then
-from ._marked_calls import arguments_of, closed_section, content_and_calls, named_calls
+from ._marked_calls import Keys, arguments_of, closed_section, content_and_calls, named_calls
 
 CALLS, END_CALLS = "<|tools_prefix|>", "<|tools_suffix|>"
 INNER, END_INNER = "<|inner_prefix|>", "<|inner_suffix|>"
@@ -38,7 +38,7 @@ def _list_calls(body: str, context: ParseContext) -> tuple[Call, ...] | None:
     return tuple(calls) if calls and None not in calls else None
 
 
-_read_calls = closed_section(END_CALLS, _list_calls)
+_read_calls = closed_section(END_CALLS, _list_calls, streams=Keys(("name",), ("arguments",), name_is_key=True))
 
 
 def parse(text: str, context: ParseContext) -> FamilyParse:

@@ -25,8 +25,9 @@ import re
 from dataclasses import replace
 
 from ..family import (CONTENT, CUT_OFF, CallSyntax, Family, FamilyParse, Open, ParseContext, Segment, Text, held_back,
-                      nonempty)
-from ._marked_calls import JSON_ENDS, UNREADABLE, JsonBroken, JsonCutOff, json_value_at, named_calls, skip_space
+                      nonempty, reread_pace)
+from ._marked_calls import (JSON_ENDS, UNREADABLE, JsonBroken, JsonCutOff, Keys, first_call_partial, json_value_at,
+                            named_calls, skip_space)
 
 ACTION = "Action:"
 FENCE = "```"
@@ -50,6 +51,8 @@ CONTENT_STOPS = ("\n ", "\n\t", "\nA", "\n<", *TURN_MARKERS)
 LINE_START = "line start"
 RAW = "raw"
 
+
+CALL_KEYS = Keys(("tool_name",), ("parameters", "arguments"))
 
 def parse(text: str, context: ParseContext) -> FamilyParse:
     # The start of a turn token at the end waits, left out of the text read (measured in the
@@ -100,15 +103,18 @@ def _parse(text: str, context: ParseContext) -> FamilyParse:
             return _waiting(text, position, opener.start(), context, segments, error, None)
         found = json_value_at(text, opener.end())
         if isinstance(found, JsonCutOff):
-            if not context.final:  # read again when a bracket may have closed the JSON
-                return _waiting(text, position, opener.start(), context, segments, error, JSON_ENDS)
+            if not context.final:  # read again when a bracket may have closed the JSON, or at a pace: its first call streams
+                waiting = _waiting(text, position, opener.start(), context, segments, error, JSON_ENDS)
+                partial = first_call_partial(text[opener.end():], CALL_KEYS)
+                return replace(waiting, segments=(*waiting.segments, *([partial] if partial else [])),
+                               open=replace(waiting.open, reread_after=reread_pace(partial)))
             # A call cut off by the end of the output is dropped: the text before it is kept.
             segments.append(Text(text[position:opener.start()]))
             return FamilyParse(nonempty(segments), CUT_OFF)
         if isinstance(found, JsonBroken):  # not JSON: the rest is the model's text, as it wrote it
             return _raw(text, position, context, segments, UNREADABLE)
         value, end = found
-        calls = named_calls(value, "tool_name", ("parameters", "arguments"))
+        calls = named_calls(value, *CALL_KEYS.name, CALL_KEYS.arguments)
         if calls is None:  # not calls: the model's text, as it wrote it
             segments.append(Text(text[position:end]))
             error, position = UNREADABLE, end
