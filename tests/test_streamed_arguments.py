@@ -189,6 +189,7 @@ XML_CALLS = {
             "<arg_value>420</arg_value>\n<arg_key>content</arg_key>\n<arg_value>" + CODE + "</arg_value>\n</tool_call>"),
     "minicpm5": ('<function name="write_file"><param name="path">main.py</param><param name="mode">420</param>'
                  '<param name="content"><![CDATA[' + CODE + "]]></param></function>"),
+    "gemma4": ('<|tool_call>call:write_file{path:<|"|>main.py<|"|>,mode:420,content:<|"|>' + CODE + '<|"|>}<tool_call|>'),
     "seed-oss": ("<seed:tool_call>\n<function=write_file>\n<parameter=path>main.py</parameter>\n<parameter=mode>420"
                  "</parameter>\n<parameter=content>" + CODE + "</parameter>\n</function>\n</seed:tool_call>"),
 }
@@ -237,7 +238,7 @@ from multiseq.tools.writing import written as written_calls  # noqa: E402
 
 # The families whose long arguments stream (the others hand a call out once it closes).
 STREAMING = {"hermes", "mistral", "llama3", "generic", "gpt-oss", "kimi", "deepseek", "phi4-mini", "qwen3-xml",
-             "apriel", "nemotron-v2", "command-r7b", "firefunction-v2", "granite", "minimax-m1", "solar-open", "functionary-v3.1", "functionary-v3.2", "hy3", "minicpm5", "apertus", "command-r-plus",
+             "apriel", "nemotron-v2", "command-r7b", "firefunction-v2", "granite", "minimax-m1", "solar-open", "functionary-v3.1", "functionary-v3.2", "hy3", "minicpm5", "apertus", "command-r-plus", "gemma4",
              "minimax-m2", "seed-oss", "glm"}
 ARGUMENTS = {"path": "main.py", "content": CODE.rstrip("\n")}  # (minimax-m2 reads a last newline as markup)
 

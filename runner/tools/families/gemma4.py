@@ -18,7 +18,8 @@ import re
 from typing import Any
 
 from ..family import (CONTENT, CUT_OFF, REASONING, STRICT_JSON, Call, CallSyntax, Family, FamilyParse, Open,
-                      ParseContext, Segment, Text, Thought, arguments_json, held_back, skip_space)
+                      ParseContext, PartialCall, Segment, Text, Thought, arguments_json, held_back, reread_pace, skip_space,
+                      string_value_partial)
 
 CALL_OPEN = "<|tool_call>"
 CALL_CLOSE = "<tool_call|>"
@@ -138,8 +139,11 @@ def _read_call(text: str, start: int, context: ParseContext,
             segments.append(Text(text[start:end + len(CALL_CLOSE)]))  # the raw text, as the model wrote it
             return end + len(CALL_CLOSE), UNREADABLE, None
         return end + len(CALL_CLOSE), None, None
-    if not context.final:
-        return None, None, Open(start, CONTENT, None, CALL_MARKERS)  # the call goes on: it waits
+    if not context.final:  # the call goes on: it waits (a string value streams: read again at a pace too)
+        partial = _partial(text[body_start:])
+        if partial is not None:
+            segments.append(partial)
+        return None, None, Open(start, CONTENT, None, CALL_MARKERS, reread_after=reread_pace(partial))
     try:  # the output ended after a whole call whose <tool_call|> it never wrote
         segments.append(_call(text[body_start:]))
         return None, None, None
@@ -161,6 +165,35 @@ def _call_end(text: str, start: int) -> int:
         if string_end < 0:
             return -1
         position = string_end + len(QUOTE)
+
+
+def _partial(body: str) -> PartialCall | None:
+    """The call being written, as far as it settled, while one of its top-level string values
+    is written: the members before it, then its text so far (less what may begin its closing
+    quote); None otherwise."""
+    head = CALL_HEAD.match(body)
+    position = skip_space(body, head.end()) if head else -1
+    if not body.startswith("{", position):
+        return None
+    members: dict[str, Any] = {}
+    position += 1
+    while True:
+        try:
+            key, position = _key(body, skip_space(body, position))
+        except _NotNotation:
+            return None
+        position = skip_space(body, position)
+        if body.startswith(QUOTE, position) and body.find(QUOTE, position + len(QUOTE)) < 0:
+            raw = body[position + len(QUOTE):]
+            return string_value_partial(head.group(1), members, key, raw[:len(raw) - held_back(raw, (QUOTE,))])
+        try:
+            members[key], position = _value(body, position)
+        except _NotNotation:
+            return None
+        position = skip_space(body, position)
+        if not body.startswith(",", position):
+            return None
+        position += 1
 
 
 def _call(body: str) -> Call:
