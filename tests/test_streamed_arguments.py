@@ -233,12 +233,12 @@ def test_a_family_that_normalizes_arguments_streams_them_normalized():
 
 # --- every family, its calls as its grammar writes them -----------------------------------------
 
-from multiseq.tools.families import all_families  # noqa: E402
+from multiseq.tools.families import all_families, family_named  # noqa: E402
 from multiseq.tools.writing import written as written_calls  # noqa: E402
 
 # The families whose long arguments stream (the others hand a call out once it closes).
 STREAMING = {"hermes", "mistral", "llama3", "generic", "gpt-oss", "kimi", "deepseek", "phi4-mini", "qwen3-xml",
-             "apriel", "nemotron-v2", "command-r7b", "firefunction-v2", "granite", "minimax-m1", "solar-open", "functionary-v3.1", "functionary-v3.2", "hy3", "minicpm5", "apertus", "command-r-plus", "gemma4",
+             "apriel", "nemotron-v2", "command-r7b", "firefunction-v2", "granite", "minimax-m1", "solar-open", "functionary-v3.1", "functionary-v3.2", "hy3", "minicpm5", "apertus", "command-r-plus", "gemma4", "muse-glimmer",
              "minimax-m2", "seed-oss", "glm"}
 ARGUMENTS = {"path": "main.py", "content": CODE.rstrip("\n")}  # (minimax-m2 reads a last newline as markup)
 
@@ -252,3 +252,15 @@ def test_a_long_call_written_as_the_grammar_writes_it_adds_up_and_streams_where_
     assert json.loads(call.arguments) == ARGUMENTS and arguments_of(deltas) == call.arguments
     streamed = sum(isinstance(delta, ArgumentsDelta) for delta in deltas) > 20
     assert streamed == (family.name in STREAMING), f"{family.name} streams: {streamed}"
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data())
+def test_every_streaming_family_read_cut_anywhere_gives_the_whole_texts_call(data):
+    family = data.draw(st.sampled_from(sorted(name for name in STREAMING if family_named(name).call_syntax)),
+                       label="family")
+    text = written_calls(family_named(family).call_syntax, [("write_file", ARGUMENTS)])
+    cuts = sorted(data.draw(st.sets(st.integers(1, len(text) - 1), max_size=80), label="cuts"))
+    deltas, result = feed_xml(family, [text[start:end] for start, end in zip([0, *cuts], [*cuts, len(text)])])
+    _, whole = feed_xml(family, [text])
+    assert result == whole and arguments_of(deltas) == result.tool_calls[0].arguments

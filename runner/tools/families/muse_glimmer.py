@@ -22,10 +22,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ..family import (CONTENT, CUT_OFF, REASONING, Call, CallSyntax, Family, FamilyParse, Open, ParseContext, Segment,
-                      Text, Thought, arguments_json, first_found, held_back, may_begin, property_schema, read_turn)
+from ..family import (CONTENT, CUT_OFF, REASONING, Call, CallSyntax, Family, FamilyParse, Open, ParseContext, PartialCall,
+                      Segment, Text, Thought, arguments_json, first_found, held_back, may_begin, property_schema, read_turn,
+                      reread_pace, string_value_partial)
+from ..partial_json import settled_prefix
 from ._marked_calls import JSON_ENDS, JsonBroken, JsonCutOff, arguments_of, json_value_at, skip_space
-from ._xml_calls import parameter_value
+from ._xml_calls import parameter_value, schema_types
 
 START, MESSAGE, END_OF_MESSAGE, END_OF_TURN = "<|start|>", "<|message|>", "<|eom|>", "<|eot|>"
 HEADER_START = START + "assistant"  # the generation prompt; the model writes it for every later message
@@ -56,7 +58,12 @@ class _Header:
 
 
 class _Waiting(Exception):
-    """The text ends inside the markup: more may complete it."""
+    """The text ends inside the message's calls: more may complete them (`partial`: its first
+    call as far as it settled, while its arguments are written)."""
+
+    def __init__(self, partial: PartialCall | None = None) -> None:
+        super().__init__()
+        self.partial = partial
 
 
 class _Broken(Exception):
@@ -110,8 +117,10 @@ def _parse_turn(text: str, context: ParseContext) -> FamilyParse:
             continue
         end, problem, stops = _call_message(text, position, header, context, segments)
         error = problem or error
-        if end is None:  # not ended yet: read again from its header when one of `stops` comes
-            return _parse(segments, error, context, Open(header_at, header_state, None, stops))
+        if end is None:  # not ended yet: read again from its header when one of `stops` comes (or at a pace: it streams)
+            partial = segments[-1] if segments and isinstance(segments[-1], PartialCall) else None
+            pace = reread_pace(partial) if stops else 0
+            return _parse(segments, error, context, Open(header_at, header_state, None, stops, reread_after=pace))
         position, state = end, AFTER_MESSAGE
 
 
@@ -170,8 +179,10 @@ def _call_message(text: str, start: int, header: _Header, context: ParseContext,
     is content (None: it is not)."""
     try:
         calls, end = _calls_at(text, header.body, header.recipient, context)
-    except _Waiting:
+    except _Waiting as waiting:
         if not context.final:
+            if waiting.partial is not None:
+                segments.append(waiting.partial)
             return None, None, _closers(text, header.body)
         return len(text), CUT_OFF, None  # a call cut off by the end of the output: dropped
     except _Broken:
@@ -202,6 +213,8 @@ def _calls_at(text: str, position: int, recipient: str, context: ParseContext) -
     arguments as one JSON object."""
     position = skip_space(text, position)
     if text.startswith("{", position):
+        if isinstance(json_value_at(text, position), JsonCutOff):  # its arguments stream, normalized
+            raise _Waiting(PartialCall(recipient, settled_prefix(text[position:])))
         return [_json_call(text, position, recipient)], _end_of_json(text, position)
     if not text.startswith(CALLS_OPEN, position):
         raise _Waiting if may_begin(text, position, (CALLS_OPEN,)) else _Broken
@@ -210,7 +223,10 @@ def _calls_at(text: str, position: int, recipient: str, context: ParseContext) -
     while True:
         position = skip_space(text, position)
         if text.startswith(INVOKE_OPEN, position):
-            call, position = _invoke_at(text, position + len(INVOKE_OPEN), context)
+            try:
+                call, position = _invoke_at(text, position + len(INVOKE_OPEN), context)
+            except _Waiting as waiting:  # only a message's first call streams (its calls go out together)
+                raise _Waiting(None if calls else waiting.partial) from None
             calls.append(call)
         elif text.startswith(CALLS_CLOSE, position) and calls:
             return calls, position + len(CALLS_CLOSE)
@@ -247,7 +263,10 @@ def _invoke_at(text: str, position: int, context: ParseContext) -> tuple[Call, i
             key, position = _tag_name(text, position + len(PARAMETER_OPEN))
             end = text.find(PARAMETER_CLOSE, position)
             if end < 0:
-                raise _Waiting
+                if schema_types(property_schema(schema, key)) != {"string"}:
+                    raise _Waiting
+                raw = text[position:len(text) - held_back(text[position:], (PARAMETER_CLOSE,))]
+                raise _Waiting(string_value_partial(name, arguments, key, raw))
             arguments[key] = parameter_value(text[position:end], property_schema(schema, key))
             position = end + len(PARAMETER_CLOSE)
         elif text.startswith(INVOKE_CLOSE, position):
