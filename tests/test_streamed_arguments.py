@@ -238,7 +238,7 @@ from multiseq.tools.writing import written as written_calls  # noqa: E402
 
 # The families whose long arguments stream (the others hand a call out once it closes).
 STREAMING = {"hermes", "mistral", "llama3", "generic", "gpt-oss", "kimi", "deepseek", "phi4-mini", "qwen3-xml",
-             "apriel", "nemotron-v2", "command-r7b", "firefunction-v2", "granite", "minimax-m1", "solar-open", "functionary-v3.1", "functionary-v3.2", "hy3", "minicpm5", "apertus", "command-r-plus", "gemma4", "muse-glimmer",
+             "apriel", "nemotron-v2", "command-r7b", "firefunction-v2", "granite", "minimax-m1", "solar-open", "functionary-v3.1", "functionary-v3.2", "hy3", "minicpm5", "apertus", "command-r-plus", "gemma4", "muse-glimmer", "minimax-m3",
              "minimax-m2", "seed-oss", "glm"}
 ARGUMENTS = {"path": "main.py", "content": CODE.rstrip("\n")}  # (minimax-m2 reads a last newline as markup)
 

@@ -22,8 +22,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..family import (CONTENT, CUT_OFF, Call, CallSyntax, Family, FamilyParse, Open, ParseContext, Segment, Text,
-                      arguments_json, held_back, leading_reasoning, nonempty, property_schema, read_turn, then)
+from ..family import (CONTENT, CUT_OFF, Call, CallSyntax, Family, FamilyParse, Open, ParseContext, PartialCall, Segment,
+                      Text, arguments_json, held_back, leading_reasoning, nonempty, property_schema, read_turn,
+                      reread_pace, string_value_partial, then)
 from ._marked_calls import UNREADABLE, skip_space, without
 from ._xml_calls import parameter_value, schema_types
 
@@ -46,7 +47,12 @@ _NAME = re.compile(r'([^"<>\n]+)">')
 
 
 class _More(Exception):
-    """The text ends before the call does."""
+    """The text ends before the call does (`partial`: the call as far as it settled, while a
+    top-level string value is written)."""
+
+    def __init__(self, partial: PartialCall | None = None) -> None:
+        super().__init__()
+        self.partial = partial
 
 
 class _Broken(Exception):
@@ -59,6 +65,7 @@ class _Block:
     end: int | None = None  # after the block's close (None: not read to its end)
     unread: int = 0  # where the text not read as calls starts
     problem: str | None = None  # CUT_OFF, UNREADABLE, or None (read, or waiting for more text)
+    partial: PartialCall | None = None  # the invoke being written, as far as it settled
 
 
 def parse(text: str, context: ParseContext) -> FamilyParse:
@@ -84,9 +91,10 @@ def _answer(text: str, context: ParseContext) -> FamilyParse:
         if block.end is None and block.problem is None:
             if context.final:  # whole calls, only the block's close left out at the end: read
                 return FamilyParse(nonempty(segments), error)
-            # Not ended yet: read again from its opener (its calls so far come again).
-            return FamilyParse(nonempty(segments), error,
-                               Open(start, CONTENT, None, BLOCK_STOPS, repeats=len(block.calls)))
+            # Not ended yet: read again from its opener (its calls so far come again), and at a
+            # pace: the invoke being written streams.
+            return FamilyParse((*nonempty(segments), *([block.partial] if block.partial else [])), error,
+                               Open(start, CONTENT, None, BLOCK_STOPS, len(block.calls), reread_pace(block.partial)))
         if block.problem is not None:
             # A call cut off by the end of the output is dropped (the whole calls before it
             # stand); a block that cannot be read is content, its raw text as the model wrote
@@ -113,10 +121,11 @@ def _read_block(text: str, position: int, context: ParseContext) -> _Block:
             return block
         try:
             call, position = _read_invoke(text, position, context)
-        except _More:
+        except _More as more:
             if context.final:
                 # Calls complete and only the block's close missing: read.
                 block.problem = CUT_OFF if text[block.unread:].strip() or not block.calls else None
+            block.partial = more.partial
             return block
         except _Broken:
             close = text.find(BLOCK_CLOSE, position)
@@ -145,8 +154,30 @@ def _read_invoke(text: str, position: int, context: ParseContext) -> tuple[Call,
             raise _More
         raise _Broken
     schema = context.schema_of(name.group(1).strip())
-    arguments, position = _read_members(text, name.end(), INVOKE_CLOSE, schema)
+    try:
+        arguments, position = _read_members(text, name.end(), INVOKE_CLOSE, schema)
+    except _More:
+        raise _More(_partial(text, name.end(), name.group(1).strip(), schema)) from None
     return Call(name.group(1).strip(), arguments_json(arguments)), position
+
+
+def _partial(text: str, position: int, name: str, schema: Mapping[str, Any]) -> PartialCall | None:
+    """The invoke from `position` (its members) as far as it settled, while one of its top-level
+    string values is written; None otherwise."""
+    members: dict[str, Any] = {}
+    while True:
+        position = skip_space(text, position)
+        tag = _TAG.match(text, position + len(NS) + 1) if text.startswith(NS + "<", position) else None
+        if tag is None:
+            return None
+        close = f"{NS}</{tag.group(1)}>"
+        if _only_string(property_schema(_branch(schema, "object"), tag.group(1))) and text.find(close, tag.end()) < 0:
+            raw = text[tag.end():]
+            return string_value_partial(name, members, tag.group(1), raw[:len(raw) - held_back(raw, (close,))])
+        try:
+            _, members[tag.group(1)], position = _read_element(text, position, property_schema(schema, ""), schema)
+        except (_More, _Broken):
+            return None
 
 
 def _read_members(text: str, position: int, close: str, schema: Mapping[str, Any]) -> tuple[dict[str, Any], int]:
