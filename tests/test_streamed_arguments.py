@@ -264,3 +264,14 @@ def test_every_streaming_family_read_cut_anywhere_gives_the_whole_texts_call(dat
     deltas, result = feed_xml(family, [text[start:end] for start, end in zip([0, *cuts], [*cuts, len(text)])])
     _, whole = feed_xml(family, [text])
     assert result == whole and arguments_of(deltas) == result.tool_calls[0].arguments
+
+
+@pytest.mark.parametrize("variant", ["deepseek-v3", "deepseek-v32", "deepseek-v4"])
+def test_every_deepseek_form_streams_and_adds_up(variant):
+    syntax = family_named("deepseek").variant_call_syntax[variant]
+    parser = output_parser("deepseek", tools=XML_TOOLS, variant=variant, call_id=lambda index: f"call_{index}")
+    text = written_calls(syntax, [("write_file", ARGUMENTS)])
+    deltas = [delta for piece in in_pieces(text, 5) for delta in parser.feed(piece)] + parser.close()
+    [call] = parser.result().tool_calls
+    assert json.loads(call.arguments) == ARGUMENTS and arguments_of(deltas) == call.arguments
+    assert sum(isinstance(delta, ArgumentsDelta) for delta in deltas) > 20

@@ -46,7 +46,7 @@ from typing import Any
 
 from ..family import (CONTENT, CUT_OFF, REASONING, STRICT_JSON, Call, CallSyntax, Family, FamilyParse, Open,
                       ParseContext, PartialCall, Segment, Text, Thought, arguments_json, held_back, property_schema,
-                      read_turn, reread_pace, skip_space, then, typed_value)
+                      read_turn, reread_pace, skip_space, string_value_partial, then, typed_value)
 from ..partial_json import settled_prefix
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
@@ -279,14 +279,17 @@ def _read_dsml_section(text: str, start: int, context: ParseContext) -> _Section
             return section
         invoke = _INVOKE_OPEN.match(text, position)
         read = _read_invoke(text, invoke, context) if invoke else None
+        if isinstance(read, PartialCall):
+            section.partial, read = read, None
         if read is None:
             return _failed(section, text, position, _DSML_CLOSE)
         call, position = read
         section.calls.append(call)
 
 
-def _read_invoke(text: str, invoke: re.Match[str], context: ParseContext) -> tuple[Call, int] | None:
-    """One invoke and where it ends; None when it cannot be read (yet)."""
+def _read_invoke(text: str, invoke: re.Match[str], context: ParseContext) -> tuple[Call, int] | PartialCall | None:
+    """One invoke and where it ends; None when it cannot be read (yet), or while a string
+    parameter is written, the invoke as far as it settled."""
     name, self_closing = invoke.group(1), invoke.group(2)
     if not _is_name(name):
         return None
@@ -303,11 +306,22 @@ def _read_invoke(text: str, invoke: re.Match[str], context: ParseContext) -> tup
         parameter = _PARAMETER_OPEN.match(text, position)
         end = _PARAMETER_CLOSE.search(text, parameter.end()) if parameter else None
         if end is None:
-            return None
+            return _partial_invoke(text, parameter, name, arguments, schema) if parameter else None
         key, is_string = parameter.group(1), parameter.group(2)
         arguments[key] = _parameter_value(text[parameter.end():end.start()], is_string,
                                           property_schema(schema, key))
         position = end.end()
+
+
+def _partial_invoke(text: str, parameter: re.Match[str], name: str, arguments: dict, schema) -> PartialCall | None:
+    """The invoke as far as it settled while a string parameter is written (string="true", or
+    a string by its schema): its text so far, less an unfinished tag that may be its close."""
+    key, is_string = parameter.group(1), parameter.group(2)
+    if is_string == "false" or (is_string is None and property_schema(schema, key).get("type") != "string"):
+        return None
+    raw = text[parameter.end():]
+    tag = raw.rfind("<")
+    return string_value_partial(name, arguments, key, raw[:tag] if tag >= 0 and ">" not in raw[tag:] else raw)
 
 
 def _parameter_value(raw: str, is_string: str | None, schema: Any) -> Any:
