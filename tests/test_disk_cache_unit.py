@@ -202,3 +202,17 @@ def test_a_damaged_state_is_prefilled_instead_and_the_text_is_the_same(make_runn
     without = run_prompts(make_runner, [AGENT_PROMPT + "Write tests."])
     assert after[0].prompt_tokens_cached == 0 and after[0].text == without[0].text
     assert not damaged.exists()  # removed; the file there now is the new prompt's, written at close
+
+
+def test_the_disk_tier_is_counted_in_the_snapshot_and_in_metrics(make_runner, serve_app, tmp_path):
+    from multiseq.server import ServerSettings, create_app
+    from test_server_unit import get
+
+    run_prompts(make_runner, [AGENT_PROMPT + "Read main.py."], cache_disk=str(tmp_path))
+    runner = make_runner(FakeBackend(num_slots=1, window=1024), cache_disk=str(tmp_path))
+    assert runner.submit(Request(prompt=AGENT_PROMPT + "Write tests.", sampling=GREEDY)).result(timeout=10).ok
+    disk = runner.snapshot().host_cache.disk
+    assert (disk.num_files, disk.num_read, disk.num_damaged) == (1, 1, 0) and disk.num_bytes > 0
+    status, data = get(serve_app(create_app(runner, ServerSettings(model_name="fake"))), "/metrics")
+    metrics = data.decode()
+    assert status == 200 and "multiseq_disk_cache_files 1.0" in metrics and "multiseq_disk_cache_reads_total 1.0" in metrics
