@@ -237,7 +237,7 @@ from multiseq.tools.families import all_families, family_named  # noqa: E402
 from multiseq.tools.writing import written as written_calls  # noqa: E402
 
 # The families whose long arguments stream (the others hand a call out once it closes).
-STREAMING = {"hermes", "mistral", "llama3", "generic", "gpt-oss", "kimi", "deepseek", "phi4-mini", "qwen3-xml",
+STREAMING = {"hermes", "mistral", "llama3", "generic", "gpt-oss", "kimi", "deepseek", "phi4-mini", "qwen3-xml", "lfm2",
              "apriel", "nemotron-v2", "command-r7b", "firefunction-v2", "granite", "minimax-m1", "solar-open", "functionary-v3.1", "functionary-v3.2", "hy3", "minicpm5", "apertus", "command-r-plus", "gemma4", "muse-glimmer", "minimax-m3",
              "minimax-m2", "seed-oss", "glm"}
 ARGUMENTS = {"path": "main.py", "content": CODE.rstrip("\n")}  # (minimax-m2 reads a last newline as markup)
@@ -275,3 +275,14 @@ def test_every_deepseek_form_streams_and_adds_up(variant):
     [call] = parser.result().tool_calls
     assert json.loads(call.arguments) == ARGUMENTS and arguments_of(deltas) == call.arguments
     assert sum(isinstance(delta, ArgumentsDelta) for delta in deltas) > 20
+
+
+@pytest.mark.parametrize("argument", ["'" + "it\\'s a line\\n" * 30 + "'", '"' + "tab\\there \\u00e9\\\\" * 30 + '"',
+                                      '"' + "x" * 200 + '\\x41 and more"'])
+def test_lfm2_python_strings_stream_as_python_reads_them(argument):
+    text = f"<|tool_call_start|>[write_file(force=True, meta={{'a': [1, None]}}, content={argument})]<|tool_call_end|>"
+    deltas, result = feed("lfm2", in_pieces(text, 3))
+    [call] = result.tool_calls
+    assert arguments_of(deltas) == call.arguments and json.loads(call.arguments)["meta"] == {"a": [1, None]}
+    _, whole = feed("lfm2", [text])
+    assert result == whole

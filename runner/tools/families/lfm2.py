@@ -14,10 +14,12 @@ import ast
 import json
 import keyword
 import math
+import re
 from typing import Any
 
-from ..family import Call, CallSyntax, Family, FamilyParse, ParseContext, arguments_json, leading_reasoning, then
-from ._marked_calls import closed_section, content_and_calls, named_calls
+from ..family import (Call, CallSyntax, Family, FamilyParse, ParseContext, PartialCall, arguments_json, leading_reasoning,
+                      skip_space, string_value_partial, then)
+from ._marked_calls import Keys, closed_section, content_and_calls, first_call_partial, named_calls
 
 CALL, END_CALL = "<|tool_call_start|>", "<|tool_call_end|>"
 THINK, END_THINK = "<think>", "</think>"
@@ -104,7 +106,99 @@ def _key(node: ast.AST) -> str:
     return key
 
 
-_read_calls = closed_section(END_CALL, _calls)
+_HEAD = re.compile(r"\s*\[?\s*([A-Za-z_][\w.]*)\(")
+_KEYWORD = re.compile(r"\s*([A-Za-z_]\w*)\s*=\s*")
+
+
+def _partial(body: str) -> PartialCall | None:
+    """The first call of a list still being written, as far as it settled, while one of its
+    arguments is a plain string (no escape yet: its text is what it reads as): the arguments
+    before it as JSON, then its text so far. A JSON list of calls streams as the other formats'."""
+    head = _HEAD.match(body)
+    if head is None:
+        return first_call_partial(body, Keys(("name",), ("arguments",)))
+    name, position, settled = head.group(1), head.end(), {}
+    while (argument := _KEYWORD.match(body, position)) is not None:
+        start = argument.end()
+        quote = body[start:start + 1]
+        if quote in ("'", '"') and not body.startswith(quote * 3, start):
+            text, end = _string_so_far(body, start + 1, quote)
+            if text is None:  # an escape read otherwise here: it stops growing until the call ends
+                return None
+            if end is None:  # the string goes on
+                return string_value_partial(name, settled, argument.group(1), text)
+            settled[argument.group(1)], position = text, end
+        else:
+            end = _value_end(body, start)
+            try:
+                settled[argument.group(1)] = _literal(ast.parse(body[start:end].strip(), mode="eval").body)
+            except (SyntaxError, ValueError, _NotALiteral, RecursionError, MemoryError):
+                return None
+            position = end
+        position = skip_space(body, position)
+        if not body.startswith(",", position):
+            return None
+        position += 1
+    return None
+
+
+_SIMPLE_ESCAPES = {"\\": "\\", "'": "'", '"': '"', "n": "\n", "t": "\t", "r": "\r", "b": "\b", "f": "\f"}
+
+
+def _string_so_far(body: str, start: int, quote: str) -> tuple[str | None, int | None]:
+    """A one-line string literal's text from `start` (after its quote) as Python reads it, and
+    where it ends (after its closing quote; None: not yet). The common escapes (and \\uXXXX) are
+    read; at another (octal, \\x, \\N{...}, a line continuation) or a line break, (None, None)."""
+    parts, position = [], start
+    while position < len(body):
+        char = body[position]
+        if char == quote:
+            return "".join(parts), position + 1
+        if char == "\n":
+            return None, None
+        if char != "\\":
+            parts.append(char)
+            position += 1
+            continue
+        code = body[position + 1:position + 2]
+        if code in _SIMPLE_ESCAPES:
+            parts.append(_SIMPLE_ESCAPES[code])
+            position += 2
+        elif code == "u" and re.fullmatch(r"[0-9a-fA-F]{4}", body[position + 2:position + 6]):
+            parts.append(chr(int(body[position + 2:position + 6], 16)))
+            position += 6
+        elif not code or (code == "u" and re.fullmatch(r"[0-9a-fA-F]{0,3}", body[position + 2:])):
+            break  # the escape is not whole yet
+        else:
+            return None, None
+    return "".join(parts), None
+
+
+def _value_end(body: str, start: int) -> int:
+    """Where a (non-string) value from `start` ends: the first `,` or `)` outside brackets and
+    strings (the end of the text where there is none yet)."""
+    depth, position, quote = 0, start, None
+    while position < len(body):
+        char = body[position]
+        if quote:
+            position += 2 if char == "\\" else 1
+            quote = None if char == quote else quote
+            continue
+        if char in "\"'":
+            quote = char
+        elif char in "([{":
+            depth += 1
+        elif char in ")]}":
+            if depth == 0:
+                return position
+            depth -= 1
+        elif char == "," and depth == 0:
+            return position
+        position += 1
+    return len(body)
+
+
+_read_calls = closed_section(END_CALL, _calls, streams=_partial)
 
 
 def parse(text: str, context: ParseContext) -> FamilyParse:
