@@ -199,7 +199,7 @@ def _call_members(text: str, position: int, final: bool) -> tuple[Call, int]:
         elif key in ARGUMENTS_KEYS and arguments is None:
             try:
                 arguments, position = arguments_at(text, position, final)
-            except Pending as pending:
+            except Pending:
                 start = skip_json_space(text, position)
                 if name is not None and text.startswith("{", start):  # written as they will read: stream them
                     raise Pending(PartialCall(name, text[start:])) from None
@@ -330,6 +330,27 @@ class Body:
 def read_raw(text: str, context: ParseContext) -> FamilyParse:
     """The text after a call that could not be read: all of it content."""
     return FamilyParse((Text(text),) if text else (), open=None if context.final else Open(len(text), RAW, Text, ()))
+
+
+def marked_groups(text: str, context: ParseContext, marker: str, read: GroupReader,
+                  stops: Sequence[str]) -> FamilyParse:
+    """A body of content and groups of calls that `marker` opens (Hermes' <tool_call>, Mistral's
+    [TOOL_CALLS], Phi-4-mini's <|tool_call|>), each read by `read` from after its marker and, while
+    it has not ended, read again when one of `stops` comes; after a group that could not be read,
+    all of the rest is content."""
+    if context.state == RAW:
+        return read_raw(text, context)
+    body = Body(text, context)
+    position = 0
+    while True:
+        found, found_marker = content_until(text, position, (marker,), context)
+        body.add_text(text[position:found])
+        if found_marker is None:
+            return body.parse(Open(found, CONTENT, Text, (marker,)))
+        after = body.group(found, found + len(marker), read, CONTENT, stops)
+        if isinstance(after, FamilyParse):
+            return after
+        position = after
 
 
 def content_until(text: str, start: int, markers: Sequence[str], context: ParseContext) -> tuple[int, str | None]:

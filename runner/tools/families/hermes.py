@@ -15,9 +15,9 @@ call or the end says whether it was reasoning.
 
 from __future__ import annotations
 
-from ..family import CONTENT, Family, FamilyParse, Open, ParseContext, Text, skip_space, then
-from ._json_calls import (RAW, THINK_CLOSE, THINK_OPEN, Body, Malformed, Pending, Progress, call_object,
-                          content_until, json_call_syntax, lead, read_raw)
+from ..family import Family, FamilyParse, ParseContext, skip_space, then
+from ._json_calls import (THINK_CLOSE, THINK_OPEN, Malformed, Pending, Progress, call_object, json_call_syntax, lead,
+                          marked_groups)
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 UNCLOSED = f"the model's tool call is not closed by {CALL_CLOSE}"
@@ -32,19 +32,7 @@ def parse(text: str, context: ParseContext) -> FamilyParse:
 
 
 def _body(text: str, context: ParseContext) -> FamilyParse:
-    if context.state == RAW:
-        return read_raw(text, context)
-    body = Body(text, context)
-    position = 0
-    while True:
-        found, marker = content_until(text, position, (CALL_OPEN,), context)
-        body.add_text(text[position:found])
-        if marker is None:
-            return body.parse(Open(found, CONTENT, Text, (CALL_OPEN,)))
-        after = body.group(found, found + len(CALL_OPEN), _call_block, CONTENT, (CALL_CLOSE,))
-        if isinstance(after, FamilyParse):
-            return after
-        position = after
+    return marked_groups(text, context, CALL_OPEN, _call_block, (CALL_CLOSE,))
 
 
 def _call_block(text: str, position: int, final: bool, progress: Progress) -> int:

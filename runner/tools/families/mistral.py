@@ -13,10 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..family import CONTENT, Call, Family, FamilyParse, Open, ParseContext, PartialCall, Text, then
-from ._json_calls import (JSON_CLOSERS, NO_NAME, RAW, THINK_CLOSE, THINK_OPEN, Body, Malformed, Pending, Progress,
-                          arguments_at, call_array, content_until, json_call_syntax, lead, next_char, read_raw,
-                          skip_json_space)
+from ..family import Call, Family, FamilyParse, ParseContext, PartialCall, then
+from ._json_calls import (JSON_CLOSERS, NO_NAME, THINK_CLOSE, THINK_OPEN, Malformed, Pending, Progress, arguments_at,
+                          call_array, json_call_syntax, lead, marked_groups, next_char, skip_json_space)
 
 CALLS = "[TOOL_CALLS]"
 ARGS = "[ARGS]"
@@ -36,19 +35,7 @@ def parse(text: str, context: ParseContext) -> FamilyParse:
 
 
 def _body(text: str, context: ParseContext) -> FamilyParse:
-    if context.state == RAW:
-        return read_raw(text, context)
-    body = Body(text, context)
-    position = 0
-    while True:
-        found, marker = content_until(text, position, (CALLS,), context)
-        body.add_text(text[position:found])
-        if marker is None:
-            return body.parse(Open(found, CONTENT, Text, (CALLS,)))
-        after = body.group(found, found + len(CALLS), _calls, CONTENT, JSON_CLOSERS)
-        if isinstance(after, FamilyParse):
-            return after
-        position = after
+    return marked_groups(text, context, CALLS, _calls, JSON_CLOSERS)
 
 
 def _calls(text: str, position: int, final: bool, progress: Progress) -> int:

@@ -11,28 +11,16 @@ does not reason.
 
 from __future__ import annotations
 
-from ..family import CONTENT, Family, FamilyParse, Open, ParseContext, Text, skip_space
-from ._json_calls import (JSON_CLOSERS, RAW, Body, Malformed, Pending, Progress, call_array, call_object,
-                          content_until, json_call_syntax, next_char, read_raw, skip_json_space)
+from ..family import Family, FamilyParse, ParseContext, skip_space
+from ._json_calls import (JSON_CLOSERS, Malformed, Pending, Progress, call_array, call_object, json_call_syntax,
+                          marked_groups, next_char, skip_json_space)
 
 CALL_OPEN, CALL_CLOSE = "<|tool_call|>", "<|/tool_call|>"
 UNCLOSED = f"the model's tool call is not closed by {CALL_CLOSE}"
 
 
 def parse(text: str, context: ParseContext) -> FamilyParse:
-    if context.state == RAW:
-        return read_raw(text, context)
-    body = Body(text, context)
-    position = 0
-    while True:
-        found, marker = content_until(text, position, (CALL_OPEN,), context)
-        body.add_text(text[position:found])
-        if marker is None:
-            return body.parse(Open(found, CONTENT, Text, (CALL_OPEN,)))
-        after = body.group(found, found + len(CALL_OPEN), _calls, CONTENT, (*JSON_CLOSERS, CALL_CLOSE))
-        if isinstance(after, FamilyParse):
-            return after
-        position = after
+    return marked_groups(text, context, CALL_OPEN, _calls, (*JSON_CLOSERS, CALL_CLOSE))
 
 
 def _calls(text: str, position: int, final: bool, progress: Progress) -> int:
