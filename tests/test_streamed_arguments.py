@@ -128,12 +128,16 @@ def base(make_runner, serve_app):
     return serve_app(create_app(runner, ServerSettings(model_name="fake")))
 
 
-def test_chat_completions_stream_the_arguments_in_many_chunks(base):
-    client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
-    chunks = list(client.chat.completions.create(model="fake", messages=ASK, tools=[WRITE_TOOL], max_tokens=6000,
+def streamed_chat(client: openai.OpenAI, max_tokens: int) -> tuple[list, list[str]]:
+    """A streamed chat's chunks, and the arguments deltas of its calls."""
+    chunks = list(client.chat.completions.create(model="fake", messages=ASK, tools=[WRITE_TOOL], max_tokens=max_tokens,
                                                  temperature=0, stream=True))
-    parts = [call.function.arguments for chunk in chunks if chunk.choices
-             for call in chunk.choices[0].delta.tool_calls or () if call.function.arguments]
+    return chunks, [call.function.arguments for chunk in chunks if chunk.choices
+                    for call in chunk.choices[0].delta.tool_calls or () if call.function.arguments]
+
+
+def test_chat_completions_stream_the_arguments_in_many_chunks(base):
+    _, parts = streamed_chat(openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0), 6000)
     assert len(parts) > 20 and "".join(parts) == WRITE
 
 
@@ -159,10 +163,7 @@ def test_messages_stream_the_arguments_as_input_json_deltas(base):
 
 def test_a_long_call_cut_off_ends_the_stream_with_length_and_an_incomplete_item(base):
     client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
-    chunks = list(client.chat.completions.create(model="fake", messages=ASK, tools=[WRITE_TOOL], max_tokens=400,
-                                                 temperature=0, stream=True))
-    parts = [call.function.arguments for chunk in chunks if chunk.choices
-             for call in chunk.choices[0].delta.tool_calls or () if call.function.arguments]
+    chunks, parts = streamed_chat(client, 400)
     assert WRITE.startswith("".join(parts)) and len("".join(parts)) > 200
     assert chunks[-1].choices[0].finish_reason == "length"
     events = list(client.responses.create(model="fake", input=ASK[0]["content"], max_output_tokens=400,
