@@ -19,13 +19,13 @@ hands a state over and goes on. Pure Python: the backend saves and restores stat
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
 import queue
 import struct
 import threading
-import time
 import zlib
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -73,10 +73,13 @@ class DiskStats:
     num_dropped: int = 0  # spills the writer could not take in time
 
 
+@functools.lru_cache(maxsize=64)
 def state_key(model_path: str, *settings: object) -> str:
     """The subfolder of states valid for this model file and these context settings: a hash of
     the file's size and its first and last megabyte (the same file found under another path is
-    the same model), and of the settings."""
+    the same model), and of the settings. Read once per process for a file and settings (the
+    engine's disk tier and every /slots save or restore ask; the model loaded is the file as it
+    was then)."""
     digest = hashlib.blake2b(digest_size=12)
     path = Path(model_path)
     if path.is_file():
