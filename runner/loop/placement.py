@@ -75,11 +75,7 @@ class KvPlacement:
         if pool is None:
             return []
         decoding = self.scheduler.num_decoding
-        wanted = decoding + min(self.scheduler.cells_promised(), self.scheduler.planner.step_tokens)
-        for slot in self.scheduler.idle_by_age():
-            if pool.num_free >= wanted:
-                break
-            self._evict_idle(self.scheduler.evict_kept(slot))
+        self._evict_idle_until(decoding + min(self.scheduler.cells_promised(), self.scheduler.planner.step_tokens))
         while pool.num_free < decoding:
             victims = sorted(self.scheduler.running, key=lambda seq: (seq.priority, -(seq.admitted_at or 0.0)))
             if len(victims) <= 1:
@@ -121,6 +117,14 @@ class KvPlacement:
         self.scheduler.preempt(seq, parked, now)
         self.stats.note_preemption()
         return True
+
+    def _evict_idle_until(self, num_free: int) -> None:
+        """In a shared pool, free slots' kept prefixes leave, least recently used first, until
+        num_free cells are free (or none is left to go)."""
+        for slot in self.scheduler.idle_by_age():
+            if self.scheduler.pool.num_free >= num_free:
+                break
+            self._evict_idle(self.scheduler.evict_kept(slot))
 
     def _evict_idle(self, idle: IdleEviction) -> None:
         """A free slot's kept prefix leaves the pool: saved to host memory first when worth it."""
@@ -200,11 +204,8 @@ class KvPlacement:
         if not self.scheduler.slots[slot].is_free:
             return None
         self.erase_slot(slot, save=True)
-        pool = self.scheduler.pool
-        for idle in self.scheduler.idle_by_age():  # room in a shared pool
-            if pool is None or pool.num_free >= len(tokens):
-                break
-            self._evict_idle(self.scheduler.evict_kept(idle))
+        if self.scheduler.pool is not None:
+            self._evict_idle_until(len(tokens))
         if not self.backend.restore_slot(slot, state, len(tokens)):
             self.backend.reuse_prefix(slot, slot, 0)
             return False
