@@ -158,9 +158,13 @@ def test_a_reasoning_budget_closes_the_thinking_the_template_opened(tiny_model, 
                           seed=TEST_SEED)
     ask = [{"role": "user", "content": "Is the sea salty?"}]
 
+    # The random model never writes </think> itself (a premise forced, not hoped for): only the
+    # budget closes the block.
+    [close] = tiny_model.tokenize("</think>", add_special=False)
+
     def chat(budget: int | None) -> object:
         return Request(messages=ask, sampling=SamplingParams(max_tokens=12, temperature=0, ignore_eos=True,
-                                                             reasoning_budget=budget))
+                                                             logit_bias={close: -100}, reasoning_budget=budget))
     try:
         with Runner.on_model(model, config) as runner:
             assert runner.tool_family["name"] == "deepseek"
