@@ -190,6 +190,8 @@ def batch_run(prompts_file: Path | None, images_dir: Path | None, image_prompt: 
 @click.option("--api-key", envvar=API_KEY_VARIABLE, help=f"Require 'Authorization: Bearer KEY' (or 'x-api-key: KEY') "
               f"on every route but /health (also read from {API_KEY_VARIABLE}).")
 @click.option("--metrics-public", is_flag=True, help="With --api-key, leave /metrics open (Prometheus scrapers).")
+@click.option("--webui/--no-webui", default=True, show_default=True, help="Serve the page at / (every slot, live, and "
+              "a chat box); GET /status stays either way.")
 @click.option("--allowed-hosts", help="Host header names besides the bound address and localhost, comma-separated "
               "(*: any; *.lan: a domain). Others get 421, which stops DNS rebinding. [default: any when bound to "
               "0.0.0.0, with a warning]")
@@ -266,6 +268,7 @@ def batch_run(prompts_file: Path | None, images_dir: Path | None, image_prompt: 
               "the GPUs from a replica that asks for none, so give 1 with -ngl). Default: 0.")
 @click.option("-v", "--verbose", is_flag=True, help="Show llama.cpp warnings.")
 def serve(ctx_size: int | None, kv_unified: bool | None, host: str, port: int, api_key: str | None, metrics_public: bool,
+          webui: bool,
           allowed_hosts: str | None, cors_origins: str | None, strict_fields: bool, alias: str | None, max_queue: int,
           max_body_mb: float, data_dir: Path | None, slot_save_path: Path | None, max_upload_mb: float,
           max_batch_lines: int,
@@ -319,7 +322,7 @@ def serve(ctx_size: int | None, kv_unified: bool | None, host: str, port: int, a
                               overflow=config.overflow, data_dir=data_dir or models.data_dir(),
                               slot_save_path=slot_save_path,
                               max_upload_bytes=int(max_upload_mb * 2**20), max_batch_lines=max_batch_lines,
-                              metrics_public=metrics_public, strict_fields=strict_fields,
+                              metrics_public=metrics_public, strict_fields=strict_fields, webui=webui,
                               allowed_hosts=allowed_hosts_for(host, parse_list(allowed_hosts)),
                               cors_origins=parse_list(cors_origins), prepare_timeout_s=prepare_timeout,
                               send_timeout_s=send_timeout, keep_alive_s=keep_alive,

@@ -24,7 +24,7 @@ import click
 GLOBAL_SECTION = "*"
 FILE_SECTION = "\0file"
 NO_EFFECT_KEYS = ("stop-timeout", "dedup-cache-models")
-SERVER_WIDE = ("host", "port", "api_key", "metrics_public", "allowed_hosts", "cors_origins", "strict_fields",
+SERVER_WIDE = ("host", "port", "api_key", "metrics_public", "webui", "allowed_hosts", "cors_origins", "strict_fields",
                "max_queue", "max_body_mb", "data_dir", "max_upload_mb", "max_batch_lines", "prepare_timeout",
                "send_timeout", "keep_alive", "stream_interval", "models_dir", "models_preset", "models_max",
                "models_memory", "models_keep_alive", "dashboard", "ray_address", "replicas", "routing", "share_prefixes",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -202,6 +203,17 @@ class SlotSnapshot:
 
 
 @dataclass(frozen=True)
+class QueuedSnapshot:
+    """A request waiting for a slot at one moment: new, or parked (its KV in host memory)."""
+
+    request_id: str
+    prompt_tokens: int
+    generated_tokens: int  # a parked request's output so far
+    is_parked: bool
+    waited_s: float  # since it was submitted
+
+
+@dataclass(frozen=True)
 class HostCacheSnapshot:
     """The RAM tier of the prefix cache (--cache-ram) at one moment."""
 
@@ -261,6 +273,11 @@ class RunnerSnapshot:
     stats: RunStats
     host_cache: HostCacheSnapshot | None = None
     pool: PoolSnapshot | None = None
+    queue: tuple[QueuedSnapshot, ...] = ()  # the first QUEUE_SHOWN waiting, in admission order
+
+
+# Enough of the queue for a display; num_waiting counts them all.
+QUEUE_SHOWN = 32
 
 
 # Enough recent pieces to show the end of the text being generated.
@@ -284,6 +301,9 @@ def runner_snapshot(scheduler: Scheduler, stats: StatsRecorder, window: int, now
         stats=stats.snapshot(),
         host_cache=None if host_cache is None else host_cache_snapshot(host_cache),
         pool=None if scheduler.pool is None else _pool_snapshot(scheduler.pool, stats, layout),
+        queue=tuple(QueuedSnapshot(seq.id, len(seq.prompt_tokens), len(seq.output_tokens), seq.parked is not None,
+                                   max(0.0, now - seq.submitted_at))
+                    for seq in islice(scheduler.waiting, QUEUE_SHOWN)),
     )
 
 

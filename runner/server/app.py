@@ -4,7 +4,8 @@ Routes: POST /v1/chat/completions and /v1/completions (streamed as server-sent e
 not), llama-server's native /completion, /infill and /apply-template (native.py), POST
 /v1/embeddings and llama-server's /embedding (embeddings.py), a reranker's /v1/rerank and
 /rerank (rerank.py), GET /v1/models,
-GET /health (503 while the model loads, 200 when ready), GET /metrics,
+GET /health (503 while the model loads, 200 when ready), GET /metrics, the server's page at
+GET / with the state it draws at GET /status (page.py),
 and with a data directory the Files and Batch APIs (batch_api.py). A request body becomes
 engine requests through multiseq.formats, the same translation batch-run applies to OpenAI
 Batch lines, and results become response bodies the same way. Interactive requests run at
@@ -25,12 +26,13 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from ..loop.runner import Runner
-from . import batch_api, embeddings, messages, native, ollama, rerank, responses, slots, tokens
+from . import batch_api, embeddings, messages, native, ollama, page, rerank, responses, slots, tokens
 from .chat import chat_completions, completions
 from .door import HEALTH_PATHS, ApiKeyGuard, SiteGuard, cors_options
 from .errors import INVALID_REQUEST, NOT_FOUND, SERVER_ERROR, ApiError, internal_error
 from .bodies import read_json
 from .models import ServedModel, ready
+from .monitor import WatchRequests
 from .state import (CHAT_ENDPOINT, COMPLETIONS_ENDPOINT, DEFAULT_MAX_BATCH_LINES, DEFAULT_MAX_BODY_BYTES,  # noqa: F401
                     DEFAULT_MAX_QUEUE,
                     DEFAULT_MAX_UPLOAD_BYTES, RETRY_AFTER_SECONDS, ServerSettings, ServerState)
@@ -199,15 +201,18 @@ def create_app(runner: Runner | None = None, settings: ServerSettings | None = N
         *batch_api.ROUTES,
         *responses.ROUTES,
         *ollama.ROUTES,
+        *page.routes(settings.webui),
     ]
     app = Starlette(routes=routes, exception_handlers={
         ApiError: _api_error, HTTPException: _http_error, Exception: _unexpected_error})
     app.state.server = ServerState(runner, settings)
     # Added innermost first: the Host and Origin checks run before anything else, CORS answers
     # a preflight before the key is asked for (browsers send none with it).
-    app.add_middleware(ApiKeyGuard, api_key=settings.api_key, metrics_public=settings.metrics_public)
+    app.add_middleware(ApiKeyGuard, api_key=settings.api_key, metrics_public=settings.metrics_public,
+                       page_paths=page.PAGE_PATHS if settings.webui else ())
     if settings.cors_origins:
         app.add_middleware(CORSMiddleware, **cors_options(settings.cors_origins))
     app.add_middleware(SiteGuard, allowed_hosts=settings.allowed_hosts, cors_origins=settings.cors_origins)
+    app.add_middleware(WatchRequests, monitor=app.state.server.monitor)  # outermost: it sees every refusal too
     return app
 

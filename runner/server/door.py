@@ -9,8 +9,8 @@ Three ASGI middlewares around the routes, outermost first:
   `cors_origins` allows it.
 - Starlette's CORSMiddleware, only with `cors_origins`: CORS headers for the origins allowed,
   and their preflight `OPTIONS` answered (before the key: browsers send none with a preflight).
-- ApiKeyGuard: with an API key, every route but `/health` (and `/metrics` when it is public)
-  wants it. Paths are taken relative to the app's `root_path`, as the router takes them, so an
+- ApiKeyGuard: with an API key, every route but `/health`, the page's own files (`/`, its
+  script and style: the page asks for the key) and `/metrics` when it is public wants it. Paths are taken relative to the app's `root_path`, as the router takes them, so an
   app mounted under a prefix is guarded the same.
 
 Refusals are in the shape of the API asked: Anthropic's on /v1/messages, OpenAI's elsewhere.
@@ -139,15 +139,17 @@ class SiteGuard:
 
 
 class ApiKeyGuard:
-    """Every route but /health (and /metrics when `metrics_public`) wants the key, as
+    """Every route but /health, the page's files (`page_paths`) and /metrics when
+    `metrics_public` wants the key, as
     `Authorization: Bearer <key>` or as Anthropic's `x-api-key: <key>`, compared in constant
     time. An unknown path wants it too, so a client without the key learns nothing of the
     routes."""
 
-    def __init__(self, app: ASGIApp, api_key: str | None, metrics_public: bool = False) -> None:
+    def __init__(self, app: ASGIApp, api_key: str | None, metrics_public: bool = False,
+                 page_paths: Iterable[str] = ()) -> None:
         self.app = app
         self._key = api_key.encode("utf-8") if api_key else None
-        self._open_paths = frozenset({*HEALTH_PATHS, METRICS_PATH} if metrics_public else HEALTH_PATHS)
+        self._open_paths = frozenset({*HEALTH_PATHS, *page_paths, *([METRICS_PATH] if metrics_public else [])})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if (scope["type"] == "http" and self._key is not None and route_path(scope) not in self._open_paths

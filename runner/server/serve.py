@@ -56,6 +56,7 @@ class Server(uvicorn.Server):
     async def startup(self, sockets=None) -> None:
         self._loop = asyncio.get_running_loop()
         self.state.metrics.loop_lag.start()
+        self.state.monitor.start()  # the page's plots cover the minutes before it is opened
         if self.state.loader is not None:  # idle models unloaded after their keep-alive
             self._sweep = asyncio.ensure_future(self.state.loader.sweep())
         await super().startup(sockets)
@@ -67,6 +68,7 @@ class Server(uvicorn.Server):
             self._sweep.cancel()
         await super().shutdown(sockets)
         self.state.metrics.loop_lag.stop()
+        self.state.monitor.stop()
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:

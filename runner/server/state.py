@@ -24,6 +24,7 @@ from .limits import (DEFAULT_IO_THREADS, DEFAULT_KEEP_ALIVE_SECONDS, DEFAULT_MAX
                      DEFAULT_PREPARE_TIMEOUT_SECONDS, DEFAULT_SEND_TIMEOUT_SECONDS, MAX_STREAM_INTERVAL_SECONDS,
                      RETRY_AFTER_SECONDS)
 from .metrics import ServerMetrics
+from .monitor import Monitor
 from .loader import ModelLoader
 from .models import ServedModels, ready
 from .offload import Offload
@@ -78,6 +79,7 @@ class ServerSettings:
     # on a fast model, each stream then gets several steps' text in one chunk, one write. None:
     # in proportion to the streams being fed (jobs.MAX_CHUNKS_PER_SECOND over them all).
     stream_interval_s: float | None = None
+    webui: bool = True  # GET / serves the page (--no-webui: off; GET /status stays)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "allowed_hosts", tuple(self.allowed_hosts))
@@ -102,6 +104,7 @@ class ServerState:
         self.models.default.runner = runner
         self.settings = settings
         self.metrics = ServerMetrics(lambda: self.runner, lambda: self.models)
+        self.monitor = Monitor(self.models, self.metrics, settings.api_key is not None)  # what the page shows
         self.offload = Offload(settings.prepare_threads, settings.io_threads, settings.prepare_timeout_s)
         # StoreError when the data directory cannot be used.
         self.batches = None if settings.data_dir is None else BatchService(settings.data_dir, BatchRules(
@@ -150,6 +153,7 @@ class ServerState:
         """Stop taking requests and end the running ones (their streams end cleanly). Batch
         work stops first, so no new line takes a slot; its cancelled lines run again next time."""
         self.is_draining = True
+        self.monitor.close()  # the pages' streams end: a shutdown waits for no page
         if self.batches is not None:
             self.batches.stop()
         for model in self.models:
@@ -236,6 +240,7 @@ class ServerState:
                            headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
         job = Job(runner, item, self.dispatcher(runner, asyncio.get_running_loop()), response_id(item.is_chat),
                   streams)
+        self.monitor.note_submitted(job.request_ids)
         self._count_dispatching(item.n)
 
         def undo(_) -> None:  # the client was told it timed out: what was queued meanwhile goes
