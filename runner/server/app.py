@@ -213,6 +213,7 @@ def create_app(runner: Runner | None = None, settings: ServerSettings | None = N
     if settings.cors_origins:
         app.add_middleware(CORSMiddleware, **cors_options(settings.cors_origins))
     app.add_middleware(SiteGuard, allowed_hosts=settings.allowed_hosts, cors_origins=settings.cors_origins)
-    app.add_middleware(WatchRequests, monitor=app.state.server.monitor)  # outermost: it sees every refusal too
+    # Outermost: it sees every refusal too.
+    app.add_middleware(WatchRequests, monitor=app.state.server.monitor, probe_paths=HEALTH_PATHS)
     return app
 

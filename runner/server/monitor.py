@@ -71,9 +71,10 @@ class WatchRequests:
     """Says each request's origin to the routes (a context variable the submitting code reads),
     and notes every error answered, with the message its body gave the client."""
 
-    def __init__(self, app: ASGIApp, monitor: Monitor) -> None:
+    def __init__(self, app: ASGIApp, monitor: Monitor, probe_paths: Iterable[str] = ()) -> None:
         self.app = app
         self.monitor = monitor
+        self._probe_paths = frozenset(probe_paths)  # /health: a 503 there says a state, not an error
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -89,7 +90,7 @@ class WatchRequests:
                 status = message["status"]
             elif status >= 400 and len(body) < MAX_ERROR_BODY:
                 body.extend(message.get("body", b"")[:MAX_ERROR_BODY - len(body)])
-                if not message.get("more_body", False):
+                if not message.get("more_body", False) and path not in self._probe_paths:
                     self.monitor.note_error(scope["method"], path, status, _message_of(bytes(body)))
             await send(message)
 

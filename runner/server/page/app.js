@@ -141,10 +141,15 @@ function meter(share, width = "8em") {
   return outer;
 }
 
+// A request's id, short enough for a table cell (the whole id in its tooltip).
+function shortId(id) { return id.length > 20 ? `${id.slice(0, 15)}…${id.slice(-3)}` : id; }
+
 function requestCell(item) {
   const cell = element("span");
-  cell.append(element("span", item.api, "badge"), " ", element("span", item.request_id, "mono"));
-  if (item.client) cell.append(element("div", item.client, "muted"));
+  const id = element("span", shortId(item.request_id), "mono");
+  id.title = item.request_id;
+  cell.append(element("span", item.api, "badge"), " ", id);
+  if (item.client) cell.append(element("div", item.client, "client"));
   return cell;
 }
 
@@ -201,24 +206,37 @@ function drawModel(model) {
   return card;
 }
 
-function drawPlot(svg, points, label) {
-  while (svg.firstChild) svg.removeChild(svg.firstChild);
+const SVG = "http://www.w3.org/2000/svg";
+
+// A plot of the last minutes: a line, or (dots: a value only where requests started) a dot each.
+function drawPlot(svg, points, label, dots = false) {
+  svg.replaceChildren();
   const values = points.filter((point) => point.value !== null);
   if (!values.length) {
-    const text = document.createElementNS("http://www.w3.org/2000/svg", "text");
+    const text = document.createElementNS(SVG, "text");
     text.setAttribute("x", "4"); text.setAttribute("y", "44"); text.textContent = "no data yet";
     svg.append(text);
     return;
   }
   const top = Math.max(...values.map((point) => point.value)) * 1.1 || 1;
   const first = points[0].at, span = Math.max(points[points.length - 1].at - first, 1);
-  const line = document.createElementNS("http://www.w3.org/2000/svg", "polyline");
-  line.setAttribute("points", values.map((point) =>
-    `${((point.at - first) / span * 300).toFixed(1)},${(78 - point.value / top * 74).toFixed(1)}`).join(" "));
-  const scale = document.createElementNS("http://www.w3.org/2000/svg", "text");
-  scale.setAttribute("x", "2"); scale.setAttribute("y", "10");
-  scale.textContent = `${label(top)} · last ${Math.round(span / 60)} min`;
-  svg.append(line, scale);
+  const x = (point) => ((point.at - first) / span * 296 + 2).toFixed(1);
+  const y = (point) => (78 - point.value / top * 64).toFixed(1);
+  if (dots) {
+    for (const point of values) {
+      const dot = document.createElementNS(SVG, "circle");
+      dot.setAttribute("cx", x(point)); dot.setAttribute("cy", y(point)); dot.setAttribute("r", "2.5");
+      svg.append(dot);
+    }
+  } else {
+    const line = document.createElementNS(SVG, "polyline");
+    line.setAttribute("points", values.map((point) => `${x(point)},${y(point)}`).join(" "));
+    svg.append(line);
+  }
+  const scale = document.createElementNS(SVG, "text");
+  scale.setAttribute("x", "2"); scale.setAttribute("y", "9");
+  scale.textContent = `top ${label(top)} · the last ${seconds(span)}`;
+  svg.append(scale);
 }
 
 function drawErrors(errors) {
@@ -237,7 +255,7 @@ function draw(state) {
   $("models").replaceChildren(...state.models.map(drawModel));
   const history = state.history;
   drawPlot($("plot-rate"), history.map((point) => ({ at: point.at, value: point.tokens_per_s })), (top) => top.toFixed(0));
-  drawPlot($("plot-ttft"), history.map((point) => ({ at: point.at, value: point.ttft_s })), (top) => top.toFixed(2));
+  drawPlot($("plot-ttft"), history.map((point) => ({ at: point.at, value: point.ttft_s })), (top) => top.toFixed(2), true);
   const last = history[history.length - 1];
   $("plot-rate-now").textContent = last ? `(now ${last.tokens_per_s.toFixed(1)})` : "";
   $("plot-ttft-now").textContent = last && last.ttft_s !== null ? `(now ${last.ttft_s.toFixed(2)})` : "";
