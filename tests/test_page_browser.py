@@ -6,12 +6,13 @@ chromium-driver) the tests are skipped, saying so."""
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
 
 import pytest
 
-from fakes import FakeBackend
+from fakes import FakeBackend, fake_media_name
 from helpers import wait_until
 from multiseq.server import ServerSettings, create_app
 from test_page_unit import LONG_CHAT, stream_in_background
@@ -21,9 +22,20 @@ webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not in
 pytestmark = pytest.mark.skipif(CHROMIUM is None or CHROMEDRIVER is None,
                                 reason="no browser: install Debian's chromium and chromium-driver (.ci/run does)")
 
+
+def _png(width: int, height: int) -> bytes:
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (width, height), (200, 80, 40)).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
 KEY = "page-key"
 QUESTION = "Hello from the page"
 ANSWER = "The page streamed this answer, piece by piece."
+IMAGE = _png(8, 6)
+IMAGE_QUESTION, IMAGE_ANSWER = "What is in it?", "A picture, sent from the page."
 NUM_STREAMS = 8
 
 
@@ -51,7 +63,8 @@ def browser(tmp_path):
 def busy_server(make_runner, serve_app):
     """A server with the key, 9 slots on the fake backend (a step 20 ms), answering QUESTION."""
     backend = FakeBackend(num_slots=NUM_STREAMS + 1, window=200_000, n_batch=64, decode_delay=0.02,
-                          replies={f"<user>{QUESTION}<assistant>": ANSWER})
+                          replies={f"<user>{QUESTION}<assistant>": ANSWER,
+                                   f"<user>{fake_media_name(IMAGE)}{IMAGE_QUESTION}<assistant>": IMAGE_ANSWER})
     runner = make_runner(backend)
     base = serve_app(create_app(runner, ServerSettings(model_name="fake", api_key=KEY)))
     return base, runner
@@ -110,3 +123,17 @@ def test_the_page_shows_a_refused_chat_as_an_error(browser, busy_server):
     assert "tools" in _text(browser, ".message.error")
     wait_until(lambda: "400" in _text(browser, "#errors .status"), what="the error listed with the recent ones")
 
+
+def test_the_page_sends_an_image_with_a_question(browser, busy_server, tmp_path):
+    base, _ = busy_server
+    picture = tmp_path / "picture.png"
+    picture.write_bytes(IMAGE)
+    browser.get(base + "/")
+    browser.execute_script(f"sessionStorage.setItem('multiseq-api-key', {json.dumps(KEY)}); location.reload();")
+    wait_until(lambda: "live" in browser.find_element("id", "connection").text, what="the state streaming")
+    browser.find_element("id", "chat-image").send_keys(str(picture))
+    wait_until(lambda: browser.execute_script("return document.getElementById('chat-image').files.length") == 1,
+               what="the image chosen")
+    browser.find_element("id", "chat-input").send_keys(IMAGE_QUESTION + "\n")
+    wait_until(lambda: IMAGE_ANSWER in _text(browser, ".message.assistant"), timeout=20, what="the answer on the image")
+    assert browser.find_elements("css selector", ".message.user img")  # the image shown with the question

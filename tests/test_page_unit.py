@@ -11,6 +11,7 @@ import http.client
 import json
 import re
 import threading
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -104,6 +105,10 @@ def test_status_names_each_slots_request_its_api_and_client_and_the_queue(page_s
     assert model["num_running"] == 1 and model["num_waiting"] == 1 and model["kv"]["cells_used"] > 0
     runner.cancel_all()
     wait_until(lambda: status(base)["models"][0]["slots"][0]["phase"] == "idle", what="the slot idle")
+    # The stream went out as a 200 and ended with an error event: listed with the errors, as told.
+    wait_until(lambda: status(base)["errors"], what="the stream's error listed")
+    (error,) = status(base)["errors"]
+    assert error["status"] == 503 and error["route"] == "POST /v1/chat/completions" and "cancelled" in error["message"]
 
 
 def test_status_keeps_the_recent_errors_as_the_clients_were_told(page_server):
@@ -203,3 +208,18 @@ def test_the_history_samples_throughput_and_time_to_first_token(make_runner):
     assert point["tokens_per_s"] > 0 and point["ttft_s"] == pytest.approx(0.3) and point["requests"] == 2
     monitor.sample()
     assert monitor.state()["history"][-1]["ttft_s"] is None  # no first token in that interval
+
+
+def test_a_preempted_request_is_shown_parked_in_the_queue():
+    from multiseq import Priority
+    from test_priorities_unit import make_engine, submit
+
+    engine = make_engine(FakeBackend(num_slots=1, window=512, n_batch=256))
+    submit(engine, "batch", "a long batch job")
+    for _ in range(6):
+        engine.step()
+    submit(engine, "chat", "hello", priority=Priority.INTERACTIVE)
+    engine.step()
+    model = _fake_model(engine.snapshot(time.perf_counter()))
+    (queued,) = Monitor(_Models([model]), ServerMetrics(lambda: None), api_key_required=False).state()["models"][0]["queue"]
+    assert queued["request_id"] == "batch" and queued["phase"] == "parked" and queued["generated_tokens"] > 0

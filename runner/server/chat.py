@@ -115,8 +115,11 @@ class CompletionCall:
                 latency.observe(event)
             elif not event.result.ok:
                 job.cancel()
-                yield _too_slow_error() if job.is_overrun else _failure_error(event.result, event.choice, job.item.n,
-                                                                             self._unloaded())
+                error = _too_slow_error() if job.is_overrun else _failure_error(event.result, event.choice,
+                                                                                job.item.n, self._unloaded())
+                if job.streams:  # its status went out as a 200: the page lists the error the stream ends with
+                    self._state.monitor.note_failed_stream(error.status, error.message)
+                yield error
                 return
             yield event
 

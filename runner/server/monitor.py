@@ -47,10 +47,12 @@ _APIS = (("/v1/chat/completions", "chat"), ("/chat/completions", "chat"), ("/v1/
 
 @dataclass(frozen=True)
 class RequestOrigin:
-    """Where a request came from: its API and its client (address, and what it calls itself)."""
+    """Where a request came from: its API, its client (address, and what it calls itself), and
+    its route (`POST /v1/chat/completions`)."""
 
     api: str
     client: str
+    route: str = ""
 
 
 _ORIGIN: ContextVar[RequestOrigin | None] = ContextVar("multiseq_request_origin", default=None)
@@ -81,7 +83,8 @@ class WatchRequests:
             await self.app(scope, receive, send)
             return
         path = scope["path"]
-        _ORIGIN.set(RequestOrigin(api_of(path), _client_of(scope, Headers(scope=scope))))
+        _ORIGIN.set(RequestOrigin(api_of(path), _client_of(scope, Headers(scope=scope)),
+                                  f"{scope['method']} {path}"[:MAX_TEXT]))
         status, body = 0, bytearray()
 
         async def watched_send(message: Message) -> None:
@@ -143,8 +146,15 @@ class Monitor:
 
     def note_error(self, method: str, path: str, status: int, message: str) -> None:
         self._errors.append({"at": time.time(), "status": status, "route": f"{method} {path}"[:MAX_TEXT],
-                             "api": api_of(path), "message": message})
+                             "api": api_of(path), "message": message[:MAX_TEXT]})
         self._num_errors += 1
+
+    def note_failed_stream(self, status: int, message: str) -> None:
+        """A stream that ended with an error event: its status went out as 200, so the error is
+        noted here, as its client was told it (by the route running now)."""
+        origin = _ORIGIN.get()
+        method, _, path = (origin.route if origin is not None else "").partition(" ")
+        self.note_error(method, path, status, message)
 
     # --- the watch ------------------------------------------------------------------------------
 

@@ -306,7 +306,8 @@ $("chat-form").addEventListener("submit", (event) => {
   const text = $("chat-input").value.trim();
   if (!text || chat.controller) return;
   $("chat-input").value = "";
-  const content = chat.image ? [{ type: "text", text }, { type: "image_url", image_url: { url: chat.image } }] : text;
+  // The image before the question, as vision models' own examples lay them out.
+  const content = chat.image ? [{ type: "image_url", image_url: { url: chat.image } }, { type: "text", text }] : text;
   showUserMessage(text, chat.image);
   chat.messages.push({ role: "user", content });
   chat.image = null;
