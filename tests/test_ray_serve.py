@@ -442,3 +442,37 @@ def test_health_is_degraded_while_a_replica_is_missing_or_failing():
     assert ray_serve_gateway.health_report({"a": "ok", "b": None}, 2)["replicas"]["b"] == {"status": "unreachable"}
     assert ray_serve_gateway.health_report({"a": "loading"}, 2)["status"] == "unavailable"
     assert ray_serve_gateway.health_report({}, 2)["status"] == "loading"
+
+
+@model
+def test_the_pages_state_covers_every_replica(base_url):
+    status, text = _get(base_url, "/status")
+    state = json.loads(text)
+    assert status == 200 and len({model["replica"] for model in state["models"]}) == NUM_REPLICAS
+    assert all(model["status"] == "loaded" and model["slots"] for model in state["models"])
+    connection = http.client.HTTPConnection(base_url.removeprefix("http://"), timeout=30)
+    connection.request("GET", "/status/events")
+    response = connection.getresponse()
+    assert response.status == 200
+    first = json.loads(response.readline().decode().removeprefix("data: "))
+    assert len(first["models"]) == NUM_REPLICAS
+    connection.close()
+
+
+def test_the_replicas_page_states_merge_into_one():
+    from multiseq.ray_serve.status import merge_status
+
+    def state(at: float, tokens_per_s: float, ttft_s: float | None, requests: int, error_at: float) -> dict:
+        return {"at": at, "started_at": at - 100, "api_key_required": False, "requests_by_api": {"chat": 2},
+                "models": [{"name": MODEL, "status": "loaded", "slots": []}],
+                "history": [{"at": at - 0.5, "tokens_per_s": tokens_per_s, "ttft_s": ttft_s, "requests": requests}],
+                "errors": [{"at": error_at, "status": 400, "route": "POST /v1/chat/completions", "api": "chat",
+                            "message": "bad"}]}
+
+    merged = merge_status({"b": state(1001.0, 30.0, 0.4, 1, 5.0), "a": state(1000.6, 10.0, 0.1, 3, 9.0), "c": None})
+    assert [(model["name"], model["replica"]) for model in merged["models"]] == [(MODEL, "a"), (MODEL, "b"), ("?", "c")]
+    assert merged["models"][2]["status"] == "failed" and "c did not answer" in merged["models"][2]["failure"]
+    assert merged["requests_by_api"] == {"chat": 4} and merged["started_at"] == 900.6
+    (point,) = merged["history"]  # both samples fall in the same 2-second interval
+    assert point["tokens_per_s"] == 40.0 and point["requests"] == 4 and abs(point["ttft_s"] - 0.175) < 1e-9
+    assert [error["replica"] for error in merged["errors"]] == ["b", "a"]

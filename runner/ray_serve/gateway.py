@@ -1,12 +1,13 @@
 """The gateway of multiseq.ray_serve: the ASGI app behind Ray Serve's proxy, which hands each
 request to an Engine replica through the deployment handle (its router picks which), and
-answers /health and /metrics for all of them.
+answers /health, /metrics and the page's /status and /status/events for all of them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -14,11 +15,12 @@ from typing import Any
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from ray.exceptions import RayError
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from multiseq.ray_serve.calls import HttpCall
 from multiseq.ray_serve.relay import Answer, Collector, Relay, error_response
 from multiseq.ray_serve.routers import router_of
+from multiseq.ray_serve.status import merge_status
 from multiseq.server.routing import response_key, routing_key
 
 logger = logging.getLogger("multiseq.server")
@@ -27,6 +29,8 @@ logger = logging.getLogger("multiseq.server")
 MAX_SEND_ATTEMPTS = 3
 # How long /health and /metrics wait for a replica, and for the first replica to be known.
 FAN_OUT_TIMEOUT_S = 3.0
+# How often an open page's state is gathered from the replicas behind the gateway.
+STATUS_EVENTS_INTERVAL_S = 1.0
 
 
 class Gateway:
@@ -48,6 +52,12 @@ class Gateway:
             response = await self._health(scope)
         elif scope["method"] == "GET" and scope["path"] == "/metrics":
             response = await self._metrics(scope)
+        elif scope["method"] == "GET" and scope["path"] in ("/status", "/status/events"):
+            state, response = await self._status(scope)
+            if response is None:
+                response = JSONResponse(state) if scope["path"] == "/status" else StreamingResponse(
+                    self._status_events(scope, state), media_type="text/event-stream",
+                    headers={"Cache-Control": "no-cache"})
         else:
             await self._forward(scope, receive, send)
             return
@@ -135,6 +145,24 @@ class Gateway:
             return Response(refused.body, status_code=refused.status, headers=refused.headers)
         texts = {name: None if answer is None else answer.body.decode() for name, answer in answers.items()}
         return Response(merge_metrics(texts), media_type=CONTENT_TYPE_LATEST)
+
+
+    async def _status(self, scope: dict[str, Any]) -> tuple[dict[str, Any] | None, Response | None]:
+        """The page's state over every replica; or, when a replica refused the call (no key, a
+        wrong key), its own answer."""
+        answers = await self._ask_all("/status", scope)
+        refused = next((answer for answer in answers.values() if answer is not None and answer.status != 200), None)
+        if refused is not None:
+            return None, Response(refused.body, status_code=refused.status, headers=refused.headers)
+        return merge_status({name: None if answer is None else json.loads(answer.body)
+                             for name, answer in answers.items()}), None
+
+    async def _status_events(self, scope: dict[str, Any], state: dict[str, Any]):
+        """An open page's state, gathered again every STATUS_EVENTS_INTERVAL_S."""
+        while state is not None:
+            yield f"data: {json.dumps(state, separators=(',', ':'))}\n\n"
+            await asyncio.sleep(STATUS_EVENTS_INTERVAL_S)
+            state, _ = await self._status(scope)
 
 
 def _client_of(scope: dict[str, Any]) -> tuple[str, int] | None:

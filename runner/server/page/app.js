@@ -197,6 +197,7 @@ function drawModel(model) {
   head.append(cells);
   if (kv.ram_cache) head.append(element("span", `RAM cache ${(kv.ram_cache.bytes / 2 ** 20).toFixed(0)} / ${(kv.ram_cache.limit_bytes / 2 ** 20).toFixed(0)} MiB`));
   if (model.device) head.append(element("span", model.device, "muted"));
+  if (model.replica) head.append(element("span", `replica ${model.replica}`, "muted"));
   card.append(table(["slot", "request", "phase", "tokens", "tok/s", "prompt cached / computed", "KV cells", "text"],
     model.slots.map(slotRow)));
   if (model.queue.length) {
