@@ -12,7 +12,7 @@ import shutil
 
 import pytest
 
-from fakes import FakeBackend, fake_media_name
+from fakes import FakeBackend, LatestMention, fake_media_name
 from helpers import wait_until
 from multiseq.server import ServerSettings, create_app
 from test_page_unit import LONG_CHAT, stream_in_background
@@ -137,3 +137,39 @@ def test_the_page_sends_an_image_with_a_question(browser, busy_server, tmp_path)
     browser.find_element("id", "chat-input").send_keys(IMAGE_QUESTION + "\n")
     wait_until(lambda: IMAGE_ANSWER in _text(browser, ".message.assistant"), timeout=20, what="the answer on the image")
     assert browser.find_elements("css selector", ".message.user img")  # the image shown with the question
+
+
+
+WEATHER_TOOL = [{"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
+                 "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                "required": ["city"]}}}]
+THOUGHT = "The user asks about spiders: eight."
+
+
+def _chat_from_the_page(browser, base: str, question: str, tools: list | None = None) -> None:
+    browser.get(base + "/")
+    wait_until(lambda: "live" in browser.find_element("id", "connection").text, what="the state streaming")
+    if tools is not None:
+        browser.find_element("css selector", "#chat details summary").click()
+        browser.find_element("id", "chat-tools").send_keys(json.dumps(tools))
+    browser.find_element("id", "chat-input").send_keys(question + "\n")
+    wait_until(lambda: "finished" in _text(browser, ".message.assistant .stats"), timeout=20, what="the turn's end")
+
+
+def test_the_page_shows_a_call_as_a_call(browser, make_runner, serve_app):
+    backend = FakeBackend(num_slots=2, window=4096, n_batch=64)  # the generic format: {"tool_calls": [...]}
+    backend.replies = LatestMention({"What is the weather in Paris?":
+                                     b'{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}]}'})
+    base = serve_app(create_app(make_runner(backend), ServerSettings(model_name="fake")))
+    _chat_from_the_page(browser, base, "What is the weather in Paris?", WEATHER_TOOL)
+    assert "finished: tool_calls" in _text(browser, ".message.assistant .stats")
+    assert _text(browser, ".message.assistant .call") == 'call get_weather({"city": "Paris"})'
+
+
+def test_the_page_shows_the_reasoning_apart(browser, make_runner, serve_app):
+    backend = FakeBackend(num_slots=2, window=4096, n_batch=64,
+                          replies={"<user>How many legs has a spider?<assistant>": f"<think>{THOUGHT}</think>Eight."})
+    base = serve_app(create_app(make_runner(backend, tool_format="qwen3-xml"), ServerSettings(model_name="fake")))
+    _chat_from_the_page(browser, base, "How many legs has a spider?")
+    assert _text(browser, ".message.assistant .reasoning div") == THOUGHT
+    assert _text(browser, ".message.assistant > div:not(.stats)") == "Eight."
