@@ -476,3 +476,24 @@ def test_the_replicas_page_states_merge_into_one():
     (point,) = merged["history"]  # both samples fall in the same 2-second interval
     assert point["tokens_per_s"] == 40.0 and point["requests"] == 4 and abs(point["ttft_s"] - 0.175) < 1e-9
     assert [error["replica"] for error in merged["errors"]] == ["b", "a"]
+
+
+def test_a_responses_home_is_noted_before_its_id_reaches_the_client():
+    """A client that continues a response the moment its id arrives finds it on its replica:
+    the gateway notes the home as the id passes, not once the whole answer went out (a
+    continuation sent at once went to the other replica, which does not keep it: a 404)."""
+    import asyncio
+
+    noted, sent = [], []
+
+    async def send(message):
+        sent.append((message["type"], list(noted)))
+
+    async def relay_it():
+        relay = ray_serve_relay.Relay(send, "/v1/responses", on_response_id=lambda *home: noted.append(home))
+        await relay.forward([*ACCEPTED, {"type": "http.response.start", "status": 200, "headers": []}])
+        await relay.forward([{"type": "http.response.body", "more_body": True,
+                              "body": b'event: response.created\ndata: {"response": {"id": "resp_abc"}}\n\n'}])
+
+    asyncio.run(relay_it())
+    assert sent[-1] == ("http.response.body", [("resp_abc", "r1")])

@@ -267,10 +267,11 @@ def test_every_streaming_family_read_cut_anywhere_gives_the_whole_texts_call(dat
     assert result == whole and arguments_of(deltas) == result.tool_calls[0].arguments
 
 
-@pytest.mark.parametrize("variant", ["deepseek-v3", "deepseek-v32", "deepseek-v4"])
-def test_every_deepseek_form_streams_and_adds_up(variant):
-    syntax = family_named("deepseek").variant_call_syntax[variant]
-    parser = output_parser("deepseek", tools=XML_TOOLS, variant=variant, call_id=lambda index: f"call_{index}")
+@pytest.mark.parametrize("family, variant", [("deepseek", "deepseek-v3"), ("deepseek", "deepseek-v32"),
+                                             ("deepseek", "deepseek-v4"), ("kimi", "kimi-k2"), ("kimi", "kimi-k3")])
+def test_every_deepseek_and_kimi_form_streams_and_adds_up(family, variant):
+    syntax = family_named(family).variant_call_syntax[variant]
+    parser = output_parser(family, tools=XML_TOOLS, variant=variant, call_id=lambda index: f"call_{index}")
     text = written_calls(syntax, [("write_file", ARGUMENTS)])
     deltas = [delta for piece in in_pieces(text, 5) for delta in parser.feed(piece)] + parser.close()
     [call] = parser.result().tool_calls
@@ -287,3 +288,17 @@ def test_lfm2_python_strings_stream_as_python_reads_them(argument):
     assert arguments_of(deltas) == call.arguments and json.loads(call.arguments)["meta"] == {"a": [1, None]}
     _, whole = feed("lfm2", [text])
     assert result == whole
+
+
+def test_kimi_k3_a_closers_text_inside_a_string_streams_as_text():
+    """K3's argument closer counts only where the next tag follows it: a value holding the
+    closer's text streams it as text, and the deltas still add up to the call's arguments."""
+    syntax = family_named("kimi").variant_call_syntax["kimi-k3"]
+    content = "".join(f"line {n}: <|close|>argument<|sep|> is text here\n" for n in range(40))
+    text = written_calls(syntax, [("write_file", {"path": "a.md", "content": content})])
+    for size in (1, 4, 9):
+        parser = output_parser("kimi", tools=XML_TOOLS, variant="kimi-k3", call_id=lambda index: f"call_{index}")
+        deltas = [delta for piece in in_pieces(text, size) for delta in parser.feed(piece)] + parser.close()
+        [call] = parser.result().tool_calls
+        assert json.loads(call.arguments)["content"] == content and arguments_of(deltas) == call.arguments
+        assert sum(isinstance(delta, ArgumentsDelta) for delta in deltas) > 10

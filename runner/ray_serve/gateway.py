@@ -75,7 +75,7 @@ class Gateway:
         call = HttpCall(scope["method"], scope["path"], scope.get("query_string", b""),
                         tuple((bytes(name), bytes(value)) for name, value in scope.get("headers", [])), body,
                         routing_key(scope["method"], scope["path"], body), client=_client_of(scope))
-        relay = Relay(send, scope["path"])
+        relay = Relay(send, scope["path"], on_response_id=self._note_home)
         for attempt in range(1, MAX_SEND_ATTEMPTS + 1):
             answer = self._engine.options(stream=True).handle_http.remote(call)
             try:
@@ -92,10 +92,12 @@ class Gateway:
             finally:
                 if not relay.is_complete:
                     answer.cancel()  # the client went away, or the replica failed: its job ends
-        if relay.response_id is not None and relay.replica is not None:
-            router = router_of(self._engine)
-            if router is not None:
-                router.note(response_key(relay.response_id), relay.replica)
+
+    def _note_home(self, response_id: str, replica: str) -> None:
+        """A stored response's replica: requests naming it go there (noted before its id goes out)."""
+        router = router_of(self._engine)
+        if router is not None:
+            router.note(response_key(response_id), replica)
 
     # --- all replicas ---
 

@@ -39,9 +39,12 @@ class Relay:
     """A replica's answer on its way to the client: the replica named in a header, and what a
     stream needs to be ended properly if the replica dies halfway (the API's error event)."""
 
-    def __init__(self, send: Callable, path: str) -> None:
+    def __init__(self, send: Callable, path: str, on_response_id: Callable[[str, str], None] | None = None) -> None:
         self._send = send
         self._path = path
+        # Told (response id, replica) as soon as a Responses answer's id is seen, before it goes
+        # out: a client continuing it at once must find its home known.
+        self._on_response_id = on_response_id
         self.replica: str | None = None
         self.is_started = False
         self.is_complete = False
@@ -69,6 +72,8 @@ class Relay:
         if self._path == "/v1/responses":
             if self.response_id is None and (found := _RESPONSE_ID.search(body)):
                 self.response_id = found.group(1).decode()
+                if self._on_response_id is not None and self.replica is not None:
+                    self._on_response_id(self.response_id, self.replica)
             numbers = _SEQUENCE_NUMBER.findall(body)
             if numbers:
                 self._last_sequence_number = int(numbers[-1])

@@ -40,7 +40,7 @@ from typing import Any
 
 from ..family import (CONTENT, CUT_OFF, REASONING, STRICT_JSON, Call, CallSyntax, Family, FamilyParse, Open,
                       ParseContext, PartialCall, Segment, Text, Thought, held_back, may_begin, property_schema,
-                      reread_pace, skip_space, then, typed_value)
+                      reread_pace, skip_space, string_value_partial, then, typed_value)
 
 # --- Kimi K2's tokens ---
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
@@ -71,6 +71,7 @@ TOOLS_OPEN, TOOLS_CLOSE = _open_tag("tools"), _close_tag("tools")
 K3_CALL_OPEN, K3_CALL_CLOSE = f"{OPEN}call ", _close_tag("call")  # the open tag's attributes follow
 ARGUMENT_OPEN, ARGUMENT_CLOSE = f"{OPEN}argument ", _close_tag("argument")
 JSON_OPEN, JSON_CLOSE = f"{OPEN}json", _close_tag("json")  # a call's arguments as one JSON object
+AFTER_ARGUMENT = (ARGUMENT_OPEN, JSON_OPEN, K3_CALL_CLOSE)  # an argument's closer ends it only before one of these
 
 # Tags that may stand where content goes and are no part of it (the elements around the content,
 # a stray end of the reasoning, the end of the turn).
@@ -234,6 +235,48 @@ def _calls(text: str, start: int, context: ParseContext, segments: list[Segment]
         return FamilyParse(tuple(segments) + (Text(raw),), problem.reason, Open(len(text), RAW, Text, ()))
 
 
+def _body(text: str, context: ParseContext, hold: tuple[str, ...], readers: Mapping[str, CallsReader]) -> FamilyParse:
+    """The content and calls after the reasoning: at each opener of `readers`, calls its reader reads."""
+    segments: list[Segment] = []
+    position = 0
+    while True:
+        start, marker = _first(text, tuple(readers), position)
+        if start < 0:
+            return _content(text, position, context, segments, hold)
+        segments.append(Text(_without(text[position:start], STRAY)))
+        after = _calls(text, start, context, segments, readers[marker])
+        if isinstance(after, FamilyParse):
+            return after
+        position = after
+
+
+def _section_reader(opener: str, call_opener: str, closer: str,
+                    read_call: Callable[[str, int, ParseContext], tuple[Call, int]]) -> CallsReader:
+    """A reader of a section of calls (K2's section, K3's tools element): its calls into
+    `segments`, and the position after it. Text between calls is noise the model wrote inside
+    the section: dropped. A call that cannot be read gives its raw text (from the section's start
+    when no call came before it) as content."""
+    def read(text: str, start: int, context: ParseContext, segments: list[Segment]) -> int:
+        position, calls = start + len(opener), 0
+        while True:
+            found, marker = _first(text, (call_opener, closer), position)
+            if found < 0:
+                if not context.final:
+                    raise _Pending((call_opener, closer))
+                if calls:
+                    return len(text)  # the section never closed, but its calls did
+                raise _Malformed(CUT_OFF, text[start:])
+            if marker == closer:
+                return found + len(closer)
+            try:
+                call, position = read_call(text, found, context)
+            except _Malformed as problem:
+                raise _Malformed(problem.reason, text[found if calls else start:]) from None
+            segments.append(call)
+            calls += 1
+    return read
+
+
 # --- Kimi K2 ----------------------------------------------------------------------------------
 
 def _parse_k2(text: str, context: ParseContext, place: Hashable, known: bool) -> FamilyParse:
@@ -248,23 +291,9 @@ def _parse_k2(text: str, context: ParseContext, place: Hashable, known: bool) ->
                                  THINK_CLOSE, hold, starts=() if known else (MESSAGE_OPEN, THINKING_OPEN))
     if body is None:
         return reasoning
-    return then(reasoning, body, _k2_body(text[body:], context, hold))
-
-
-def _k2_body(text: str, context: ParseContext, hold: tuple[str, ...]) -> FamilyParse:
-    segments: list[Segment] = []
-    position = 0
-    while True:
-        start, marker = _first(text, (SECTION_BEGIN, CALL_BEGIN), position)
-        if start < 0:
-            return _content(text, position, context, segments, hold)
-        segments.append(Text(_without(text[position:start], STRAY)))
-        # A call may come without its section (K2-Thinking, inside its reasoning).
-        read = _read_k2_section if marker == SECTION_BEGIN else _read_k2_bare_call
-        after = _calls(text, start, context, segments, read)
-        if isinstance(after, FamilyParse):
-            return after
-        position = after
+    # A call may come without its section (K2-Thinking, inside its reasoning).
+    return then(reasoning, body, _body(text[body:], context, hold,
+                                       {SECTION_BEGIN: _read_k2_section, CALL_BEGIN: _read_k2_bare_call}))
 
 
 def _read_k2_bare_call(text: str, start: int, context: ParseContext, segments: list[Segment]) -> int:
@@ -272,29 +301,6 @@ def _read_k2_bare_call(text: str, start: int, context: ParseContext, segments: l
     call, position = _read_k2_call(text, start, context)
     segments.append(call)
     return position
-
-
-def _read_k2_section(text: str, start: int, context: ParseContext, segments: list[Segment]) -> int:
-    """The section's calls into `segments`; the position after the section. Text between calls
-    is noise the model wrote inside the section: dropped. A call that cannot be read gives its
-    raw text (from the section's start when no call came before it) as content."""
-    position, calls = start + len(SECTION_BEGIN), 0
-    while True:
-        found, marker = _first(text, (CALL_BEGIN, SECTION_END), position)
-        if found < 0:
-            if not context.final:
-                raise _Pending((CALL_BEGIN, SECTION_END))
-            if calls:
-                return len(text)  # the section never closed, but its calls did
-            raise _Malformed(CUT_OFF, text[start:])
-        if marker == SECTION_END:
-            return found + len(SECTION_END)
-        try:
-            call, position = _read_k2_call(text, found, context)
-        except _Malformed as problem:
-            raise _Malformed(problem.reason, text[found if calls else start:]) from None
-        segments.append(call)
-        calls += 1
 
 
 def _read_k2_call(text: str, start: int, context: ParseContext) -> tuple[Call, int]:
@@ -337,6 +343,9 @@ def _read_k2_call(text: str, start: int, context: ParseContext) -> tuple[Call, i
     raise _Malformed(MALFORMED)
 
 
+_read_k2_section = _section_reader(SECTION_BEGIN, CALL_BEGIN, SECTION_END, _read_k2_call)
+
+
 def _name_of_id(call_id: str) -> str:
     """`functions.get_weather:0` -> `get_weather` (an id without the prefix or the index too)."""
     name = call_id.removeprefix("functions.")
@@ -354,42 +363,7 @@ def _parse_k3(text: str, context: ParseContext, place: Hashable) -> FamilyParse:
                                  THINKING_CLOSE, HOLD, prefix=MESSAGE_OPEN)
     if body is None:
         return reasoning
-    return then(reasoning, body, _k3_body(text[body:], context))
-
-
-def _k3_body(text: str, context: ParseContext) -> FamilyParse:
-    segments: list[Segment] = []
-    position = 0
-    while True:
-        start = text.find(TOOLS_OPEN, position)
-        if start < 0:
-            return _content(text, position, context, segments, HOLD)
-        segments.append(Text(_without(text[position:start], STRAY)))
-        after = _calls(text, start, context, segments, _read_k3_tools)
-        if isinstance(after, FamilyParse):
-            return after
-        position = after
-
-
-def _read_k3_tools(text: str, start: int, context: ParseContext, segments: list[Segment]) -> int:
-    """The tools element's calls into `segments`; the position after it."""
-    position, calls = start + len(TOOLS_OPEN), 0
-    while True:
-        found, marker = _first(text, (K3_CALL_OPEN, TOOLS_CLOSE), position)
-        if found < 0:
-            if not context.final:
-                raise _Pending((K3_CALL_OPEN, TOOLS_CLOSE))
-            if calls:
-                return len(text)
-            raise _Malformed(CUT_OFF, text[start:])
-        if marker == TOOLS_CLOSE:
-            return found + len(TOOLS_CLOSE)
-        try:
-            call, position = _read_k3_call(text, found, context)
-        except _Malformed as problem:
-            raise _Malformed(problem.reason, text[found if calls else start:]) from None
-        segments.append(call)
-        calls += 1
+    return then(reasoning, body, _body(text[body:], context, HOLD, {TOOLS_OPEN: _read_k3_tools}))
 
 
 def _read_k3_call(text: str, start: int, context: ParseContext) -> tuple[Call, int]:
@@ -406,8 +380,12 @@ def _read_k3_call(text: str, start: int, context: ParseContext) -> tuple[Call, i
             return Call(name, json.dumps(arguments, ensure_ascii=False)), position + len(K3_CALL_CLOSE)
         if text.startswith(ARGUMENT_OPEN, position):
             attributes, value_start = _open_tag_attributes(text, position + len(ARGUMENT_OPEN), context)
-            value_end = _element_end(text, value_start, ARGUMENT_CLOSE, context)
             key = attributes.get("key", "")
+            try:
+                value_end = _element_end(text, value_start, ARGUMENT_CLOSE, context)
+            except _Pending as pending:  # a string value streams as it is written
+                raise _Pending(pending.stops, _string_so_far(name, arguments, key, text[value_start:], attributes.get(
+                    "type"), property_schema(schema, key))) from None
             arguments[key] = _typed(text[value_start:value_end], attributes.get("type"), property_schema(schema, key))
             position = value_end + len(ARGUMENT_CLOSE)
         elif text.startswith(JSON_OPEN, position):
@@ -425,6 +403,9 @@ def _read_k3_call(text: str, start: int, context: ParseContext) -> tuple[Call, i
             raise _unfinished(context)  # the next tag decides, character by character
         else:
             raise _Malformed(MALFORMED)
+
+
+_read_k3_tools = _section_reader(TOOLS_OPEN, K3_CALL_OPEN, TOOLS_CLOSE, _read_k3_call)
 
 
 def _open_tag_attributes(text: str, position: int, context: ParseContext) -> tuple[dict[str, str], int]:
@@ -446,16 +427,29 @@ def _unescape(value: str) -> str:
 def _element_end(text: str, start: int, closer: str, context: ParseContext) -> int:
     """Where an argument's value ends. A value may hold the closer's text (a file about this
     format), so a closer counts only where the next argument or the call's end follows it."""
-    following_tags = (ARGUMENT_OPEN, JSON_OPEN, K3_CALL_CLOSE)
     position = text.find(closer, start)
     while position >= 0:
         following = text[position + len(closer):].lstrip()
-        if following.startswith(following_tags):
+        if following.startswith(AFTER_ARGUMENT):
             return position
-        if _waits_for(following, following_tags, context):
+        if _waits_for(following, AFTER_ARGUMENT, context):
             raise _Pending()  # what follows the closer decides, character by character
         position = text.find(closer, position + 1)
     raise _unfinished(context, (closer,))
+
+
+def _string_so_far(name: str, arguments: dict[str, Any], key: str, raw: str, declared: str | None,
+                   schema: Mapping[str, Any]) -> PartialCall | None:
+    """The call as far as it is written while a string argument is: its text up to the first
+    closer that may end it (one whose next tag may still come), or to what may begin one."""
+    if (declared or schema.get("type")) != "string":
+        return None
+    cut = raw.find(ARGUMENT_CLOSE)
+    while cut >= 0 and not may_begin(following := raw[cut + len(ARGUMENT_CLOSE):].lstrip(), 0, AFTER_ARGUMENT) \
+            and not following.startswith(AFTER_ARGUMENT):
+        cut = raw.find(ARGUMENT_CLOSE, cut + 1)  # text follows it: part of the value
+    return string_value_partial(name, arguments, key, raw[:cut] if cut >= 0 else
+                                raw[:len(raw) - held_back(raw, (ARGUMENT_CLOSE,))])
 
 
 def _typed(raw: str, declared: str | None, schema: Mapping[str, Any]) -> Any:
