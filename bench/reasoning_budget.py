@@ -8,9 +8,11 @@ template (tests/tiny_models.py), the template as DeepSeek's later revision write
 is the budget's doing. The same greedy chat goes to `multiseq serve --reasoning-budget N` through
 Chat Completions, Responses and Messages (each also with the budget in the request, in its own
 field), and to llama-server `--jinja --reasoning-budget N` through Chat Completions. Reported per
-answer: its reasoning's tokens (counted by the server's own /tokenize), the answer's first
-characters, and whether the reasoning is llama-server's to the character. Exit code 1 when a
-reasoning is longer than the budget or differs from llama-server's.
+answer: its reasoning's tokens (counted by the server's own /tokenize: llama-server's reasoning
+holds the template's "\n" after <think>, which both count toward the budget, as llama.cpp's
+sampler counts the generation prompt), whether the reasoning and the answer are llama-server's to
+the character, and the answer's start. Exit code 1 when a reasoning is longer than the budget or
+either differs from llama-server's.
 """
 
 from __future__ import annotations
@@ -109,7 +111,7 @@ def main() -> None:
         finally:
             _stop(peer)
         port = _free_port()
-        ours, base = start_server([MULTISEQ, "serve", *common, "--chat-template", str(template),
+        ours, base = start_server([MULTISEQ, "serve", *common, "--alias", "tiny", "--chat-template", str(template),
                                    "--slot-ctx", str(SLOT_CTX), "--port", str(port)],
                                   workdir / "multiseq.log", port)
         try:
@@ -125,13 +127,19 @@ def main() -> None:
 
 
 def report(answers: dict[str, tuple[str, str, int]], budget: int) -> int:
-    reference = answers["llama-server, Chat (--reasoning-budget)"][0]
-    print(f"{'server, API (budget from)':46} {'reasoning tokens':>16} {'= llama-server':>15}  answer")
+    reference, answer = answers["llama-server, Chat (--reasoning-budget)"][:2]
+    print(f"{'server, API (budget from)':46} {'reasoning tokens':>16} {'= llama-server':>15} {'answer =':>9}  answer")
     failures = 0
     for name, (reasoning, text, tokens) in answers.items():
         same = reasoning.strip() == reference.strip()
-        failures += tokens > budget or not same
-        print(f"{name:46} {tokens:>16} {str(same):>15}  {json.dumps(text)[:40]}")
+        # Messages has no ignore_eos: its answer may end sooner; what it wrote must be the start of the others'.
+        same_answer = answer.startswith(text) and bool(text) if "Messages" in name else text == answer
+        failures += tokens > budget or not same or not same_answer
+        print(f"{name:46} {tokens:>16} {str(same):>15} {str(same_answer):>9}  {json.dumps(text)[:40]}")
+        if not same:
+            mine, theirs = reasoning.strip(), reference.strip()
+            at = next((i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b), min(len(mine), len(theirs)))
+            print(f"{'':46} differs at character {at}: {json.dumps(mine[at:at + 30])} vs {json.dumps(theirs[at:at + 30])}")
     return 1 if failures else 0
 
 

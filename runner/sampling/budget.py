@@ -3,7 +3,8 @@ the budget the block's close forced (after llama-server's budget message, where 
 
 The block is found in the text of the accepted tokens, by the family's open and close markers
 (`<think>`, `</think>`; a control token's text as the family's parser reads it): a prompt that
-opened the block (Qwen3's template) starts inside it. Once the count reaches the budget, the
+opened the block (Qwen3's template) starts inside it, the prompt's tokens after the opener counted
+toward the budget (as llama.cpp's sampler counts them). Once the count reaches the budget, the
 next tokens are the forced ones (the message, then the close marker), one a step: the sampler
 allows nothing else, as llama.cpp's reasoning-budget sampler does; the answer follows freely.
 A budget of -1 only counts (usage's reasoning_tokens); 0 closes the block as soon as it opens.
@@ -21,7 +22,7 @@ UNLIMITED = -1
 @dataclass
 class _State:
     inside: bool
-    spent: int = 0  # tokens generated inside the block (its markers not counted)
+    spent: int = 0  # tokens inside the block (its markers not counted), the prompt's after its opener first
     tail: bytes = b""  # the end of the text so far, as long as the longest marker
     lengths: tuple[int, ...] = ()  # the byte lengths of the tokens the tail holds, last last
     forcing_at: int | None = None  # the index of the next forced token (None: not forcing)
@@ -31,18 +32,21 @@ class ReasoningBudget:
     """One sequence's reasoning: whether it is inside the block, what it spent, what to force."""
 
     def __init__(self, budget: int, markers: tuple[str, str], forced: Sequence[int], inside: bool,
-                 token_text: Callable[[int], bytes]) -> None:
+                 token_text: Callable[[int], bytes], prompt_spent: int = 0) -> None:
         self.budget = budget
         self._opener, self._closer = (marker.encode("utf-8") for marker in markers)
         self._forced = list(forced)  # the message, then the close marker, as tokens
         self._token_text = token_text
-        self._state = _State(inside)
+        # A prompt that opened the block: its tokens after the opener count toward the budget, as
+        # llama.cpp's sampler counts the generation prompt's (Qwen3's "<think>\n": one); not as spent.
+        self._prompt_spent = prompt_spent if inside else 0
+        self._state = _State(inside, self._prompt_spent)
         self._tail_bytes = max(len(self._opener), len(self._closer))
 
     @property
     def spent(self) -> int:
         """Tokens generated inside the reasoning block so far."""
-        return self._state.spent
+        return self._state.spent - self._prompt_spent
 
     def forced_token(self) -> int | None:
         """The token the next draw must give (None: it draws freely)."""
