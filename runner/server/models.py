@@ -90,6 +90,12 @@ class ServedModels:
         self._models[name] = ServedModel(name, config=config)
         return self._models[name]
 
+    def remove(self, name: str) -> None:
+        """A model added (a pulled one) no longer served."""
+        if self._models.get(name) is self.default:
+            raise ValueError("the first model is always served")
+        self._models.pop(name, None)
+
     def __iter__(self) -> Iterator[ServedModel]:
         return iter(list(self._models.values()))  # a pull may add one while a sweep goes over them
 

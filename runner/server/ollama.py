@@ -35,7 +35,7 @@ from .chat import CompletionCall, start_completion
 from .embeddings import embedded
 from .errors import INVALID_REQUEST, ApiError, in_error_shape, internal_error
 from .native import infill_prompt
-from .ollama_pull import pull
+from .ollama_pull import delete, pull
 from .ollama_request import OllamaCall, chat_call, generate_call, keep_alive_of
 from .sse import EventStream
 
@@ -337,4 +337,5 @@ ROUTES = [
     Route("/api/ps", running, methods=["GET"]),
     Route("/api/version", version, methods=["GET"]),
     Route("/api/pull", _in_ollama_shape(pull), methods=["POST"]),
+    Route("/api/delete", _in_ollama_shape(delete), methods=["DELETE"]),
 ]

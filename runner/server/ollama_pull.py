@@ -6,7 +6,11 @@ command line). The pulled model takes the first model's engine options (as a fur
 and loads at its first request, within --models-max and --models-memory. The stream is
 Ollama's: JSON lines of `status` (with `total` and `completed` bytes while downloading), the
 last `{"status": "success"}`, or `{"error": ...}`; with `"stream": false`, the last line
-alone. A model already served is answered at once."""
+alone. A model already served is answered at once.
+
+A pulled model is remembered in the data directory (PULLED_FILE) and served again after a
+restart, loaded at its first request, until DELETE /api/delete forgets it (its files stay in the
+cache they were fetched to)."""
 
 from __future__ import annotations
 
@@ -14,6 +18,8 @@ import asyncio
 import dataclasses
 import json
 import logging
+import os
+from pathlib import Path
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -30,6 +36,7 @@ logger = logging.getLogger("multiseq.server")
 NDJSON = "application/x-ndjson"
 OLLAMA_HUB_PREFIX = "hf.co/"  # Ollama's way to name a Hugging Face repository
 PHASES = {"download": "pulling", "extract": "extracting", "verify": "verifying sha256 digest"}
+PULLED_FILE = "pulled-models.json"  # in the data directory: {name: {"model", "mmproj"}}
 
 
 async def pull(request: HttpRequest) -> Response:
@@ -99,6 +106,8 @@ async def _pulled(state, name: str, wanted: str) -> AsyncIterator[dict[str, Any]
                                      mmproj=str(resolved.projector) if resolved.projector else None)
         state.models.add(name, config)
         logger.info("pulled %s: served as %r from %s", wanted, name, resolved.path)
+        if state.settings.data_dir is not None:
+            await state.offload.io(_remember, state.settings.data_dir, name, config.model, config.mmproj)
     yield {"status": "writing manifest"}
     yield {"status": "success"}
 
@@ -127,3 +136,65 @@ async def _as_text(lines: AsyncIterator[dict[str, Any]]) -> AsyncIterator[str]:
 
 def _json_line(line: dict[str, Any]) -> str:
     return json.dumps(line, separators=(",", ":")) + "\n"
+
+
+async def delete(request: HttpRequest) -> Response:
+    """DELETE /api/delete, Ollama's: a pulled model is no longer served (unloaded now, forgotten
+    across restarts); a model of the command line is a 400, an unknown one a 404."""
+    state = request.app.state.server
+    body = await read_json(request, state.settings.max_body_bytes)
+    name = body.get("model") or body.get("name")
+    model = state.models.named(name) if isinstance(name, str) else None
+    pulled = await state.offload.io(pulled_models, state.settings.data_dir)
+    if model is None:
+        return JSONResponse({"error": f"model {name!r} not found"}, status_code=404)
+    if model.name not in pulled:
+        raise ApiError(400, f"the model {model.name!r} is served from the server's command line: it cannot be "
+                            f"deleted here", INVALID_REQUEST, "model")
+    if state.loader is not None and model.runner is not None:
+        await state.loader.unload(model)
+    state.models.remove(model.name)
+    await state.offload.io(_forget, state.settings.data_dir, model.name)
+    return Response(status_code=200)
+
+
+def pulled_models(data_dir: Path | None) -> dict[str, dict[str, Any]]:
+    """The models pulled into this data directory, by the name they were pulled by."""
+    path = None if data_dir is None else Path(data_dir) / PULLED_FILE
+    if path is None or not path.exists():
+        return {}
+    try:
+        pulled = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        logger.warning("the pulled models' list %s cannot be read (%s): they are not served", path, error)
+        return {}
+    return {name: entry for name, entry in pulled.items()
+            if isinstance(entry, dict) and isinstance(entry.get("model"), str)}
+
+
+def serve_pulled(state) -> list[str]:
+    """Serve again the models pulled before a restart (with the first model's options, as when
+    they were pulled), loaded at their first request; their names."""
+    names = []
+    for name, entry in pulled_models(state.settings.data_dir).items():
+        if state.models.named(name) is None and state.models.default.config is not None:
+            state.models.add(name, dataclasses.replace(state.models.default.config, model=entry["model"],
+                                                       mmproj=entry.get("mmproj")))
+            names.append(name)
+    return names
+
+
+def _remember(data_dir: Path, name: str, model: str, mmproj: str | None) -> None:
+    _write_pulled(data_dir, {**pulled_models(data_dir), name: {"model": model, "mmproj": mmproj}})
+
+
+def _forget(data_dir: Path, name: str) -> None:
+    _write_pulled(data_dir, {key: entry for key, entry in pulled_models(data_dir).items() if key != name})
+
+
+def _write_pulled(data_dir: Path, pulled: dict[str, dict[str, Any]]) -> None:
+    """Written whole under a partial name, then renamed: a crash leaves the old list or the new."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    partial = data_dir / (PULLED_FILE + ".partial")
+    partial.write_text(json.dumps(pulled, indent=1), encoding="utf-8")
+    os.replace(partial, data_dir / PULLED_FILE)

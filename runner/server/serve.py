@@ -24,6 +24,7 @@ from ..loop.runner import Runner
 from .app import ServerSettings, ServerState, create_app
 from .budget import MemoryBudget, ModelMemory
 from .loader import ModelLoader
+from .ollama_pull import serve_pulled
 
 logger = logging.getLogger("multiseq.server")
 
@@ -188,14 +189,15 @@ async def _stop_when_the_engine_fails(server: Server, state, failure: list[str])
         await asyncio.sleep(ENGINE_WATCH_INTERVAL_SECONDS)
 
 
-async def _load_at_start(server: Server, on_ready: Callable[[Runner], None] | None, failure: list[str]) -> None:
+async def _load_at_start(server: Server, on_ready: Callable[[Runner], None] | None, failure: list[str],
+                         pulled: set[str] = frozenset()) -> None:
     """Load the models the server starts with (the first --models-max, every one without a
     limit, but those a models file defers, and those over the memory budget beside the ones
     before them) one after the other, each served as soon as it has loaded; one that cannot load
     is marked so (its requests get a 503), and when none could, the server stops saying why. The
     others load at their first request."""
     state = server.state
-    deferred = set(state.settings.deferred_models) - {state.models.default.name}
+    deferred = (set(state.settings.deferred_models) | pulled) - {state.models.default.name}
     first = [model for model in state.models if model.name not in deferred][:state.loader.max_loaded or None]
     for model in first:
         await state.loader.load_if_room(model)
@@ -240,6 +242,7 @@ def serve(config: RunnerConfig | list[RunnerConfig], settings: ServerSettings, h
     state = app.state.server
     for model, model_config in zip(state.models, configs):
         model.config = model_config
+    pulled = serve_pulled(state)  # the models pulled before a restart: loaded at their first request
     memory = None if settings.models_memory_bytes is None else MemoryBudget(settings.models_memory_bytes, measure_model)
     state.loader = ModelLoader(state.models, _prepared(open_runner), state.attach, settings.models_max,
                                on_unloaded=state.forget_runner, keep_alive_s=settings.model_keep_alive_s,
@@ -251,7 +254,8 @@ def serve(config: RunnerConfig | list[RunnerConfig], settings: ServerSettings, h
         if on_listening is not None:
             on_listening(server)
         background = [asyncio.ensure_future(task) for task in (
-            _load_at_start(server, on_ready, failure), _stop_when_the_engine_fails(server, state, failure))]
+            _load_at_start(server, on_ready, failure, set(pulled)),
+            _stop_when_the_engine_fails(server, state, failure))]
         await serving
         for task in background:
             task.cancel()
