@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from rich.console import Console, Group
@@ -151,13 +151,23 @@ def _api_line(requests_by_api: Mapping[str, int]) -> Table | Text:
 
 
 def render_server(snapshot: RunnerSnapshot, address: str, device: str | None = None,
-                  requests_by_api: Mapping[str, int] | None = None) -> Group:
+                  requests_by_api: Mapping[str, int] | None = None,
+                  others: Sequence[tuple[str, str, RunnerSnapshot | None]] = ()) -> Group:
     """The dashboard of `multiseq serve`: where it listens and where the model runs, slots,
-    queue, throughput, and the requests each API has taken."""
+    queue, throughput, the other models' (name, state, snapshot while loaded), and the requests
+    each API has taken."""
     where = f", model on {device}" if device else ""
     return Group(Text(f"serving on {address}{where}", style="bold"), _slots_table(snapshot), _queue_line(snapshot),
                  _throughput_line(snapshot), _pool_line(snapshot), _ram_cache_line(snapshot),
-                 _api_line(requests_by_api or {}))
+                 *(part for other in others for part in _other_model(*other)), _api_line(requests_by_api or {}))
+
+
+def _other_model(name: str, status: str, snapshot: RunnerSnapshot | None) -> list:
+    """Another model served (several -m): its name and state, and while it is loaded its slots."""
+    heading = Text(f"model {name}: {status}", style="bold")
+    if snapshot is None:
+        return [heading]
+    return [heading, _slots_table(snapshot), _queue_line(snapshot), _throughput_line(snapshot)]
 
 
 class ServerDashboard:
@@ -170,20 +180,27 @@ class ServerDashboard:
         self._address = ""
         self._runner: Runner | None = None
         self._requests_by_api: Callable[[], Mapping[str, int]] = dict
+        self._others: Callable[[], Iterable] = tuple
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="multiseq-dashboard", daemon=True)
 
-    def show(self, runner: Runner, address: str, requests_by_api: Callable[[], Mapping[str, int]] = dict) -> None:
+    def show(self, runner: Runner, address: str, requests_by_api: Callable[[], Mapping[str, int]] = dict,
+             others: Callable[[], Iterable] = tuple) -> None:
+        """`others`: the other served models now (each with its name, status and runner, None
+        while it is not loaded)."""
         self._runner = runner
         self._address = address
         self._requests_by_api = requests_by_api
+        self._others = others
         self._thread.start()
 
     def _loop(self) -> None:
         with Live(console=self._console, auto_refresh=False, transient=False) as live:
             while not self._stopped.wait(REFRESH_SECONDS):
+                others = [(model.name, model.status, None if model.runner is None else model.runner.latest_snapshot)
+                          for model in self._others()]
                 live.update(render_server(self._runner.latest_snapshot, self._address, self._runner.device,
-                                          self._requests_by_api()), refresh=True)
+                                          self._requests_by_api(), others), refresh=True)
 
     def stop(self) -> None:
         self._stopped.set()

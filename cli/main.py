@@ -342,12 +342,12 @@ def serve(ctx_size: int | None, kv_unified: bool | None, host: str, port: int, a
         return
     address = f"http://{host}:{port}"
     view = ServerDashboard(stderr) if show_dashboard else None
-    metrics = None  # the server's, once it listens: the dashboard counts requests per API from them
+    state = None  # the server's, once it listens: the dashboard reads its models and its requests per API
 
     def listening(server) -> None:
-        nonlocal address, metrics
+        nonlocal address, state
         address = f"http://{host}:{server.port}"
-        metrics = server.state.metrics
+        state = server.state
         served = ", ".join((settings.model_name, *settings.more_models))
         stderr.print(f"[bold]multiseq[/] {served}: {config.parallel} slots, {_kv_types(config)} KV, "
                      f"{config.threads} threads; OpenAI API at {address}/v1 (loading)", soft_wrap=True)
@@ -355,10 +355,11 @@ def serve(ctx_size: int | None, kv_unified: bool | None, host: str, port: int, a
 
     def ready(runner: Runner) -> None:
         where = f" on {runner.device}" if runner.device else ""
-        stderr.print(f"ready: {settings.model_name} loaded{where}; {describe_kv(runner)}; serving {address}/v1",
+        page = f", its page at {address}/" if settings.webui else ""
+        stderr.print(f"ready: {settings.model_name} loaded{where}; {describe_kv(runner)}; serving {address}/v1{page}",
                      soft_wrap=True)
         if view is not None:
-            view.show(runner, address, metrics.requests_by_api)
+            view.show(runner, address, state.metrics.requests_by_api, lambda: list(state.models)[1:])
 
     try:
         failure = serve_app(configs, settings, host, port, access_log=not show_dashboard,

@@ -86,3 +86,12 @@ def test_the_server_view_says_when_no_request_came_yet():
     console = Console(width=160, record=True, color_system=None)
     console.print(render_server(made_up_snapshot(), "http://127.0.0.1:8080"))
     assert "requests by API: none yet" in console.export_text()
+
+
+def test_the_server_view_shows_every_other_model_with_its_state():
+    console = Console(width=160, record=True, color_system=None)
+    console.print(render_server(made_up_snapshot(), "http://127.0.0.1:8080",
+                                others=[("gemma3-270m", "loaded", made_up_snapshot()), ("bge-small", "unloaded", None)]))
+    text = console.export_text()
+    assert "model gemma3-270m: loaded" in text and "model bge-small: unloaded" in text
+    assert text.count("story-7") == 2, "the loaded one's slots shown too"
