@@ -471,3 +471,39 @@ def test_batch_lines_run_below_interactive_requests_and_few_at_a_time(batch_serv
     interactive = [priority for request_id, priority in seen if not request_id.startswith("batch_")]
     assert batch_priorities == {Priority.BATCH} and interactive == [Priority.INTERACTIVE]
     assert most_open[0] <= LINES_PER_SLOT * runner.config.parallel
+
+
+def test_a_batch_runs_on_the_model_its_lines_name_loaded_for_it(make_runner, serve_app, data_dir, tmp_path):
+    """Two models served; the second loads at its first use. A batch whose lines name the
+    second runs on it (loaded for the batch), its output naming it; a line of that batch
+    naming the first is that line's error; a batch naming none runs on the first."""
+    from multiseq.config import RunnerConfig
+    from multiseq.server.loader import ModelLoader
+
+    app = create_app(make_runner(FakeBackend(num_slots=2, window=256, n_batch=64, replies={HI: REPLY})),
+                     ServerSettings(model_name=MODEL, more_models=("second",), data_dir=data_dir))
+    state = app.state.server
+    state.models.named("second").config = RunnerConfig(model="second.gguf", parallel=2)
+    state.models.default.config = RunnerConfig(model="first.gguf", parallel=2)
+    opened = []
+
+    def open_runner(config: RunnerConfig):
+        opened.append(config.model)
+        return make_runner(FakeBackend(num_slots=2, window=256, n_batch=64, replies={HI: "I am the second."}))
+
+    state.loader = ModelLoader(state.models, open_runner, state.attach, on_unloaded=state.forget_runner)
+    client = openai.OpenAI(base_url=f"{serve_app(app)}/v1", api_key="unused", max_retries=0)
+    second = upload(client, tmp_path, [chat_line("s1", model="second"), chat_line("s2", model="second:latest"),
+                                        chat_line("mixed", model=MODEL), chat_line("unnamed", model=None)])
+    batch = wait_for_end(client, run_batch(client, second.id).id)
+    assert batch.status == "completed" and batch.model == "second" and opened == ["second.gguf"]
+    outputs = {line["custom_id"]: line["response"]["body"] for line in lines_of(client, batch.output_file_id)}
+    assert {name: body["choices"][0]["message"]["content"] for name, body in outputs.items()} == {
+        "s1": "I am the second.", "s2": "I am the second.", "unnamed": "I am the second."}
+    assert {body["model"] for body in outputs.values()} == {"second"}
+    [error] = lines_of(client, batch.error_file_id)
+    assert error["custom_id"] == "mixed" and error["response"]["body"]["error"]["param"] == "model"
+
+    first = upload(client, tmp_path, [chat_line("f1", model=None)], name="first.jsonl")
+    batch = wait_for_end(client, run_batch(client, first.id).id)
+    assert batch.model == MODEL and lines_of(client, batch.output_file_id)[0]["response"]["body"]["model"] == MODEL

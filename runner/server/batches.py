@@ -14,6 +14,7 @@ and errors.jsonl (published as files when the batch ends).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 from ..formats.reader import CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL
@@ -129,10 +130,11 @@ class BatchService:
 
     # --- running ----------------------------------------------------------------------------
 
-    def start(self, runner: Runner) -> None:
-        """Run batches on `runner` from now on: the ones a previous run left unfinished first
-        (validations cut short are done again)."""
-        if not self._worker.start(runner):
+    def start(self, runner: Runner, runner_for: Callable[[str], Runner] | None = None) -> None:
+        """Run batches from now on: on `runner`, or the runner of each batch's model
+        (`runner_for`); the ones a previous run left unfinished first (validations cut short are
+        done again)."""
+        if not self._worker.start(runner_for or (lambda _: runner)):
             return
         for batch in self.store.batches_with_status(["validating"]):
             self._validator.start(batch.id)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,10 +16,18 @@ from ..config import OverflowPolicy, SamplingParams
 class BatchRules:
     """How batch lines run: what the server applies to its interactive requests too."""
 
-    model_name: str
+    model_name: str  # the first model: a batch whose lines name none runs on it
     defaults: SamplingParams
     overflow: OverflowPolicy
     max_lines: int  # requests a batch may hold
+    # The served model a line's `model` names (its own name, an alias, NAME:latest), None when
+    # none is; where not given, the first model alone is served.
+    served_name: Callable[[str], str | None] | None = None
+
+    def model_named(self, name: str) -> str | None:
+        if self.served_name is not None:
+            return self.served_name(name)
+        return self.model_name if name == self.model_name else None
 
 
 def new_id(prefix: str) -> str:

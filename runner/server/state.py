@@ -4,6 +4,7 @@ loads), the metrics, the Batch API's service, and the queue's bound."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import threading
 from collections.abc import Awaitable, Callable
@@ -17,6 +18,7 @@ from ..config import OverflowPolicy, SamplingParams
 from ..request import Result
 from ..loop.runner import Runner
 from .batches import BatchRules, BatchService
+from .worker import ModelUnavailable
 from .errors import INVALID_REQUEST, OVERLOADED, ApiError, PromptTooLong
 from .jobs import Job, LoopDispatcher
 from .limits import (DEFAULT_IO_THREADS, DEFAULT_KEEP_ALIVE_SECONDS, DEFAULT_MAX_BATCH_LINES,  # noqa: F401 - re-exported
@@ -108,7 +110,8 @@ class ServerState:
         self.offload = Offload(settings.prepare_threads, settings.io_threads, settings.prepare_timeout_s)
         # StoreError when the data directory cannot be used.
         self.batches = None if settings.data_dir is None else BatchService(settings.data_dir, BatchRules(
-            settings.model_name, settings.defaults, settings.overflow, settings.max_batch_lines))
+            settings.model_name, settings.defaults, settings.overflow, settings.max_batch_lines, self._served_name))
+        self._loop: asyncio.AbstractEventLoop | None = None  # the serving loop, once batches start
         # Choices accepted but not yet handed to the runner (it counts them from then on).
         self._num_dispatching = 0
         self._num_awaiting_loads = 0  # requests waiting for their model to load (bounded by max_queue)
@@ -147,7 +150,25 @@ class ServerState:
         """Run batches once there is a runner (an app made with one starts them at the first
         Files or Batch API request; `multiseq serve` as soon as the model has loaded)."""
         if self.batches is not None and self.runner is not None and not self.is_draining:
-            self.batches.start(self.runner)
+            with contextlib.suppress(RuntimeError):  # (attached outside a loop: Ray's replica; one model)
+                self._loop = asyncio.get_running_loop()
+            self.batches.start(self.runner, self._batch_runner)
+
+    def _served_name(self, name: str) -> str | None:
+        model = self.models.named(name)
+        return None if model is None else model.name
+
+    def _batch_runner(self, name: str) -> Runner:
+        """The runner of the model a batch names, loaded for it when it is not (called on the
+        batch worker's thread; ModelUnavailable, saying why, when it cannot load)."""
+        model = self.models.named(name) or self.models.default
+        if model.runner is None and self.loader is not None and self._loop is not None:
+            with contextlib.suppress(ApiError):  # ready() below says why
+                asyncio.run_coroutine_threadsafe(self.loader.ensure_loaded(model), self._loop).result()
+        try:
+            return ready(model)
+        except ApiError as error:
+            raise ModelUnavailable(error.message) from None
 
     def begin_shutdown(self) -> None:
         """Stop taking requests and end the running ones (their streams end cleanly). Batch

@@ -4,12 +4,13 @@ from validating)."""
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from collections.abc import Callable
 from typing import Any
 
-from ..formats.lines import NotTextError, count_items, sniff_text
+from ..formats.lines import LineDecodeError, NotTextError, count_items, decode_line, iter_lines, sniff_text
 from ..formats.reader import PromptFormat, TextMode
 from ..formats.scan import scan_file
 from .batchrules import BatchRules, batch_error, now
@@ -62,10 +63,11 @@ class BatchValidator:
         try:
             batch = self.store.batch(batch_id)
             errors, total = self._input_errors(batch)
+            model = None if errors else self._model_of(self.files.path_of(self.store.file(batch.input_file_id)))
             if errors:
                 self.store.move_batch(batch_id, ["validating"], "failed", now(), errors=errors)
             else:
-                self.store.move_batch(batch_id, ["validating"], "in_progress", now(), total=total)
+                self.store.move_batch(batch_id, ["validating"], "in_progress", now(), total=total, model=model)
                 self._on_valid()
         except Exception:  # noqa: BLE001 - the batch fails; the details go to the log, not the client
             logger.exception("validating batch %s failed", batch_id)
@@ -74,6 +76,19 @@ class BatchValidator:
         finally:
             with self._lock:
                 self._validating.discard(batch_id)
+
+    def _model_of(self, path) -> str:
+        """The model the batch runs on: the first served one its lines name (a line naming
+        another is that line's error, when it runs), else the first model."""
+        for line in iter_lines(path):
+            try:
+                body = json.loads(decode_line(line)).get("body")
+            except (ValueError, AttributeError, LineDecodeError):
+                continue  # that line's own error, when it runs
+            named = body.get("model") if isinstance(body, dict) else None
+            if isinstance(named, str) and (model := self.rules.model_named(named)) is not None:
+                return model
+        return self.rules.model_name
 
     def _input_errors(self, batch: BatchRecord) -> tuple[list[dict[str, Any]], int]:
         """What makes the input file unfit as a whole (a bad line is that line's error, not

@@ -15,7 +15,7 @@ import dataclasses
 import json
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +63,10 @@ class ApiBatchRun(BatchRun):
         return any(result.finish_reason is FinishReason.CANCELLED for result in results)
 
 
+class ModelUnavailable(Exception):
+    """The model a batch names cannot run it (it could not load): the batch fails, saying why."""
+
+
 class _NoDisplay:
     """What BatchRun tells its display: nothing here (the committer records the counts)."""
 
@@ -81,32 +85,31 @@ class BatchLines:
     def __init__(self, rules: BatchRules) -> None:
         self.rules = rules
 
-    def items(self, path: Path, endpoint: str, is_done) -> Iterator[PromptItem]:
+    def items(self, path: Path, endpoint: str, model: str, is_done) -> Iterator[PromptItem]:
         """The lines whose custom_id is not done yet, as items (read lazily)."""
         for line in iter_lines(path):
             item_id = line_id(line, PromptFormat.OPENAI)
             if item_id is not None and not is_done(item_id):
-                yield self._item(line, endpoint)
+                yield self._item(line, endpoint, model)
 
-    def _item(self, line: RawLine, endpoint: str) -> PromptItem:
+    def _item(self, line: RawLine, endpoint: str, model: str) -> PromptItem:
         item = parse_line(line, PromptFormat.OPENAI, self.rules.defaults)
         if not item.is_valid:
             return item
-        misfit = self._misfit(line, item, endpoint)
+        misfit = self._misfit(line, item, endpoint, model)
         if misfit is not None:
             message, param = misfit
             return dataclasses.replace(item, request=None, error=f"line {line.number}: {message}", error_param=param)
         request = dataclasses.replace(item.request, overflow=self.rules.overflow, priority=Priority.BATCH)
         return dataclasses.replace(item, request=request)
 
-    def _misfit(self, line: RawLine, item: PromptItem, endpoint: str) -> tuple[str, str] | None:
+    def _misfit(self, line: RawLine, item: PromptItem, endpoint: str, model: str) -> tuple[str, str] | None:
         url = EMBEDDINGS_URL if item.embedding_encoding is not None else CHAT_URL if item.is_chat else COMPLETIONS_URL
         if url != endpoint:
             return f"url must be {endpoint}, the batch's endpoint", "url"
-        model = json.loads(decode_line(line))["body"].get("model")  # a valid line: a JSON object with a body
-        if model is not None and model != self.rules.model_name:
-            return (f"the model {json.dumps(model)} does not exist: this server serves "
-                    f"{json.dumps(self.rules.model_name)}", "model")
+        named = json.loads(decode_line(line))["body"].get("model")  # a valid line: a JSON object with a body
+        if named is not None and self.rules.model_named(named) != model:
+            return f"the model {json.dumps(named)} is not the batch's, {json.dumps(model)}", "model"
         return None
 
 
@@ -120,7 +123,7 @@ class BatchWorker:
         self.batches_dir = files.data_dir / "batches"
         self.batches_dir.mkdir(exist_ok=True)  # OSError when the data directory cannot be used
         self._lines = BatchLines(rules)
-        self._runner: Runner | None = None
+        self._runner_for: Callable[[str], Runner] | None = None
         self._lock = threading.Lock()  # guards _current, _current_batch and starting
         self._wake = threading.Event()
         self._stopping = threading.Event()
@@ -128,12 +131,14 @@ class BatchWorker:
         self._current_batch: str | None = None
         self._thread: threading.Thread | None = None
 
-    def start(self, runner: Runner) -> bool:
-        """Run batches on `runner` from now on; False when it was started or stopped before."""
+    def start(self, runner_for: Callable[[str], Runner]) -> bool:
+        """Run batches from now on, each on the runner of its model (`runner_for(name)`, on this
+        worker's thread: it may wait for the model to load; ModelUnavailable when it cannot);
+        False when it was started or stopped before."""
         with self._lock:
             if self._thread is not None or self._stopping.is_set():
                 return False
-            self._runner = runner
+            self._runner_for = runner_for
             self._thread = threading.Thread(target=self._work, name="multiseq-batches", daemon=True)
         self._thread.start()
         return True
@@ -173,7 +178,7 @@ class BatchWorker:
         """The running batch's requests that wait for a slot (they are not to count against
         --max-queue, which is for interactive requests)."""
         run = self._current
-        if run is None:
+        if run is None or run.runner is not runner:
             return 0
         in_slots = sum(1 for slot in runner.latest_snapshot.slots
                        if slot.request_id is not None and slot.request_id.startswith(run.id_prefix))
@@ -204,9 +209,14 @@ class BatchWorker:
 
     def _advance(self, batch: BatchRecord) -> None:
         if batch.status == "in_progress":
-            self._run(batch)
-            if self._stopping.is_set():
-                return  # in_progress still: the next start resumes it
+            try:
+                runner = self._runner_for(batch.model)
+            except ModelUnavailable as error:
+                self.finish(batch, "failed", [batch_error("model_unavailable", str(error), "model")])
+                return
+            self._run(batch, runner)
+            if self._stopping.is_set() or not self._is_written(batch):
+                return  # in_progress still: the next start resumes it (or, its model unloaded under it, the next turn)
             self.store.move_batch(batch.id, ["in_progress"], "finalizing", now())
             batch = self.store.batch(batch.id)
         if batch.status == "finalizing":
@@ -214,7 +224,11 @@ class BatchWorker:
         elif batch.status == "cancelling":
             self.finish(batch, "cancelled")
 
-    def _run(self, batch: BatchRecord) -> None:
+    def _is_written(self, batch: BatchRecord) -> bool:
+        """Every line of the batch has its output or error line (a cancelled request has none)."""
+        return sum(written_ids(path)[1] for path in self._result_paths(batch.id)) >= batch.total
+
+    def _run(self, batch: BatchRecord, runner: Runner) -> None:
         """Run the lines of the batch that have no output line yet."""
         output_path, errors_path = self._result_paths(batch.id)
         output_path.parent.mkdir(exist_ok=True)
@@ -225,15 +239,16 @@ class BatchWorker:
         failed, num_failed = written_ids(errors_path)
         self.store.set_counts(batch.id, num_succeeded, num_failed)
         source = self.files.path_of(self.store.file(batch.input_file_id))
-        items = self._lines.items(source, batch.endpoint, lambda item_id: item_id in succeeded or item_id in failed)
+        items = self._lines.items(source, batch.endpoint, batch.model,
+                                  lambda item_id: item_id in succeeded or item_id in failed)
         output = ResultSink.open_file(output_path, durable=True)
         errors = ResultSink.open_file(errors_path, durable=True)
         committer = GroupCommitter(output, errors, lambda num_output, num_errors: self.store.set_counts(
             batch.id, num_succeeded + num_output, num_failed + num_errors))
         try:
             writer = ResultWriter(committer.output, keep_input_order=False, errors_sink=committer.errors)
-            run = ApiBatchRun(self._runner, items, max(0, batch.total - num_succeeded - num_failed), writer,
-                              self.rules.model_name, LINES_PER_SLOT * self._runner.config.parallel, f"{batch.id}/")
+            run = ApiBatchRun(runner, items, max(0, batch.total - num_succeeded - num_failed), writer,
+                              batch.model, LINES_PER_SLOT * runner.config.parallel, f"{batch.id}/")
             with self._lock:
                 if self._stopping.is_set() or self.store.batch(batch.id).status != "in_progress":
                     return  # stopped, or cancelled before it started
