@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Iterable
@@ -29,6 +30,8 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..loop.stats import QueuedSnapshot, RunnerSnapshot, SlotSnapshot
+
+logger = logging.getLogger("multiseq.server")
 
 WATCH_INTERVAL_S = 0.25  # how often the page may change: 4 times a second, as the terminal dashboard
 SAMPLE_INTERVAL_S = 2.0
@@ -177,11 +180,14 @@ class Monitor:
         next_sample = 0.0
         while True:
             now = time.monotonic()
-            if now >= next_sample:
-                self.sample()
-                next_sample = now + SAMPLE_INTERVAL_S
-            if self._num_pages:
-                self.refresh()
+            try:
+                if now >= next_sample:
+                    self.sample()
+                    next_sample = now + SAMPLE_INTERVAL_S
+                if self._num_pages:
+                    self.refresh()
+            except Exception:  # noqa: BLE001 - the page shows the next state; the serving goes on
+                logger.exception("building the page's state failed")
             await asyncio.sleep(WATCH_INTERVAL_S)
 
     def sample(self) -> None:
