@@ -7,7 +7,7 @@ Usage (from the repository root, in the project's virtual environment):
 
 For each family whose long arguments stream (Hermes, Mistral's two forms, Llama 3, the generic
 format, gpt-oss, Kimi K2, DeepSeek V3/R1, Phi-4-mini; and the parameter-block ones: Qwen3-Coder's qwen3-xml, MiniMax M2,
-GLM): one call writing a file of about --chars
+GLM, Kimi K3): one call writing a file of about --chars
 characters (a `content` argument with quotes, newlines and non-ASCII text), fed to the reader in pieces of --piece characters (a token's text is about 4). Reported:
 the characters of the output written when the first arguments delta came out, the number of
 arguments deltas, and the reader's time for the whole output (the best of --runs). Run it on
@@ -45,7 +45,13 @@ BLOCKS = {
                    '</parameter>\n<parameter name="content">\n', "\n</parameter>\n</invoke>\n</minimax:tool_call>"),
     "glm": ("<tool_call>write_file\n<arg_key>path</arg_key>\n<arg_value>main.py</arg_value>\n<arg_key>content</arg_key>\n"
             "<arg_value>", "</arg_value>\n</tool_call>"),
+    # Kimi K3's XTML (the family tells it from its tokens): the think element closed, then the tools element.
+    "kimi-k3": ('<|close|>think<|sep|><|open|>tools<|sep|><|open|>call tool="write_file" index="1"<|sep|>'
+                '<|open|>argument key="path" type="string"<|sep|>main.py<|close|>argument<|sep|>'
+                '<|open|>argument key="content" type="string"<|sep|>',
+                "<|close|>argument<|sep|><|close|>call<|sep|><|close|>tools<|sep|><|close|>message<|sep|>"),
 }
+FAMILY_OF = {"kimi-k3": "kimi"}  # a block's reader, where its name is not its family's
 TOOLS = (Tool("write_file", "Write a file", {"type": "object", "properties": {
     "path": {"type": "string"}, "content": {"type": "string"}}}),)
 
@@ -86,7 +92,7 @@ def main() -> None:
     summary = {}
     content = file_text(args.chars)
     outputs = {name: (tool_format, before + arguments + after) for name, (tool_format, before, after) in FORMATS.items()}
-    outputs |= {name: (name, before + content + after) for name, (before, after) in BLOCKS.items()}
+    outputs |= {name: (FAMILY_OF.get(name, name), before + content + after) for name, (before, after) in BLOCKS.items()}
     for name, (tool_format, text) in outputs.items():
         try:
             output_parser(tool_format)
