@@ -173,3 +173,30 @@ def test_the_page_shows_the_reasoning_apart(browser, make_runner, serve_app):
     _chat_from_the_page(browser, base, "How many legs has a spider?")
     assert _text(browser, ".message.assistant .reasoning div") == THOUGHT
     assert _text(browser, ".message.assistant > div:not(.stats)") == "Eight."
+
+
+@pytest.mark.model
+def test_the_page_of_multiseq_serve_streams_a_real_models_answer(browser, start_cli):
+    """The command itself, with the bundled model and a key: the page asks for the key, shows
+    the model loaded, and a chat from its box streams SmolLM2's answer with its numbers."""
+    import re
+    import threading
+
+    from helpers import read_until
+
+    process = start_cli("serve", "-m", "smollm2-135m", "-np", "2", "-c", "2048", "--port", "0", "--no-dashboard",
+                        "-t", "1", "--api-key", KEY)
+    lines = read_until(process, "ready:")
+    [page] = [match.group(1) for line in lines if (match := re.search(r"its page at (http://127\.0\.0\.1:\d+/)", line))]
+    threading.Thread(target=lambda: [None for _ in process.stderr], daemon=True).start()
+    browser.get(page)
+    wait_until(lambda: browser.find_element("id", "key-form").is_displayed(), what="the key asked for")
+    browser.find_element("id", "key").send_keys(KEY + "\n")
+    wait_until(lambda: "smollm2-135m" in _text(browser, ".model-head") and "loaded" in _text(browser, ".model-head"),
+               what="the model shown loaded")
+    browser.find_element("id", "chat-max-tokens").clear()
+    browser.find_element("id", "chat-max-tokens").send_keys("12")
+    browser.find_element("id", "chat-input").send_keys("What is the capital of France?\n")
+    wait_until(lambda: "finished" in _text(browser, ".message.assistant .stats"), timeout=60, what="the answer's end")
+    assert _text(browser, ".message.assistant > div:not(.stats)").strip()
+    assert "generated" in _text(browser, ".message.assistant .stats") and _page_errors(browser) == []
