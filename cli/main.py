@@ -296,8 +296,9 @@ def serve(ctx_size: int | None, kv_unified: bool | None, host: str, port: int, a
     presets = preset_models(models_preset, serve, context) if models_preset is not None else []
     model_names, options["model"] = options["model"], options["model"][0]
     several = len(model_names) > 1 or models_dir is not None or bool(presets)
-    if several and ray_address is not None:
-        raise click.UsageError("--ray serves one model: give -m once, and no --models-dir or --models-preset")
+    if several and ray_address is not None and (models_max or models_memory or models_keep_alive != "-1"):
+        raise click.UsageError("with --ray every model loads on each replica: --models-max, --models-memory and "
+                               "--models-keep-alive do not apply")
     if several and models_max == 1:
         raise click.UsageError("--models-max 1 leaves no room for a second model: the first one stays loaded (the "
                                "Batch API, /metrics and the dashboard are its); give 2 or more, or 0 for all")
@@ -337,7 +338,7 @@ def serve(ctx_size: int | None, kv_unified: bool | None, host: str, port: int, a
                      f"a web page may reach this server through DNS rebinding; name this machine's hosts with "
                      f"--allowed-hosts[/]", soft_wrap=True)
     if ray_address is not None:
-        _serve_on_ray(config, settings, None if ray_address == "local" else ray_address, replicas or 1,
+        _serve_on_ray(configs, settings, None if ray_address == "local" else ray_address, replicas or 1,
                       routing or "prefix", worker_gpus or 0, host, port, share_prefixes is not False)
         return
     address = f"http://{host}:{port}"
@@ -390,10 +391,11 @@ def _check_ray_options(ray_address: str | None, replicas: int | None, routing: s
                                "(see /metrics)")
 
 
-def _serve_on_ray(config: RunnerConfig, settings: ServerSettings, address: str | None, replicas: int, routing: str,
-                  gpus: float, host: str, port: int, share_prefixes: bool) -> None:
+def _serve_on_ray(configs: list[RunnerConfig], settings: ServerSettings, address: str | None, replicas: int,
+                  routing: str, gpus: float, host: str, port: int, share_prefixes: bool) -> None:
     """`serve --ray`: the replicas on Ray Serve until Ctrl-C or SIGTERM. Each replica loads the
-    model on its own node (fetching it there if needed)."""
+    models on its own node (fetching them there if needed)."""
+    config, served = configs[0], ", ".join((settings.model_name, *settings.more_models))
     try:
         from .. import ray as multiseq_ray
         from .. import ray_serve
@@ -402,14 +404,14 @@ def _serve_on_ray(config: RunnerConfig, settings: ServerSettings, address: str |
     port = port or _free_port(host)  # Ray Serve's proxy takes no port 0
 
     def ready(address: str) -> None:
-        stderr.print(f"ready: {settings.model_name} on {replicas} Ray Serve replicas ({config.parallel} slots x "
+        stderr.print(f"ready: {served} on {replicas} Ray Serve replicas ({config.parallel} slots x "
                      f"{config.session_ctx} tokens, {config.threads} threads each; routing {routing}), serving "
                      f"{address}/v1", soft_wrap=True)
 
-    stderr.print(f"[bold]multiseq[/] {settings.model_name}: starting {replicas} replicas on Ray Serve (the model is "
+    stderr.print(f"[bold]multiseq[/] {served}: starting {replicas} replicas on Ray Serve (the model is "
                  f"loading)", soft_wrap=True)
     try:
-        ray_serve.run(config, settings, replicas, address, host, port, routing, gpus, on_ready=ready,
+        ray_serve.run(configs, settings, replicas, address, host, port, routing, gpus, on_ready=ready,
                       share_prefixes=share_prefixes)
     except (multiseq_ray.RayError, ray_serve.RayServeError) as error:
         raise click.ClickException(str(error)) from None

@@ -113,6 +113,30 @@ def test_serve_on_ray_spreads_requests_over_the_replicas_with_rays_routing_and_s
     assert "multiseq serve stopped" in rest and "Traceback" not in "".join(lines) + rest
 
 
+@model
+def test_serve_on_ray_serves_several_models_on_each_replica(start_cli):
+    """`-m` twice with --ray: one replica serves both models, each picked by a request's model,
+    and the page's /status behind the gateway names both, with their replica."""
+    process = start_cli("serve", "--ray", "--replicas", "1", "-m", MODEL, "-m", "gemma3-270m", "-np", "1", "-t", "1",
+                        "-c", "512", "--port", "0", "--no-dashboard")
+    lines = read_until(process, "ready:", timeout=180)
+    assert f"{MODEL}, gemma3-270m on 1 Ray Serve replicas" in lines[-1]
+    base = next(match.group(1) for line in lines if (match := READY.search(line)))
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
+    for name in (MODEL, "gemma3-270m"):
+        completion = client.chat.completions.create(model=name, max_tokens=3, temperature=0,
+                                                    extra_body={"ignore_eos": True},
+                                                    messages=[{"role": "user", "content": "Hi"}])
+        assert completion.model == name and completion.usage.completion_tokens == 3
+    state = json.loads(_get(base, "/status")[1])
+    assert [(model["name"], model["status"]) for model in state["models"]] == [(MODEL, "loaded"),
+                                                                               ("gemma3-270m", "loaded")]
+    assert len({model["replica"] for model in state["models"]}) == 1
+    process.send_signal(signal.SIGTERM)
+    _, rest = process.communicate(timeout=60)
+    assert process.returncode == 0 and "Traceback" not in "".join(lines) + rest
+
+
 def test_ray_options_without_ray_or_with_the_dashboard_are_usage_errors(run_cli):
     for args, words in ((["--replicas", "2"], "--replicas needs --ray"), (["--routing", "ray"], "--routing needs --ray"),
                         (["--no-share-prefixes"], "--no-share-prefixes needs --ray"),

@@ -79,10 +79,11 @@ class _GatewayDeployment:
         return self.gateway
 
 
-def build_app(config: RunnerConfig, settings: ServerSettings, replicas: int, routing: str = "prefix",
-              gpus: float = 0, max_imbalance: int | None = None, share_prefixes: bool = True):
+def build_app(config: RunnerConfig | list[RunnerConfig], settings: ServerSettings, replicas: int,
+              routing: str = "prefix", gpus: float = 0, max_imbalance: int | None = None, share_prefixes: bool = True):
     """The Ray Serve application: `replicas` Engine replicas (each a server with `config` and
-    `settings`, asking Ray for config.threads CPUs and `gpus` GPUs) behind the Gateway. Run it
+    `settings`, asking Ray for config.threads CPUs and `gpus` GPUs; with a config for each of
+    several models, every model on each replica, their threads summed) behind the Gateway. Run it
     with `serve.run(app, route_prefix="/")`, or compose it into an application of your own.
     `routing`: "prefix" (the conversation's replica unless it has more than `max_imbalance`
     requests beyond the least busy one; default: its slots, -np) or "ray" (Ray Serve's power of
@@ -93,30 +94,38 @@ def build_app(config: RunnerConfig, settings: ServerSettings, replicas: int, rou
         raise ValueError(f"routing must be one of {', '.join(ROUTINGS)}, not {routing!r}")
     if replicas < 1:
         raise ValueError("replicas must be >= 1")
+    configs = config if isinstance(config, list) else [config]
     router = (RequestRouterConfig(request_router_class=PrefixAffinityRouter, request_router_kwargs={
-        "max_imbalance": config.parallel if max_imbalance is None else max_imbalance})
+        "max_imbalance": configs[0].parallel if max_imbalance is None else max_imbalance})
         if routing == "prefix" else RequestRouterConfig(request_router_class=LeastBusyRouter))
     engine = serve.deployment(
         Engine, name=ENGINE, num_replicas=replicas,
-        ray_actor_options={"num_cpus": config.threads, "num_gpus": gpus},
-        max_ongoing_requests=settings.max_queue + config.parallel + ENGINE_EXTRA_ONGOING,
+        ray_actor_options={"num_cpus": threads_of(configs), "num_gpus": gpus},
+        max_ongoing_requests=settings.max_queue + sum(each.parallel for each in configs) + ENGINE_EXTRA_ONGOING,
         graceful_shutdown_timeout_s=GRACEFUL_SHUTDOWN_SECONDS, max_constructor_retry_count=1,
         health_check_period_s=HEALTH_CHECK_PERIOD_S,
         request_router_config=router)
     gateway = serve.deployment(serve.ingress()(_GatewayDeployment), name=GATEWAY, num_replicas=1,
                                ray_actor_options={"num_cpus": 0}, max_ongoing_requests=GATEWAY_MAX_ONGOING)
-    engines = engine.bind(config, settings, share_prefixes and routing == "prefix")
+    engines = engine.bind(configs, settings, share_prefixes and routing == "prefix")
     return gateway.bind(engines, max(settings.max_body_bytes, settings.max_upload_bytes), replicas)
 
 
-def run(config: RunnerConfig, settings: ServerSettings, replicas: int, address: str | None, host: str, port: int,
+def threads_of(configs: list[RunnerConfig]) -> int:
+    """The CPUs a replica asks for: the threads of every model it serves (they step at once)."""
+    return sum(each.threads for each in configs)
+
+
+def run(config: RunnerConfig | list[RunnerConfig], settings: ServerSettings, replicas: int, address: str | None,
+        host: str, port: int,
         routing: str = "prefix", gpus: float = 0, on_ready: Callable[[str], None] | None = None,
         share_prefixes: bool = True) -> None:
     """`multiseq serve --ray`: join the cluster at `address` (None: start a local one), run the
     application with Ray Serve's proxy on host:port, and keep it until SIGINT or SIGTERM; then
     delete it (and stop the local cluster). RayError or RayServeError: one line for the user."""
     multiseq_ray.connect(address)
-    multiseq_ray.check_cpus(replicas, config.threads, gpus, option="--replicas")
+    multiseq_ray.check_cpus(replicas, threads_of(config if isinstance(config, list) else [config]), gpus,
+                            option="--replicas")
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:

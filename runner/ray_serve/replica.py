@@ -51,7 +51,10 @@ class Engine:
     again. A prefill of it under way there is waited for while it goes forward; a transfer
     that fails leaves the request to prefill as it would have."""
 
-    def __init__(self, config: RunnerConfig, settings: ServerSettings, share_prefixes: bool = True) -> None:
+    def __init__(self, config: RunnerConfig | list[RunnerConfig], settings: ServerSettings,
+                 share_prefixes: bool = True) -> None:
+        """`config`: the model's, or each served model's (settings.model_name's, then
+        more_models'): every one loads here, each with a runner of its own."""
         context = serve.get_replica_context()
         self.name = context.replica_id.unique_id
         self._app_name = context.app_name
@@ -60,15 +63,24 @@ class Engine:
         if settings.data_dir is not None:  # each replica its own files and batches (their calls are pinned)
             settings = dataclasses.replace(settings, data_dir=settings.data_dir / f"replica-{context.rank.rank}")
         self.app = create_app(None, settings)
-        try:
-            runner = Runner(config)
-        except (BackendError, ModelError, ValueError, OSError) as error:
-            self.app.state.server.close()
-            raise RayServeError(f"the model could not load: {error}") from None
-        prepare_to_serve(runner)
-        if share_prefixes and runner.can_import_prefixes:
+        runners = self._open(config if isinstance(config, list) else [config])
+        if share_prefixes and runners[0].can_import_prefixes:  # (the first model's prefixes)
             self.app.state.server.before_submit = self._bring_prefix
-        self.app.state.server.attach(runner)
+        for model, runner in reversed(list(zip(self.app.state.server.models, runners))):
+            self.app.state.server.attach(runner, model.name)  # the first last: its batches start then
+
+    def _open(self, configs: list[RunnerConfig]) -> list[Runner]:
+        runners: list[Runner] = []
+        try:
+            for config in configs:
+                runners.append(Runner(config))
+                prepare_to_serve(runners[-1])
+        except (BackendError, ModelError, ValueError, OSError) as error:
+            for runner in runners:
+                runner.close()
+            self.app.state.server.close()
+            raise RayServeError(f"the model could not load: {error}") from None  # (the error names its file)
+        return runners
 
     async def handle_http(self, call: HttpCall) -> AsyncIterator[list[dict[str, Any]]]:
         yield [{"type": ACCEPTED, "replica": self.name}]
@@ -114,8 +126,8 @@ class Engine:
         """Before a request is queued: when the router saw another replica hold more of its
         conversation than this one, import the KV of what that replica holds of the prompt."""
         call = _CALL.get()
-        if call is None or item.request is None or call.key.is_empty:
-            return
+        if call is None or item.request is None or call.key.is_empty or runner is not self.app.state.server.runner:
+            return  # (prefixes are shared for the first model)
         start = call.key.segments[0]  # the conversation's first part: its tools, or its system prompt
         holders = call.hints.get("holders", ())
         held_here = dict(holders).get(self.name, 0)
@@ -166,8 +178,9 @@ class Engine:
         server = state.server
         server.is_draining = True
         server.close()
-        if server.runner is not None:
-            server.runner.close()
+        for model in server.models:
+            if model.runner is not None:
+                model.runner.close()
 
 
 class _Exchange:
