@@ -100,6 +100,12 @@ def prepare_constraints_of(config: RunnerConfig) -> None:
         pass
 
 
+def constraints_prepared_of(config: RunnerConfig) -> bool:
+    """Whether prepare_constraints_of has nothing (more) to do for the config's model."""
+    return config.pooling == RANK or not os.path.isfile(str(config.model)) or \
+        grammar_tokenizers.has(str(config.model))
+
+
 # What a loaded context holds besides its weights, KV and the logits of a step: llama.cpp's
 # compute buffers and the runner's own (13-14 MiB measured on Gemma 3 270M, 3-4 MiB on SmolLM2,
 # at 4,096 and 32,768 pool tokens), with room to spare.

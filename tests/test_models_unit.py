@@ -375,3 +375,25 @@ def test_requests_waiting_for_a_load_are_bounded_by_the_queue(make_runner, serve
     for thread in waiting:
         thread.join(30)
     assert answers == [200, 200] and opened == [BETA]
+
+
+def test_a_model_loaded_while_others_streamed_has_its_constraints_prepared_once_all_are_idle():
+    """A load beside streams leaves the constraints' tokenizer (it holds the GIL); the sweep
+    builds it at the first moment every loaded model is idle, once."""
+    models = ServedModels([ALPHA, BETA])
+    for model in models:
+        model.config = model.name
+    prepared: list[str] = []
+    built = {ALPHA}  # ALPHA's load built its own; BETA loaded while ALPHA streamed
+    loader = ModelLoader(models, None, None, prepare=lambda config: (prepared.append(config), built.add(config)),
+                         is_prepared=lambda config: config in built)
+    snapshot = SimpleNamespace(num_running=1)
+    models.default.runner = SimpleNamespace(num_waiting=0, latest_snapshot=snapshot, failure=None)
+    models.named(BETA).runner = SimpleNamespace(num_waiting=0, latest_snapshot=SimpleNamespace(num_running=0),
+                                                failure=None)
+    asyncio.run(loader._prepare_one_while_idle())
+    assert prepared == [], "a stream runs on ALPHA"
+    snapshot.num_running = 0
+    for _ in range(3):
+        asyncio.run(loader._prepare_one_while_idle())
+    assert prepared == [BETA]

@@ -46,7 +46,8 @@ class ModelLoader:
     def __init__(self, models: ServedModels, open_runner: Callable[[Any], Runner],
                  attach: Callable[[Runner, str], None], max_loaded: int = 0, room_timeout_s: float = 60.0,
                  on_unloaded: Callable[[Runner], None] | None = None, keep_alive_s: float = math.inf,
-                 prepare: Callable[[Any], None] | None = None, memory: MemoryBudget | None = None) -> None:
+                 prepare: Callable[[Any], None] | None = None, memory: MemoryBudget | None = None,
+                 is_prepared: Callable[[Any], bool] = lambda config: True) -> None:
         self.models = models
         self.open_runner = open_runner
         self.attach = attach
@@ -57,6 +58,8 @@ class ModelLoader:
         self.is_closed = False  # the server stopped: a load that ends now closes its runner
         self.prepare = prepare  # builds, from a config, what its load would build holding the GIL
         self.prepared: set[str] = set()  # the models whose preparation ran
+        # Whether a loaded model's load built what `prepare` builds (it does not while others stream).
+        self.is_prepared = is_prepared
         self.memory = memory  # None: loads are bounded by their count alone
 
     async def ensure_loaded(self, model: ServedModel) -> None:
@@ -217,17 +220,19 @@ class ModelLoader:
             await asyncio.sleep(SWEEP_INTERVAL_SECONDS)
 
     async def _prepare_one_while_idle(self) -> None:
-        """While every loaded model is idle, prepare one model that is not loaded (its
-        constraints' tokenizer: 780 ms with the GIL held on a 262k vocabulary, which would
-        otherwise stall every stream of the other models when it loads)."""
+        """While every loaded model is idle, prepare one model (its constraints' tokenizer: 780
+        ms with the GIL held on a 262k vocabulary, which would otherwise stall every stream of
+        the other models): one not loaded, before its load; or one loaded while others streamed,
+        whose load left it (a built one is found in the process's cache at once)."""
         if self.prepare is None or not all(model.is_idle for model in self.models if model.runner is not None):
             return
-        waiting = [model for model in self.models if model.runner is None and model.config is not None and
-                   model.loading is None and model.failure is None and model.name not in self.prepared]
+        waiting = [model for model in self.models if model.config is not None and model.loading is None and
+                   model.failure is None and model.name not in self.prepared and
+                   (model.runner is None or not self.is_prepared(model.config))]
         if not waiting:
             return
         model = waiting[0]
-        if self.memory is not None:  # what it keeps for the process must fit beside the loaded models
+        if self.memory is not None and model.runner is None:  # what it keeps must fit beside the loaded models
             loaded = [other.name for other in self.models if other.runner is not None]
             if not await self._measured(model) or not self.memory.fits(model.name, loaded, kept_only=True):
                 return

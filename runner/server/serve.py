@@ -121,6 +121,13 @@ def prepare_constraints_of(config: RunnerConfig) -> None:
     prepare(config)
 
 
+def constraints_prepared_of(config: RunnerConfig) -> bool:
+    """multiseq.loading's, imported at the first call (it loads llama.cpp)."""
+    from ..loading import constraints_prepared_of as prepared
+
+    return prepared(config)
+
+
 def memory_of(config: RunnerConfig, room_bytes: int) -> ModelMemory:
     """multiseq.loading's, imported at the first call (it loads llama.cpp)."""
     from ..loading import memory_of as measure
@@ -142,10 +149,13 @@ def hand_back_the_gil_sooner() -> None:
     sys.setswitchinterval(SERVING_SWITCH_INTERVAL_SECONDS)
 
 
-def prepare_to_serve(runner: Runner) -> None:
+def prepare_to_serve(runner: Runner, constraints: bool = True) -> None:
     """What a process does with its loaded runner before it serves (serve, and each Ray Serve
-    replica): nothing it would otherwise do at a first request, or in a long pause, then."""
-    prepare_constraints(runner)
+    replica): nothing it would otherwise do at a first request, or in a long pause, then. Without
+    `constraints` (other models stream: building them holds the GIL), they are left for an idle
+    moment (ModelLoader's sweep) or the first constrained request."""
+    if constraints:
+        prepare_constraints(runner)
     freeze_loaded_objects()
     hand_back_the_gil_sooner()
 
@@ -210,11 +220,13 @@ async def _load_at_start(server: Server, on_ready: Callable[[Runner], None] | No
         server.should_exit = True
 
 
-def _prepared(open_runner: Callable[[RunnerConfig], Runner]) -> Callable[[RunnerConfig], Runner]:
-    """open_runner, then what the process does before serving the runner (on the loading thread)."""
+def _prepared(open_runner: Callable[[RunnerConfig], Runner], others_busy: Callable[[], bool]) \
+        -> Callable[[RunnerConfig], Runner]:
+    """open_runner, then what the process does before serving the runner (on the loading thread;
+    its constraints' tokenizer only while no other model streams)."""
     def open_prepared(config: RunnerConfig) -> Runner:
         runner = open_runner(config)
-        prepare_to_serve(runner)
+        prepare_to_serve(runner, constraints=not others_busy())
         return runner
     return open_prepared
 
@@ -244,9 +256,10 @@ def serve(config: RunnerConfig | list[RunnerConfig], settings: ServerSettings, h
         model.config = model_config
     pulled = serve_pulled(state)  # the models pulled before a restart: loaded at their first request
     memory = None if settings.models_memory_bytes is None else MemoryBudget(settings.models_memory_bytes, measure_model)
-    state.loader = ModelLoader(state.models, _prepared(open_runner), state.attach, settings.models_max,
+    others_busy = lambda: any(model.runner is not None and not model.is_idle for model in state.models)  # noqa: E731
+    state.loader = ModelLoader(state.models, _prepared(open_runner, others_busy), state.attach, settings.models_max,
                                on_unloaded=state.forget_runner, keep_alive_s=settings.model_keep_alive_s,
-                               prepare=prepare_model, memory=memory)
+                               prepare=prepare_model, memory=memory, is_prepared=constraints_prepared_of)
 
     async def run() -> None:
         serving = asyncio.ensure_future(server.serve(sockets=[listener]))
