@@ -332,6 +332,20 @@ def read_raw(text: str, context: ParseContext) -> FamilyParse:
     return FamilyParse((Text(text),) if text else (), open=None if context.final else Open(len(text), RAW, Text, ()))
 
 
+def past_close(text: str, position: int, final: bool, close: str, unclosed: str) -> int:
+    """Where the text after a call block's `close` marker starts (space before it skipped): past
+    it, or the output's end where the marker was cut short (or left out) there. Pending while the
+    output may still write it; Malformed(unclosed) where other text stands there."""
+    position = skip_space(text, position)
+    if text.startswith(close, position):
+        return position + len(close)
+    if close.startswith(text[position:]):
+        if not final:
+            raise Pending
+        return len(text)
+    raise Malformed(unclosed)
+
+
 def marked_groups(text: str, context: ParseContext, marker: str, read: GroupReader,
                   stops: Sequence[str]) -> FamilyParse:
     """A body of content and groups of calls that `marker` opens (Hermes' <tool_call>, Mistral's

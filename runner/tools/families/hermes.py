@@ -15,9 +15,9 @@ call or the end says whether it was reasoning.
 
 from __future__ import annotations
 
-from ..family import Family, FamilyParse, ParseContext, skip_space, then
-from ._json_calls import (THINK_CLOSE, THINK_OPEN, Malformed, Pending, Progress, call_object, json_call_syntax, lead,
-                          marked_groups)
+from ..family import Family, FamilyParse, ParseContext, then
+from ._json_calls import (THINK_CLOSE, THINK_OPEN, Progress, call_object, json_call_syntax, lead, marked_groups,
+                          past_close)
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 UNCLOSED = f"the model's tool call is not closed by {CALL_CLOSE}"
@@ -38,15 +38,7 @@ def _body(text: str, context: ParseContext) -> FamilyParse:
 def _call_block(text: str, position: int, final: bool, progress: Progress) -> int:
     """After <tool_call>: one call object, then </tool_call> (or the end of the output)."""
     call, position = call_object(text, position, final)
-    position = skip_space(text, position)
-    if text.startswith(CALL_CLOSE, position):
-        position += len(CALL_CLOSE)
-    elif CALL_CLOSE.startswith(text[position:]):
-        if not final:
-            raise Pending
-        position = len(text)  # cut short (or left out) at the end of the output
-    else:
-        raise Malformed(UNCLOSED)
+    position = past_close(text, position, final, CALL_CLOSE, UNCLOSED)
     progress.add(call, position)
     return position
 

@@ -11,9 +11,9 @@ does not reason.
 
 from __future__ import annotations
 
-from ..family import Family, FamilyParse, ParseContext, skip_space
-from ._json_calls import (JSON_CLOSERS, Malformed, Pending, Progress, call_array, call_object, json_call_syntax,
-                          marked_groups, next_char, skip_json_space)
+from ..family import Family, FamilyParse, ParseContext
+from ._json_calls import (JSON_CLOSERS, Progress, call_array, call_object, json_call_syntax, marked_groups, next_char,
+                          past_close, skip_json_space)
 
 CALL_OPEN, CALL_CLOSE = "<|tool_call|>", "<|/tool_call|>"
 UNCLOSED = f"the model's tool call is not closed by {CALL_CLOSE}"
@@ -33,15 +33,7 @@ def _calls(text: str, position: int, final: bool, progress: Progress) -> int:
     else:
         call, position = call_object(text, position, final)
         calls = [call]
-    position = skip_space(text, position)
-    if text.startswith(CALL_CLOSE, position):
-        position += len(CALL_CLOSE)
-    elif CALL_CLOSE.startswith(text[position:]):
-        if not final:
-            raise Pending
-        position = len(text)  # cut short (or left out) at the end of the output
-    else:
-        raise Malformed(UNCLOSED)
+    position = past_close(text, position, final, CALL_CLOSE, UNCLOSED)
     for call in calls:
         progress.add(call, position)
     return position
