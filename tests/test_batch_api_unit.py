@@ -507,3 +507,19 @@ def test_a_batch_runs_on_the_model_its_lines_name_loaded_for_it(make_runner, ser
     first = upload(client, tmp_path, [chat_line("f1", model=None)], name="first.jsonl")
     batch = wait_for_end(client, run_batch(client, first.id).id)
     assert batch.model == MODEL and lines_of(client, batch.output_file_id)[0]["response"]["body"]["model"] == MODEL
+
+
+def test_a_batch_whose_requests_were_cancelled_under_it_resumes_them_and_completes_whole(batch_server, tmp_path):
+    """Requests of a running batch cancelled by something else than the batch (its model
+    unloaded under it): they get no line, and the batch runs them again instead of completing
+    without them."""
+    backend = FakeBackend(num_slots=2, window=256, n_batch=64, decode_delay=0.02, replies={HI: REPLY})
+    client, _, runner = batch_server(backend)
+    source = upload(client, tmp_path, [completion_line(f"line-{index}", max_tokens=12, ignore_eos=True)
+                                       for index in range(6)])
+    batch = run_batch(client, source.id, endpoint="/v1/completions")
+    wait_until(lambda: client.batches.retrieve(batch.id).request_counts.completed >= 1, 30, "a first line")
+    assert runner.cancel_all() > 0, "lines were running or waiting"
+    batch = wait_for_end(client, batch.id)
+    assert batch.status == "completed" and batch.request_counts.completed == 6 and batch.request_counts.failed == 0
+    assert custom_ids(lines_of(client, batch.output_file_id)) == sorted(f"line-{index}" for index in range(6))

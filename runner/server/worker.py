@@ -225,8 +225,10 @@ class BatchWorker:
             self.finish(batch, "cancelled")
 
     def _is_written(self, batch: BatchRecord) -> bool:
-        """Every line of the batch has its output or error line (a cancelled request has none)."""
-        return sum(written_ids(path)[1] for path in self._result_paths(batch.id)) >= batch.total
+        """Every line of the batch has its output or error line (a cancelled request has none):
+        the counts the run's commits left in the store, not the files read again."""
+        counts = self.store.batch(batch.id)
+        return counts is not None and counts.completed + counts.failed >= batch.total
 
     def _run(self, batch: BatchRecord, runner: Runner) -> None:
         """Run the lines of the batch that have no output line yet."""
