@@ -118,8 +118,11 @@ class SequenceMaker:
                    else config.reasoning_budget_message)
         forced = self.backend.tokenize(message + markers[1], add_special=False) if budget >= 0 else []
         marker_bytes = {token: text.encode("utf-8") for text, token in self.tools.special_markers.items()}
+        # The template's text after its opener ("<think>\n"); none where the prompt opened the block
+        # otherwise (Kimi K3's <|open|>think<|sep|>) and an earlier "<think>" is only text.
         opened = prompt.rfind(markers[0])
         after_opener = prompt[opened + len(markers[0]):] if opened >= 0 else ""
+        after_opener = after_opener if not after_opener.strip() else ""
         return ReasoningBudget(budget, markers, forced, self.tools.family.opens_reasoning(prompt),
                                lambda token: marker_bytes.get(token) or self.backend.token_bytes(token),
                                len(self.backend.tokenize(after_opener, add_special=False)) if after_opener else 0)
