@@ -1,7 +1,7 @@
-"""What the engine's owner hands out after a step: text pieces and results to the requests'
-handles, and a word to the delivery listeners once per batch of them. All of it runs on the
-owner's thread (multiseq.loop.worker), but rejecting a request that could not even be prepared,
-which its caller's thread does.
+"""What the engine's owner hands out: text pieces and results to the requests' handles, and a
+word to the delivery listeners (a server's event loop) when it says so, once for all it handed
+out since. All on the owner's thread (multiseq.loop.worker), but the rejection of a request that
+could not be prepared, on its caller's thread.
 """
 
 from __future__ import annotations
@@ -30,8 +30,7 @@ class RequestHandle:
         self._pieces: queue.SimpleQueue | None = queue.SimpleQueue() if stream else None
         self._done = threading.Event()
         self._result: Result | None = None
-        self._on_finish = on_finish
-        self._on_piece = on_piece
+        self._on_finish, self._on_piece = on_finish, on_piece
         self.is_faulty = False  # on_piece raised: nothing more is emitted, the result still comes
 
     def emit(self, piece: TextPiece) -> None:
@@ -69,66 +68,52 @@ class RequestHandle:
 
 
 class Deliveries:
-    """The handles of every request known to the engine's owner, by id, and the delivery
-    listeners. Hands a step's pieces and results to their handles, then tells the listeners."""
+    """The handles of the requests the owner knows, by id, and the delivery listeners."""
 
     def __init__(self) -> None:
         self.handles: dict[str, RequestHandle] = {}  # the owner's alone: from arrival to result
         self._listeners: list[Callable[[], None]] = []  # replaced, never changed in place
         self._listeners_lock = threading.Lock()  # for the rare writer; readers take the list as it is
-        self._is_telling_owed = False  # a delivery's listeners are still to be told (tell_owed)
+        self._is_untold = False  # something was handed out since the listeners were last told
 
-    def deliver(self, output: StepOutput, tell_now: bool = True) -> dict[str, str]:
-        """Hand text pieces and results to their handles, then tell the delivery listeners (or,
-        tell_now False, owe them that until tell_owed()). A callback that raises fails its own
-        request alone: the requests whose pieces could not be delivered, and why (the caller
-        fails them in the engine; nothing more is delivered to them until their result)."""
+    def deliver(self, output: StepOutput) -> dict[str, str]:
+        """Hand pieces and results to their handles. A callback that raises fails its own
+        request alone: the requests that could not take their pieces, and why (the caller
+        fails them in the engine; nothing more reaches them until their result)."""
         faults: dict[str, str] = {}
-        if not output.pieces and not output.finished:
-            return faults
         for piece in output.pieces:
             handle = self.handles.get(piece.request_id)
             if handle is not None and not handle.is_faulty:
                 try:
                     handle.emit(piece)
                 except Exception as error:  # noqa: BLE001 - the callback's fault is its request's
-                    faults[handle.id] = self._fault(handle, error)
+                    handle.is_faulty = True
+                    faults[handle.id] = str(RequestFault("delivering its output", error))
+                    logger.error("request %s failed: %s", handle.id, faults[handle.id], exc_info=error)
         for result in output.finished:
-            handle = self.handles.pop(result.id, None)
-            if handle is not None:
+            if (handle := self.handles.pop(result.id, None)) is not None:
                 fault = faults.get(handle.id)
                 self._finish(handle, result if fault is None else result.failed_with(fault))
-        if tell_now:
-            self.tell_listeners()
-        else:
-            self._is_telling_owed = True
+        self._is_untold |= bool(output.pieces or output.finished)
         return faults
 
-    @staticmethod
-    def _fault(handle: RequestHandle, error: Exception) -> str:
-        handle.is_faulty = True
-        fault = RequestFault("delivering its output", error)
-        logger.error("request %s failed: %s", handle.id, fault, exc_info=error)
-        return str(fault)
-
-    @staticmethod
-    def _finish(handle: RequestHandle, result: Result) -> None:
+    def _finish(self, handle: RequestHandle, result: Result) -> None:
+        self._is_untold = True
         try:
             handle.finish(result)
         except Exception:  # noqa: BLE001 - the result is set before on_finish runs: only the callback failed
             logger.exception("request %s: on_finish failed", handle.id)
 
     def fail(self, handles: list[RequestHandle], message: str) -> None:
-        """End these handles with an error result (the engine stopped: no step will), and tell
-        the listeners."""
+        """End these handles with an error result (the engine stopped: no step will), and tell."""
         for handle in handles:
             self._finish(handle, Result.failed_before_start(handle.id, message))
-        self.tell_listeners()
+        self.tell()
 
     def reject(self, handle: RequestHandle, error: str | Exception) -> None:
-        """End a request that could not even be queued, and tell the listeners. What the request
-        asked for (ValueError) or what the model cannot do with it (BackendError) is the caller's
-        error, said as is; anything else is a bug, logged, and said as one."""
+        """End a request that could not be queued, and tell. What it asked for (ValueError) or
+        what the model cannot do with it (BackendError) is the caller's error, said as is;
+        anything else is a bug, logged, and said as one."""
         if isinstance(error, PromptDoesNotFit):
             result = Result.rejected(handle.id, str(error), prompt_tokens=error.num_prompt)
         elif isinstance(error, (str, ValueError, BackendError)):
@@ -137,15 +122,13 @@ class Deliveries:
             logger.error("request %s could not be queued", handle.id, exc_info=error)
             result = Result.failed_before_start(handle.id, f"internal error: {type(error).__name__}")
         self._finish(handle, result)
-        self.tell_listeners()
+        self.tell()
 
-    def tell_owed(self) -> None:
-        """Tell the listeners of a delivery that did not (deliver(..., tell_now=False))."""
-        if self._is_telling_owed:
-            self.tell_listeners()
-
-    def tell_listeners(self) -> None:
-        self._is_telling_owed = False
+    def tell(self) -> None:
+        """Tell the listeners, where something was handed out since they were last told."""
+        if not self._is_untold:
+            return
+        self._is_untold = False
         for listener in self._listeners:
             try:
                 listener()

@@ -1,12 +1,8 @@
 """Runner: the engine behind a front that any thread may use (docs/python-api.md says what each
-call promises).
-
-The engine has one owner, a worker thread (multiseq.loop.worker); the runner's methods post
-messages to it. submit() prepares a request (tokenizes it, renders its chat, compiles its
-constraint) on the calling thread, which reads only the model and the config, and posts it;
-cancel_soon() and cancel_all_soon() post and return (an event loop calls them); cancel(),
-cancel_all(), stats(), snapshot() and between_steps() wait for the owner's reply. Readers that
-must never wait read what the owner publishes: num_waiting and latest_snapshot.
+call promises). The engine's owner is a worker thread (multiseq.loop.worker): submit() prepares
+a request on the calling thread (tokens, chat, constraint: it reads only the model and config)
+and posts it; the *_soon cancels post and return (an event loop's); the other calls wait for
+the owner's reply. num_waiting and latest_snapshot are what the owner publishes: they never wait.
 """
 
 from __future__ import annotations
@@ -26,7 +22,7 @@ from .step_output import TextPiece
 from ..kv.hostcache import PrefixHolding, SharedPrefix
 from ..request import Request, Result
 from .stats import RunnerSnapshot, RunStats
-from .worker import Arrive, Cancel, CancelAll, Inbox, Prepared, Worker
+from .worker import Arrive, Cancel, Inbox, Prepared, Worker
 
 
 class Runner:
@@ -44,12 +40,13 @@ class Runner:
         # What the model and config fix, read here once: the engine is its owner's alone.
         self._maker = self.engine.maker
         self.window: int = self.engine.window  # per slot, prompt plus generation, as enforced
+        self.allocated_window: int = backend.allocated_window  # as llama.cpp allocated it (it rounds up)
+        self.device: str | None = backend.device  # where llama.cpp placed the model (None: not said)
         self.pooling: str = self._maker.pooling  # how embedding requests pool by default
         self.tool_family: dict[str, Any] = self.engine.tools.described()  # how its calls and reasoning read
         self.can_import_prefixes: bool = self.engine.host_cache.is_enabled  # host memory is on
         self._costs = self.engine.host_cache.costs
-        self._inbox = Inbox()
-        self._deliveries = Deliveries()
+        self._inbox, self._deliveries = Inbox(), Deliveries()
         self._worker = Worker(self.engine, self._inbox, self._deliveries)
         self._request_numbers = itertools.count()
         self._closed = False
@@ -63,16 +60,6 @@ class Runner:
         from ..loading import backend_on
 
         return cls(config, backend=backend_on(model, config, owns_model=False), autostart=autostart)
-
-    @property
-    def allocated_window(self) -> int:
-        """The per-slot window llama.cpp allocated (it rounds up)."""
-        return self.backend.allocated_window
-
-    @property
-    def device(self) -> str | None:
-        """Where the model runs, as llama.cpp placed it (None: the backend does not say)."""
-        return self.backend.device
 
     # --- requests ------------------------------------------------------------------------------
 
@@ -93,8 +80,7 @@ class Runner:
         if not self._inbox.post(*[Arrive(handle) for handle in handles]):
             self._deliveries.fail(handles, self._worker.failure_message)
             return handles
-        # The owner knows them now: a cancel or a close that comes while they are prepared
-        # reaches them, and ends them as their sequences come.
+        # The owner knows them now: a cancel or a close that comes while they are prepared reaches them.
         prepared: list[Prepared] = []
         try:
             for request, handle in zip(requests, handles):
@@ -128,8 +114,6 @@ class Runner:
         """The request's prompt as tokens; any thread."""
         return self._maker.prompt_tokens(request)
 
-    # --- cancels ---------------------------------------------------------------------------------
-
     def cancel(self, request_id: str) -> bool:
         """Cancel one request; nothing more comes for it once this returns. False when unknown."""
         return self._worker.call(lambda: self._worker.cancel(request_id), runs_after_stop=True)
@@ -144,7 +128,7 @@ class Runner:
 
     def cancel_all_soon(self) -> None:
         """cancel_all() without waiting (an event loop's)."""
-        self._inbox.post(CancelAll())
+        self._inbox.post(Cancel(None))
 
     # --- what readers see ----------------------------------------------------------------------
 
@@ -160,20 +144,18 @@ class Runner:
 
     @property
     def num_waiting(self) -> int:
-        """Requests submitted and not yet in a slot (being prepared, posted, or queued). Never waits."""
+        """Requests submitted and not yet in a slot (being prepared, posted, or queued)."""
         return self._inbox.num_waiting
 
     @property
     def latest_snapshot(self) -> RunnerSnapshot:
-        """The last published snapshot (at most PUBLISH_INTERVAL_S old while requests run). Never waits."""
+        """The last snapshot published (at most PUBLISH_INTERVAL_S old while requests run)."""
         return self._worker.latest_snapshot
 
     def stats(self) -> RunStats:
-        """The totals at this moment (waits for the step under way)."""
         return self._worker.call(self.engine.stats.snapshot, runs_after_stop=True)
 
     def snapshot(self) -> RunnerSnapshot:
-        """Every slot and counter at this moment (waits for the step under way)."""
         return self._worker.call(lambda: self.engine.snapshot(time.perf_counter()), runs_after_stop=True)
 
     def reset_stats(self) -> None:

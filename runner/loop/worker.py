@@ -1,18 +1,12 @@
 """The engine's owner: one thread steps the engine, and nothing else touches it.
 
-Other threads talk to the owner through its inbox: a request's arrival (posted before it is
-prepared, so that a cancel finds it), its prepared sequence (or word that preparing failed),
-cancels, and calls (work to run between two steps, whose value a future carries back). The
-inbox's lock guards its lists and counters, never the engine.
-
-One turn of the owner: apply the messages and run the calls, plan a step, decode it (llama.cpp
-lets go of the GIL), apply the messages that came meanwhile (a cancel drops its request's
-tokens), apply the step's output, deliver the pieces and results, and publish a snapshot for
-the readers that never wait. A reply (a blocking cancel's, a call's) is sent once what its
-message ended was delivered: nothing more comes for a request whose cancel() returned.
-
-Without a worker thread (a Runner made with autostart=False), the thread that calls step() is
-the owner, and the blocking calls run the inbox on it.
+Other threads post messages to its inbox: a request's arrival (before it is prepared, so that
+a cancel finds it), its prepared sequence, cancels, and calls (work run between two steps, whose
+value a future carries back). One turn: apply the messages, plan, decode (llama.cpp lets go of
+the GIL), apply the cancels that came meanwhile (they drop their requests' tokens), apply the
+step's output, deliver it, publish a snapshot. A reply is sent once what its message ended was
+delivered: nothing more comes for a request whose cancel() returned. Without a worker thread
+(Runner(autostart=False)), the thread calling step() is the owner.
 """
 
 from __future__ import annotations
@@ -43,63 +37,59 @@ class EngineStopped(RuntimeError):
     """The engine stopped: work for it is refused, and the calls waiting are told."""
 
 
-class Arrive(NamedTuple):  # a new request, known from now on (a cancel reaches it); its sequence follows
+class Arrive(NamedTuple):  # a new request, known from now on; its Prepared follows
     handle: RequestHandle
 
 
-class Prepared(NamedTuple):  # an arrived request's sequence for the queue (None: it could not be made)
+class Prepared(NamedTuple):  # an arrived request's sequence (None: it could not be made)
     handle: RequestHandle
     seq: Sequence | None
 
 
-class Cancel(NamedTuple):  # cancel one request
-    request_id: str
+class Cancel(NamedTuple):  # one request, or (None) every request known now
+    request_id: str | None
 
 
-class CancelAll(NamedTuple):  # cancel every request known now
-    pass
-
-
-class Call(NamedTuple):  # work for the owner between two steps; reply: its value or its exception
+class Call(NamedTuple):  # work between two steps; its reply: its value or its exception
     work: Callable[[], Any]
     reply: Future
 
 
-Message = Arrive | Prepared | Cancel | CancelAll | Call
+Message = Arrive | Prepared | Cancel | Call
 
 
 class Inbox:
     """What other threads post for the owner, and the count of waiting requests they read."""
 
     def __init__(self) -> None:
-        self._lock = threading.Condition(threading.Lock())  # its condition wakes the idle owner
+        self._lock = threading.Condition(threading.Lock())  # wakes the idle owner
         self._messages: deque[Message] = deque()
         self._num_unqueued = 0  # arrived, not yet in the engine's queue (nor refused)
         self._num_queued = 0  # the engine's queue, as the owner last saw it
-        self._is_closed = False
+        self._is_closed = False  # no new request or call (cancels still come)
         self._is_stopped = False  # the engine stopped: nothing is taken any more
 
     def post(self, *messages: Message) -> bool:
-        """Post messages in order; False when the engine stopped (nothing will read them). A
-        request or a call is refused once the runner is closed."""
+        """Post messages in order; False when the engine stopped."""
         with self._lock:
             if self._is_stopped:
                 return False
-            num_arriving = sum(isinstance(message, Arrive) for message in messages)
             if self._is_closed and any(isinstance(message, (Arrive, Call)) for message in messages):
                 raise RuntimeError("the runner is closed")
-            self._num_unqueued += num_arriving
+            self._num_unqueued += sum(isinstance(message, Arrive) for message in messages)
             self._messages.extend(messages)
             self._lock.notify()
             return True
 
-    def take(self) -> list[Message]:
+    def take(self, stop: bool = False) -> list[Message]:
+        """What was posted; stop: the engine stopped for good, later posts are refused."""
         with self._lock:
+            self._is_stopped |= stop
             messages, self._messages = list(self._messages), deque()
             return messages
 
     def note_queue(self, num_settled: int, num_queued: int) -> None:
-        """num_settled arrivals left the count of those not queued; the queue holds num_queued."""
+        """num_settled arrivals were queued or refused; the engine's queue holds num_queued."""
         with self._lock:
             self._num_unqueued -= num_settled
             self._num_queued = num_queued
@@ -110,7 +100,7 @@ class Inbox:
             return self._num_unqueued + self._num_queued
 
     def wait(self, has_work: bool) -> bool:
-        """The idle owner waits here for a message; False when closed with nothing left to do."""
+        """The idle owner waits for a message; False once closed with nothing left to do."""
         with self._lock:
             while not (has_work or self._messages or self._is_closed):
                 self._lock.wait()
@@ -121,28 +111,19 @@ class Inbox:
             self._is_closed = True
             self._lock.notify()
 
-    def stop(self) -> list[Message]:
-        """The engine stopped for good: what was posted, taken; later posts are refused."""
-        with self._lock:
-            self._is_stopped = True
-        return self.take()
-
 
 class Worker:
-    """The engine's owner: its turns, the messages it applies, and its failure (Runner.failure)."""
+    """The engine's owner: its turns, the messages it applies, and its failure."""
 
     def __init__(self, engine: Engine, inbox: Inbox, deliveries: Deliveries) -> None:
-        self.engine = engine
-        self.inbox = inbox
-        self.deliveries = deliveries
+        self.engine, self.inbox, self.deliveries = engine, inbox, deliveries
         self.latest_snapshot: RunnerSnapshot = engine.snapshot(time.perf_counter())  # for readers that never wait
         self._published_at = time.perf_counter()
         self.failure: str | None = None  # why the engine stopped, once it has
         self.thread: threading.Thread | None = None
-        self._preparing: dict[str, bool] = {}  # arrived, their sequence not yet posted: whether a cancel reached it
+        self._preparing: dict[str, bool] = {}  # arrived, not yet prepared: whether a cancel reached it
         self._calls: list[Call] = []  # taken in the middle of a step: run at the next turn
-        # A call's reply (its value, or its exception), sent once what it ended is delivered.
-        self._replies: list[tuple[Future, tuple[Any, BaseException | None]]] = []
+        self._replies: list[tuple[Future, Any, BaseException | None]] = []  # sent once delivered
 
     @property
     def failure_message(self) -> str:
@@ -154,7 +135,6 @@ class Worker:
             self.thread.start()
 
     def _run(self) -> None:
-        # A call taken in the middle of a step waits for the next turn: work, as requests are.
         while self.failure is None and self.inbox.wait(self.engine.has_work or bool(self._preparing or self._calls)):
             if not self.step():
                 time.sleep(_IDLE_STEP_SECONDS)  # work exists but none could be planned yet
@@ -173,29 +153,25 @@ class Worker:
         self.apply_inbox()
         plan = self.engine.schedule()
         self._note_queue()
+        # The listeners hear of the last step's output (and of this one's retirements) as
+        # llama.cpp is about to decode without the GIL: the thread they wake (a server's event
+        # loop) takes the GIL while this one waits in llama_decode, not while it plans.
         self._deliver()
         if not plan:
-            self.deliveries.tell_owed()
             self._publish()
             return False
-        # The listeners of the last step's output are told as llama.cpp is about to decode
-        # without the GIL: the thread they wake (a server's event loop) takes the GIL while
-        # this one waits in llama_decode, not while it plans.
-        self.deliveries.tell_owed()
         executed = self.engine.execute(plan)
         self.apply_inbox(mid_step=True)  # a cancel that came during the decode drops its tokens
         self.engine.update(executed)
         self._note_queue()
         self._publish()  # before the results: readers see them counted
-        # With more to decode, the next turn tells the listeners just before its decode.
-        self._deliver(tell_now=not self.engine.has_work)
+        self._deliver(tell=not self.engine.has_work)  # else the next turn tells, before its decode
         return True
 
     def call(self, work: Callable[[], Any], runs_after_stop: bool = False) -> Any:
-        """Run work on the owner between two steps and return its value (or raise its
-        exception); without a worker thread, the inbox runs here. Once the engine stopped,
-        the work is refused (RuntimeError), or (runs_after_stop: a read, a cancel) runs here:
-        nothing steps the engine any more."""
+        """Run work on the owner between two steps; its value, or its exception raised. Once
+        the engine stopped, the work is refused, or (runs_after_stop: a read, a cancel) runs
+        here: nothing steps the engine any more."""
         if self.thread is not None and threading.current_thread() is self.thread:
             raise RuntimeError("the runner's own thread (an on_finish callback) cannot wait for a step to end")
         reply: Future = Future()
@@ -227,20 +203,28 @@ class Worker:
         num_settled = sum(self._apply(message) for message in messages)
         calls, self._calls = ([], self._calls) if mid_step else (self._calls, [])
         for call in calls:
-            self._replies.append((call.reply, _run(call.work)))
+            try:
+                self._replies.append((call.reply, call.work(), None))
+            except BaseException as error:  # noqa: BLE001 - handed back to the caller, raised there
+                self._replies.append((call.reply, None, error))
         if messages or calls:
             self._note_queue(num_settled)
             self._deliver()
-            self._send_replies()
+            replies, self._replies = self._replies, []
+            for reply, value, error in replies:
+                if error is None:
+                    reply.set_result(value)
+                else:
+                    reply.set_exception(error)
 
     def _apply(self, message: Message) -> int:
         """Apply one message; how many arrivals it settled (queued, refused or rejected)."""
         if isinstance(message, Call):
             self._calls.append(message)
+        elif isinstance(message, Cancel) and message.request_id is None:
+            self.cancel_all()
         elif isinstance(message, Cancel):
             self.cancel(message.request_id)
-        elif isinstance(message, CancelAll):
-            self.cancel_all()
         else:
             return self._settle_arrival(message)
         return 0
@@ -279,30 +263,23 @@ class Worker:
         self._preparing = dict.fromkeys(self._preparing, True)
         return num_preparing + self.engine.abort_all()
 
-    def _send_replies(self) -> None:
-        replies, self._replies = self._replies, []
-        for reply, (value, error) in replies:
-            if error is None:
-                reply.set_result(value)
-            else:
-                reply.set_exception(error)
-
     def _note_queue(self, num_settled: int = 0) -> None:
         self.inbox.note_queue(num_settled, len(self.engine.scheduler.waiting))
 
     def _publish(self, force: bool = False) -> None:
-        """Swap in a new latest snapshot when the last one is PUBLISH_INTERVAL_S old, or the
-        engine is idle (building one costs about 0.3 ms at 64 slots: too much for every step)."""
+        """A new latest snapshot once the last is PUBLISH_INTERVAL_S old, or the engine is idle
+        (one costs about 0.3 ms at 64 slots: too much for every step)."""
         now = time.perf_counter()
         if force or not self.engine.has_work or now - self._published_at >= PUBLISH_INTERVAL_S:
             self.latest_snapshot, self._published_at = self.engine.snapshot(now), now
 
-    def _deliver(self, tell_now: bool = True) -> None:
-        """Deliver what the engine produced; a request whose callback raised fails in the
-        engine, alone, and its result follows when it is retired."""
-        faults = self.deliveries.deliver(self.engine.take_output(), tell_now)
-        for request_id, message in faults.items():
+    def _deliver(self, tell: bool = True) -> None:
+        """Deliver what the engine produced (a request whose callback raised fails alone), and
+        tell the listeners."""
+        for request_id, message in self.deliveries.deliver(self.engine.take_output()).items():
             self.engine.fail_request(request_id, message)
+        if tell:
+            self.deliveries.tell()
 
     def _stop(self, error: Exception) -> None:
         """The engine cannot go on: every request ends with the reason, new ones are refused
@@ -311,11 +288,10 @@ class Worker:
                   else f"internal error ({type(error).__name__}; the log has its traceback)")
         logger.error("the engine stopped: %s", reason, exc_info=error)
         self.failure = reason
-        stopped = EngineStopped(self.failure_message)
-        messages = self.inbox.stop()
+        messages = self.inbox.take(stop=True)
         calls = self._calls + [message for message in messages if isinstance(message, Call)]
-        for reply in [reply for reply, _ in self._replies] + [call.reply for call in calls]:
-            reply.set_exception(stopped)
+        for reply in [reply for reply, _, _ in self._replies] + [call.reply for call in calls]:
+            reply.set_exception(EngineStopped(self.failure_message))
         try:
             self.engine.fail_all(self.failure_message)
             self._deliver()
@@ -325,10 +301,3 @@ class Worker:
         arrived = [message.handle for message in messages if isinstance(message, Arrive)]
         remaining, self.deliveries.handles = list(self.deliveries.handles.values()), {}
         self.deliveries.fail(remaining + arrived, self.failure_message)
-
-
-def _run(work: Callable[[], Any]) -> tuple[Any, BaseException | None]:
-    try:
-        return work(), None
-    except BaseException as error:  # noqa: BLE001 - handed back to the caller, raised there
-        return None, error
