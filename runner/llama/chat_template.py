@@ -256,9 +256,9 @@ class JinjaRenderer:
     def render(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None,
                options: Mapping[str, Any] | None = None, enable_thinking: bool | None = None,
                adjust: Callable[[list[dict]], list[dict]] | None = None, keeps_developer_role: bool = False,
-               now: datetime.datetime | None = None) -> str:
-        """The prompt text, ending where the model speaks; ValueError when the template fails or
-        refuses the messages. `adjust`: a family's own shaping of the messages after the common
+               now: datetime.datetime | None = None, generation_prompt: bool = True) -> str:
+        """The prompt text, ending where the model speaks (generation_prompt False: where the last
+        message ends); ValueError when the template fails or refuses the messages. `adjust`: a family's own shaping of the messages after the common
         one; `options`: the request's chat_template_kwargs and switches; `enable_thinking`: the
         default where options do not say (None: whether the template reasons)."""
         now = now or datetime.datetime.now()
@@ -274,7 +274,7 @@ class JinjaRenderer:
             variables["tools"] = template_tools_
         thinking = self.reasons if enable_thinking is None else enable_thinking
         variables.update(template_variables(options, thinking, now))
-        variables.update(add_generation_prompt=True, strftime_now=_strftime(now))
+        variables.update(add_generation_prompt=generation_prompt, strftime_now=_strftime(now))
         try:
             text = self._template.render(**variables)
         except RENDER_ERRORS as error:
