@@ -85,8 +85,8 @@ def without_end(turn: str, turn_end: str) -> str:
     common = next((length for length in range(min(len(turn), len(turn_end)), 0, -1)
                    if turn.endswith(turn_end[-length:]) and (length == len(turn_end) or turn_end[-length] in "<[")), 0)
     turn = turn[:len(turn) - common]
-    while (stripped := turn.rstrip()) and any(stripped.endswith(end) for end in END_OF_GENERATION):
-        turn = stripped[:-len(next(end for end in END_OF_GENERATION if stripped.endswith(end)))]
+    while end := next((end for end in END_OF_GENERATION if turn.rstrip().endswith(end)), None):
+        turn = turn.rstrip()[:-len(end)]
     return turn.rstrip()
 
 
@@ -114,12 +114,6 @@ def test_most_templates_write_calls_and_each_exception_is_a_template():
     assert "Qwen-Qwen3-0.6B.jinja" in WRITING_CALLS and "HuggingFaceTB-SmolLM3-3B.jinja" not in WRITING_CALLS
 
 
-def read(name: str, turn: str, pieces: list[str] | None):
-    source, _, prompt, _ = template(name)
-    return read_output(pieces if pieces is not None else turn, detect(source), template=source, tools=[NOTE],
-                       prompt=prompt)
-
-
 @pytest.mark.parametrize("name", WRITING_CALLS)
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
@@ -140,7 +134,8 @@ def test_a_templates_own_turn_reads_back_with_no_marker_in_its_text(name, data):
         turn = family.reasoning[1] + turn  # the template keeps no reasoning: the model's closes here
     cuts = sorted(data.draw(st.sets(st.integers(1, max(1, len(turn) - 1)), max_size=10), label="cuts"))
     for pieces in (None, [turn[start:end] for start, end in zip([0, *cuts], [*cuts, len(turn)])]):
-        parsed = read(name, turn, pieces)
+        parsed = read_output(pieces if pieces is not None else turn, family, template=source, tools=[NOTE],
+                             prompt=prompt)
         assert parsed.error is None, (parsed.error, turn)
         assert [(call.name, json.loads(call.arguments)) for call in parsed.tool_calls] == \
             [("note", arguments) for arguments in calls], turn

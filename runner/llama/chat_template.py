@@ -258,9 +258,10 @@ class JinjaRenderer:
                adjust: Callable[[list[dict]], list[dict]] | None = None, keeps_developer_role: bool = False,
                now: datetime.datetime | None = None, generation_prompt: bool = True) -> str:
         """The prompt text, ending where the model speaks (generation_prompt False: where the last
-        message ends); ValueError when the template fails or refuses the messages. `adjust`: a family's own shaping of the messages after the common
-        one; `options`: the request's chat_template_kwargs and switches; `enable_thinking`: the
-        default where options do not say (None: whether the template reasons)."""
+        message ends); ValueError when the template fails or refuses the messages. `adjust`: a
+        family's own shaping of the messages after the common one; `options`: the request's
+        chat_template_kwargs and switches; `enable_thinking`: the default where options do not
+        say (None: whether the template reasons)."""
         now = now or datetime.datetime.now()
         try:
             shaped = template_messages(messages, self.caps, keeps_developer_role)

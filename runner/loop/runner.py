@@ -153,9 +153,11 @@ class Runner:
         return self._worker.latest_snapshot
 
     def stats(self) -> RunStats:
+        """The totals at this moment (waits for the step under way)."""
         return self._worker.call(self.engine.stats.snapshot, runs_after_stop=True)
 
     def snapshot(self) -> RunnerSnapshot:
+        """Every slot and counter at this moment (waits for the step under way)."""
         return self._worker.call(lambda: self.engine.snapshot(time.perf_counter()), runs_after_stop=True)
 
     def reset_stats(self) -> None:
