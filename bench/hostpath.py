@@ -18,7 +18,7 @@ tokens, then words, some of them not ASCII), so detokenizing does real work. Its
 least likely token of every row, so no request ends before max_tokens.
 
 Each (slots, vocabulary, sampling) case runs `slots` requests of `--steps` generated tokens
-each through a Runner stepped by hand (its own step(): the locks and the delivery to the
+each through a Runner whose worker's turns are timed (its inbox and the delivery to the
 request handles included), and reports host milliseconds per decode step (the first step,
 which prefills the prompts, is left out), split into phases:
 
@@ -35,7 +35,7 @@ which prefills the prompts, is left out), split into phases:
   other). A streaming server's pieces are read on its event loop's thread as it writes them
   (see --server); here, as there, the step's thread reads an output once, when it ends
 - delivery: Engine.take_output() and Deliveries.deliver() (pieces and results to the handles)
-- other: what is left of Runner.step() (its locks, its queued commands)
+- other: what is left of the worker's turn (its inbox, its hand-over, its snapshot)
 
 With --readers (say `qwen3-xml:off,qwen3-xml`), every case runs once per reader: a family's
 name submits chats to an engine whose tool format is that family, whose prompt ends inside the
@@ -378,7 +378,7 @@ class PhaseClock:
 
     def phases(self, total: float) -> dict[str, float]:
         """The step's phases (seconds; see the module's docstring), "other" being what is left
-        of `total`, the whole Runner.step()."""
+        of `total`, the worker's whole turn."""
         raw = self.raw
         phases = {
             "schedule": raw["schedule"] - raw["plan"],
@@ -456,7 +456,7 @@ def _consume(piece) -> None:
 
 @dataclass
 class MeasuredStep:
-    """A decode step's phases (seconds), its whole Runner.step() and the clock's raw sums."""
+    """A decode step's phases (seconds), its whole worker turn and the clock's raw sums."""
 
     phases: dict[str, float]
     total: float
@@ -464,21 +464,31 @@ class MeasuredStep:
 
 
 def decode_steps(runner: Runner, handles: list, clock: PhaseClock) -> list[MeasuredStep]:
-    """Step the runner by hand until every handle is done: the steps that decoded without
-    prefilling, timed (the first step, and any with a prompt chunk, are left out)."""
+    """Start the runner (made with autostart=False) and time each of its worker's turns until
+    every handle is done: the turns that decoded without prefilling (the first, and any with a
+    prompt chunk, are left out)."""
     measured = []
-    while not all(handle.done for handle in handles):
+    turn = runner._worker._turn
+
+    def timed_turn() -> bool:
         clock.start_step()
         started = time.perf_counter()
-        stepped = runner.step()
+        stepped = turn()
         total = time.perf_counter() - started
         if stepped and not clock.had_prefill:
             measured.append(MeasuredStep(clock.phases(total), total, dict(clock.raw)))
+        return stepped
+
+    runner._worker._turn = timed_turn
+    runner.start()
+    for handle in handles:
+        handle.result()
+    runner.between_steps(lambda: None)  # the turn that ended the last request has ended too
     return measured
 
 
 def run_engine(case: Case) -> EngineRun:
-    """Run the case's requests through a hand-stepped Runner and time each step's phases."""
+    """Run the case's requests through a Runner and time each step's phases."""
     runner = Runner(case.config(), backend=case.backend(), autostart=False)
     try:
         # Every piece goes to a consumer, as a streaming server's do.

@@ -20,17 +20,17 @@ from click.testing import CliRunner
 os.environ.setdefault("MULTISEQ_VERIFY_READER", "1")
 
 from fakes import FakeBackend
-from helpers import TEST_SEED, TEST_THREADS, cores_per_worker, serving
+from helpers import TEST_SEED, TEST_THREADS, SteppedEngine, cores_per_worker, serving
 
 # The servers, batch-runs and examples the tests start in other processes use this worker's
 # share of the cores too (the default of -t and RunnerConfig.threads).
 os.environ["MULTISEQ_THREADS"] = str(TEST_THREADS)
-from multiseq import Runner, RunnerConfig, SamplingParams
+from multiseq import Engine, Runner, RunnerConfig, SamplingParams
 from multiseq.cli.interrupts import Interrupts
 from multiseq.cli.job import BatchJob, OpenedRunner
 from multiseq.cli.main import cli
 from multiseq.formats.reader import TextMode
-from multiseq.loading import open_model
+from multiseq.loading import backend_on, open_model
 
 pytest_plugins = ["pytester"]
 
@@ -147,6 +147,19 @@ def make_runner():
     assert not left, f"runner threads outlive the test: {left}"
 
 
+@pytest.fixture
+def stepped_engine():
+    """stepped_engine(backend, **config): an Engine on a FakeBackend that the test steps on its
+    own thread (helpers.SteppedEngine), its config as make_runner's."""
+    def make(backend: FakeBackend, **config) -> SteppedEngine:
+        settings = dict(parallel=backend.num_slots, slot_ctx=backend.window, n_batch=backend.n_batch,
+                        threads=THREADS, seed=SEED)
+        settings.update(config)
+        return SteppedEngine(Engine(RunnerConfig(**settings), backend))
+
+    return make
+
+
 # --- real models -----------------------------------------------------------------------------
 
 def _session_model(request, pytestconfig, name: str):
@@ -202,6 +215,22 @@ def real_runner():
     yield make
     for runner in runners:
         runner.close()
+
+
+@pytest.fixture
+def stepped_real_engine():
+    """stepped_real_engine(model, parallel, slot_ctx=512, n_batch=512, **config): an Engine over
+    a new context on an already loaded model, stepped by the test (its context freed with it)."""
+    with ExitStack() as contexts:
+        def make(model, parallel: int, slot_ctx: int = 512, n_batch: int = 512, **config) -> SteppedEngine:
+            settings = dict(model=model.path, parallel=parallel, slot_ctx=slot_ctx, n_batch=n_batch,
+                            threads=THREADS, seed=SEED)
+            settings.update(config)
+            backend = backend_on(model, RunnerConfig(**settings), owns_model=False)
+            contexts.callback(backend.close)
+            return SteppedEngine(Engine(RunnerConfig(**settings), backend))
+
+        yield make
 
 
 def _assert_slots_hold_only_kept_prefixes(runner) -> None:

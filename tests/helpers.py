@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import http.client
+import itertools
 import json
 import os
 import subprocess
@@ -111,6 +112,58 @@ def add_hub_repo(cache: Path, repo: str, files: dict[str, bytes | Path], commit:
         link.parent.mkdir(parents=True, exist_ok=True)
         link.symlink_to(os.path.relpath(blob, link.parent))
     return snapshot
+
+
+class SteppedEngine:
+    """An Engine stepped by the test's own thread, as a Runner's worker steps it (take what
+    was posted, plan, execute, update, hand out), for tests of the engine's rules step by step.
+    Its requests' results and streamed pieces, by id."""
+
+    def __init__(self, engine) -> None:
+        self.engine = engine
+        self.results: dict = {}
+        self.pieces: dict[str, list] = {}
+        self._numbers = itertools.count()
+
+    def submit(self, request, streams: bool = False) -> str:
+        """Queue a request (as the worker queues a prepared one); its id."""
+        request_id = request.id or f"req-{next(self._numbers)}"
+        self.engine.add(self.engine.new_sequence(request, request_id, streams=streams))
+        return request_id
+
+    def step(self) -> bool:
+        """One step; False when nothing could be decoded (as Runner's worker turn says)."""
+        plan = self.engine.schedule()
+        if plan:
+            self.engine.update(self.engine.execute(plan))
+        self._take_output()
+        return bool(plan)
+
+    def steps(self, count: int) -> None:
+        for _ in range(count):
+            self.step()
+
+    def run(self, max_steps: int = 5000) -> None:
+        """Step until nothing could be decoded."""
+        for _ in range(max_steps):
+            if not self.step():
+                return
+        raise AssertionError(f"still decoding after {max_steps} steps")
+
+    def result(self, request_id: str):
+        self._take_output()
+        return self.results[request_id]
+
+    def text(self, request_id: str) -> str:
+        """What was streamed for the request so far."""
+        return "".join(piece.text for piece in self.pieces.get(request_id, []))
+
+    def _take_output(self) -> None:
+        output = self.engine.take_output()
+        for piece in output.pieces:
+            self.pieces.setdefault(piece.request_id, []).append(piece)
+        for result in output.finished:
+            self.results[result.id] = result
 
 
 def run_until_done(engine, max_steps: int = 2000, after_each_step=None) -> dict:

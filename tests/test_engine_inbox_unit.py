@@ -66,13 +66,10 @@ def timed_get(base: str, path: str) -> tuple[int, bytes, float]:
     return response.status, body, elapsed
 
 
-def runner_saving_a_slot(make_runner, backend: SlowSaveBackend, autostart: bool = True):
+def runner_saving_a_slot(make_runner, backend: SlowSaveBackend):
     """A one-slot runner whose slot holds a finished conversation worth saving."""
-    runner = make_runner(backend, autostart=autostart)
+    runner = make_runner(backend)
     first = runner.submit(Request(prompt=FIRST_PROMPT, sampling=SamplingParams(max_tokens=8, temperature=0)))
-    if not autostart:
-        while runner.step():
-            pass
     assert first.result(timeout=10).ok and not backend.saves
     return runner
 
@@ -168,7 +165,7 @@ def test_a_steps_output_is_told_as_the_next_decode_begins_and_at_once_when_none_
     (the loop would take the GIL while the engine plans); after a step that leaves nothing to
     decode, at once: the last result never waits for a step that does not come."""
     backend = FakeBackend(num_slots=1)
-    runner = make_runner(backend, autostart=False)
+    runner = make_runner(backend)
     told, decodes = [], []
     decode = backend.decode
 
@@ -180,10 +177,10 @@ def test_a_steps_output_is_told_as_the_next_decode_begins_and_at_once_when_none_
     runner.add_delivery_listener(lambda: told.append(len(decodes)))
     handle = runner.submit(Request(prompt="hello", sampling=SamplingParams(max_tokens=3, temperature=0,
                                                                             ignore_eos=True)))
-    assert runner.step() and told == [], "the first token's piece is told before the next decode, not yet"
-    assert runner.step() and told == [1] and decodes == [0, 1]
-    assert runner.step() and told == [1, 2, 3], "the last step's output is told at once"
-    assert not runner.step() and handle.result().completion_tokens == 3
+    assert handle.result(timeout=5).completion_tokens == 3
+    runner.close()  # the worker has told what it handed out
+    assert decodes == [0, 1, 2], "each step's output is told before the next decode (the first has none)"
+    assert told == [1, 2, 3], "the last step's output is told at once, with no decode to wait for"
 
 
 def test_metrics_show_the_event_loop_lag(make_runner, serve_app):
@@ -232,10 +229,11 @@ def test_a_cancel_posted_for_a_queued_request_ends_it_at_the_next_step(make_runn
     else:
         runner.cancel_soon(handle.id)
     assert not handle.done, "nothing happens until the worker drains its inbox"
-    runner.step()
-    result = handle.result(timeout=1)
+    runner.start()
+    result = handle.result(timeout=5)
     assert result.finish_reason is FinishReason.CANCELLED and result.completion_tokens == 0
-    assert runner.num_waiting == 0 and runner.latest_snapshot.num_cancelled == 1
+    wait_until(lambda: runner.latest_snapshot.num_cancelled == 1, 5, "the snapshot published after the cancel")
+    assert runner.num_waiting == 0
 
 
 def test_pieces_queued_behind_a_slow_reader_come_joined_with_the_same_text(make_runner):
@@ -251,8 +249,8 @@ def test_pieces_queued_behind_a_slow_reader_come_joined_with_the_same_text(make_
     async def read_after_the_run(n: int) -> list[PieceEvent]:
         item = dataclasses.replace(prompt_item("a slow reader", max_tokens), n=n)
         job = await state.submit(runner, item)
-        while runner.step():  # every step is done before the reader reads anything
-            pass
+        runner.start()  # every step is done before the reader reads anything (the loop waits here)
+        wait_until(lambda: runner.num_waiting == 0 and runner.snapshot().num_running == 0, 10, "the run's end")
         await asyncio.sleep(0)  # the loop takes the runner's hand-overs
         return [event async for event in job.events_until_complete() if isinstance(event, PieceEvent)]
 

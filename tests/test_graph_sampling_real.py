@@ -69,19 +69,17 @@ def test_rows_that_need_the_host_share_steps_with_rows_sampled_in_the_graph(smol
     assert mixed_runner.engine.row_sampling.num_chains == 2, "the greedy and the biased requests had chains"
 
 
-def test_a_preempted_request_sampled_in_the_graph_resumes_its_draws(smollm, real_runner):
+def test_a_preempted_request_sampled_in_the_graph_resumes_its_draws(smollm, real_runner, stepped_real_engine):
     # ignore_eos: the request must still be running when the interactive one comes (where a draw
     # reaches EOS depends on the machine), and any draw will do.
     batch = Request(prompt=PROMPTS[2], id="batch", sampling=SamplingParams(
         max_tokens=24, temperature=1.0, top_k=40, seed=sampling_seed(3), ignore_eos=True), priority=Priority.BATCH)
     alone = real_runner(smollm, 1, sampling="backend").run_batch([batch])[0].text
-    runner = real_runner(smollm, 1, sampling="backend", autostart=False)
-    handle = runner.submit(batch)
-    for _ in range(8):
-        runner.step()
-    assert not handle.done, "premise: the batch request still runs after 8 steps"
-    chat = runner.submit(Request(prompt=PROMPTS[0], id="chat", sampling=GREEDY, priority=Priority.INTERACTIVE))
-    while runner.step():
-        pass
-    assert chat.result().ok and runner.stats().num_preempted == 1
-    assert handle.result().text == alone, "resumed on a new chain as if never interrupted"
+    stepped = stepped_real_engine(smollm, 1, sampling="backend")
+    stepped.submit(batch)
+    stepped.steps(8)
+    assert "batch" not in stepped.results, "premise: the batch request still runs after 8 steps"
+    stepped.submit(Request(prompt=PROMPTS[0], id="chat", sampling=GREEDY, priority=Priority.INTERACTIVE))
+    stepped.run()
+    assert stepped.result("chat").ok and stepped.engine.stats.snapshot().num_preempted == 1
+    assert stepped.result("batch").text == alone, "resumed on a new chain as if never interrupted"

@@ -5,6 +5,8 @@ step, cancel and cancel_all (hypothesis), on the fake backend."""
 from __future__ import annotations
 
 import copy
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -184,15 +186,16 @@ PROMPTS = st.text(alphabet="abcdefgh ", min_size=1, max_size=30)
 
 
 class RunnerLife(RuleBasedStateMachine):
-    """Any order of submit, step, cancel and cancel_all: every request ends exactly once, with
-    the status its history calls for; nothing is streamed for it after it ended or after its
-    cancel returned; the slots end empty but for reusable prompts."""
+    """Any order of submit, cancel and cancel_all from the test's thread, against the worker
+    stepping on its own, some cancels landing while it decodes: every request ends exactly
+    once, with the status its history calls for; nothing is streamed for it after it ended or
+    after its cancel returned; the slots end empty but for reusable prompts."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.backend = FakeBackend(num_slots=3, window=64, n_batch=24)
+        self.backend = FakeBackend(num_slots=3, window=64, n_batch=24, decode_delay=0.0005)
         config = RunnerConfig(parallel=3, slot_ctx=64, n_batch=24, threads=1, seed=0)
-        self.runner = Runner(config, backend=self.backend, autostart=False)
+        self.runner = Runner(config, backend=self.backend)
         self.handles = {}
         self.pieces: dict[str, list[str]] = {}
         self.cancelled_at: dict[str, int] = {}  # request id -> pieces streamed when cancel() returned
@@ -205,47 +208,47 @@ class RunnerLife(RuleBasedStateMachine):
     def submit(self, prompt, max_tokens, stop):
         request_id = f"r{len(self.handles)}"
         sampling = SamplingParams(max_tokens=max_tokens, temperature=0, stop=stop)
-        handle = self.runner.submit(Request(prompt=prompt, id=request_id, sampling=sampling), stream=True,
-                                    on_finish=self._on_finish)
-        self.handles[request_id] = handle
         self.pieces[request_id] = []
+        self.handles[request_id] = self.runner.submit(Request(prompt=prompt, id=request_id, sampling=sampling),
+                                                      stream=True, on_finish=self._on_finish)
 
     @rule()
-    def step(self):
-        self.runner.step()
+    def wait_for_the_step_under_way(self):
+        self.runner.between_steps(lambda: None)
         self._collect()
 
     @precondition(lambda self: self.handles)
     @rule(data=st.data())
     def cancel(self, data):
-        request_id = data.draw(st.sampled_from(sorted(self.handles)))
-        self.runner.cancel(request_id)
-        self._collect()
-        self.cancelled_at.setdefault(request_id, len(self.pieces[request_id]))
+        self._cancel(data.draw(st.sampled_from(sorted(self.handles))))
 
     @precondition(lambda self: self.handles)
     @rule(data=st.data())
-    def step_while_a_cancel_lands_mid_decode(self, data):
-        """What a client's thread may do while the worker is inside llama_decode."""
+    def cancel_while_the_worker_decodes(self, data):
+        """What a client's thread may do while the worker is inside llama_decode (when it has
+        something to decode): the cancel is posted then, and answered once the step ends."""
         request_id = data.draw(st.sampled_from(sorted(self.handles)))
-
-        def cancel_now() -> None:
-            self.backend.during_decode = None
-            self.runner.cancel(request_id)
-            self._collect()
-            self.cancelled_at.setdefault(request_id, len(self.pieces[request_id]))
-
-        self.backend.during_decode = cancel_now
-        self.runner.step()
+        decoding, go_on = threading.Event(), threading.Event()
+        self.backend.during_decode = lambda: (decoding.set(), go_on.wait(5))
+        decoding.wait(0.02)
+        canceller = threading.Thread(target=self._cancel, args=(request_id,))
+        canceller.start()
+        time.sleep(0.002)  # the cancel is posted meanwhile
         self.backend.during_decode = None
-        self._collect()
+        go_on.set()
+        canceller.join(5)
 
     @rule()
     def cancel_all(self):
         self.runner.cancel_all()
         self._collect()
-        for request_id, handle in self.handles.items():
+        for request_id in self.handles:
             self.cancelled_at.setdefault(request_id, len(self.pieces[request_id]))
+
+    def _cancel(self, request_id: str) -> None:
+        self.runner.cancel(request_id)
+        self._collect()
+        self.cancelled_at.setdefault(request_id, len(self.pieces[request_id]))
 
     def _collect(self) -> None:
         for request_id, handle in self.handles.items():
@@ -257,19 +260,22 @@ class RunnerLife(RuleBasedStateMachine):
 
     @invariant()
     def nothing_is_streamed_after_a_cancel_returned(self):
+        self._collect()
         for request_id, count in self.cancelled_at.items():
             assert len(self.pieces[request_id]) == count, f"{request_id} streamed after cancel()"
 
     @invariant()
-    def a_result_arrives_once(self):
+    def a_result_arrives_at_most_once(self):
         assert all(count == 1 for count in self.finished.values())
 
     def teardown(self):
-        while self.runner.step():
-            self._collect()
+        results = {request_id: handle.result(timeout=10) for request_id, handle in self.handles.items()}
+        self.runner.between_steps(lambda: self.backend.assert_free_slots_hold_only_kept_prompts(
+            self.runner.engine.scheduler))
+        self.runner.close()
         self._collect()
-        for request_id, handle in self.handles.items():
-            result = handle.result(timeout=0)
+        assert not self.runner.engine.has_work
+        for request_id, result in results.items():
             assert self.finished[request_id] == 1
             assert "".join(self.pieces[request_id]) == result.text, "the stream is the result's text"
             assert "internal error" not in (result.error or ""), result.error
@@ -279,9 +285,6 @@ class RunnerLife(RuleBasedStateMachine):
                     assert result.text == "" and result.completion_tokens == 0
             else:
                 assert result.ok, result
-        self.backend.assert_free_slots_hold_only_kept_prompts(self.runner.engine.scheduler)
-        assert not self.runner.engine.has_work
-        self.runner.close()
 
 
 TestRunnerLife = RunnerLife.TestCase

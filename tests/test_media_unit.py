@@ -77,20 +77,18 @@ def test_media_that_do_not_fit_or_cannot_be_read_fail_their_request_alone(make_r
     assert fine.error is None
 
 
-def test_a_medium_is_encoded_beside_the_steps_while_a_stream_is_watched(make_runner):
+def test_a_medium_is_encoded_beside_the_steps_while_a_stream_is_watched(make_runner, stepped_engine):
     """With a stream decoding, the image waits for its encoding beside the steps (the stream's
     tokens keep coming); with none, the step that needs the image encodes it at once."""
     backend = FakeBackend(num_slots=2)
-    with make_runner(backend, autostart=False) as runner:
-        stream = runner.submit(Request(prompt="Tell me", sampling=SamplingParams(max_tokens=30, temperature=0)),
-                               stream=True)
-        runner.step()  # the stream's prompt
-        image = runner.submit(ask(CAT, "What is it?"))
-        while not image.done:
-            runner.step()
-        while not stream.done:
-            runner.step()
-        assert image.result().error is None and stream.result().error is None
+    stepped = stepped_engine(backend)
+    stream = stepped.submit(Request(prompt="Tell me", sampling=SamplingParams(max_tokens=30, temperature=0)),
+                            streams=True)
+    stepped.step()  # the stream's prompt
+    image = stepped.submit(ask(CAT, "What is it?"))
+    while not {image, stream} <= stepped.results.keys():
+        stepped.step()
+    assert stepped.result(image).error is None and stepped.result(stream).error is None
     assert backend.beside_checks.count(backend.media_decodes[0][1]) == backend.encode_checks + 1
     quiet = FakeBackend(num_slots=2)
     with make_runner(quiet) as runner:

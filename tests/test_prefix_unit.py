@@ -76,18 +76,17 @@ def test_identical_prompts_prefill_once_and_decode_only_their_last_token(make_ru
     assert prefilled_tokens(backend) == len(backend.tokenize(SHARED)) + 3
 
 
-def test_a_shifted_slot_is_never_a_source_for_positions_it_no_longer_holds(make_runner):
+def test_a_shifted_slot_is_never_a_source_for_positions_it_no_longer_holds(make_runner, stepped_engine):
     long = Request(prompt=SHARED, id="long", sampling=SamplingParams(max_tokens=200, temperature=0))
     late = Request(prompt=SHARED + "and more", id="late", sampling=GREEDY)
     backend = FakeBackend(num_slots=2, window=180, n_batch=64, noisy=True)
-    with make_runner(backend, autostart=False) as runner:
-        handles = [runner.submit(long)]
-        while not backend.shifts:
-            runner.step()
-        handles.append(runner.submit(late))
-        while runner.step():
-            pass
-        results = [handle.result() for handle in handles]
+    stepped = stepped_engine(backend)
+    stepped.submit(long)
+    while not backend.shifts:
+        stepped.step()
+    stepped.submit(late)
+    stepped.run()
+    results = [stepped.result("long"), stepped.result("late")]
     keep = 1  # BOS, kept by the shift
     assert results[0].tokens_shifted_out > 0 and results[1].prompt_tokens_cached <= keep
     assert all(length <= keep for slot, source, length in backend.reuses if source == 0 and slot == 1)
@@ -111,24 +110,23 @@ def test_a_prefix_lost_from_a_sliding_window_cache_is_prefilled_in_full(make_run
     assert stats.num_prefix_hits == 0 and stats.prompt_tokens_reused == 0
 
 
-def test_a_copy_evicts_the_least_recently_used_free_slot(make_runner):
+def test_a_copy_evicts_the_least_recently_used_free_slot(stepped_engine):
     backend = FakeBackend(num_slots=3, window=256, n_batch=64)
     other = "Some other long instruction that has nothing to do with tickets at all, " * 2
+    stepped = stepped_engine(backend)
 
-    def run_alone(runner, prompt: str, **sampling) -> None:
-        runner.submit(Request(prompt=prompt, sampling=SamplingParams(temperature=0, **{"max_tokens": 4, **sampling})))
-        while runner.step() and runner.engine.scheduler.running[0].num_prompt_remaining:
+    def run_alone(prompt: str, **sampling) -> None:
+        stepped.submit(Request(prompt=prompt, sampling=SamplingParams(temperature=0, **{"max_tokens": 4, **sampling})))
+        while stepped.step() and stepped.engine.scheduler.running[0].num_prompt_remaining:
             pass
 
-    with make_runner(backend, autostart=False) as runner:
-        for prompt in ("A" * 40, "B" * 40, "C" * 40, "A" * 41):  # slots 0, 1, 2, then 0 again (its own prefix)
-            run_alone(runner, prompt)
-            while runner.step():
-                pass
-        run_alone(runner, other, max_tokens=30)  # no match anywhere: the LRU free slot, 1
-        runner.submit(Request(prompt=other + "?", id="copy", sampling=GREEDY))
-        runner.step()
-        slots = {seq.id: seq.slot for seq in runner.engine.scheduler.running}
+    for prompt in ("A" * 40, "B" * 40, "C" * 40, "A" * 41):  # slots 0, 1, 2, then 0 again (its own prefix)
+        run_alone(prompt)
+        stepped.run()
+    run_alone(other, max_tokens=30)  # no match anywhere: the LRU free slot, 1
+    stepped.submit(Request(prompt=other + "?", id="copy", sampling=GREEDY))
+    stepped.step()
+    slots = {seq.id: seq.slot for seq in stepped.engine.scheduler.running}
     busy_slot = next(slot for request_id, slot in slots.items() if request_id != "copy")
     assert busy_slot == 1 and slots["copy"] == 2, "of the free slots 0 and 2, slot 2 was used longest ago"
     assert (2, 1, len(backend.tokenize(other))) in backend.reuses

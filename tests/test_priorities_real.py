@@ -21,31 +21,28 @@ CHAT = Request(messages=[{"role": "user", "content": "Say hello."}], id="chat",
                sampling=SamplingParams(max_tokens=8, temperature=0), priority=Priority.INTERACTIVE)
 
 
-def step_until_done(runner, handles: list, max_steps: int = 500) -> None:
+def step_until_done(stepped, request_ids: list[str], max_steps: int = 500) -> None:
     for _ in range(max_steps):
-        if all(handle.done for handle in handles):
+        if set(request_ids) <= stepped.results.keys():
             return
-        runner.step()
+        stepped.step()
     raise AssertionError("not done")
 
 
 @pytest.mark.parametrize("model_name", ["smollm", "gemma"])
-def test_a_preempted_batch_request_resumes_exactly(request, model_name, real_runner):
+def test_a_preempted_batch_request_resumes_exactly(request, model_name, stepped_real_engine):
     model = request.getfixturevalue(model_name)
-    alone = real_runner(model, 1, autostart=False)
-    plain = alone.submit(BATCH_JOB)
-    step_until_done(alone, [plain])
-    runner = real_runner(model, 1, autostart=False)
-    batch = runner.submit(BATCH_JOB)
-    for _ in range(WARM_UP_STEPS):
-        runner.step()
-    assert not batch.done, f"premise: the batch request still runs after {WARM_UP_STEPS} steps"
-    chat = runner.submit(CHAT)
-    step_until_done(runner, [chat])
-    assert not batch.done, "the interactive request went first"
-    step_until_done(runner, [batch])
-    assert runner.stats().num_preempted == 1
-    assert batch.result().text == plain.result().text and batch.result().completion_tokens == 40
+    alone = stepped_real_engine(model, 1)
+    step_until_done(alone, [alone.submit(BATCH_JOB)])
+    stepped = stepped_real_engine(model, 1)
+    batch = stepped.submit(BATCH_JOB)
+    stepped.steps(WARM_UP_STEPS)
+    assert batch not in stepped.results, f"premise: the batch request still runs after {WARM_UP_STEPS} steps"
+    step_until_done(stepped, [stepped.submit(CHAT)])
+    assert batch not in stepped.results, "the interactive request went first"
+    step_until_done(stepped, [batch])
+    assert stepped.engine.stats.snapshot().num_preempted == 1
+    assert stepped.result(batch).text == alone.result(batch).text and stepped.result(batch).completion_tokens == 40
 
 
 def test_a_long_prompt_over_small_steps_gives_the_same_text_in_batch_invariant_mode(unpacked_model, real_runner):

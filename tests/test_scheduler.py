@@ -59,18 +59,16 @@ def test_every_step_holds_one_token_per_decoding_sequence_and_at_most_n_batch(ma
             assert is_prefill or num_tokens == 1
 
 
-def test_a_long_prompt_is_prefilled_in_chunks_while_others_keep_decoding(make_runner):
+def test_a_long_prompt_is_prefilled_in_chunks_while_others_keep_decoding(stepped_engine):
     backend = FakeBackend(num_slots=2, n_batch=8)
-    runner = make_runner(backend, autostart=False)
-    short = runner.submit(Request(prompt="ab", sampling=SamplingParams(max_tokens=20, temperature=0)))
-    runner.step()  # the short prompt prefills alone
-    long = runner.submit(Request(prompt="z" * 40, sampling=SamplingParams(max_tokens=2, temperature=0)))
-    while runner.step():
-        pass
-    assert short.result().completion_tokens == 20 and long.result().completion_tokens == 2
+    stepped = stepped_engine(backend)
+    short = stepped.submit(Request(prompt="ab", sampling=SamplingParams(max_tokens=20, temperature=0)))
+    stepped.step()  # the short prompt prefills alone
+    long = stepped.submit(Request(prompt="z" * 40, sampling=SamplingParams(max_tokens=2, temperature=0)))
+    stepped.run()
+    assert stepped.result(short).completion_tokens == 20 and stepped.result(long).completion_tokens == 2
     mixed = [call for call in backend.calls if any(p for _, _, p in call.entries) and call.decoding_slots]
     assert len(mixed) >= 4, "the 41-token prompt went in several chunks beside a decoding sequence"
-    runner.close()
 
 
 def test_stop_string_ends_generation_and_is_not_emitted(make_runner):
@@ -149,17 +147,11 @@ def test_requests_without_seed_follow_the_runner_seed(make_runner):
 
 
 def test_duplicate_id_while_running_is_an_error_for_that_request_only(make_runner):
-    backend = FakeBackend(num_slots=2)
-    runner = make_runner(backend, autostart=False)
-    first = runner.submit(Request(prompt="a", id="same", sampling=GREEDY))
-    second = runner.submit(Request(prompt="b", id="same", sampling=GREEDY))
-    runner.step()  # the engine's owner learns of both
-    assert second.result(timeout=1).finish_reason is FinishReason.ERROR
-    assert "already" in second.result().error
-    while runner.step():
-        pass
-    assert first.result().ok
-    runner.close()
+    with make_runner(FakeBackend(num_slots=2)) as runner:  # a batch's requests reach the engine's owner together
+        first, second = runner.run_batch([Request(prompt="a", id="same", sampling=GREEDY),
+                                          Request(prompt="b", id="same", sampling=GREEDY)])
+    assert second.finish_reason is FinishReason.ERROR and "already" in second.error
+    assert first.ok
 
 
 def test_chat_messages_are_rendered_with_the_template(make_runner):
@@ -187,14 +179,10 @@ def test_stats_count_decode_steps_and_concurrency(make_runner):
 
 
 def test_prefill_rate_is_unavailable_without_a_prefill_only_step(make_runner):
-    backend = FakeBackend(num_slots=1)
-    runner = make_runner(backend, autostart=False)
-    assert runner.stats().prefill_tokens_per_s is None
-    runner.submit(Request(prompt="abc", sampling=GREEDY))
-    while runner.step():
-        pass
-    assert runner.stats().prefill_tokens_per_s is not None
-    runner.close()
+    with make_runner(FakeBackend(num_slots=1)) as runner:
+        assert runner.stats().prefill_tokens_per_s is None
+        runner.run_batch([Request(prompt="abc", sampling=GREEDY)])
+        assert runner.stats().prefill_tokens_per_s is not None
 
 
 def test_no_kv_slot_halves_the_prompt_chunk_and_retries(make_runner):

@@ -54,25 +54,24 @@ def test_nothing_is_shared_unless_more_is_held_than_the_asker_has(make_runner):
     assert donor.backend.saves == [], "no state was saved for an ask it could not answer"
 
 
-def test_a_prefix_still_being_prefilled_is_growing_then_shared_from_the_running_slot(make_runner):
+def test_a_prefix_still_being_prefilled_is_growing_then_shared_from_the_running_slot(make_runner, stepped_engine):
     """A prompt prefilled over several steps: an ask meanwhile learns that more is coming (worth
     waiting for); once the system prompt is in, the running sequence's slot is saved and shared."""
     backend = FakeBackend(num_slots=2, window=1024, n_batch=16)
-    donor = make_runner(backend, autostart=False, step_tokens=16)
-    handle = donor.submit(chat("What is the sea?"))
-    tokens = donor.prompt_tokens(chat("Tell me about cats."))
+    donor = stepped_engine(backend, step_tokens=16)
+    request_id = donor.submit(chat("What is the sea?"))
+    tokens = donor.engine.prompt_tokens(chat("Tell me about cats."))
     donor.step()
-    early = donor.prefix_holding(tokens, share_more_than=0)
+    early = donor.engine.prefix_holding(tokens, share_more_than=0)
     assert early.is_growing and early.num_held < early.num_in_flight
-    while donor.prefix_holding(tokens).is_growing:
+    while donor.engine.prefix_holding(tokens).is_growing:
         donor.step()
-    holding = donor.prefix_holding(tokens, share_more_than=0)
-    assert not handle.done, "the sequence still runs: its slot is what is shared"
+    holding = donor.engine.prefix_holding(tokens, share_more_than=0)
+    assert request_id not in donor.results, "the sequence still runs: its slot is what is shared"
     assert holding.shared is not None and early.num_held < holding.num_held
     assert holding.num_held + MIN_WAIT_TOKENS > early.num_in_flight, "no more worth waiting for"
     assert np.array_equal(holding.shared.tokens[:holding.num_held], np.asarray(tokens[:holding.num_held]))
-    while not handle.done:
-        donor.step()
+    donor.run()
 
     receiver = make_runner(FakeBackend(num_slots=2, window=1024, n_batch=16))
     assert receiver.import_prefix(holding.shared)
@@ -101,10 +100,10 @@ def test_a_state_handed_over_as_a_read_only_view_is_kept_as_a_copy():
     assert entry.state.flags.writeable and np.array_equal(entry.state, view)
 
 
-def test_a_request_queued_but_not_yet_in_a_slot_counts_as_a_prefill_to_come(make_runner):
+def test_a_request_queued_but_not_yet_in_a_slot_counts_as_a_prefill_to_come(stepped_engine):
     """Asked right after a request with that prefix arrived (not yet stepped): the asker learns
     that the prefix is coming, and waits for it rather than computing it too."""
-    donor = make_runner(FakeBackend(num_slots=1, window=1024), autostart=False)
+    donor = stepped_engine(FakeBackend(num_slots=1, window=1024))
     donor.submit(chat("What is the sea?"))
-    holding = donor.prefix_holding(donor.prompt_tokens(chat("Tell me about cats.")))
+    holding = donor.engine.prefix_holding(donor.engine.prompt_tokens(chat("Tell me about cats.")))
     assert holding.num_held == 0 and holding.is_growing and holding.num_in_flight > len(SYSTEM) / 2

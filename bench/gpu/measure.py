@@ -9,7 +9,7 @@ Phases (issue 57), on random-weight models in real shapes made here first (make_
   clients) at np 1, 16 and 64 on the Llama-3.2-1B shape, greedy, end of generation ignored.
   Both the engine's rate (batch-run's --stats-json: first submission to last result) and the
   whole command's (model load included) are kept.
-- hostpath: a Runner stepped by hand at np 64 (bench/hostpath.py's phase clock) with the host's
+- hostpath: a Runner's worker turns timed at np 64 (bench/hostpath.py's phase clock) with the host's
   and llama.cpp's (backend) sampling, greedy and sampled: host milliseconds per step by phase,
   and the device's share (llama_decode with a llama_synchronize after it).
 - serve: `multiseq serve` and llama-server -np 64, 64 streaming chat clients (bench/load.py's

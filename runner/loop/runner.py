@@ -196,12 +196,9 @@ class Runner:
     # --- the worker --------------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Start the worker thread (autostart=False: the caller steps the runner until then)."""
+        """Start the worker thread (autostart=False: what is submitted until then waits, and the
+        first call that waits for the worker starts it)."""
         self._worker.start()
-
-    def step(self) -> bool:
-        """One turn of the engine's owner on this thread; False when there was nothing to decode."""
-        return self._worker.step()
 
     def close(self) -> None:
         """Cancel whatever is left, write the kept prefixes to the disk tier (--cache-disk),
@@ -212,10 +209,7 @@ class Runner:
         if self.failure is None:  # what the slots and host memory keep, to the disk tier (where on)
             self.between_steps(self.engine.placement.persist)
         self._inbox.close()
-        if self._worker.thread is not None:
-            self._worker.thread.join()
-        else:
-            self._worker.finish_here()
+        self._worker.thread.join()
         self.backend.close()
         self._closed = True
 

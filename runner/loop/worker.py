@@ -5,8 +5,7 @@ a cancel finds it), its prepared sequence, cancels, and calls (work run between 
 value a future carries back). One turn: apply the messages, plan, decode (llama.cpp lets go of
 the GIL), apply the cancels that came meanwhile (they drop their requests' tokens), apply the
 step's output, deliver it, publish a snapshot. A reply is sent once what its message ended was
-delivered: nothing more comes for a request whose cancel() returned. Without a worker thread
-(Runner(autostart=False)), the thread calling step() is the owner.
+delivered: nothing more comes for a request whose cancel() returned.
 """
 
 from __future__ import annotations
@@ -120,7 +119,7 @@ class Worker:
         self.latest_snapshot: RunnerSnapshot = engine.snapshot(time.perf_counter())  # for readers that never wait
         self._published_at = time.perf_counter()
         self.failure: str | None = None  # why the engine stopped, once it has
-        self.thread: threading.Thread | None = None
+        self.thread = threading.Thread(target=self._run, name="multiseq-runner", daemon=True)
         self._preparing: dict[str, bool] = {}  # arrived, not yet prepared: whether a cancel reached it
         self._calls: list[Call] = []  # taken in the middle of a step: run at the next turn
         self._replies: list[tuple[Future, Any, BaseException | None]] = []  # sent once delivered
@@ -130,24 +129,16 @@ class Worker:
         return f"the engine stopped: {self.failure}"
 
     def start(self) -> None:
-        if self.thread is None:
-            self.thread = threading.Thread(target=self._run, name="multiseq-runner", daemon=True)
+        if self.thread.ident is None:  # never started
             self.thread.start()
 
     def _run(self) -> None:
         while self.failure is None and self.inbox.wait(self.engine.has_work or bool(self._preparing or self._calls)):
-            if not self.step():
-                time.sleep(_IDLE_STEP_SECONDS)  # work exists but none could be planned yet
-
-    def step(self) -> bool:
-        """One turn; False when there was nothing to decode or the engine stopped."""
-        if self.failure is not None:
-            return False
-        try:
-            return self._turn()
-        except Exception as error:  # noqa: BLE001 - said to every request and to /health, never lost
-            self._stop(error)
-            return False
+            try:
+                if not self._turn():
+                    time.sleep(_IDLE_STEP_SECONDS)  # work exists but none could be planned yet
+            except Exception as error:  # noqa: BLE001 - said to every request and to /health, never lost
+                self._stop(error)
 
     def _turn(self) -> bool:
         self.apply_inbox()
@@ -171,28 +162,20 @@ class Worker:
     def call(self, work: Callable[[], Any], runs_after_stop: bool = False) -> Any:
         """Run work on the owner between two steps; its value, or its exception raised. Once
         the engine stopped, the work is refused, or (runs_after_stop: a read, a cancel) runs
-        here: nothing steps the engine any more."""
-        if self.thread is not None and threading.current_thread() is self.thread:
+        here: nothing steps the engine any more. A worker not yet started starts."""
+        if threading.current_thread() is self.thread:
             raise RuntimeError("the runner's own thread (an on_finish callback) cannot wait for a step to end")
         reply: Future = Future()
         try:
             if not self.inbox.post(Call(work, reply)):
                 raise EngineStopped(self.failure_message)
-            if self.thread is None:
-                self.apply_inbox()
+            self.start()
             return reply.result()
         except EngineStopped:  # before the call was posted, or while it waited
             if not runs_after_stop:
                 raise
-            if self.thread is not None:
-                self.thread.join()  # it ends right after the stop
+            self.thread.join()  # it ends right after the stop
             return work()
-
-    def finish_here(self) -> None:
-        """Turn on this thread until no work is left (a runner without a worker thread, closing)."""
-        self.apply_inbox()
-        while self.failure is None and self.engine.has_work:
-            self.step()
 
     # --- messages ----------------------------------------------------------------------------
 
