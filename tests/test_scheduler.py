@@ -150,6 +150,7 @@ def test_duplicate_id_while_running_is_an_error_for_that_request_only(make_runne
     with make_runner(FakeBackend(num_slots=2)) as runner:  # a batch's requests reach the engine's owner together
         first, second = runner.run_batch([Request(prompt="a", id="same", sampling=GREEDY),
                                           Request(prompt="b", id="same", sampling=GREEDY)])
+        assert runner.num_waiting == 0, "the duplicate is no longer counted as waiting, once and only once"
     assert second.finish_reason is FinishReason.ERROR and "already" in second.error
     assert first.ok
 

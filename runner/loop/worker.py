@@ -202,34 +202,35 @@ class Worker:
 
     def _apply(self, message: Message) -> int:
         """Apply one message; how many arrivals it settled (queued, refused or rejected)."""
-        if isinstance(message, Call):
-            self._calls.append(message)
-        elif isinstance(message, Cancel) and message.request_id is None:
-            self.cancel_all()
-        elif isinstance(message, Cancel):
-            self.cancel(message.request_id)
-        else:
-            return self._settle_arrival(message)
+        match message:
+            case Call():
+                self._calls.append(message)
+            case Cancel(None):
+                self.cancel_all()
+            case Cancel(request_id):
+                self.cancel(request_id)
+            case Arrive(handle) if handle.id in self.deliveries.handles:
+                self.engine.record_rejection()
+                self.deliveries.reject(handle, f"request id {handle.id!r} is already waiting or running")
+                return 1
+            case Arrive(handle):
+                self.deliveries.handles[handle.id] = handle
+                self._preparing[handle.id] = False
+            case Prepared(handle, seq) if self.deliveries.handles.get(handle.id) is handle:  # not a rejected duplicate
+                return self._queue(handle, seq)
         return 0
 
-    def _settle_arrival(self, message: Arrive | Prepared) -> int:
-        handle, handles = message.handle, self.deliveries.handles
-        if isinstance(message, Arrive):
-            if handle.id not in handles:
-                handles[handle.id] = handle
-                self._preparing[handle.id] = False
-                return 0
+    def _queue(self, handle: RequestHandle, seq: Sequence | None) -> int:
+        """Queue a prepared request (None: its caller ended it), cancelled at once where a
+        cancel reached it while it was prepared."""
+        was_cancelled = self._preparing.pop(handle.id)
+        if seq is None:
+            del self.deliveries.handles[handle.id]
             self.engine.record_rejection()
-            self.deliveries.reject(handle, f"request id {handle.id!r} is already waiting or running")
-        elif handles.get(handle.id) is handle:  # not a duplicate, rejected when it arrived
-            was_cancelled = self._preparing.pop(handle.id)
-            if message.seq is None:  # its caller ended it
-                del handles[handle.id]
-                self.engine.record_rejection()
-            else:
-                self.engine.add(message.seq)
-                if was_cancelled:
-                    self.engine.abort(handle.id)  # a waiting request: it ends here, never runs
+        else:
+            self.engine.add(seq)
+            if was_cancelled:
+                self.engine.abort(handle.id)  # a waiting request: it ends here, never runs
         return 1
 
     def cancel(self, request_id: str) -> bool:
