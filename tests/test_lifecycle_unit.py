@@ -268,8 +268,13 @@ class RunnerLife(RuleBasedStateMachine):
     def a_result_arrives_at_most_once(self):
         assert all(count == 1 for count in self.finished.values())
 
+    @invariant()
+    def the_waiting_count_is_never_below_zero(self):
+        assert self.runner.num_waiting >= 0
+
     def teardown(self):
         results = {request_id: handle.result(timeout=10) for request_id, handle in self.handles.items()}
+        assert self.runner.num_waiting == 0, "every request ended: none is counted as waiting"
         self.runner.between_steps(lambda: self.backend.assert_free_slots_hold_only_kept_prompts(
             self.runner.engine.scheduler))
         self.runner.close()

@@ -63,8 +63,9 @@ class Inbox:
     def __init__(self) -> None:
         self._lock = threading.Condition(threading.Lock())  # wakes the idle owner
         self._messages: deque[Message] = deque()
-        self._num_unqueued = 0  # arrived, not yet in the engine's queue (nor refused)
-        self._num_queued = 0  # the engine's queue, as the owner last saw it
+        self._num_posted = 0  # arrivals posted that the owner has not yet applied
+        self._num_taken = 0  # of them, those it took and is applying
+        self._num_known = 0  # the waiting requests it knows of (being prepared, or queued), as it last said
         self._is_closed = False  # no new request or call (cancels still come)
         self._is_stopped = False  # the engine stopped: nothing is taken any more
 
@@ -75,7 +76,7 @@ class Inbox:
                 return False
             if self._is_closed and any(isinstance(message, (Arrive, Call)) for message in messages):
                 raise RuntimeError("the runner is closed")
-            self._num_unqueued += sum(isinstance(message, Arrive) for message in messages)
+            self._num_posted += sum(isinstance(message, Arrive) for message in messages)
             self._messages.extend(messages)
             self._lock.notify()
             return True
@@ -85,18 +86,19 @@ class Inbox:
         with self._lock:
             self._is_stopped |= stop
             messages, self._messages = list(self._messages), deque()
+            self._num_taken += sum(isinstance(message, Arrive) for message in messages)
             return messages
 
-    def note_queue(self, num_settled: int, num_queued: int) -> None:
-        """num_settled arrivals were queued or refused; the engine's queue holds num_queued."""
+    def note_waiting(self, num_known: int) -> None:
+        """The owner applied what it took, and knows of num_known waiting requests."""
         with self._lock:
-            self._num_unqueued -= num_settled
-            self._num_queued = num_queued
+            self._num_posted -= self._num_taken
+            self._num_taken, self._num_known = 0, num_known
 
     @property
     def num_waiting(self) -> int:
         with self._lock:
-            return self._num_unqueued + self._num_queued
+            return self._num_posted + self._num_known
 
     def wait(self, has_work: bool) -> bool:
         """The idle owner waits for a message; False once closed with nothing left to do."""
@@ -143,7 +145,7 @@ class Worker:
     def _turn(self) -> bool:
         self.apply_inbox()
         plan = self.engine.schedule()
-        self._note_queue()
+        self._note_waiting()
         # The listeners hear of the last step's output (and of this one's retirements) as
         # llama.cpp is about to decode without the GIL: the thread they wake (a server's event
         # loop) takes the GIL while this one waits in llama_decode, not while it plans.
@@ -154,7 +156,7 @@ class Worker:
         executed = self.engine.execute(plan)
         self.apply_inbox(mid_step=True)  # a cancel that came during the decode drops its tokens
         self.engine.update(executed)
-        self._note_queue()
+        self._note_waiting()
         self._publish()  # before the results: readers see them counted
         self._deliver(tell=not self.engine.has_work)  # else the next turn tells, before its decode
         return True
@@ -183,7 +185,8 @@ class Worker:
         """Apply what was posted, in order, and (unless a step's output is yet to be applied)
         run the calls; then deliver what that ended, and send the calls' replies."""
         messages = self.inbox.take()
-        num_settled = sum(self._apply(message) for message in messages)
+        for message in messages:
+            self._apply(message)
         calls, self._calls = ([], self._calls) if mid_step else (self._calls, [])
         for call in calls:
             try:
@@ -191,7 +194,7 @@ class Worker:
             except BaseException as error:  # noqa: BLE001 - handed back to the caller, raised there
                 self._replies.append((call.reply, None, error))
         if messages or calls:
-            self._note_queue(num_settled)
+            self._note_waiting()
             self._deliver()
             replies, self._replies = self._replies, []
             for reply, value, error in replies:
@@ -200,8 +203,7 @@ class Worker:
                 else:
                     reply.set_exception(error)
 
-    def _apply(self, message: Message) -> int:
-        """Apply one message; how many arrivals it settled (queued, refused or rejected)."""
+    def _apply(self, message: Message) -> None:
         match message:
             case Call():
                 self._calls.append(message)
@@ -212,15 +214,13 @@ class Worker:
             case Arrive(handle) if handle.id in self.deliveries.handles:
                 self.engine.record_rejection()
                 self.deliveries.reject(handle, f"request id {handle.id!r} is already waiting or running")
-                return 1
             case Arrive(handle):
                 self.deliveries.handles[handle.id] = handle
                 self._preparing[handle.id] = False
             case Prepared(handle, seq) if self.deliveries.handles.get(handle.id) is handle:  # not a rejected duplicate
-                return self._queue(handle, seq)
-        return 0
+                self._queue(handle, seq)
 
-    def _queue(self, handle: RequestHandle, seq: Sequence | None) -> int:
+    def _queue(self, handle: RequestHandle, seq: Sequence | None) -> None:
         """Queue a prepared request (None: its caller ended it), cancelled at once where a
         cancel reached it while it was prepared."""
         was_cancelled = self._preparing.pop(handle.id)
@@ -231,7 +231,6 @@ class Worker:
             self.engine.add(seq)
             if was_cancelled:
                 self.engine.abort(handle.id)  # a waiting request: it ends here, never runs
-        return 1
 
     def cancel(self, request_id: str) -> bool:
         if request_id in self._preparing:
@@ -247,8 +246,8 @@ class Worker:
         self._preparing = dict.fromkeys(self._preparing, True)
         return num_preparing + self.engine.abort_all()
 
-    def _note_queue(self, num_settled: int = 0) -> None:
-        self.inbox.note_queue(num_settled, len(self.engine.scheduler.waiting))
+    def _note_waiting(self) -> None:
+        self.inbox.note_waiting(len(self._preparing) + len(self.engine.scheduler.waiting))
 
     def _publish(self, force: bool = False) -> None:
         """A new latest snapshot once the last is PUBLISH_INTERVAL_S old, or the engine is idle
