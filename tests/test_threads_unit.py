@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 from fakes import FakeBackend
 from multiseq import CANCELLED_BEFORE_START, FinishReason, Request, SamplingParams
@@ -127,3 +129,15 @@ def test_a_callback_that_waits_for_the_engine_is_told_it_cannot_instead_of_hangi
     assert len(raised) == 1 and "cannot wait for a step to end" in str(raised[0])
     assert runner.stats().num_admitted == 1, "the runner goes on"
     runner.close()
+
+
+def test_a_runner_not_started_starts_on_the_first_calls_from_several_threads(make_runner):
+    """autostart=False: what is submitted waits; the first calls that wait for the worker start
+    it, however many threads make them at once."""
+    runner = make_runner(FakeBackend(num_slots=2), autostart=False)
+    handle = runner.submit(Request(prompt="queued", sampling=SamplingParams(max_tokens=3, temperature=0)))
+    time.sleep(0.05)
+    assert not handle.done and runner.num_waiting == 1, "nothing runs before the worker starts"
+    with ThreadPoolExecutor(8) as pool:
+        totals = list(pool.map(lambda _: runner.stats(), range(8)))
+    assert len(totals) == 8 and handle.result(timeout=5).ok

@@ -122,6 +122,7 @@ class Worker:
         self._published_at = time.perf_counter()
         self.failure: str | None = None  # why the engine stopped, once it has
         self.thread = threading.Thread(target=self._run, name="multiseq-runner", daemon=True)
+        self._starting = threading.Lock()  # two callers' first calls may start it at once
         self._preparing: dict[str, bool] = {}  # arrived, not yet prepared: whether a cancel reached it
         self._calls: list[Call] = []  # taken in the middle of a step: run at the next turn
         self._replies: list[tuple[Future, Any, BaseException | None]] = []  # sent once delivered
@@ -131,8 +132,9 @@ class Worker:
         return f"the engine stopped: {self.failure}"
 
     def start(self) -> None:
-        if self.thread.ident is None:  # never started
-            self.thread.start()
+        with self._starting:
+            if self.thread.ident is None:  # never started
+                self.thread.start()
 
     def _run(self) -> None:
         while self.failure is None and self.inbox.wait(self.engine.has_work or bool(self._preparing or self._calls)):
