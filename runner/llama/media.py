@@ -82,10 +82,11 @@ class MediaChunk:
         return self.num_tokens <= n_batch or not self.non_causal
 
     def ready(self, encode_beside: bool) -> bool:
-        """Whether it may be decoded now: its embeddings are at hand, or (encode_beside False)
-        the step may encode it; else it is queued for the encoder thread (see Projector.ready)."""
+        """Whether it may be decoded now: (encode_beside False) the step may encode it, or its
+        embeddings are at hand; else it is queued for the encoder thread (see Projector.ready),
+        never where the step encodes it itself."""
         projector = self._projector() if self._projector is not None else None
-        return projector is None or projector.ready(self) or not encode_beside
+        return projector is None or not encode_beside or projector.ready(self)
 
 
 @dataclass(frozen=True)
@@ -306,10 +307,10 @@ class Projector:
                 raise BackendError("llama.cpp could not encode a media chunk")
             pointer = self._mtmd.mtmd_get_output_embd(self._ctx)
             rows = np.ctypeslib.as_array(pointer, shape=(media.num_tokens, self.n_embd)).copy()
-        with self._lock:
-            self.encode_seconds += time.perf_counter() - started
-            self.encoded += 1
-            self._keep(media.placeholder, rows)
+            with self._lock:  # kept before the next encoder looks for it
+                self.encode_seconds += time.perf_counter() - started
+                self.encoded += 1
+                self._keep(media.placeholder, rows)
         return rows
 
     def _kept(self, placeholder: int) -> np.ndarray | None:

@@ -145,7 +145,7 @@ class Worker:
                 self._stop(error)
 
     def _turn(self) -> bool:
-        self.apply_inbox()
+        self._apply_inbox()
         plan = self.engine.schedule()
         self._note_waiting()
         # The listeners hear of the last step's output (and of this one's retirements) as
@@ -156,7 +156,7 @@ class Worker:
             self._publish()
             return False
         executed = self.engine.execute(plan)
-        self.apply_inbox(mid_step=True)  # a cancel that came during the decode drops its tokens
+        self._apply_inbox(mid_step=True)  # a cancel that came during the decode drops its tokens
         self.engine.update(executed)
         self._note_waiting()
         self._publish()  # before the results: readers see them counted
@@ -183,7 +183,7 @@ class Worker:
 
     # --- messages ----------------------------------------------------------------------------
 
-    def apply_inbox(self, mid_step: bool = False) -> None:
+    def _apply_inbox(self, mid_step: bool = False) -> None:
         """Apply what was posted, in order, and (unless a step's output is yet to be applied)
         run the calls; then deliver what that ended, and send the calls' replies."""
         messages = self.inbox.take()
