@@ -1,7 +1,8 @@
 """What the engine's owner hands out: text pieces and results to the requests' handles, and a
 word to the delivery listeners (a server's event loop) when it says so, once for all it handed
 out since. All on the owner's thread (multiseq.loop.worker), but the rejection of a request that
-could not be prepared, on its caller's thread.
+could not be prepared, and the failure of requests posted after the engine stopped, on their
+caller's thread.
 """
 
 from __future__ import annotations
@@ -98,11 +99,13 @@ class Deliveries:
         return faults
 
     def _finish(self, handle: RequestHandle, result: Result) -> None:
-        self._is_untold = True
         try:
             handle.finish(result)
         except Exception:  # noqa: BLE001 - the result is set before on_finish runs: only the callback failed
             logger.exception("request %s: on_finish failed", handle.id)
+        # Marked untold once handed out: a rejection on a caller's thread, marked before its
+        # on_finish ran, could be reset by the owner's tell in between and then never told.
+        self._is_untold = True
 
     def fail(self, handles: list[RequestHandle], message: str) -> None:
         """End these handles with an error result (the engine stopped: no step will), and tell."""
