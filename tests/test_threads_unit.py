@@ -141,3 +141,34 @@ def test_a_runner_not_started_starts_on_the_first_calls_from_several_threads(mak
     with ThreadPoolExecutor(8) as pool:
         totals = list(pool.map(lambda _: runner.stats(), range(8)))
     assert len(totals) == 8 and handle.result(timeout=5).ok
+
+
+def test_an_idle_worker_sleeps_while_a_request_is_prepared(make_runner):
+    """A request being prepared (a long prompt tokenized, a schema compiled) on its caller's
+    thread gives the idle worker nothing to do: it waits for the prepared sequence instead of
+    turning (each turn plans, and publishes a snapshot); a close meanwhile still waits for it."""
+    runner = make_runner(FakeBackend(num_slots=4))
+    turns = []
+    schedule = runner.engine.schedule
+    runner.engine.schedule = lambda: (turns.append(1), schedule())[1]
+    make = runner._maker.new_sequence
+    turns_while_preparing = []
+
+    def slow(*args, **options):
+        before = len(turns)
+        time.sleep(0.3)
+        turns_while_preparing.append(len(turns) - before)
+        return make(*args, **options)
+
+    runner._maker.new_sequence = slow
+    handle = runner.submit(Request(prompt="slow to prepare", sampling=SamplingParams(max_tokens=2, temperature=0)))
+    assert handle.result(timeout=5).ok
+    assert turns_while_preparing[0] <= 1, f"{turns_while_preparing[0]} turns while the request was prepared " \
+        "(one applies its arrival)"
+    late = []
+    submitting = threading.Thread(target=lambda: late.append(runner.submit(Request(prompt="late", sampling=LONG))))
+    submitting.start()
+    time.sleep(0.05)  # it has arrived, and is being prepared
+    runner.close()
+    submitting.join(5)
+    assert late[0].result(timeout=1).finish_reason is FinishReason.CANCELLED, "the close waited for it, and ended it"

@@ -100,10 +100,11 @@ class Inbox:
         with self._lock:
             return self._num_posted + self._num_known
 
-    def wait(self, has_work: bool) -> bool:
-        """The idle owner waits for a message; False once closed with nothing left to do."""
+    def wait(self, has_work: bool, expects_messages: bool) -> bool:
+        """The idle owner waits for a message; False once closed with nothing left to do, nor
+        a message it expects (a request being prepared: its sequence comes)."""
         with self._lock:
-            while not (has_work or self._messages or self._is_closed):
+            while not (has_work or self._messages or (self._is_closed and not expects_messages)):
                 self._lock.wait()
             return has_work or bool(self._messages) or not self._is_closed
 
@@ -137,7 +138,8 @@ class Worker:
                 self.thread.start()
 
     def _run(self) -> None:
-        while self.failure is None and self.inbox.wait(self.engine.has_work or bool(self._preparing or self._calls)):
+        while self.failure is None and self.inbox.wait(self.engine.has_work or bool(self._calls),
+                                                       expects_messages=bool(self._preparing)):
             try:
                 if not self._turn():
                     time.sleep(_IDLE_STEP_SECONDS)  # work exists but none could be planned yet
