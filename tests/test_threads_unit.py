@@ -152,9 +152,10 @@ def test_an_idle_worker_sleeps_while_a_request_is_prepared(make_runner):
     schedule = runner.engine.schedule
     runner.engine.schedule = lambda: (turns.append(1), schedule())[1]
     make = runner._maker.new_sequence
-    turns_while_preparing = []
+    turns_while_preparing, preparing = [], threading.Event()
 
     def slow(*args, **options):
+        preparing.set()
         before = len(turns)
         time.sleep(0.3)
         turns_while_preparing.append(len(turns) - before)
@@ -167,8 +168,9 @@ def test_an_idle_worker_sleeps_while_a_request_is_prepared(make_runner):
         "(one applies its arrival)"
     late = []
     submitting = threading.Thread(target=lambda: late.append(runner.submit(Request(prompt="late", sampling=LONG))))
+    preparing.clear()
     submitting.start()
-    time.sleep(0.05)  # it has arrived, and is being prepared
+    assert preparing.wait(5)  # it has arrived, and is being prepared
     runner.close()
     submitting.join(5)
     assert late[0].result(timeout=1).finish_reason is FinishReason.CANCELLED, "the close waited for it, and ended it"
