@@ -117,12 +117,11 @@ def add_hub_repo(cache: Path, repo: str, files: dict[str, bytes | Path], commit:
 class SteppedEngine:
     """An Engine stepped by the test's own thread, as a Runner's worker steps it (take what
     was posted, plan, execute, update, hand out), for tests of the engine's rules step by step.
-    Its requests' results and streamed pieces, by id."""
+    Its requests' results, by id."""
 
     def __init__(self, engine) -> None:
         self.engine = engine
         self.results: dict = {}
-        self.pieces: dict[str, list] = {}
         self._numbers = itertools.count()
 
     def submit(self, request, streams: bool = False) -> str:
@@ -154,15 +153,8 @@ class SteppedEngine:
         self._take_output()
         return self.results[request_id]
 
-    def text(self, request_id: str) -> str:
-        """What was streamed for the request so far."""
-        return "".join(piece.text for piece in self.pieces.get(request_id, []))
-
     def _take_output(self) -> None:
-        output = self.engine.take_output()
-        for piece in output.pieces:
-            self.pieces.setdefault(piece.request_id, []).append(piece)
-        for result in output.finished:
+        for result in self.engine.take_output().finished:
             self.results[result.id] = result
 
 
