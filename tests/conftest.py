@@ -126,6 +126,12 @@ def hub_cache() -> Path:
 
 # --- the fake backend ------------------------------------------------------------------------
 
+def fake_config(backend: FakeBackend, **config) -> RunnerConfig:
+    """A config matching the fake's slots, window and batch size, `config` on top."""
+    return RunnerConfig(**{**dict(parallel=backend.num_slots, slot_ctx=backend.window, n_batch=backend.n_batch,
+                                  threads=THREADS, seed=SEED), **config})
+
+
 @pytest.fixture
 def make_runner():
     """make_runner(backend, autostart=True, **config): a Runner on a FakeBackend, its config
@@ -135,10 +141,7 @@ def make_runner():
     before = set(threading.enumerate())
     with ExitStack() as runners:
         def make(backend: FakeBackend, autostart: bool = True, **config) -> Runner:
-            settings = dict(parallel=backend.num_slots, slot_ctx=backend.window, n_batch=backend.n_batch,
-                            threads=THREADS, seed=SEED)
-            settings.update(config)
-            runner = Runner(RunnerConfig(**settings), backend=backend, autostart=autostart)
+            runner = Runner(fake_config(backend, **config), backend=backend, autostart=autostart)
             runners.callback(runner.close)
             return runner
 
@@ -152,10 +155,7 @@ def stepped_engine():
     """stepped_engine(backend, **config): an Engine on a FakeBackend that the test steps on its
     own thread (helpers.SteppedEngine), its config as make_runner's."""
     def make(backend: FakeBackend, **config) -> SteppedEngine:
-        settings = dict(parallel=backend.num_slots, slot_ctx=backend.window, n_batch=backend.n_batch,
-                        threads=THREADS, seed=SEED)
-        settings.update(config)
-        return SteppedEngine(Engine(RunnerConfig(**settings), backend))
+        return SteppedEngine(Engine(fake_config(backend, **config), backend))
 
     return make
 
@@ -197,6 +197,12 @@ def unpacked_model():
         model.close()
 
 
+def real_config(model, parallel: int, slot_ctx: int, n_batch: int, **config) -> RunnerConfig:
+    """A config for a new context on a loaded model, `config` on top."""
+    return RunnerConfig(**{**dict(model=model.path, parallel=parallel, slot_ctx=slot_ctx, n_batch=n_batch,
+                                  threads=THREADS, seed=SEED), **config})
+
+
 @pytest.fixture
 def real_runner():
     """real_runner(model, parallel, slot_ctx=512, n_batch=512, autostart=True, **config): a
@@ -205,10 +211,7 @@ def real_runner():
 
     def make(model, parallel: int, slot_ctx: int = 512, n_batch: int = 512, autostart: bool = True,
              **config) -> Runner:
-        settings = dict(model=model.path, parallel=parallel, slot_ctx=slot_ctx, n_batch=n_batch, threads=THREADS,
-                        seed=SEED)
-        settings.update(config)
-        runner = Runner.on_model(model, RunnerConfig(**settings), autostart=autostart)
+        runner = Runner.on_model(model, real_config(model, parallel, slot_ctx, n_batch, **config), autostart=autostart)
         runners.append(runner)
         return runner
 
@@ -223,12 +226,10 @@ def stepped_real_engine():
     a new context on an already loaded model, stepped by the test (its context freed with it)."""
     with ExitStack() as contexts:
         def make(model, parallel: int, slot_ctx: int = 512, n_batch: int = 512, **config) -> SteppedEngine:
-            settings = dict(model=model.path, parallel=parallel, slot_ctx=slot_ctx, n_batch=n_batch,
-                            threads=THREADS, seed=SEED)
-            settings.update(config)
-            backend = backend_on(model, RunnerConfig(**settings), owns_model=False)
+            runner_config = real_config(model, parallel, slot_ctx, n_batch, **config)
+            backend = backend_on(model, runner_config, owns_model=False)
             contexts.callback(backend.close)
-            return SteppedEngine(Engine(RunnerConfig(**settings), backend))
+            return SteppedEngine(Engine(runner_config, backend))
 
         yield make
 
