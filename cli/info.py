@@ -108,6 +108,7 @@ def render_report(report: dict[str, Any]) -> Group:
             ("GPU offload", offload),
             ("backends", ", ".join(build["backends"]) or "(unknown)"),
             ("CPU features", " ".join(build["cpu_features"]) or "(none reported)"),
+            ("CPU weight layouts", weight_layouts_text(build["cpu_weight_layouts"])),
             ("system info", build["system_info"]),
             ("mmap / mlock", f"{'yes' if build['supports_mmap'] else 'no'} / {'yes' if build['supports_mlock'] else 'no'}"),
     ):
@@ -121,6 +122,15 @@ def render_report(report: dict[str, Any]) -> Group:
     if "model_format" in report:
         parts += [Text(""), model_format_lines(report["model_format"])]
     return Group(*parts)
+
+
+def weight_layouts_text(layouts: list[str]) -> str:
+    """The CPU's weight layouts, and whether models use them (not where AMX's are among them)."""
+    if not layouts:
+        return "(none)"
+    if "AMX" in layouts:
+        return f"{', '.join(layouts)}: not used (this build's AMX kernels stop the process; README, 'Two commands')"
+    return ", ".join(layouts)
 
 
 def kv_lines(kv: dict[str, Any] | None) -> list[tuple[str, str]]:

@@ -138,8 +138,8 @@ def test_info_reports_the_build_the_devices_and_the_models(run_cli, hub_cache):
     assert report["models_dir"] == str(models.models_dir()) and report["hf_hub_cache"] == str(hub_cache)
     assert "hf:owner/tiny-GGUF/tiny-Q4_K_M.gguf" in [entry["name"] for entry in report["models"]]
     text = run_cli("info").stdout
-    for expected in ("llama-cpp-python", "GPU offload", "backends", "CPU features", str(models.models_dir()),
-                     "hf:owner/tiny-GGUF/tiny-Q4_K_M.gguf"):
+    for expected in ("llama-cpp-python", "GPU offload", "backends", "CPU features", "CPU weight layouts",
+                     str(models.models_dir()), "hf:owner/tiny-GGUF/tiny-Q4_K_M.gguf"):
         assert expected in text, expected
 
 

@@ -37,6 +37,7 @@ class LlamaBuild:
     backends: list[str]
     devices: list[Device]
     cpu_features: list[str]  # the CPU features the build uses (AVX2, NEON, ...), from system_info
+    cpu_weight_layouts: list[str]  # the CPU's extra buffer types (AMX, CPU_REPACK, ...): see cpu_extra_buffer_types
     system_info: str  # llama_print_system_info(), as llama.cpp prints it
 
 
@@ -103,6 +104,14 @@ class GgmlRegistry:
         library.ggml_backend_dev_memory.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t),
                                                     ctypes.POINTER(ctypes.c_size_t)]
         library.ggml_backend_dev_memory.restype = None
+        library.ggml_backend_dev_by_type.argtypes = [ctypes.c_int]
+        library.ggml_backend_dev_by_type.restype = ctypes.c_void_p
+        library.ggml_backend_dev_backend_reg.argtypes = [ctypes.c_void_p]
+        library.ggml_backend_dev_backend_reg.restype = ctypes.c_void_p
+        library.ggml_backend_reg_get_proc_address.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+        library.ggml_backend_reg_get_proc_address.restype = ctypes.c_void_p
+        library.ggml_backend_buft_name.argtypes = [ctypes.c_void_p]
+        library.ggml_backend_buft_name.restype = ctypes.c_char_p
         self._library = library
 
     def backends(self) -> list[str]:
@@ -125,6 +134,26 @@ class GgmlRegistry:
                                 _DEVICE_KINDS[kind] if 0 <= kind < len(_DEVICE_KINDS) else str(kind),
                                 free.value, total.value))
         return found
+
+
+    def cpu_extra_buffer_types(self) -> list[str]:
+        """The names of the CPU's extra buffer types (AMX, CPU_REPACK, ...): the weight layouts
+        llama.cpp may load a model's weights into, for its faster kernels."""
+        library = self._library
+        cpu = library.ggml_backend_dev_by_type(_DEVICE_KINDS.index("CPU"))
+        address = library.ggml_backend_reg_get_proc_address(library.ggml_backend_dev_backend_reg(cpu),
+                                                            b"ggml_backend_dev_get_extra_bufts") if cpu else None
+        if not address:
+            return []
+        buffer_types = _GET_EXTRA_BUFFER_TYPES(address)(cpu)
+        names = []
+        while buffer_types and buffer_types[len(names)]:
+            names.append(text_of(library.ggml_backend_buft_name(buffer_types[len(names)])))
+        return names
+
+
+# ggml_backend_dev_get_extra_bufts_t: a device's extra buffer types, a NULL-terminated array
+_GET_EXTRA_BUFFER_TYPES = ctypes.CFUNCTYPE(ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p)
 
 
 class Platform:
@@ -161,6 +190,12 @@ class Platform:
         registry = self._ggml()
         return registry.devices() if registry is not None else []
 
+    def cpu_extra_buffer_types(self) -> list[str]:
+        """The CPU's extra buffer types this build would load weights into (AMX, CPU_REPACK, ...)."""
+        self._ready()
+        registry = self._ggml()
+        return registry.cpu_extra_buffer_types() if registry is not None else []
+
     def device_descriptions(self) -> dict[str, str]:
         return {device.name: device.description for device in self.devices()}
 
@@ -182,7 +217,8 @@ class Platform:
         return LlamaBuild(llama_cpp_python=llama.__version__, gpu_offload=bool(llama.llama_supports_gpu_offload()),
                           max_devices=int(llama.llama_max_devices()), supports_mmap=bool(llama.llama_supports_mmap()),
                           supports_mlock=bool(llama.llama_supports_mlock()), backends=self.backends(),
-                          devices=self.devices(), cpu_features=cpu_features(system_info), system_info=system_info)
+                          devices=self.devices(), cpu_features=cpu_features(system_info),
+                          cpu_weight_layouts=self.cpu_extra_buffer_types(), system_info=system_info)
 
 
 _no_gpu_noted = False
