@@ -16,6 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .. import models
+from ..llama.devices import extra_layouts_are_safe
 
 
 @dataclass(frozen=True)
@@ -128,7 +129,7 @@ def weight_layouts_text(layouts: list[str]) -> str:
     """The CPU's weight layouts, and whether models use them (not where AMX's are among them)."""
     if not layouts:
         return "(none)"
-    if "AMX" in layouts:
+    if not extra_layouts_are_safe(layouts):
         return f"{', '.join(layouts)}: not used (this build's AMX kernels stop the process; README, 'Two commands')"
     return ", ".join(layouts)
 

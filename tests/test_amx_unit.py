@@ -1,13 +1,14 @@
 """llama.cpp's AMX kernels stop the process with an illegal instruction (this llama.cpp loses
-their tile configuration): where the build would load weights for them, the model is loaded
-without extra buffer types, and a warning says so once."""
+their tile configuration): where the build would load weights for them, a model is loaded
+without the CPU's extra layouts, and a warning says so once, after the model loaded."""
 
 import logging
 
 import pytest
 
-from multiseq.llama import backend
+from multiseq.llama import backend, devices
 from multiseq.llama.devices import system_info_sections
+from multiseq.loading import open_model
 
 
 def test_the_cpu_extra_buffer_types_are_the_ones_the_build_says_it_has():
@@ -18,9 +19,9 @@ def test_the_cpu_extra_buffer_types_are_the_ones_the_build_says_it_has():
 
 
 @pytest.fixture
-def extra_buffer_types(monkeypatch):
-    """Set the CPU's extra buffer types the model loader sees; the warning not yet given."""
-    monkeypatch.setattr(backend, "_amx_noted", False)
+def cpu_layouts(monkeypatch):
+    """Set the CPU's extra layouts the model loader sees; the warning not yet given."""
+    monkeypatch.setattr(devices, "_not_repacked_noted", False)
     return lambda names: monkeypatch.setattr(backend._platform, "cpu_extra_buffer_types", lambda: names)
 
 
@@ -29,17 +30,25 @@ def use_extra_buffer_types(repack_weights: bool) -> bool:
     return bool(model._model_params(repack_weights, None, 0, "layer", None).use_extra_bufts)
 
 
-def test_weights_are_repacked_where_the_build_has_no_amx_kernels(extra_buffer_types, caplog):
-    extra_buffer_types(["CPU_REPACK"])
+def test_weights_are_repacked_where_the_build_has_no_amx_kernels(cpu_layouts):
+    cpu_layouts(["CPU_REPACK"])
     assert use_extra_buffer_types(repack_weights=True)
     assert not use_extra_buffer_types(repack_weights=False)
-    assert not caplog.records
 
 
-def test_a_build_with_amx_kernels_loads_weights_without_them_and_says_so_once(extra_buffer_types, caplog):
-    extra_buffer_types(["AMX", "CPU_REPACK"])
+def test_a_build_with_amx_kernels_loads_weights_without_the_extra_layouts(cpu_layouts):
+    cpu_layouts(["AMX", "CPU_REPACK"])
+    assert not use_extra_buffer_types(repack_weights=True)
+
+
+@pytest.mark.model
+def test_a_model_loaded_without_its_amx_layouts_says_so_once_and_runs(cpu_layouts, caplog):
+    cpu_layouts(["AMX", "CPU_REPACK"])
     with caplog.at_level(logging.WARNING, logger="multiseq.backend"):
-        assert not use_extra_buffer_types(repack_weights=True)
-        assert not use_extra_buffer_types(repack_weights=True)
-    [warning] = [record.getMessage() for record in caplog.records]
+        first, second = open_model("smollm2-135m"), open_model("smollm2-135m")
+    [warning] = [record.getMessage() for record in caplog.records if record.name == "multiseq.backend"]
     assert "AMX" in warning and "not repacked" in warning
+    assert not first.params.use_extra_bufts and not second.params.use_extra_bufts
+    caplog.clear()
+    open_model("smollm2-135m", repack_weights=False)
+    assert not caplog.records, "a model asked without repacking is not a loss worth a warning"

@@ -42,7 +42,7 @@ from .chains import SlotChains
 from .embeddings import POOLING_NAMES, EmbeddingOutput
 from .facts import read_model_facts
 from .adapters import AdapterSets, load_adapter
-from .devices import Platform, describe_placement, note_no_gpu
+from .devices import Platform, describe_placement, extra_layouts_are_safe, note_no_gpu, note_weights_not_repacked
 from .kv import KV_TYPES, SlotKv, kv_bytes_per_token
 from .layout import moved_states, put_back
 from .media import MediaDecoder, MediaPrompt, Projector, is_placeholder
@@ -127,6 +127,8 @@ class LlamaModel:
         if not self.handle:
             cause = f": {log.errors[0]}" if log.errors else ""
             raise BackendError(f"llama.cpp could not load the model file {model_path}{cause}")
+        if repack_weights and not self.params.use_extra_bufts:
+            note_weights_not_repacked()
         self.layer_devices: dict[str, int] = layer_devices(log.lines)
         self.path = str(model_path)
         self.facts = read_model_facts(llama, self.handle, self.path)  # what model lists say of it
@@ -167,7 +169,7 @@ class LlamaModel:
         # llama.cpp repacks some weight types for faster matrix products, which then take a
         # batch's tokens four at a time and its last ones one by one, with other rounding: a
         # token's numbers would depend on how many tokens share its micro-batch.
-        params.use_extra_bufts = repack_weights and not _amx_would_load_weights()
+        params.use_extra_bufts = repack_weights and extra_layouts_are_safe(_platform.cpu_extra_buffer_types())
         if n_gpu_layers is not None:
             params.n_gpu_layers = n_gpu_layers
         params.main_gpu = main_gpu
@@ -470,26 +472,6 @@ class LlamaBackend:
 grammar_tokenizers = GrammarTokenizers(lambda path: LlamaModel(path, vocab_only=True))
 
 # --- where things run --------------------------------------------------------------------------
-
-def _amx_would_load_weights() -> bool:
-    """Whether llama.cpp would load weights for its AMX kernels (a build for a CPU with AMX, on
-    one whose kernel allows it), which in this llama.cpp stop the process with an illegal
-    instruction at the first matrix product (their tile configuration is lost; llama.cpp pull
-    request 26954). Said once per process: the extra buffer types are then left off, and the
-    weights are not repacked for the CPU's other fast kernels either."""
-    global _amx_noted
-    if "AMX" not in _platform.cpu_extra_buffer_types():
-        return False
-    if not _amx_noted:
-        _amx_noted = True
-        notices.warning("this llama.cpp build has AMX kernels, which stop the process on this CPU: the weights are "
-                        "not repacked (slower prompts); the README's 'Two commands' says how to build "
-                        "llama-cpp-python without AMX")
-    return True
-
-
-_amx_noted = False
-
 
 def gpu_offload_supported() -> bool:
     """Whether this llama.cpp build has a GPU backend (CUDA, Metal, Vulkan, ...)."""

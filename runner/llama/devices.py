@@ -233,3 +233,24 @@ def note_no_gpu(n_gpu_layers: int) -> None:
             f"no GPU backend in this llama.cpp build (CPU only): n_gpu_layers {n_gpu_layers} (-ngl) has no effect, "
             f"the model runs on the CPU; `multiseq info` shows the build, and the README's GPU section how to "
             f"install one with a GPU backend")
+
+
+def extra_layouts_are_safe(layouts: list[str]) -> bool:
+    """Whether a model may load its weights into the CPU's extra layouts: not where AMX's are
+    among them (a build for a CPU with AMX, on one whose kernel allows it). In this llama.cpp the
+    AMX kernels stop the process with an illegal instruction at the first matrix product: they
+    lose their tile configuration (llama.cpp pull request 26954)."""
+    return "AMX" not in layouts
+
+
+_not_repacked_noted = False
+
+
+def note_weights_not_repacked() -> None:
+    """Say once per process that a model was loaded without the extra layouts, for AMX's sake."""
+    global _not_repacked_noted
+    if not _not_repacked_noted:
+        _not_repacked_noted = True
+        logging.getLogger("multiseq.backend").warning(
+            "this llama.cpp build has AMX kernels, which stop the process on this CPU: the weights are not repacked "
+            "(slower prompts); the README's 'Two commands' says how to build llama-cpp-python without AMX")
