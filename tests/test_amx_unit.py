@@ -21,7 +21,7 @@ def test_the_cpu_extra_buffer_types_are_the_ones_the_build_says_it_has():
 @pytest.fixture
 def cpu_layouts(monkeypatch):
     """Set the CPU's extra layouts the model loader sees; the warning not yet given."""
-    monkeypatch.setattr(devices, "_not_repacked_noted", False)
+    monkeypatch.setattr(devices, "_notices_said", set())
     return lambda names: monkeypatch.setattr(backend._platform, "cpu_extra_buffer_types", lambda: names)
 
 

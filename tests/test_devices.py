@@ -116,7 +116,7 @@ def test_flash_attention_as_llama_cpp_reports_it():
 
 
 def test_the_no_gpu_notice_is_said_once(monkeypatch, caplog):
-    monkeypatch.setattr(llama_devices, "_no_gpu_noted", False)
+    monkeypatch.setattr(llama_devices, "_notices_said", set())
     with caplog.at_level(logging.WARNING, logger="multiseq.backend"):
         llama_devices.note_no_gpu(99)
         llama_devices.note_no_gpu(-1)
@@ -180,7 +180,7 @@ def test_batch_invariant_contexts_run_without_flash_attention(unpacked_model, re
 def test_a_runner_config_reaches_the_model_it_loads(monkeypatch, caplog):
     """RunnerConfig -> the model llama.cpp loads; on a CPU-only build the notice comes once,
     however many models load."""
-    monkeypatch.setattr(llama_devices, "_no_gpu_noted", False)
+    monkeypatch.setattr(llama_devices, "_notices_said", set())
     config = RunnerConfig(model="smollm2-135m", parallel=2, slot_ctx=64, threads=2, n_gpu_layers=7, split_mode="row",
                           tensor_split=(1, 2), flash_attn="off")
     with caplog.at_level(logging.WARNING, logger="multiseq.backend"):

@@ -135,7 +135,6 @@ class GgmlRegistry:
                                 free.value, total.value))
         return found
 
-
     def cpu_extra_buffer_types(self) -> list[str]:
         """The names of the CPU's extra buffer types (AMX, CPU_REPACK, ...): the weight layouts
         llama.cpp may load a model's weights into, for its faster kernels."""
@@ -221,18 +220,20 @@ class Platform:
                           cpu_weight_layouts=self.cpu_extra_buffer_types(), system_info=system_info)
 
 
-_no_gpu_noted = False
+_notices_said: set[str] = set()  # the notices already said in this process: each is said once
+
+
+def _warn_once(notice: str, message: str) -> None:
+    if notice not in _notices_said:
+        _notices_said.add(notice)
+        logging.getLogger("multiseq.backend").warning(message)
 
 
 def note_no_gpu(n_gpu_layers: int) -> None:
     """Say once per process that GPU layers were asked of a build without a GPU backend."""
-    global _no_gpu_noted
-    if not _no_gpu_noted:
-        _no_gpu_noted = True
-        logging.getLogger("multiseq.backend").warning(
-            f"no GPU backend in this llama.cpp build (CPU only): n_gpu_layers {n_gpu_layers} (-ngl) has no effect, "
-            f"the model runs on the CPU; `multiseq info` shows the build, and the README's GPU section how to "
-            f"install one with a GPU backend")
+    _warn_once("no GPU", f"no GPU backend in this llama.cpp build (CPU only): n_gpu_layers {n_gpu_layers} (-ngl) has "
+               f"no effect, the model runs on the CPU; `multiseq info` shows the build, and the README's GPU section "
+               f"how to install one with a GPU backend")
 
 
 def extra_layouts_are_safe(layouts: list[str]) -> bool:
@@ -243,14 +244,8 @@ def extra_layouts_are_safe(layouts: list[str]) -> bool:
     return "AMX" not in layouts
 
 
-_not_repacked_noted = False
-
-
 def note_weights_not_repacked() -> None:
     """Say once per process that a model was loaded without the extra layouts, for AMX's sake."""
-    global _not_repacked_noted
-    if not _not_repacked_noted:
-        _not_repacked_noted = True
-        logging.getLogger("multiseq.backend").warning(
-            "this llama.cpp build has AMX kernels, which stop the process on this CPU: the weights are not repacked "
-            "(slower prompts); the README's 'Two commands' says how to build llama-cpp-python without AMX")
+    _warn_once("not repacked", "this llama.cpp build has AMX kernels, which stop the process on this CPU: the weights "
+               "are not repacked (slower prompts); the README's 'Two commands' says how to build llama-cpp-python "
+               "without AMX")
